@@ -1,0 +1,4 @@
+//! The `shale` binary.
+fn main() {
+    println!("shale: under construction");
+}

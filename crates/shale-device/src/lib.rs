@@ -1,0 +1,35 @@
+//! Where Shale's bytes live, and how they move.
+//!
+//! Two small capability traits describe storage: [`BlockDevice`] (a conventional
+//! LBA-addressed device) and [`ZonedDevice`] (the NVMe ZNS model). Everything the
+//! engine can be pointed at implements one of them: memory, files and raw block
+//! devices (io_uring or pread/pwrite), zone emulation over any block device, the
+//! flash simulator (crate `shale-flashsim`) and the fault injector. Wrappers are
+//! indistinguishable from the devices they wrap.
+//!
+//! Invariants every implementation keeps:
+//! - I/O offsets and lengths are multiples of the device's logical block size and lie
+//!   inside the device; anything else is a typed error, never a truncation.
+//! - `submit` never blocks on I/O and never fails synchronously: every submitted
+//!   request produces exactly one completion carrying its tag (and its buffer back).
+//! - The synchronous helpers (`read_at`, `write_at`, ...) never consume the
+//!   completion of a submitted request.
+//! - A write is durable only after a completed `flush` (or a FUA write completes).
+
+mod block;
+mod buf;
+mod error;
+mod zoned;
+
+pub use block::{BlockDevice, DeviceInfo, IoCompletion, IoOp, IoRequest};
+pub use buf::IoBuf;
+pub use error::{DeviceError, IoOpKind, ZoneError};
+pub use zoned::{
+    ZoneAction, ZoneCompletion, ZoneGeometry, ZoneInfo, ZoneOp, ZoneRequest, ZoneState, ZonedDevice,
+};
+
+/// The unit of mapping in Shale and the alignment of every I/O the engine issues.
+pub const BLOCK_SIZE: usize = 4096;
+
+/// Smallest logical block size a device may report.
+pub const SECTOR_SIZE: usize = 512;
