@@ -1,1 +1,153 @@
-fn main() {}
+//! `cargo xtask <task>`: the project's one entry point for checks.
+//!
+//! `cargo xtask ci` is the README's test command and what `.ci/run` calls: it installs
+//! the system packages the end-to-end tests need (when missing and running as root),
+//! then runs formatting, lints, the whole test suite and short smoke runs of the
+//! fuzzers and benchmarks.
+
+use std::process::{Command, ExitCode};
+use std::time::Instant;
+
+/// Client tools the end-to-end tests drive, and the Debian package providing each.
+const SYSTEM_TOOLS: &[(&str, &str)] = &[
+    ("qemu-img", "qemu-utils"),
+    ("qemu-io", "qemu-utils"),
+    ("qemu-nbd", "qemu-utils"),
+    ("nbdinfo", "libnbd-bin"),
+    ("nbdcopy", "libnbd-bin"),
+    ("nbdfuse", "nbdfuse"),
+    ("fio", "fio"),
+    ("openssl", "openssl"),
+];
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let task = args.first().map(String::as_str).unwrap_or("help");
+    let result = match task {
+        "ci" => ci(),
+        "deps" => deps(),
+        "lint" => lint(),
+        "test" => test(),
+        _ => {
+            eprintln!(
+                "usage: cargo xtask <task>\n\n  ci    deps + lint + test + smoke runs (the README's test command)\n  deps  install missing system packages the tests need (apt-get, as root)\n  lint  cargo fmt --check and cargo clippy -D warnings\n  test  the whole test suite"
+            );
+            return if task == "help" {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(2)
+            };
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask {task}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn ci() -> Result<(), String> {
+    let start = Instant::now();
+    deps()?;
+    lint()?;
+    test()?;
+    smoke()?;
+    eprintln!("xtask ci: all green in {:.0?}", start.elapsed());
+    Ok(())
+}
+
+fn have(tool: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {tool} >/dev/null 2>&1")])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+fn deps() -> Result<(), String> {
+    let mut missing: Vec<&str> = SYSTEM_TOOLS
+        .iter()
+        .filter(|(tool, _)| !have(tool))
+        .map(|(_, pkg)| *pkg)
+        .collect();
+    missing.sort_unstable();
+    missing.dedup();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let is_root = Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false);
+    if !is_root {
+        return Err(format!(
+            "missing system packages {missing:?}; install them with: sudo apt-get install -y {}",
+            missing.join(" ")
+        ));
+    }
+    eprintln!("xtask deps: installing {}", missing.join(" "));
+    run(
+        "apt-get",
+        &["update", "-qq"],
+        &[("DEBIAN_FRONTEND", "noninteractive")],
+    )?;
+    let mut install = vec!["install", "-y", "-qq", "--no-install-recommends"];
+    install.extend(missing.iter().copied());
+    run(
+        "apt-get",
+        &install,
+        &[("DEBIAN_FRONTEND", "noninteractive")],
+    )
+}
+
+fn lint() -> Result<(), String> {
+    run("cargo", &["fmt", "--all", "--", "--check"], &[])?;
+    run(
+        "cargo",
+        &[
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ],
+        &[],
+    )
+}
+
+fn test() -> Result<(), String> {
+    // Release mode: the simulators and end-to-end tests move gigabytes; debug would
+    // take longer than compiling twice.
+    run("cargo", &["test", "--workspace", "--release"], &[])
+}
+
+fn smoke() -> Result<(), String> {
+    if std::path::Path::new("fuzz/smoke.sh").exists() {
+        run("sh", &["fuzz/smoke.sh"], &[])?;
+    }
+    Ok(())
+}
+
+fn run(cmd: &str, args: &[&str], env: &[(&str, &str)]) -> Result<(), String> {
+    eprintln!("xtask: {cmd} {}", args.join(" "));
+    let start = Instant::now();
+    let status = Command::new(cmd)
+        .args(args)
+        .envs(env.iter().copied())
+        .status()
+        .map_err(|e| format!("could not run {cmd}: {e}"))?;
+    eprintln!(
+        "xtask: {cmd} {} finished in {:.1?}",
+        args.first().unwrap_or(&""),
+        start.elapsed()
+    );
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("`{cmd} {}` failed ({status})", args.join(" ")))
+    }
+}
