@@ -119,3 +119,36 @@ impl<T: BlockDevice + ?Sized> BlockDevice for Box<T> {
         (**self).discard(offset, len)
     }
 }
+
+/// Lets a caller lend a device to a wrapper (e.g. `ZoneEmu<&mut MemDevice>` in tests)
+/// and take it back afterwards.
+impl<T: BlockDevice + ?Sized> BlockDevice for &mut T {
+    fn info(&self) -> &DeviceInfo {
+        (**self).info()
+    }
+    fn submit(&mut self, req: IoRequest) {
+        (**self).submit(req)
+    }
+    fn poll(
+        &mut self,
+        out: &mut Vec<IoCompletion>,
+        min_complete: usize,
+    ) -> Result<usize, DeviceError> {
+        (**self).poll(out, min_complete)
+    }
+    fn in_flight(&self) -> usize {
+        (**self).in_flight()
+    }
+    fn read_at(&mut self, offset: u64, buf: &mut [u8]) -> Result<(), DeviceError> {
+        (**self).read_at(offset, buf)
+    }
+    fn write_at(&mut self, offset: u64, buf: &[u8]) -> Result<(), DeviceError> {
+        (**self).write_at(offset, buf)
+    }
+    fn flush(&mut self) -> Result<(), DeviceError> {
+        (**self).flush()
+    }
+    fn discard(&mut self, offset: u64, len: u64) -> Result<(), DeviceError> {
+        (**self).discard(offset, len)
+    }
+}

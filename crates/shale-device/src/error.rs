@@ -47,6 +47,13 @@ pub enum DeviceError {
     },
     #[error("{op} of zero length at offset {offset}")]
     ZeroLength { op: IoOpKind, offset: u64 },
+    #[error("{op} at offset {offset} length {len}: larger than the device's largest I/O {max}")]
+    TooLarge {
+        op: IoOpKind,
+        offset: u64,
+        len: u64,
+        max: u64,
+    },
     #[error("device too small: {size} bytes, need at least {min}")]
     TooSmall { size: u64, min: u64 },
     #[error("invalid device geometry: {reason}")]

@@ -18,12 +18,19 @@
 
 mod block;
 mod buf;
+mod check;
 mod error;
+mod mem;
+mod null;
+mod sparse;
 mod zoned;
 
 pub use block::{BlockDevice, DeviceInfo, IoCompletion, IoOp, IoRequest};
 pub use buf::IoBuf;
 pub use error::{DeviceError, IoOpKind, ZoneError};
+pub use mem::{MemDevice, MEM_MAX_IO_BYTES, MEM_QUEUE_DEPTH};
+pub use null::NullDevice;
+pub use sparse::{SparseImage, SPARSE_PAGE_BYTES};
 pub use zoned::{
     ZoneAction, ZoneCompletion, ZoneGeometry, ZoneInfo, ZoneOp, ZoneRequest, ZoneState, ZonedDevice,
 };

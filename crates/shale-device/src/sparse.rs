@@ -1,0 +1,211 @@
+//! A sparse byte image: storage is allocated in fixed pages on first write, and
+//! anything never written (or discarded) reads as zeros. A simulated 4 TiB drive
+//! therefore costs only what is written to it.
+//!
+//! Invariant: every stored page is exactly `PAGE_BYTES` long; a page absent from
+//! the map is all zeros.
+
+use std::collections::HashMap;
+
+/// Allocation granule of a sparse image.
+pub const SPARSE_PAGE_BYTES: usize = 64 * 1024;
+
+const PAGE: u64 = SPARSE_PAGE_BYTES as u64;
+
+/// A lazily allocated, zero-filled byte image of a fixed size. Callers check
+/// bounds; out-of-range access is a bug and panics.
+#[derive(Clone, Default)]
+pub struct SparseImage {
+    size_bytes: u64,
+    pages: HashMap<u64, Box<[u8]>>,
+}
+
+impl std::fmt::Debug for SparseImage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SparseImage")
+            .field("size_bytes", &self.size_bytes)
+            .field("pages", &self.pages.len())
+            .finish()
+    }
+}
+
+impl SparseImage {
+    pub fn new(size_bytes: u64) -> SparseImage {
+        SparseImage {
+            size_bytes,
+            pages: HashMap::new(),
+        }
+    }
+
+    pub fn size_bytes(&self) -> u64 {
+        self.size_bytes
+    }
+
+    /// Bytes of memory held by page storage.
+    pub fn allocated_bytes(&self) -> u64 {
+        self.pages.len() as u64 * PAGE
+    }
+
+    fn assert_in_bounds(&self, offset: u64, len: usize) {
+        let end = offset.checked_add(len as u64);
+        assert!(
+            end.is_some_and(|e| e <= self.size_bytes),
+            "sparse image access {offset}+{len} beyond {}",
+            self.size_bytes
+        );
+    }
+
+    /// Splits `offset..offset+len` into (page index, offset in page, length) pieces.
+    fn pieces(offset: u64, len: usize) -> impl Iterator<Item = (u64, usize, usize)> {
+        let mut pos = offset;
+        let end = offset + len as u64;
+        std::iter::from_fn(move || {
+            if pos >= end {
+                return None;
+            }
+            let page = pos / PAGE;
+            let in_page = (pos % PAGE) as usize;
+            let n = ((PAGE - pos % PAGE).min(end - pos)) as usize;
+            pos += n as u64;
+            Some((page, in_page, n))
+        })
+    }
+
+    pub fn read(&self, offset: u64, buf: &mut [u8]) {
+        self.assert_in_bounds(offset, buf.len());
+        let mut done = 0;
+        for (page, in_page, n) in Self::pieces(offset, buf.len()) {
+            let dst = &mut buf[done..done + n];
+            match self.pages.get(&page) {
+                Some(p) => dst.copy_from_slice(&p[in_page..in_page + n]),
+                None => dst.fill(0),
+            }
+            done += n;
+        }
+    }
+
+    pub fn write(&mut self, offset: u64, data: &[u8]) {
+        self.assert_in_bounds(offset, data.len());
+        let mut done = 0;
+        for (page, in_page, n) in Self::pieces(offset, data.len()) {
+            let src = &data[done..done + n];
+            done += n;
+            if let Some(p) = self.pages.get_mut(&page) {
+                p[in_page..in_page + n].copy_from_slice(src);
+            } else if src.iter().any(|&b| b != 0) {
+                // Zeros over an absent page change nothing, so they allocate nothing.
+                let mut p = vec![0u8; SPARSE_PAGE_BYTES].into_boxed_slice();
+                p[in_page..in_page + n].copy_from_slice(src);
+                self.pages.insert(page, p);
+            }
+        }
+    }
+
+    /// Makes `offset..offset+len` read as zeros, freeing whole pages.
+    pub fn zero(&mut self, offset: u64, len: u64) {
+        let end = offset.checked_add(len);
+        assert!(
+            end.is_some_and(|e| e <= self.size_bytes),
+            "sparse image zero {offset}+{len} beyond {}",
+            self.size_bytes
+        );
+        let end = offset + len;
+        // Whole pages inside the range are dropped; partial ends are zero-filled.
+        let first_full = offset.div_ceil(PAGE);
+        let last_full = end / PAGE; // exclusive
+        if first_full < last_full {
+            let span = last_full - first_full;
+            if span as usize <= self.pages.len() {
+                for page in first_full..last_full {
+                    self.pages.remove(&page);
+                }
+            } else {
+                self.pages.retain(|&p, _| p < first_full || p >= last_full);
+            }
+        }
+        let head_end = (first_full * PAGE).min(end);
+        self.zero_partial(offset, head_end);
+        if last_full >= first_full {
+            self.zero_partial((last_full * PAGE).max(offset), end);
+        }
+    }
+
+    fn zero_partial(&mut self, from: u64, to: u64) {
+        if from >= to {
+            return;
+        }
+        for (page, in_page, n) in Self::pieces(from, (to - from) as usize) {
+            if let Some(p) = self.pages.get_mut(&page) {
+                p[in_page..in_page + n].fill(0);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unwritten_reads_zero_and_costs_nothing() {
+        let img = SparseImage::new(1 << 40);
+        let mut b = vec![0xAAu8; 8192];
+        img.read((1 << 40) - 8192, &mut b);
+        assert!(b.iter().all(|&x| x == 0));
+        assert_eq!(img.allocated_bytes(), 0);
+    }
+
+    #[test]
+    fn write_across_pages_and_read_back() {
+        let mut img = SparseImage::new(1 << 30);
+        let data: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8 + 1).collect();
+        let off = PAGE - 512;
+        img.write(off, &data);
+        let mut back = vec![0u8; data.len()];
+        img.read(off, &mut back);
+        assert_eq!(back, data);
+        assert_eq!(img.allocated_bytes(), 5 * PAGE);
+    }
+
+    #[test]
+    fn zero_writes_do_not_allocate() {
+        let mut img = SparseImage::new(1 << 30);
+        img.write(0, &[0u8; 4096 * 20]);
+        assert_eq!(img.allocated_bytes(), 0);
+    }
+
+    #[test]
+    fn zero_range_frees_whole_pages_and_clears_partials() {
+        let mut img = SparseImage::new(1 << 30);
+        let data = vec![7u8; 4 * SPARSE_PAGE_BYTES];
+        img.write(0, &data);
+        img.zero(4096, 2 * PAGE + 4096);
+        // Page 1 freed; pages 0 and 2 partially zeroed; page 3 untouched.
+        assert_eq!(img.allocated_bytes(), 3 * PAGE);
+        let mut back = vec![0u8; data.len()];
+        img.read(0, &mut back);
+        assert!(back[..4096].iter().all(|&x| x == 7));
+        assert!(back[4096..(2 * PAGE + 8192) as usize]
+            .iter()
+            .all(|&x| x == 0));
+        assert!(back[(2 * PAGE + 8192) as usize..].iter().all(|&x| x == 7));
+        // A range inside a single page.
+        img.zero(3 * PAGE + 512, 512);
+        img.read(3 * PAGE, &mut back[..2048]);
+        assert!(back[..512].iter().all(|&x| x == 7));
+        assert!(back[512..1024].iter().all(|&x| x == 0));
+        assert!(back[1024..2048].iter().all(|&x| x == 7));
+    }
+
+    #[test]
+    fn zero_huge_range_uses_retain() {
+        let mut img = SparseImage::new(1 << 40);
+        img.write(1 << 39, &[1u8; 4096]);
+        img.write(0, &[1u8; 4096]);
+        img.zero(4096, (1 << 40) - 4096);
+        assert_eq!(img.allocated_bytes(), PAGE);
+        let mut b = [0u8; 4096];
+        img.read(1 << 39, &mut b);
+        assert!(b.iter().all(|&x| x == 0));
+    }
+}
