@@ -1,0 +1,350 @@
+//! The cache device's superblock (blocks 0 and 1, mirrored by generation).
+//!
+//! Invariants: the layout fields describe non-overlapping areas inside the cache device,
+//! in the order volume table, checkpoint A, checkpoint B, journal, L2P area, data region;
+//! `chunk_blocks` is a positive multiple of [`crate::GROUP_BLOCKS`]; the whole PBA space
+//! (cache data blocks + zone_count x zone_size_blocks) fits below `u32::MAX`.
+
+use crate::codec::{check_crc, check_header, seal, Reader, Writer};
+use crate::{FormatError, Structure, BLOCK_SIZE, GROUP_BLOCKS};
+
+pub const SUPERBLOCK_MAGIC: u32 = u32::from_le_bytes(*b"SHSB");
+pub const SUPERBLOCK_VERSION: u16 = 1;
+/// Bytes of the superblock covered by the CRC (the rest of the block is zero).
+pub const SUPERBLOCK_LEN: usize = 160;
+
+/// Where everything lives on the cache device, in 4 KiB blocks from the device start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CacheLayout {
+    pub volume_table_start: u64,
+    pub checkpoint_a_start: u64,
+    pub checkpoint_b_start: u64,
+    pub checkpoint_blocks: u32,
+    pub journal_blocks: u32,
+    pub journal_start: u64,
+    pub l2p_area_start: u64,
+    /// Pages of the global L2P page pool; the area holds two slots per page.
+    pub l2p_pool_pages: u32,
+    pub data_start: u64,
+    pub chunk_blocks: u32,
+    pub chunk_count: u32,
+}
+
+impl CacheLayout {
+    pub fn cache_data_blocks(&self) -> u64 {
+        u64::from(self.chunk_blocks) * u64::from(self.chunk_count)
+    }
+    /// First block past the data region.
+    pub fn end(&self) -> u64 {
+        self.data_start + self.cache_data_blocks()
+    }
+    pub fn checkpoint_start(&self, area: u8) -> u64 {
+        if area == 0 {
+            self.checkpoint_a_start
+        } else {
+            self.checkpoint_b_start
+        }
+    }
+}
+
+/// Capacity geometry as recorded at format time (in 4 KiB blocks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CapacityGeometry {
+    pub zone_size_blocks: u32,
+    pub zone_capacity_blocks: u32,
+    pub zone_count: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Superblock {
+    pub uuid: [u8; 16],
+    pub generation: u64,
+    pub clean: bool,
+    /// Which checkpoint area holds the latest checkpoint (0 = A, 1 = B).
+    pub active_checkpoint: u8,
+    pub volumes_max: u32,
+    pub user_capacity_blocks: u64,
+    pub cache_size_blocks: u64,
+    pub layout: CacheLayout,
+    pub capacity: CapacityGeometry,
+}
+
+impl Superblock {
+    pub fn encode(&self) -> [u8; BLOCK_SIZE] {
+        let mut b = [0u8; BLOCK_SIZE];
+        let mut w = Writer::new(&mut b);
+        w.u32(SUPERBLOCK_MAGIC);
+        w.u16(SUPERBLOCK_VERSION);
+        w.u16(0);
+        w.u32(0); // crc
+        w.u32(0);
+        w.bytes(&self.uuid); // 16
+        w.u64(self.generation); // 32
+        w.u8(u8::from(self.clean)); // 40
+        w.u8(self.active_checkpoint);
+        w.skip(2);
+        w.u32(self.volumes_max); // 44
+        w.u64(self.user_capacity_blocks); // 48
+        w.u64(self.cache_size_blocks); // 56
+        let l = &self.layout;
+        w.u64(l.volume_table_start); // 64
+        w.u64(l.checkpoint_a_start); // 72
+        w.u64(l.checkpoint_b_start); // 80
+        w.u32(l.checkpoint_blocks); // 88
+        w.u32(l.journal_blocks); // 92
+        w.u64(l.journal_start); // 96
+        w.u64(l.l2p_area_start); // 104
+        w.u32(l.l2p_pool_pages); // 112
+        w.u32(l.chunk_blocks); // 116
+        w.u64(l.data_start); // 120
+        w.u32(l.chunk_count); // 128
+        let c = &self.capacity;
+        w.u32(c.zone_size_blocks); // 132
+        w.u32(c.zone_capacity_blocks); // 136
+        w.u32(c.zone_count); // 140
+        w.u32(BLOCK_SIZE as u32); // 144
+        w.skip(12); // 148..160 reserved
+        debug_assert_eq!(w.pos(), SUPERBLOCK_LEN);
+        seal(&mut b, BLOCK_SIZE);
+        b
+    }
+
+    /// Decodes and validates a superblock; `at` is its byte offset (for errors only).
+    pub fn decode(buf: &[u8], at: u64) -> Result<Superblock, FormatError> {
+        let s = Structure::Superblock;
+        check_header(buf, s, at, SUPERBLOCK_MAGIC, SUPERBLOCK_VERSION, BLOCK_SIZE)?;
+        let buf = &buf[..BLOCK_SIZE];
+        check_crc(buf, s, at)?;
+        let mut r = Reader::at(buf, 16, s, at);
+        let mut uuid = [0u8; 16];
+        uuid.copy_from_slice(r.bytes(16)?);
+        let generation = r.u64()?;
+        let clean = match r.u8()? {
+            0 => false,
+            1 => true,
+            v => return Err(r.invalid("clean", format!("{v} is neither 0 nor 1"))),
+        };
+        let active_checkpoint = r.u8()?;
+        if active_checkpoint > 1 {
+            return Err(r.invalid("active_checkpoint", format!("{active_checkpoint} > 1")));
+        }
+        r.skip(2)?;
+        let volumes_max = r.u32()?;
+        let user_capacity_blocks = r.u64()?;
+        let cache_size_blocks = r.u64()?;
+        let layout = CacheLayout {
+            volume_table_start: r.u64()?,
+            checkpoint_a_start: r.u64()?,
+            checkpoint_b_start: r.u64()?,
+            checkpoint_blocks: r.u32()?,
+            journal_blocks: r.u32()?,
+            journal_start: r.u64()?,
+            l2p_area_start: r.u64()?,
+            l2p_pool_pages: r.u32()?,
+            chunk_blocks: r.u32()?,
+            data_start: r.u64()?,
+            chunk_count: r.u32()?,
+        };
+        let capacity = CapacityGeometry {
+            zone_size_blocks: r.u32()?,
+            zone_capacity_blocks: r.u32()?,
+            zone_count: r.u32()?,
+        };
+        let block_size = r.u32()?;
+        if block_size != BLOCK_SIZE as u32 {
+            return Err(r.invalid("block_size", format!("{block_size} != {BLOCK_SIZE}")));
+        }
+        let sb = Superblock {
+            uuid,
+            generation,
+            clean,
+            active_checkpoint,
+            volumes_max,
+            user_capacity_blocks,
+            cache_size_blocks,
+            layout,
+            capacity,
+        };
+        sb.validate()
+            .map_err(|(field, reason)| r.invalid(field, reason))?;
+        Ok(sb)
+    }
+
+    /// Cross-field checks shared by decode and by format before writing.
+    pub fn validate(&self) -> Result<(), (&'static str, String)> {
+        let l = &self.layout;
+        if l.chunk_blocks == 0 || !l.chunk_blocks.is_multiple_of(GROUP_BLOCKS) {
+            return Err((
+                "chunk_blocks",
+                format!(
+                    "{} is not a positive multiple of {GROUP_BLOCKS}",
+                    l.chunk_blocks
+                ),
+            ));
+        }
+        let areas = [
+            ("volume_table_start", l.volume_table_start, 2u64),
+            (
+                "checkpoint_a_start",
+                l.checkpoint_a_start,
+                u64::from(l.checkpoint_blocks),
+            ),
+            (
+                "checkpoint_b_start",
+                l.checkpoint_b_start,
+                u64::from(l.checkpoint_blocks),
+            ),
+            (
+                "journal_start",
+                l.journal_start,
+                u64::from(l.journal_blocks),
+            ),
+            (
+                "l2p_area_start",
+                l.l2p_area_start,
+                2 * u64::from(l.l2p_pool_pages),
+            ),
+            ("data_start", l.data_start, l.cache_data_blocks()),
+        ];
+        let mut next = 2u64;
+        for (field, start, len) in areas {
+            if start < next {
+                return Err((
+                    field,
+                    format!("{start} overlaps the previous area (ends {next})"),
+                ));
+            }
+            next = start
+                .checked_add(len)
+                .ok_or((field, "area end overflows".to_string()))?;
+        }
+        if next > self.cache_size_blocks {
+            return Err((
+                "cache_size_blocks",
+                format!(
+                    "layout ends at block {next} past the device ({})",
+                    self.cache_size_blocks
+                ),
+            ));
+        }
+        let c = &self.capacity;
+        if c.zone_capacity_blocks > c.zone_size_blocks {
+            return Err((
+                "zone_capacity_blocks",
+                format!(
+                    "{} > zone size {}",
+                    c.zone_capacity_blocks, c.zone_size_blocks
+                ),
+            ));
+        }
+        let pbas = l.cache_data_blocks() + u64::from(c.zone_size_blocks) * u64::from(c.zone_count);
+        if pbas >= u64::from(u32::MAX) {
+            return Err(("zone_count", format!("{pbas} PBAs do not fit in 32 bits")));
+        }
+        if self.volumes_max == 0 || self.volumes_max > crate::VOLUMES_MAX {
+            return Err((
+                "volumes_max",
+                format!("{} not in 1..={}", self.volumes_max, crate::VOLUMES_MAX),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    pub(crate) fn sample() -> Superblock {
+        Superblock {
+            uuid: [7; 16],
+            generation: 3,
+            clean: true,
+            active_checkpoint: 1,
+            volumes_max: 8,
+            user_capacity_blocks: 1000,
+            cache_size_blocks: 10_000,
+            layout: CacheLayout {
+                volume_table_start: 2,
+                checkpoint_a_start: 4,
+                checkpoint_b_start: 14,
+                checkpoint_blocks: 10,
+                journal_blocks: 16,
+                journal_start: 24,
+                l2p_area_start: 40,
+                l2p_pool_pages: 10,
+                data_start: 60,
+                chunk_blocks: 256,
+                chunk_count: 30,
+            },
+            capacity: CapacityGeometry {
+                zone_size_blocks: 512,
+                zone_capacity_blocks: 500,
+                zone_count: 20,
+            },
+        }
+    }
+
+    #[test]
+    fn roundtrip_and_corruption() {
+        let sb = sample();
+        let b = sb.encode();
+        assert_eq!(Superblock::decode(&b, 0), Ok(sb));
+        let mut bad = b;
+        bad[100] ^= 1;
+        assert!(matches!(
+            Superblock::decode(&bad, 4096),
+            Err(FormatError::ChecksumMismatch { at: 4096, .. })
+        ));
+        let mut bad = b;
+        bad[0] ^= 1;
+        assert!(matches!(
+            Superblock::decode(&bad, 0),
+            Err(FormatError::BadMagic { .. })
+        ));
+        let mut bad = b;
+        bad[4] = 9;
+        assert!(matches!(
+            Superblock::decode(&bad, 0),
+            Err(FormatError::UnsupportedVersion { found: 9, .. })
+        ));
+        assert!(matches!(
+            Superblock::decode(&b[..100], 0),
+            Err(FormatError::Truncated { .. })
+        ));
+    }
+
+    #[test]
+    fn overlapping_layout_is_invalid() {
+        let mut sb = sample();
+        sb.layout.journal_start = 20;
+        let b = sb.encode();
+        assert!(matches!(
+            Superblock::decode(&b, 0),
+            Err(FormatError::InvalidField {
+                field: "journal_start",
+                ..
+            })
+        ));
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..4200)) {
+            let _ = Superblock::decode(&bytes, 0);
+        }
+
+        #[test]
+        fn arbitrary_valid_roundtrips(gen in any::<u64>(), clean in any::<bool>(), act in 0u8..2,
+                                      uuid in any::<[u8; 16]>(), vols in 1u32..64) {
+            let mut sb = sample();
+            sb.generation = gen;
+            sb.clean = clean;
+            sb.active_checkpoint = act;
+            sb.uuid = uuid;
+            sb.volumes_max = vols;
+            prop_assert_eq!(Superblock::decode(&sb.encode(), 0), Ok(sb));
+        }
+    }
+}
