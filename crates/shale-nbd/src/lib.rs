@@ -1,1 +1,10 @@
-//! (under construction)
+//! Shale's NBD front-end.
+//!
+//! - [`proto`]: the protocol as pure functions over bytes (fuzzed).
+//!
+//! The crate does not depend on the engine: the engine plugs in later through
+//! the backend trait.
+
+#![forbid(unsafe_code)]
+
+pub mod proto;
