@@ -23,6 +23,8 @@ mod error;
 mod mem;
 mod null;
 mod sparse;
+mod zone_emu;
+mod zone_meta;
 mod zoned;
 
 pub use block::{BlockDevice, DeviceInfo, IoCompletion, IoOp, IoRequest};
@@ -31,6 +33,7 @@ pub use error::{DeviceError, IoOpKind, ZoneError};
 pub use mem::{MemDevice, MEM_MAX_IO_BYTES, MEM_QUEUE_DEPTH};
 pub use null::NullDevice;
 pub use sparse::{SparseImage, SPARSE_PAGE_BYTES};
+pub use zone_emu::{ZoneEmu, ZoneEmuConfig, ZoneFault};
 pub use zoned::{
     ZoneAction, ZoneCompletion, ZoneGeometry, ZoneInfo, ZoneOp, ZoneRequest, ZoneState, ZonedDevice,
 };

@@ -189,3 +189,49 @@ impl<T: ZonedDevice + ?Sized> ZonedDevice for Box<T> {
         (**self).flush()
     }
 }
+
+/// Lets a caller lend a zoned device to a wrapper and take it back afterwards.
+impl<T: ZonedDevice + ?Sized> ZonedDevice for &mut T {
+    fn geometry(&self) -> &ZoneGeometry {
+        (**self).geometry()
+    }
+    fn report_zones(
+        &self,
+        first: u32,
+        count: u32,
+        out: &mut Vec<ZoneInfo>,
+    ) -> Result<(), ZoneError> {
+        (**self).report_zones(first, count, out)
+    }
+    fn zone_info(&self, zone: u32) -> Result<ZoneInfo, ZoneError> {
+        (**self).zone_info(zone)
+    }
+    fn submit(&mut self, req: ZoneRequest) {
+        (**self).submit(req)
+    }
+    fn poll(
+        &mut self,
+        out: &mut Vec<ZoneCompletion>,
+        min_complete: usize,
+    ) -> Result<usize, DeviceError> {
+        (**self).poll(out, min_complete)
+    }
+    fn in_flight(&self) -> usize {
+        (**self).in_flight()
+    }
+    fn read_at(&mut self, offset: u64, buf: &mut [u8]) -> Result<(), ZoneError> {
+        (**self).read_at(offset, buf)
+    }
+    fn write_at(&mut self, offset: u64, buf: &[u8]) -> Result<u64, ZoneError> {
+        (**self).write_at(offset, buf)
+    }
+    fn append(&mut self, zone: u32, buf: &[u8]) -> Result<u64, ZoneError> {
+        (**self).append(zone, buf)
+    }
+    fn manage(&mut self, zone: u32, action: ZoneAction) -> Result<(), ZoneError> {
+        (**self).manage(zone, action)
+    }
+    fn flush(&mut self) -> Result<(), ZoneError> {
+        (**self).flush()
+    }
+}

@@ -1,0 +1,1026 @@
+//! Zone emulation over any block device (CSAL's "CSAL-BLK" mode): a conventional
+//! drive presented as a ZNS device, with every ZNS rule enforced.
+//!
+//! Zone `i` occupies `data_offset + i * zone_size ..` on the inner device, after a
+//! small metadata area (format in `zone_meta.rs` and docs/devices.md). Rules are
+//! checked at submission and write pointers advance there, as on ZNS.
+//!
+//! Invariants:
+//! - `open_count` / `active_count` always equal the number of zones in open /
+//!   active states, and never exceed the configured limits.
+//! - Zone writes are issued to the inner device in increasing offset order per
+//!   zone; `Zone::inflight` is therefore sorted, and the persisted write pointer of
+//!   a zone (its "safe" write pointer) never covers a write that has not completed.
+//! - Every table persist is `inner flush; write table slot; inner flush`, so the
+//!   persisted table never claims data that the inner device has not made durable,
+//!   and is itself durable before the operation that wrote it returns.
+//! - A reset waits for the zone's in-flight writes and is persisted before its range
+//!   is discarded, so a stale write can never land in a reused zone and a crash
+//!   cannot resurrect the zone's old contents above the write pointer.
+//!
+//! Durability: write pointers survive a reopen as of the last persisted table
+//! (flush or zone management command). Data written after that may be lost, as on
+//! a real device with a volatile write cache; the zone then reopens with the older
+//! write pointer. After reopen, open zones are Closed (or Empty if nothing durable
+//! was written), as after a ZNS controller reset.
+
+use std::collections::VecDeque;
+
+use crate::zone_meta::{
+    decode_geometry, decode_table, encode_geometry, encode_table, table_slot_bytes, MetaGeometry,
+    TableEntry, META_BLOCK_BYTES, TABLE_SLOT0_OFFSET,
+};
+use crate::{
+    BlockDevice, DeviceError, IoBuf, IoCompletion, IoOp, IoOpKind, IoRequest, ZoneAction,
+    ZoneCompletion, ZoneError, ZoneGeometry, ZoneInfo, ZoneOp, ZoneRequest, ZoneState, ZonedDevice,
+};
+
+/// How to lay zones over the inner device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ZoneEmuConfig {
+    pub zone_size: u64,
+    /// Writable bytes per zone, `<= zone_size`.
+    pub zone_capacity: u64,
+    /// 0 means no limit.
+    pub max_open_zones: u32,
+    /// 0 means no limit. Must be `>= max_open_zones` when both are set.
+    pub max_active_zones: u32,
+    /// Use at most this many zones; 0 means as many as fit.
+    pub zone_count_max: u32,
+}
+
+impl ZoneEmuConfig {
+    /// Zones of `zone_size` bytes, fully writable, no limits.
+    pub fn new(zone_size: u64) -> ZoneEmuConfig {
+        ZoneEmuConfig {
+            zone_size,
+            zone_capacity: zone_size,
+            max_open_zones: 0,
+            max_active_zones: 0,
+            zone_count_max: 0,
+        }
+    }
+}
+
+/// The faults [`ZoneEmu::set_zone_state`] can inject.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ZoneFault {
+    ReadOnly,
+    Offline,
+}
+
+#[derive(Debug)]
+struct Zone {
+    state: ZoneState,
+    /// Write pointer relative to the zone start.
+    wp: u64,
+    /// Relative starts of this zone's writes submitted to the inner device and not
+    /// yet completed, in submission (= offset) order, with a done flag.
+    inflight: VecDeque<(u64, bool)>,
+}
+
+impl Zone {
+    /// The write pointer below which every write has completed.
+    fn safe_wp(&self) -> u64 {
+        self.inflight.front().map_or(self.wp, |&(start, _)| start)
+    }
+}
+
+fn is_open(s: ZoneState) -> bool {
+    matches!(s, ZoneState::ImplicitlyOpen | ZoneState::ExplicitlyOpen)
+}
+
+fn is_active(s: ZoneState) -> bool {
+    is_open(s) || s == ZoneState::Closed
+}
+
+#[derive(Debug)]
+enum InnerKind {
+    Read,
+    Write { zone: u32, rel: u64 },
+}
+
+#[derive(Debug)]
+struct InnerSlot {
+    user_tag: u64,
+    seq: u64,
+    kind: InnerKind,
+    landed_at: Option<u64>,
+}
+
+/// A ZNS device emulated over a block device.
+#[derive(Debug)]
+pub struct ZoneEmu<D: BlockDevice> {
+    inner: D,
+    geo: ZoneGeometry,
+    meta: MetaGeometry,
+    zones: Vec<Zone>,
+    open_count: u32,
+    active_count: u32,
+    generation: u64,
+    /// Inner requests in flight, indexed by the internal tag.
+    slots: Vec<Option<InnerSlot>>,
+    free_slots: Vec<usize>,
+    /// Every inner request in submission order, with a done flag, so a flush can
+    /// wait for exactly the requests submitted before it.
+    order: VecDeque<(u64, bool)>,
+    next_seq: u64,
+    /// User flushes waiting for `order` to drain below their barrier.
+    flushes: VecDeque<(u64, u64)>,
+    done: VecDeque<ZoneCompletion>,
+    user_in_flight: usize,
+    inner_out: Vec<IoCompletion>,
+    slot_buf: Vec<u8>,
+}
+
+fn config_error(reason: String) -> DeviceError {
+    DeviceError::InvalidGeometry { reason }
+}
+
+impl<D: BlockDevice> ZoneEmu<D> {
+    /// Lays out zones over `inner`, writes fresh metadata (all zones Empty), discards
+    /// the zone area and makes it all durable.
+    pub fn format(mut inner: D, config: &ZoneEmuConfig) -> Result<ZoneEmu<D>, DeviceError> {
+        let lbs = inner.info().logical_block_size;
+        let lbs64 = u64::from(lbs);
+        let size = inner.info().size_bytes;
+        let c = config;
+        if c.zone_size == 0 || c.zone_size % lbs64 != 0 {
+            return Err(config_error(format!(
+                "zone size {} is not a non-zero multiple of the logical block size {lbs}",
+                c.zone_size
+            )));
+        }
+        if c.zone_capacity == 0 || c.zone_capacity > c.zone_size || c.zone_capacity % lbs64 != 0 {
+            return Err(config_error(format!(
+                "zone capacity {} must be a non-zero multiple of {lbs} no larger than the zone size {}",
+                c.zone_capacity, c.zone_size
+            )));
+        }
+        if c.max_open_zones != 0 && c.max_active_zones != 0 && c.max_open_zones > c.max_active_zones
+        {
+            return Err(config_error(format!(
+                "max open zones {} exceeds max active zones {}",
+                c.max_open_zones, c.max_active_zones
+            )));
+        }
+        // The table is sized for every zone that could fit, then zones are counted in
+        // what remains; the table is then at most slightly larger than needed.
+        let mut fit = size / c.zone_size;
+        if c.zone_count_max != 0 {
+            fit = fit.min(u64::from(c.zone_count_max));
+        }
+        let fit = fit.min(u64::from(u32::MAX));
+        let slot_bytes = table_slot_bytes(fit);
+        let data_offset = TABLE_SLOT0_OFFSET + 2 * slot_bytes;
+        let zone_count = (size.saturating_sub(data_offset) / c.zone_size).min(fit);
+        if zone_count == 0 {
+            return Err(DeviceError::TooSmall {
+                size,
+                min: data_offset + c.zone_size,
+            });
+        }
+        // Consecutive formats get distinct ids so no table of an older format is
+        // ever taken for this one.
+        let mut block = vec![0u8; META_BLOCK_BYTES as usize];
+        let previous_id = [0u64, META_BLOCK_BYTES]
+            .iter()
+            .filter_map(|&off| {
+                inner.read_at(off, &mut block).ok()?;
+                decode_geometry(&block).ok().map(|g| g.format_id)
+            })
+            .max()
+            .unwrap_or(0);
+        let meta = MetaGeometry {
+            logical_block_size: lbs,
+            zone_size: c.zone_size,
+            zone_capacity: c.zone_capacity,
+            zone_count: zone_count as u32,
+            max_open_zones: c.max_open_zones,
+            max_active_zones: c.max_active_zones,
+            table_slot_bytes: slot_bytes,
+            data_offset,
+            format_id: previous_id.wrapping_add(1),
+        };
+        let entries = vec![
+            TableEntry {
+                state: ZoneState::Empty,
+                wp: 0,
+            };
+            zone_count as usize
+        ];
+        let mut emu = ZoneEmu::assemble(inner, meta, &entries, 1)?;
+        // Tables first (generations 0 and 1), geometry last: a format torn before the
+        // geometry is written leaves either the old format or no format, never a
+        // geometry pointing at tables of another format.
+        let fmt = emu.meta.format_id;
+        for generation in 0..2u64 {
+            emu.encode_slot(fmt, generation);
+            emu.inner
+                .write_at(emu.slot_offset(generation), &emu.slot_buf)?;
+        }
+        encode_geometry(&emu.meta, &mut block);
+        emu.inner.write_at(0, &block)?;
+        emu.inner.write_at(META_BLOCK_BYTES, &block)?;
+        emu.inner.discard(data_offset, zone_count * c.zone_size)?;
+        emu.inner.flush()?;
+        tracing::debug!(
+            device = %emu.geo.name,
+            zones = zone_count,
+            zone_size = c.zone_size,
+            "zone emulation formatted"
+        );
+        Ok(emu)
+    }
+
+    /// Opens a formatted device: validates the geometry against the device and
+    /// loads the newest valid zone table. Open zones come back Closed (or Empty).
+    pub fn open(mut inner: D) -> Result<ZoneEmu<D>, DeviceError> {
+        let size = inner.info().size_bytes;
+        let lbs = inner.info().logical_block_size;
+        if size < TABLE_SLOT0_OFFSET {
+            return Err(DeviceError::TooSmall {
+                size,
+                min: TABLE_SLOT0_OFFSET,
+            });
+        }
+        let mut block = vec![0u8; META_BLOCK_BYTES as usize];
+        let mut errors = Vec::new();
+        let mut meta = None;
+        for off in [0u64, META_BLOCK_BYTES] {
+            inner.read_at(off, &mut block)?;
+            match decode_geometry(&block) {
+                Ok(g) => {
+                    meta = Some(g);
+                    break;
+                }
+                Err(e) => errors.push(format!("geometry copy at {off}: {e}")),
+            }
+        }
+        let Some(meta) = meta else {
+            return Err(DeviceError::CorruptMetadata {
+                reason: errors.join("; "),
+            });
+        };
+        if meta.logical_block_size != lbs {
+            return Err(config_error(format!(
+                "formatted with logical block size {}, device has {lbs}",
+                meta.logical_block_size
+            )));
+        }
+        let end = u64::from(meta.zone_count)
+            .checked_mul(meta.zone_size)
+            .and_then(|z| z.checked_add(meta.data_offset));
+        if end.is_none_or(|e| e > size) {
+            return Err(config_error(format!(
+                "formatted for {} zones of {} bytes after {} bytes of metadata, device has only {size} bytes",
+                meta.zone_count, meta.zone_size, meta.data_offset
+            )));
+        }
+        let mut slot = vec![0u8; meta.table_slot_bytes as usize];
+        let mut best: Option<(u64, Vec<TableEntry>)> = None;
+        for i in 0..2u64 {
+            let off = TABLE_SLOT0_OFFSET + i * meta.table_slot_bytes;
+            inner.read_at(off, &mut slot)?;
+            match decode_table(&meta, &slot) {
+                Ok((generation, entries)) => {
+                    if best.as_ref().is_none_or(|(g, _)| generation > *g) {
+                        best = Some((generation, entries));
+                    }
+                }
+                Err(e) => errors.push(format!("table slot {i}: {e}")),
+            }
+        }
+        let Some((generation, mut entries)) = best else {
+            return Err(DeviceError::CorruptMetadata {
+                reason: errors.join("; "),
+            });
+        };
+        if !errors.is_empty() {
+            tracing::warn!(problems = %errors.join("; "), "zone emulation: using the older valid metadata copy");
+        }
+        for e in &mut entries {
+            if is_open(e.state) {
+                e.state = if e.wp == 0 {
+                    ZoneState::Empty
+                } else {
+                    ZoneState::Closed
+                };
+            }
+        }
+        let emu = ZoneEmu::assemble(inner, meta, &entries, generation)?;
+        if emu.meta.max_active_zones != 0 && emu.active_count > emu.meta.max_active_zones {
+            return Err(DeviceError::CorruptMetadata {
+                reason: format!(
+                    "{} active zones exceed the limit of {}",
+                    emu.active_count, emu.meta.max_active_zones
+                ),
+            });
+        }
+        Ok(emu)
+    }
+
+    fn assemble(
+        inner: D,
+        meta: MetaGeometry,
+        entries: &[TableEntry],
+        generation: u64,
+    ) -> Result<ZoneEmu<D>, DeviceError> {
+        let geo = ZoneGeometry {
+            name: format!("zone-emu({})", inner.info().name),
+            logical_block_size: meta.logical_block_size,
+            zone_size: meta.zone_size,
+            zone_capacity: meta.zone_capacity,
+            zone_count: meta.zone_count,
+            max_open_zones: meta.max_open_zones,
+            max_active_zones: meta.max_active_zones,
+            max_io_bytes: inner.info().max_io_bytes,
+        };
+        let zones: Vec<Zone> = entries
+            .iter()
+            .map(|e| Zone {
+                state: e.state,
+                wp: e.wp,
+                inflight: VecDeque::new(),
+            })
+            .collect();
+        let open_count = zones.iter().filter(|z| is_open(z.state)).count() as u32;
+        let active_count = zones.iter().filter(|z| is_active(z.state)).count() as u32;
+        let slot_buf = vec![0u8; meta.table_slot_bytes as usize];
+        Ok(ZoneEmu {
+            inner,
+            geo,
+            meta,
+            zones,
+            open_count,
+            active_count,
+            generation,
+            slots: Vec::new(),
+            free_slots: Vec::new(),
+            order: VecDeque::new(),
+            next_seq: 0,
+            flushes: VecDeque::new(),
+            done: VecDeque::new(),
+            user_in_flight: 0,
+            inner_out: Vec::new(),
+            slot_buf,
+        })
+    }
+
+    /// The wrapped device.
+    pub fn inner(&self) -> &D {
+        &self.inner
+    }
+
+    /// Gives back the wrapped device. Requests still in flight are forgotten (their
+    /// completions are never delivered) and nothing is persisted: call `flush` first
+    /// for a clean hand-over.
+    pub fn into_inner(self) -> D {
+        self.inner
+    }
+
+    /// Where zone 0 starts on the inner device.
+    pub fn data_offset(&self) -> u64 {
+        self.meta.data_offset
+    }
+
+    /// Generation of the zone table last persisted.
+    pub fn table_generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Fault injection: marks a zone ReadOnly or Offline (persisted). Offline is
+    /// final; a ReadOnly zone can still go Offline.
+    pub fn set_zone_state(&mut self, zone: u32, fault: ZoneFault) -> Result<(), ZoneError> {
+        let z = self.zone(zone)?;
+        let old = (z.state, z.wp);
+        let new = match fault {
+            ZoneFault::ReadOnly => ZoneState::ReadOnly,
+            ZoneFault::Offline => ZoneState::Offline,
+        };
+        if old.0 == ZoneState::Offline && new != ZoneState::Offline {
+            return Err(ZoneError::Offline { zone });
+        }
+        self.set_state(zone, new);
+        if let Err(e) = self.persist() {
+            self.restore(zone, old);
+            return Err(e.into());
+        }
+        Ok(())
+    }
+
+    fn zone(&self, zone: u32) -> Result<&Zone, ZoneError> {
+        self.zones.get(zone as usize).ok_or(ZoneError::NoSuchZone {
+            zone,
+            count: self.meta.zone_count,
+        })
+    }
+
+    fn zones_bytes(&self) -> u64 {
+        u64::from(self.meta.zone_count) * self.meta.zone_size
+    }
+
+    /// Moves `zone` to `state`, keeping the open/active counts exact and the write
+    /// pointer consistent with the state.
+    fn set_state(&mut self, zone: u32, state: ZoneState) {
+        let cap = self.meta.zone_capacity;
+        let z = &mut self.zones[zone as usize];
+        let old = z.state;
+        z.state = state;
+        match state {
+            ZoneState::Empty => z.wp = 0,
+            ZoneState::Full => z.wp = cap,
+            _ => {}
+        }
+        if is_open(old) {
+            self.open_count -= 1;
+        }
+        if is_active(old) {
+            self.active_count -= 1;
+        }
+        if is_open(state) {
+            self.open_count += 1;
+        }
+        if is_active(state) {
+            self.active_count += 1;
+        }
+    }
+
+    fn restore(&mut self, zone: u32, old: (ZoneState, u64)) {
+        self.set_state(zone, old.0);
+        self.zones[zone as usize].wp = old.1;
+    }
+
+    fn check_open_limit(&self, zone: u32) -> Result<(), ZoneError> {
+        let limit = self.meta.max_open_zones;
+        if limit != 0 && self.open_count >= limit {
+            return Err(ZoneError::TooManyOpen { zone, limit });
+        }
+        Ok(())
+    }
+
+    fn check_active_limit(&self, zone: u32) -> Result<(), ZoneError> {
+        let limit = self.meta.max_active_zones;
+        if limit != 0 && self.active_count >= limit {
+            return Err(ZoneError::TooManyActive { zone, limit });
+        }
+        Ok(())
+    }
+
+    /// Checks an offset-addressed range: zero length, alignment, bounds, one zone.
+    /// Returns the zone index.
+    fn check_range(&self, op: IoOpKind, offset: u64, len: u64) -> Result<u32, ZoneError> {
+        if len == 0 {
+            return Err(DeviceError::ZeroLength { op, offset }.into());
+        }
+        let align = u64::from(self.meta.logical_block_size);
+        if offset % align != 0 || len % align != 0 {
+            return Err(DeviceError::Misaligned {
+                op,
+                offset,
+                len,
+                align,
+            }
+            .into());
+        }
+        let size = self.zones_bytes();
+        if offset.checked_add(len).is_none_or(|e| e > size) {
+            return Err(DeviceError::OutOfRange {
+                op,
+                offset,
+                len,
+                size,
+            }
+            .into());
+        }
+        let zone = offset / self.meta.zone_size;
+        if (offset + len - 1) / self.meta.zone_size != zone {
+            return Err(ZoneError::CrossesZoneBoundary { offset, len });
+        }
+        Ok(zone as u32)
+    }
+
+    fn check_read(&self, offset: u64, len: u64) -> Result<(), ZoneError> {
+        let zone = self.check_range(IoOpKind::Read, offset, len)?;
+        let z = &self.zones[zone as usize];
+        if z.state == ZoneState::Offline {
+            return Err(ZoneError::Offline { zone });
+        }
+        let start = self.geo.zone_start(zone);
+        if offset + len > start + z.wp {
+            return Err(ZoneError::ReadPastWritePointer {
+                zone,
+                offset,
+                len,
+                write_pointer: start + z.wp,
+            });
+        }
+        Ok(())
+    }
+
+    /// Checks a write of `len` bytes at the write pointer of `zone` (`offset` is the
+    /// caller's offset for a write, `None` for an append) against the zone's state,
+    /// write pointer, capacity and the open/active limits. Returns the absolute
+    /// offset where the data goes.
+    fn plan_write(&self, zone: u32, offset: Option<u64>, len: u64) -> Result<u64, ZoneError> {
+        let z = self.zone(zone)?;
+        let start = self.geo.zone_start(zone);
+        let wp_abs = start + z.wp;
+        let end = start + self.meta.zone_capacity;
+        match z.state {
+            ZoneState::Offline => return Err(ZoneError::Offline { zone }),
+            ZoneState::ReadOnly => return Err(ZoneError::ReadOnly { zone }),
+            ZoneState::Full => {
+                return Err(ZoneError::ZoneFull {
+                    zone,
+                    offset: offset.unwrap_or(wp_abs),
+                    len,
+                    zone_end: end,
+                })
+            }
+            _ => {}
+        }
+        if let Some(off) = offset {
+            if off != wp_abs {
+                return Err(ZoneError::NotAtWritePointer {
+                    zone,
+                    offset: off,
+                    write_pointer: wp_abs,
+                });
+            }
+        }
+        if wp_abs + len > end {
+            return Err(ZoneError::ZoneFull {
+                zone,
+                offset: wp_abs,
+                len,
+                zone_end: end,
+            });
+        }
+        match z.state {
+            ZoneState::Empty => {
+                self.check_active_limit(zone)?;
+                self.check_open_limit(zone)?;
+            }
+            ZoneState::Closed => self.check_open_limit(zone)?,
+            _ => {}
+        }
+        Ok(wp_abs)
+    }
+
+    /// Applies a write accepted by `plan_write`: the zone opens implicitly (from
+    /// Empty or Closed), the write pointer advances, and the zone fills at capacity.
+    fn apply_write(&mut self, zone: u32, len: u64) {
+        let state = self.zones[zone as usize].state;
+        if matches!(state, ZoneState::Empty | ZoneState::Closed) {
+            self.set_state(zone, ZoneState::ImplicitlyOpen);
+        }
+        let z = &mut self.zones[zone as usize];
+        z.wp += len;
+        assert!(
+            z.wp <= self.meta.zone_capacity,
+            "write pointer past capacity"
+        );
+        if z.wp == self.meta.zone_capacity {
+            self.set_state(zone, ZoneState::Full);
+        }
+    }
+
+    fn write_checks(
+        &self,
+        op: IoOpKind,
+        offset: Option<u64>,
+        zone: Option<u32>,
+        len: u64,
+        async_io: bool,
+    ) -> Result<u32, ZoneError> {
+        let zone = match (offset, zone) {
+            (Some(off), _) => self.check_range(op, off, len)?,
+            (None, Some(z)) => {
+                self.zone(z)?;
+                let start = self.geo.zone_start(z);
+                if len == 0 {
+                    return Err(DeviceError::ZeroLength { op, offset: start }.into());
+                }
+                let align = u64::from(self.meta.logical_block_size);
+                if len % align != 0 {
+                    return Err(DeviceError::Misaligned {
+                        op,
+                        offset: start,
+                        len,
+                        align,
+                    }
+                    .into());
+                }
+                z
+            }
+            (None, None) => unreachable!("a write names an offset or a zone"),
+        };
+        if async_io {
+            self.check_io_size(op, offset.unwrap_or(self.geo.zone_start(zone)), len)?;
+        }
+        Ok(zone)
+    }
+
+    /// The inner device's largest single I/O bounds asynchronous requests.
+    fn check_io_size(&self, op: IoOpKind, offset: u64, len: u64) -> Result<(), ZoneError> {
+        let max = u64::from(self.geo.max_io_bytes);
+        if len > max {
+            return Err(DeviceError::TooLarge {
+                op,
+                offset,
+                len,
+                max,
+            }
+            .into());
+        }
+        Ok(())
+    }
+
+    fn table_entries(&self) -> impl ExactSizeIterator<Item = TableEntry> + '_ {
+        let cap = self.meta.zone_capacity;
+        self.zones.iter().map(move |z| {
+            // Persist only what has completed; an open or closed zone whose writes
+            // are all still in flight is Empty as far as the media knows.
+            let safe = z.safe_wp();
+            let state = match z.state {
+                s if is_active(s) && safe == 0 => ZoneState::Empty,
+                ZoneState::Full => ZoneState::Full,
+                s => s,
+            };
+            let wp = match state {
+                ZoneState::Empty => 0,
+                ZoneState::Full => cap,
+                _ => safe,
+            };
+            TableEntry { state, wp }
+        })
+    }
+
+    fn slot_offset(&self, generation: u64) -> u64 {
+        TABLE_SLOT0_OFFSET + (generation % 2) * self.meta.table_slot_bytes
+    }
+
+    fn encode_slot(&mut self, format_id: u64, generation: u64) {
+        let mut buf = std::mem::take(&mut self.slot_buf);
+        encode_table(format_id, generation, self.table_entries(), &mut buf);
+        self.slot_buf = buf;
+    }
+
+    /// Makes completed data durable, then writes the next table generation and
+    /// makes it durable.
+    fn persist(&mut self) -> Result<(), DeviceError> {
+        self.inner.flush()?;
+        let generation = self.generation + 1;
+        self.encode_slot(self.meta.format_id, generation);
+        self.inner
+            .write_at(self.slot_offset(generation), &self.slot_buf)?;
+        self.inner.flush()?;
+        self.generation = generation;
+        Ok(())
+    }
+
+    fn alloc_slot(&mut self, slot: InnerSlot) -> u64 {
+        match self.free_slots.pop() {
+            Some(i) => {
+                self.slots[i] = Some(slot);
+                i as u64
+            }
+            None => {
+                self.slots.push(Some(slot));
+                (self.slots.len() - 1) as u64
+            }
+        }
+    }
+
+    fn submit_inner(&mut self, user_tag: u64, kind: InnerKind, landed_at: Option<u64>, op: IoOp) {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.order.push_back((seq, false));
+        if let InnerKind::Write { zone, rel } = kind {
+            self.zones[zone as usize].inflight.push_back((rel, false));
+        }
+        let tag = self.alloc_slot(InnerSlot {
+            user_tag,
+            seq,
+            kind,
+            landed_at,
+        });
+        self.inner.submit(IoRequest { tag, op });
+    }
+
+    fn on_inner_completion(&mut self, c: IoCompletion) {
+        let idx = c.tag as usize;
+        let Some(slot) = self.slots.get_mut(idx).and_then(Option::take) else {
+            // Only this wrapper submits to the inner device asynchronously, so an
+            // unknown tag is a bug in the inner device.
+            panic!(
+                "zone emulation: inner device completed unknown tag {}",
+                c.tag
+            );
+        };
+        self.free_slots.push(idx);
+        mark_done(&mut self.order, slot.seq);
+        if let InnerKind::Write { zone, rel } = slot.kind {
+            mark_done(&mut self.zones[zone as usize].inflight, rel);
+        }
+        let result = match c.result {
+            Ok(()) => Ok(slot.landed_at),
+            Err(e) => Err(ZoneError::Device(e)),
+        };
+        self.done.push_back(ZoneCompletion {
+            tag: slot.user_tag,
+            buf: c.buf,
+            result,
+        });
+    }
+
+    /// Reaps whatever the inner device has finished, waiting for at least one if
+    /// `wait` and anything is in flight.
+    fn reap(&mut self, wait: bool) -> Result<(), DeviceError> {
+        let min = usize::from(wait && self.inner.in_flight() > 0);
+        let mut out = std::mem::take(&mut self.inner_out);
+        let r = self.inner.poll(&mut out, min);
+        for c in out.drain(..) {
+            self.on_inner_completion(c);
+        }
+        self.inner_out = out;
+        r.map(|_| ())
+    }
+
+    /// Completes user flushes whose barrier has drained: every inner request
+    /// submitted before the flush has completed, so a persist now covers them.
+    fn complete_ready_flushes(&mut self) {
+        while let Some(&(tag, barrier)) = self.flushes.front() {
+            if self.order.front().is_some_and(|&(seq, _)| seq < barrier) {
+                break;
+            }
+            self.flushes.pop_front();
+            let result = self.persist().map(|()| None).map_err(ZoneError::Device);
+            self.done.push_back(ZoneCompletion {
+                tag,
+                buf: None,
+                result,
+            });
+        }
+    }
+
+    fn fail(&mut self, tag: u64, buf: Option<IoBuf>, e: ZoneError) {
+        self.done.push_back(ZoneCompletion {
+            tag,
+            buf,
+            result: Err(e),
+        });
+    }
+}
+
+/// Marks the entry with key `key` done in a queue sorted by key, then pops the
+/// done prefix.
+fn mark_done(q: &mut VecDeque<(u64, bool)>, key: u64) {
+    let i = q.partition_point(|&(k, _)| k < key);
+    match q.get_mut(i) {
+        Some(e) if e.0 == key => e.1 = true,
+        _ => panic!("zone emulation: completion for untracked request {key}"),
+    }
+    while q.front().is_some_and(|&(_, done)| done) {
+        q.pop_front();
+    }
+}
+
+impl<D: BlockDevice> ZonedDevice for ZoneEmu<D> {
+    fn geometry(&self) -> &ZoneGeometry {
+        &self.geo
+    }
+
+    fn report_zones(
+        &self,
+        first: u32,
+        count: u32,
+        out: &mut Vec<ZoneInfo>,
+    ) -> Result<(), ZoneError> {
+        let end = first.saturating_add(count).min(self.meta.zone_count);
+        for zone in first..end {
+            out.push(self.zone_info(zone)?);
+        }
+        Ok(())
+    }
+
+    fn zone_info(&self, zone: u32) -> Result<ZoneInfo, ZoneError> {
+        let z = self.zone(zone)?;
+        let start = self.geo.zone_start(zone);
+        Ok(ZoneInfo {
+            index: zone,
+            start,
+            capacity: self.meta.zone_capacity,
+            write_pointer: start + z.wp,
+            state: z.state,
+        })
+    }
+
+    fn submit(&mut self, req: ZoneRequest) {
+        self.user_in_flight += 1;
+        let tag = req.tag;
+        let data_offset = self.meta.data_offset;
+        match req.op {
+            ZoneOp::Read { offset, buf } => {
+                let len = buf.len() as u64;
+                if let Err(e) = self
+                    .check_read(offset, len)
+                    .and_then(|()| self.check_io_size(IoOpKind::Read, offset, len))
+                {
+                    return self.fail(tag, Some(buf), e);
+                }
+                self.submit_inner(
+                    tag,
+                    InnerKind::Read,
+                    None,
+                    IoOp::Read {
+                        offset: data_offset + offset,
+                        buf,
+                    },
+                );
+            }
+            ZoneOp::Write { offset, buf, fua } => {
+                let len = buf.len() as u64;
+                let landed = self
+                    .write_checks(IoOpKind::Write, Some(offset), None, len, true)
+                    .and_then(|zone| self.plan_write(zone, Some(offset), len).map(|a| (zone, a)));
+                match landed {
+                    Err(e) => self.fail(tag, Some(buf), e),
+                    Ok((zone, at)) => {
+                        self.apply_write(zone, len);
+                        self.submit_inner(
+                            tag,
+                            InnerKind::Write {
+                                zone,
+                                rel: at - self.geo.zone_start(zone),
+                            },
+                            Some(at),
+                            IoOp::Write {
+                                offset: data_offset + at,
+                                buf,
+                                fua,
+                            },
+                        )
+                    }
+                }
+            }
+            ZoneOp::Append { zone, buf, fua } => {
+                let len = buf.len() as u64;
+                let landed = self
+                    .write_checks(IoOpKind::Append, None, Some(zone), len, true)
+                    .and_then(|zone| self.plan_write(zone, None, len));
+                match landed {
+                    Err(e) => self.fail(tag, Some(buf), e),
+                    Ok(at) => {
+                        self.apply_write(zone, len);
+                        self.submit_inner(
+                            tag,
+                            InnerKind::Write {
+                                zone,
+                                rel: at - self.geo.zone_start(zone),
+                            },
+                            Some(at),
+                            IoOp::Write {
+                                offset: data_offset + at,
+                                buf,
+                                fua,
+                            },
+                        )
+                    }
+                }
+            }
+            ZoneOp::Flush => {
+                self.flushes.push_back((tag, self.next_seq));
+            }
+        }
+    }
+
+    fn poll(
+        &mut self,
+        out: &mut Vec<ZoneCompletion>,
+        min_complete: usize,
+    ) -> Result<usize, DeviceError> {
+        let target = min_complete.min(self.user_in_flight);
+        let mut added = 0;
+        let mut wait = false;
+        loop {
+            self.reap(wait)?;
+            self.complete_ready_flushes();
+            added += self.done.len();
+            self.user_in_flight -= self.done.len();
+            out.extend(self.done.drain(..));
+            if added >= target || self.inner.in_flight() == 0 {
+                // With nothing in flight below, every flush has been completed above,
+                // so nothing more can arrive by waiting.
+                break;
+            }
+            wait = true;
+        }
+        Ok(added)
+    }
+
+    fn in_flight(&self) -> usize {
+        self.user_in_flight
+    }
+
+    fn read_at(&mut self, offset: u64, buf: &mut [u8]) -> Result<(), ZoneError> {
+        self.check_read(offset, buf.len() as u64)?;
+        self.inner.read_at(self.meta.data_offset + offset, buf)?;
+        Ok(())
+    }
+
+    fn write_at(&mut self, offset: u64, buf: &[u8]) -> Result<u64, ZoneError> {
+        let len = buf.len() as u64;
+        let zone = self.write_checks(IoOpKind::Write, Some(offset), None, len, false)?;
+        let at = self.plan_write(zone, Some(offset), len)?;
+        self.inner.write_at(self.meta.data_offset + at, buf)?;
+        self.apply_write(zone, len);
+        Ok(at)
+    }
+
+    fn append(&mut self, zone: u32, buf: &[u8]) -> Result<u64, ZoneError> {
+        let len = buf.len() as u64;
+        self.write_checks(IoOpKind::Append, None, Some(zone), len, false)?;
+        let at = self.plan_write(zone, None, len)?;
+        self.inner.write_at(self.meta.data_offset + at, buf)?;
+        self.apply_write(zone, len);
+        Ok(at)
+    }
+
+    fn manage(&mut self, zone: u32, action: ZoneAction) -> Result<(), ZoneError> {
+        let z = self.zone(zone)?;
+        let state = z.state;
+        let old = (state, z.wp);
+        let invalid = || ZoneError::InvalidTransition {
+            zone,
+            state,
+            action,
+        };
+        match state {
+            ZoneState::Offline => return Err(ZoneError::Offline { zone }),
+            ZoneState::ReadOnly => return Err(ZoneError::ReadOnly { zone }),
+            _ => {}
+        }
+        let next = match (action, state) {
+            (ZoneAction::Open, ZoneState::Full) => return Err(invalid()),
+            (ZoneAction::Open, ZoneState::ExplicitlyOpen) => ZoneState::ExplicitlyOpen,
+            (ZoneAction::Open, ZoneState::ImplicitlyOpen) => ZoneState::ExplicitlyOpen,
+            (ZoneAction::Open, ZoneState::Closed) => {
+                self.check_open_limit(zone)?;
+                ZoneState::ExplicitlyOpen
+            }
+            (ZoneAction::Open, _) => {
+                self.check_active_limit(zone)?;
+                self.check_open_limit(zone)?;
+                ZoneState::ExplicitlyOpen
+            }
+            (ZoneAction::Close, ZoneState::Empty | ZoneState::Full) => return Err(invalid()),
+            (ZoneAction::Close, ZoneState::Closed) => ZoneState::Closed,
+            (ZoneAction::Close, _) => {
+                if old.1 == 0 {
+                    ZoneState::Empty
+                } else {
+                    ZoneState::Closed
+                }
+            }
+            (ZoneAction::Finish, ZoneState::Empty) => {
+                // ZNS: finishing an empty zone needs an active resource on the way.
+                self.check_active_limit(zone)?;
+                ZoneState::Full
+            }
+            (ZoneAction::Finish, _) => ZoneState::Full,
+            (ZoneAction::Reset, _) => ZoneState::Empty,
+        };
+        if action == ZoneAction::Reset {
+            // No stale write may land after the reset; wait for this zone's writes
+            // (their completions are kept for `poll`).
+            while !self.zones[zone as usize].inflight.is_empty() {
+                assert!(
+                    self.inner.in_flight() > 0,
+                    "zone {zone} tracks writes the inner device does not have"
+                );
+                self.reap(true)?;
+            }
+        }
+        self.set_state(zone, next);
+        if let Err(e) = self.persist() {
+            self.restore(zone, old);
+            return Err(e.into());
+        }
+        if action == ZoneAction::Reset {
+            let start = self.meta.data_offset + self.geo.zone_start(zone);
+            self.inner.discard(start, self.meta.zone_size)?;
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<(), ZoneError> {
+        self.persist()?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+#[path = "zone_emu_tests.rs"]
+mod tests;

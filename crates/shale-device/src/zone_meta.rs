@@ -1,0 +1,399 @@
+//! The on-media format of zone emulation metadata: bytes only, no I/O.
+//!
+//! Layout at the start of the inner device (all integers little-endian; drawn byte
+//! by byte in docs/devices.md):
+//!
+//! ```text
+//! 0            geometry block, copy 0 (4096 bytes; written only by format)
+//! 4096         geometry block, copy 1 (identical)
+//! 8192         zone table slot 0 (table_slot_bytes)
+//! 8192 + T     zone table slot 1 (table_slot_bytes)
+//! 8192 + 2T    zone 0 (data_offset); zone i at data_offset + i * zone_size
+//! ```
+//!
+//! The geometry never changes after format, so it is mirrored rather than
+//! double-buffered. The zone table changes on every flush and zone management
+//! command; generation `g` is written to slot `g % 2`, so a torn table write leaves
+//! the previous generation intact in the other slot, and open takes the valid slot
+//! with the higher generation. Both structures carry CRC32C; `format_id` ties a
+//! table to the format that wrote it.
+
+use crate::{DeviceError, ZoneState};
+
+pub(crate) const GEOMETRY_MAGIC: [u8; 8] = *b"SHZEMGEO";
+pub(crate) const TABLE_MAGIC: [u8; 8] = *b"SHZEMTAB";
+pub(crate) const META_VERSION: u32 = 1;
+/// Size of one geometry block copy; also the alignment of everything in the area.
+pub(crate) const META_BLOCK_BYTES: u64 = 4096;
+pub(crate) const GEOMETRY_BYTES_USED: usize = 128;
+pub(crate) const TABLE_HEADER_BYTES: usize = 64;
+pub(crate) const TABLE_ENTRY_BYTES: usize = 16;
+/// Offset of table slot 0.
+pub(crate) const TABLE_SLOT0_OFFSET: u64 = 2 * META_BLOCK_BYTES;
+
+/// The static part: what format decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct MetaGeometry {
+    pub logical_block_size: u32,
+    pub zone_size: u64,
+    pub zone_capacity: u64,
+    pub zone_count: u32,
+    pub max_open_zones: u32,
+    pub max_active_zones: u32,
+    pub table_slot_bytes: u64,
+    pub data_offset: u64,
+    pub format_id: u64,
+}
+
+/// One persisted zone: its state and write pointer relative to the zone start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TableEntry {
+    pub state: ZoneState,
+    pub wp: u64,
+}
+
+/// Bytes of one table slot for `zone_count` zones, rounded up to the block size.
+pub(crate) fn table_slot_bytes(zone_count: u64) -> u64 {
+    let raw = TABLE_HEADER_BYTES as u64 + TABLE_ENTRY_BYTES as u64 * zone_count;
+    raw.div_ceil(META_BLOCK_BYTES) * META_BLOCK_BYTES
+}
+
+pub(crate) fn state_code(s: ZoneState) -> u8 {
+    match s {
+        ZoneState::Empty => 0,
+        ZoneState::ImplicitlyOpen => 1,
+        ZoneState::ExplicitlyOpen => 2,
+        ZoneState::Closed => 3,
+        ZoneState::Full => 4,
+        ZoneState::ReadOnly => 5,
+        ZoneState::Offline => 6,
+    }
+}
+
+fn state_from_code(c: u8) -> Option<ZoneState> {
+    Some(match c {
+        0 => ZoneState::Empty,
+        1 => ZoneState::ImplicitlyOpen,
+        2 => ZoneState::ExplicitlyOpen,
+        3 => ZoneState::Closed,
+        4 => ZoneState::Full,
+        5 => ZoneState::ReadOnly,
+        6 => ZoneState::Offline,
+        _ => return None,
+    })
+}
+
+fn corrupt(reason: String) -> DeviceError {
+    DeviceError::CorruptMetadata { reason }
+}
+
+fn le_u32(b: &[u8], at: usize) -> u32 {
+    let mut a = [0u8; 4];
+    a.copy_from_slice(&b[at..at + 4]);
+    u32::from_le_bytes(a)
+}
+
+fn le_u64(b: &[u8], at: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(a)
+}
+
+fn put_u32(b: &mut [u8], at: usize, v: u32) {
+    b[at..at + 4].copy_from_slice(&v.to_le_bytes());
+}
+
+fn put_u64(b: &mut [u8], at: usize, v: u64) {
+    b[at..at + 8].copy_from_slice(&v.to_le_bytes());
+}
+
+/// Fills `block` (META_BLOCK_BYTES long) with the geometry block.
+pub(crate) fn encode_geometry(g: &MetaGeometry, block: &mut [u8]) {
+    assert_eq!(block.len() as u64, META_BLOCK_BYTES);
+    block.fill(0);
+    block[0..8].copy_from_slice(&GEOMETRY_MAGIC);
+    put_u32(block, 8, META_VERSION);
+    put_u32(block, 12, g.logical_block_size);
+    put_u64(block, 16, g.zone_size);
+    put_u64(block, 24, g.zone_capacity);
+    put_u32(block, 32, g.zone_count);
+    put_u32(block, 36, g.max_open_zones);
+    put_u32(block, 40, g.max_active_zones);
+    // 44..48 reserved, zero.
+    put_u64(block, 48, g.table_slot_bytes);
+    put_u64(block, 56, g.data_offset);
+    put_u64(block, 64, g.format_id);
+    // 72..124 reserved, zero.
+    let crc = crc32c::crc32c(&block[..124]);
+    put_u32(block, 124, crc);
+}
+
+/// Parses and checks one geometry block copy. Checks here are those that need
+/// nothing but the block; the caller checks it against the device.
+pub(crate) fn decode_geometry(block: &[u8]) -> Result<MetaGeometry, DeviceError> {
+    if block.len() < GEOMETRY_BYTES_USED {
+        return Err(corrupt(format!("geometry block of {} bytes", block.len())));
+    }
+    if block[0..8] != GEOMETRY_MAGIC {
+        return Err(corrupt(
+            "no zone emulation geometry magic (not formatted?)".into(),
+        ));
+    }
+    let version = le_u32(block, 8);
+    if version != META_VERSION {
+        return Err(corrupt(format!(
+            "geometry version {version}, expected {META_VERSION}"
+        )));
+    }
+    let stored = le_u32(block, 124);
+    let computed = crc32c::crc32c(&block[..124]);
+    if stored != computed {
+        return Err(corrupt(format!(
+            "geometry block checksum mismatch: stored {stored:#010x}, computed {computed:#010x}"
+        )));
+    }
+    let g = MetaGeometry {
+        logical_block_size: le_u32(block, 12),
+        zone_size: le_u64(block, 16),
+        zone_capacity: le_u64(block, 24),
+        zone_count: le_u32(block, 32),
+        max_open_zones: le_u32(block, 36),
+        max_active_zones: le_u32(block, 40),
+        table_slot_bytes: le_u64(block, 48),
+        data_offset: le_u64(block, 56),
+        format_id: le_u64(block, 64),
+    };
+    let lbs = u64::from(g.logical_block_size);
+    let sane = g.logical_block_size.is_power_of_two()
+        && (512..=4096).contains(&g.logical_block_size)
+        && g.zone_size > 0
+        && g.zone_size % lbs == 0
+        && g.zone_capacity > 0
+        && g.zone_capacity <= g.zone_size
+        && g.zone_capacity % lbs == 0
+        && g.zone_count > 0
+        && g.table_slot_bytes >= table_slot_bytes(u64::from(g.zone_count))
+        && g.table_slot_bytes % META_BLOCK_BYTES == 0
+        && Some(g.data_offset)
+            == g.table_slot_bytes
+                .checked_mul(2)
+                .and_then(|t| t.checked_add(TABLE_SLOT0_OFFSET));
+    if !sane {
+        return Err(corrupt(format!(
+            "geometry block fields inconsistent: {g:?}"
+        )));
+    }
+    Ok(g)
+}
+
+/// Fills `slot` (table_slot_bytes long) with one generation of the zone table.
+pub(crate) fn encode_table(
+    format_id: u64,
+    generation: u64,
+    entries: impl ExactSizeIterator<Item = TableEntry>,
+    slot: &mut [u8],
+) {
+    let n = entries.len();
+    let body_end = TABLE_HEADER_BYTES + n * TABLE_ENTRY_BYTES;
+    assert!(body_end <= slot.len(), "zone table does not fit its slot");
+    slot.fill(0);
+    slot[0..8].copy_from_slice(&TABLE_MAGIC);
+    put_u32(slot, 8, META_VERSION);
+    put_u32(slot, 12, n as u32);
+    put_u64(slot, 16, generation);
+    put_u64(slot, 24, format_id);
+    // 32..60 reserved, zero.
+    for (i, e) in entries.enumerate() {
+        let at = TABLE_HEADER_BYTES + i * TABLE_ENTRY_BYTES;
+        slot[at] = state_code(e.state);
+        // at+1..at+8 reserved, zero.
+        put_u64(slot, at + 8, e.wp);
+    }
+    let mut crc = crc32c::crc32c(&slot[..60]);
+    crc = crc32c::crc32c_append(crc, &slot[TABLE_HEADER_BYTES..body_end]);
+    put_u32(slot, 60, crc);
+}
+
+/// Parses one table slot and checks it against the geometry; returns its
+/// generation and entries.
+pub(crate) fn decode_table(
+    g: &MetaGeometry,
+    slot: &[u8],
+) -> Result<(u64, Vec<TableEntry>), DeviceError> {
+    if slot.len() < TABLE_HEADER_BYTES {
+        return Err(corrupt(format!("zone table slot of {} bytes", slot.len())));
+    }
+    if slot[0..8] != TABLE_MAGIC {
+        return Err(corrupt("zone table magic missing".into()));
+    }
+    let version = le_u32(slot, 8);
+    if version != META_VERSION {
+        return Err(corrupt(format!(
+            "zone table version {version}, expected {META_VERSION}"
+        )));
+    }
+    let n = le_u32(slot, 12);
+    if n != g.zone_count {
+        return Err(corrupt(format!(
+            "zone table has {n} zones, geometry says {}",
+            g.zone_count
+        )));
+    }
+    let body_end = TABLE_HEADER_BYTES + n as usize * TABLE_ENTRY_BYTES;
+    if body_end > slot.len() {
+        return Err(corrupt(format!(
+            "zone table of {n} zones overflows its slot"
+        )));
+    }
+    let stored = le_u32(slot, 60);
+    let computed = crc32c::crc32c_append(
+        crc32c::crc32c(&slot[..60]),
+        &slot[TABLE_HEADER_BYTES..body_end],
+    );
+    if stored != computed {
+        return Err(corrupt(format!(
+            "zone table checksum mismatch: stored {stored:#010x}, computed {computed:#010x}"
+        )));
+    }
+    let generation = le_u64(slot, 16);
+    let format_id = le_u64(slot, 24);
+    if format_id != g.format_id {
+        return Err(corrupt(format!(
+            "zone table belongs to format {format_id}, geometry is format {}",
+            g.format_id
+        )));
+    }
+    let mut entries = Vec::with_capacity(n as usize);
+    for i in 0..n as usize {
+        let at = TABLE_HEADER_BYTES + i * TABLE_ENTRY_BYTES;
+        let state = state_from_code(slot[at])
+            .ok_or_else(|| corrupt(format!("zone {i}: unknown state code {}", slot[at])))?;
+        let wp = le_u64(slot, at + 8);
+        let cap = g.zone_capacity;
+        let consistent = wp <= cap
+            && wp % u64::from(g.logical_block_size) == 0
+            && match state {
+                ZoneState::Empty => wp == 0,
+                ZoneState::Full => wp == cap,
+                ZoneState::ImplicitlyOpen | ZoneState::ExplicitlyOpen => wp < cap,
+                ZoneState::Closed => wp > 0 && wp < cap,
+                ZoneState::ReadOnly | ZoneState::Offline => true,
+            };
+        if !consistent {
+            return Err(corrupt(format!(
+                "zone {i}: write pointer {wp} inconsistent with state {state:?}"
+            )));
+        }
+        entries.push(TableEntry { state, wp });
+    }
+    Ok((generation, entries))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn geo() -> MetaGeometry {
+        let t = table_slot_bytes(10);
+        MetaGeometry {
+            logical_block_size: 512,
+            zone_size: 1 << 20,
+            zone_capacity: 768 << 10,
+            zone_count: 10,
+            max_open_zones: 3,
+            max_active_zones: 5,
+            table_slot_bytes: t,
+            data_offset: TABLE_SLOT0_OFFSET + 2 * t,
+            format_id: 7,
+        }
+    }
+
+    #[test]
+    fn geometry_roundtrip_and_every_byte_covered() {
+        let g = geo();
+        let mut b = vec![0u8; META_BLOCK_BYTES as usize];
+        encode_geometry(&g, &mut b);
+        assert_eq!(decode_geometry(&b).expect("valid"), g);
+        // Any flipped bit in the used part is caught.
+        for byte in 0..GEOMETRY_BYTES_USED {
+            let mut c = b.clone();
+            c[byte] ^= 0x10;
+            assert!(
+                matches!(
+                    decode_geometry(&c),
+                    Err(DeviceError::CorruptMetadata { .. })
+                ),
+                "flip at byte {byte} not detected"
+            );
+        }
+    }
+
+    #[test]
+    fn table_roundtrip_and_corruption() {
+        let g = geo();
+        let mut slot = vec![0u8; g.table_slot_bytes as usize];
+        let entries: Vec<TableEntry> = (0..10u64)
+            .map(|i| match i % 4 {
+                0 => TableEntry {
+                    state: ZoneState::Empty,
+                    wp: 0,
+                },
+                1 => TableEntry {
+                    state: ZoneState::Closed,
+                    wp: 512 * i,
+                },
+                2 => TableEntry {
+                    state: ZoneState::Full,
+                    wp: g.zone_capacity,
+                },
+                _ => TableEntry {
+                    state: ZoneState::ImplicitlyOpen,
+                    wp: 4096,
+                },
+            })
+            .collect();
+        encode_table(7, 42, entries.iter().copied(), &mut slot);
+        let (generation, back) = decode_table(&g, &slot).expect("valid");
+        assert_eq!(generation, 42);
+        assert_eq!(back, entries);
+        let used = TABLE_HEADER_BYTES + 10 * TABLE_ENTRY_BYTES;
+        for byte in 0..used {
+            let mut c = slot.clone();
+            c[byte] ^= 0x01;
+            assert!(decode_table(&g, &c).is_err(), "flip at byte {byte} missed");
+        }
+        // A table of another format is refused even with a good checksum.
+        encode_table(8, 43, entries.iter().copied(), &mut slot);
+        assert!(decode_table(&g, &slot).is_err());
+    }
+
+    #[test]
+    fn inconsistent_entry_is_corrupt_not_panic() {
+        let g = geo();
+        let mut slot = vec![0u8; g.table_slot_bytes as usize];
+        let bad = [TableEntry {
+            state: ZoneState::Empty,
+            wp: 512,
+        }];
+        let mut entries = vec![
+            TableEntry {
+                state: ZoneState::Empty,
+                wp: 0
+            };
+            9
+        ];
+        entries.extend_from_slice(&bad);
+        encode_table(7, 1, entries.into_iter(), &mut slot);
+        assert!(matches!(
+            decode_table(&g, &slot),
+            Err(DeviceError::CorruptMetadata { .. })
+        ));
+    }
+
+    #[test]
+    fn slot_sizes_are_block_multiples() {
+        assert_eq!(table_slot_bytes(0), 4096);
+        assert_eq!(table_slot_bytes(252), 4096);
+        assert_eq!(table_slot_bytes(253), 8192);
+    }
+}
