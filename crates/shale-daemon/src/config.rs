@@ -125,7 +125,7 @@ pub struct AdminConfig {
     pub socket: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct MetricsConfig {
     /// Prometheus text endpoint, e.g. "127.0.0.1:9477"; empty disables it.
@@ -186,14 +186,6 @@ impl Default for AdminConfig {
     fn default() -> AdminConfig {
         AdminConfig {
             socket: "{data_dir}/admin.sock".into(),
-        }
-    }
-}
-
-impl Default for MetricsConfig {
-    fn default() -> MetricsConfig {
-        MetricsConfig {
-            listen: String::new(),
         }
     }
 }
