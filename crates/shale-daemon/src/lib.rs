@@ -7,3 +7,4 @@
 
 pub mod admin;
 pub mod config;
+pub mod metrics;
