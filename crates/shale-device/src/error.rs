@@ -10,6 +10,8 @@ pub enum IoOpKind {
     Append,
     ZoneManagement,
     Open,
+    /// Handing queued requests to the kernel or waiting for their completions.
+    Submit,
 }
 
 impl fmt::Display for IoOpKind {
@@ -22,6 +24,7 @@ impl fmt::Display for IoOpKind {
             IoOpKind::Append => "zone append",
             IoOpKind::ZoneManagement => "zone management",
             IoOpKind::Open => "open",
+            IoOpKind::Submit => "submit",
         };
         f.write_str(s)
     }

@@ -19,7 +19,10 @@
 mod block;
 mod buf;
 mod check;
+mod engine_psync;
+mod engine_uring;
 mod error;
+mod file;
 mod mem;
 mod null;
 mod sparse;
@@ -30,6 +33,7 @@ mod zoned;
 pub use block::{BlockDevice, DeviceInfo, IoCompletion, IoOp, IoRequest};
 pub use buf::IoBuf;
 pub use error::{DeviceError, IoOpKind, ZoneError};
+pub use file::{DirectIo, EngineChoice, EngineKind, FileDevice, FileOptions, FILE_MAX_IO_BYTES};
 pub use mem::{MemDevice, MEM_MAX_IO_BYTES, MEM_QUEUE_DEPTH};
 pub use null::NullDevice;
 pub use sparse::{SparseImage, SPARSE_PAGE_BYTES};
