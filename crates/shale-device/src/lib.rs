@@ -22,6 +22,7 @@ mod check;
 mod engine_psync;
 mod engine_uring;
 mod error;
+mod fault;
 mod file;
 mod mem;
 mod null;
@@ -33,6 +34,10 @@ mod zoned;
 pub use block::{BlockDevice, DeviceInfo, IoCompletion, IoOp, IoRequest};
 pub use buf::IoBuf;
 pub use error::{DeviceError, IoOpKind, ZoneError};
+pub use fault::{
+    CrashError, CrashMode, CrashReport, ErrorRule, FaultController, FaultCounters, FaultDevice,
+    Latency, PendingWriteInfo, TearUnit, WriteId,
+};
 pub use file::{DirectIo, EngineChoice, EngineKind, FileDevice, FileOptions, FILE_MAX_IO_BYTES};
 pub use mem::{MemDevice, MEM_MAX_IO_BYTES, MEM_QUEUE_DEPTH};
 pub use null::NullDevice;
