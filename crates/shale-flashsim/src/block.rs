@@ -369,3 +369,224 @@ impl<D: BlockDevice> BlockDevice for FlashSim<D> {
         self.account(Pending::Discard { offset, len })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Superblock;
+    use crate::preset;
+    use proptest::prelude::*;
+    use shale_device::{IoBuf, MemDevice};
+
+    const KIB: u64 = 1024;
+
+    fn small_config(iu: u64) -> FtlConfig {
+        FtlConfig::new(iu, Superblock::Bytes(iu * 4), 0.25)
+    }
+
+    fn timing() -> TimingModel {
+        preset("qlc-p5316").expect("preset").timing
+    }
+
+    fn ftl_of<D: BlockDevice>(sim: &FlashSim<D>) -> &Ftl {
+        match sim.model() {
+            DriveModel::Ftl(f) => f,
+            DriveModel::InPlace(_) => panic!("not an FTL model"),
+        }
+    }
+
+    #[test]
+    fn stats_handle_keeps_counting_after_the_device_moves() {
+        let mem = MemDevice::new(8 << 20, 4096).expect("mem");
+        let sim = FlashSim::new(mem, &small_config(16 * KIB), timing()).expect("sim");
+        let handle = sim.stats_handle();
+        let mut boxed: Box<dyn BlockDevice> = Box::new(sim);
+        boxed.write_at(0, &[1u8; 4096]).expect("write");
+        let s = handle.stats();
+        assert_eq!(s.host_bytes_written, 4096);
+        assert_eq!(s.nand_bytes_written, 16 * KIB);
+        assert!(s.busy_ns > 0);
+        handle.reset();
+        assert_eq!(handle.stats(), FlashStats::default());
+        boxed.write_at(16 * KIB, &[1u8; 16 * 1024]).expect("write");
+        assert_eq!(handle.stats().waf(), 1.0);
+    }
+
+    #[test]
+    fn failed_requests_change_no_counter() {
+        let mem = MemDevice::new(1 << 20, 4096).expect("mem");
+        let mut sim = FlashSim::new(mem, &small_config(4 * KIB), timing()).expect("sim");
+        assert!(sim.write_at(1 << 20, &[0u8; 4096]).is_err());
+        assert!(sim.write_at(512, &[0u8; 4096]).is_err());
+        let mut buf = [0u8; 4096];
+        assert!(sim.read_at(1 << 20, &mut buf).is_err());
+        sim.submit(IoRequest {
+            tag: 9,
+            op: IoOp::Write {
+                offset: 1 << 20,
+                buf: IoBuf::zeroed(4096),
+                fua: false,
+            },
+        });
+        let mut out = Vec::new();
+        sim.poll(&mut out, 1).expect("poll");
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].tag, 9);
+        assert!(out[0].result.is_err());
+        assert_eq!(sim.stats(), FlashStats::default());
+    }
+
+    #[test]
+    fn in_place_drive_programs_exactly_what_the_host_writes() {
+        let p = preset("optane").expect("preset");
+        let mem = MemDevice::new(1 << 20, 512).expect("mem");
+        let mut sim = FlashSim::from_preset(mem, &p).expect("sim");
+        sim.write_at(512, &[3u8; 512]).expect("write");
+        sim.write_at(4096, &[3u8; 8192]).expect("write");
+        sim.discard(0, 4096).expect("discard");
+        let s = sim.stats();
+        assert_eq!(s.nand_bytes_written, s.host_bytes_written);
+        assert_eq!(s.nand_bytes_written, 512 + 8192);
+        assert_eq!(s.erases, 0);
+    }
+
+    #[test]
+    fn zoned_presets_are_refused_for_block_devices() {
+        let mem = MemDevice::new(1 << 20, 4096).expect("mem");
+        let p = preset("zns-qlc").expect("preset");
+        assert!(matches!(
+            FlashSim::from_preset(mem, &p),
+            Err(FlashSimError::PresetKind { .. })
+        ));
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Write {
+            sector: u64,
+            sectors: u64,
+            fill: u8,
+            asynchronous: bool,
+        },
+        Discard {
+            sector: u64,
+            sectors: u64,
+        },
+        Read {
+            sector: u64,
+            sectors: u64,
+            asynchronous: bool,
+        },
+        Flush,
+    }
+
+    const SECTORS: u64 = 2048;
+
+    fn op() -> impl Strategy<Value = Op> {
+        (0u8..12, 0..SECTORS, 1u64..=40, any::<u8>(), any::<bool>()).prop_map(
+            |(k, sector, n, fill, asynchronous)| {
+                let sectors = n.min(SECTORS - sector);
+                match k {
+                    0 => Op::Discard { sector, sectors },
+                    1 => Op::Flush,
+                    2..=4 => Op::Read {
+                        sector,
+                        sectors,
+                        asynchronous,
+                    },
+                    _ => Op::Write {
+                        sector,
+                        sectors,
+                        fill,
+                        asynchronous,
+                    },
+                }
+            },
+        )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(40))]
+
+        /// Whatever the FTL model does (GC, read-modify-write, partial trims), data read
+        /// through the wrapper is what was written, through both the synchronous and
+        /// the asynchronous paths; and the counters add up.
+        #[test]
+        fn the_wrapper_never_corrupts_data_and_counters_add_up(
+            iu_shift in 12u32..=15,
+            ops in proptest::collection::vec(op(), 1..400),
+        ) {
+            let iu = 1u64 << iu_shift;
+            let mem = MemDevice::new(SECTORS * 512, 512).expect("mem");
+            let mut sim = FlashSim::new(mem, &small_config(iu), timing()).expect("sim");
+            let handle = sim.stats_handle();
+            let mut reference = vec![0u8; (SECTORS * 512) as usize];
+            let mut out = Vec::new();
+            for (i, op) in ops.iter().enumerate() {
+                let tag = i as u64;
+                match *op {
+                    Op::Write { sector, sectors, fill, asynchronous } => {
+                        let (off, len) = (sector * 512, (sectors * 512) as usize);
+                        let data: Vec<u8> = (0..len).map(|j| fill ^ (j as u8)).collect();
+                        reference[off as usize..off as usize + len].copy_from_slice(&data);
+                        if asynchronous {
+                            sim.submit(IoRequest {
+                                tag,
+                                op: IoOp::Write { offset: off, buf: IoBuf::from_slice(&data), fua: false },
+                            });
+                            out.clear();
+                            sim.poll(&mut out, 1).expect("poll");
+                            prop_assert_eq!(out.len(), 1);
+                            prop_assert_eq!(out[0].tag, tag);
+                            prop_assert!(out[0].result.is_ok());
+                        } else {
+                            sim.write_at(off, &data).expect("write");
+                        }
+                    }
+                    Op::Discard { sector, sectors } => {
+                        let (off, len) = (sector * 512, sectors * 512);
+                        reference[off as usize..(off + len) as usize].fill(0);
+                        sim.discard(off, len).expect("discard");
+                    }
+                    Op::Read { sector, sectors, asynchronous } => {
+                        let (off, len) = (sector * 512, (sectors * 512) as usize);
+                        let got = if asynchronous {
+                            sim.submit(IoRequest {
+                                tag,
+                                op: IoOp::Read { offset: off, buf: IoBuf::zeroed(len) },
+                            });
+                            out.clear();
+                            sim.poll(&mut out, 1).expect("poll");
+                            prop_assert_eq!(out.len(), 1);
+                            prop_assert_eq!(out[0].tag, tag);
+                            prop_assert!(out[0].result.is_ok());
+                            out[0].buf.take().expect("buffer back").to_vec()
+                        } else {
+                            let mut buf = vec![0u8; len];
+                            sim.read_at(off, &mut buf).expect("read");
+                            buf
+                        };
+                        prop_assert!(
+                            got == reference[off as usize..off as usize + len],
+                            "op {} read at {} len {} differs", i, off, len
+                        );
+                    }
+                    Op::Flush => sim.flush().expect("flush"),
+                }
+            }
+            let s = sim.stats();
+            prop_assert_eq!(s, handle.stats());
+            prop_assert_eq!(
+                s.nand_bytes_written,
+                s.nand_bytes_written_host + s.nand_bytes_written_gc + s.nand_bytes_written_rmw
+            );
+            prop_assert_eq!(
+                s.nand_bytes_read,
+                s.nand_bytes_read_host + s.nand_bytes_read_gc + s.nand_bytes_read_rmw
+            );
+            prop_assert!(s.nand_bytes_written >= s.host_bytes_written);
+            prop_assert_eq!(s.nand_bytes_written % iu, 0);
+            prop_assert_eq!(ftl_of(&sim).self_check(), Ok(()));
+        }
+    }
+}

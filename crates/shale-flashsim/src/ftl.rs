@@ -574,6 +574,269 @@ impl Ftl {
         if c.nand_bytes_read_gc != c.nand_bytes_written_gc {
             return Err("GC reads and GC programs differ".into());
         }
+        // Every IU slot programmed and not erased since is in a non-free superblock.
+        let programmed =
+            (c.nand_bytes_written_host + c.nand_bytes_written_rmw + c.nand_bytes_written_gc)
+                / self.geo.iu_bytes;
+        let erased = c.erases * u64::from(self.slots);
+        let mut used = 0u64;
+        for (b, &st) in self.state.iter().enumerate() {
+            used += match st {
+                BlockState::Free => 0,
+                BlockState::Closed => u64::from(self.slots),
+                BlockState::Open => [self.host, self.gc]
+                    .iter()
+                    .find(|ob| ob.block as usize == b)
+                    .map_or(0, |ob| u64::from(ob.next_slot)),
+            };
+        }
+        if programmed - erased != used {
+            return Err(format!(
+                "{programmed} IUs programmed, {erased} erased, but {used} slots in use"
+            ));
+        }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Spare, Superblock};
+    use proptest::prelude::*;
+
+    const KIB: u64 = 1024;
+
+    fn timing() -> TimingModel {
+        TimingModel {
+            interface_bytes_per_sec: 7e9,
+            command_iops_max: 1e6,
+            program_bytes_per_sec: 2.5e9,
+            read_bytes_per_sec: 6e9,
+            erase_bytes_per_sec: 250e9,
+        }
+    }
+
+    fn drive(iu: u64, ius_per_superblock: u64, capacity: u64, sf: f64) -> Ftl {
+        let cfg = FtlConfig::new(iu, Superblock::Bytes(iu * ius_per_superblock), sf);
+        Ftl::new(&cfg, capacity, timing()).expect("valid")
+    }
+
+    #[test]
+    fn partial_iu_write_programs_the_whole_iu_and_reads_the_rest_once_mapped() {
+        let mut f = drive(64 * KIB, 16, 64 << 20, 0.1);
+        f.write(0, 4 * KIB).expect("in range");
+        let s = f.stats();
+        // Unmapped IU: the rest is zero padding, nothing to read.
+        assert_eq!(s.nand_bytes_written, 64 * KIB);
+        assert_eq!(s.nand_bytes_written_host, 4 * KIB);
+        assert_eq!(s.nand_bytes_written_rmw, 60 * KIB);
+        assert_eq!(s.nand_bytes_read, 0);
+        f.write(4 * KIB, 4 * KIB).expect("in range");
+        let s = f.stats();
+        assert_eq!(s.nand_bytes_written, 128 * KIB);
+        assert_eq!(s.nand_bytes_read_rmw, 60 * KIB);
+        assert_eq!(s.waf(), 16.0);
+        f.self_check().expect("consistent");
+    }
+
+    #[test]
+    fn misaligned_write_touches_two_ius() {
+        let mut f = drive(64 * KIB, 16, 64 << 20, 0.1);
+        f.write(0, 128 * KIB).expect("in range");
+        let before = f.stats();
+        f.write(60 * KIB, 8 * KIB).expect("in range");
+        let s = f.stats().since(&before);
+        assert_eq!(s.nand_bytes_written, 128 * KIB);
+        assert_eq!(s.nand_bytes_read_rmw, 120 * KIB);
+        assert_eq!(s.waf(), 16.0);
+    }
+
+    #[test]
+    fn aligned_full_iu_writes_have_no_read_modify_write() {
+        let mut f = drive(64 * KIB, 16, 64 << 20, 0.1);
+        f.write(64 * KIB, 256 * KIB).expect("in range");
+        let s = f.stats();
+        assert_eq!(s.nand_bytes_written, 256 * KIB);
+        assert_eq!(s.nand_bytes_written_rmw + s.nand_bytes_read, 0);
+    }
+
+    #[test]
+    fn discard_unmaps_whole_ius_and_leaves_partly_covered_ones_mapped() {
+        let mut f = drive(64 * KIB, 16, 64 << 20, 0.1);
+        f.write(0, 128 * KIB).expect("in range");
+        f.discard(0, 68 * KIB).expect("in range");
+        assert_eq!(f.mapped_ius(), 1);
+        assert_eq!(f.stats().discard_partial_ius, 1);
+        let before = f.stats();
+        f.write(0, 4 * KIB).expect("in range");
+        assert_eq!(
+            f.stats().since(&before).nand_bytes_read,
+            0,
+            "IU 0 was unmapped"
+        );
+        f.write(64 * KIB, 4 * KIB).expect("in range");
+        assert_eq!(
+            f.stats().since(&before).nand_bytes_read_rmw,
+            60 * KIB,
+            "IU 1 stayed mapped"
+        );
+        f.self_check().expect("consistent");
+    }
+
+    #[test]
+    fn reads_cost_nand_only_where_mapped() {
+        let mut f = drive(4 * KIB, 64, 16 << 20, 0.1);
+        f.write(0, 8 * KIB).expect("in range");
+        f.read(0, 64 * KIB).expect("in range");
+        let s = f.stats();
+        assert_eq!(s.host_bytes_read, 64 * KIB);
+        assert_eq!(s.nand_bytes_read_host, 8 * KIB);
+    }
+
+    #[test]
+    fn out_of_range_requests_are_typed_errors_and_change_nothing() {
+        let mut f = drive(4 * KIB, 64, 16 << 20, 0.1);
+        for (off, len) in [(16 << 20, 1), (u64::MAX, 2), ((16 << 20) - 4096, 8192)] {
+            assert!(matches!(
+                f.write(off, len),
+                Err(FlashSimError::OutOfRange {
+                    op: ModelOp::Write,
+                    ..
+                })
+            ));
+            assert!(f.read(off, len).is_err());
+            assert!(f.discard(off, len).is_err());
+        }
+        assert_eq!(f.stats(), FlashStats::default());
+    }
+
+    #[test]
+    fn sequential_overwrites_need_no_gc_copies() {
+        for policy in [GcPolicy::Greedy, GcPolicy::Fifo, GcPolicy::CostBenefit] {
+            let cfg =
+                FtlConfig::new(4 * KIB, Superblock::Bytes(256 * KIB), 0.07).with_policy(policy);
+            let cap = 32 << 20;
+            let mut f = Ftl::new(&cfg, cap, timing()).expect("valid");
+            for _ in 0..5 {
+                let mut off = 0;
+                while off < cap {
+                    f.write(off, 128 * KIB).expect("in range");
+                    off += 128 * KIB;
+                }
+            }
+            let s = f.stats();
+            assert!(s.erases > 0, "{policy:?}: GC ran");
+            assert_eq!(s.nand_bytes_written_gc, 0, "{policy:?}");
+            assert_eq!(s.waf(), 1.0, "{policy:?}");
+            f.self_check().expect("consistent");
+        }
+    }
+
+    #[test]
+    fn physical_bytes_spare_is_honoured() {
+        let cfg = FtlConfig {
+            spare: Spare::PhysicalBytes(40 << 20),
+            ..FtlConfig::new(4 * KIB, Superblock::Bytes(1 << 20), 0.0)
+        };
+        let f = Ftl::new(&cfg, 32 << 20, timing()).expect("valid");
+        assert_eq!(f.geometry().physical_bytes(), 40 << 20);
+        assert_eq!(f.geometry().superblocks, 40);
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Write(u64, u64),
+        Discard(u64, u64),
+        Read(u64, u64),
+    }
+
+    /// Ops in 512-byte units over a drive of `sectors` sectors, mostly writes.
+    fn ops(sectors: u64) -> impl Strategy<Value = Vec<Op>> {
+        let op = (0u8..10, 0..sectors, 1u64..=64).prop_map(move |(k, start, n)| {
+            let n = n.min(sectors - start);
+            let (off, len) = (start * 512, n * 512);
+            match k {
+                0 => Op::Discard(off, len),
+                1 => Op::Read(off, len),
+                _ => Op::Write(off, len),
+            }
+        });
+        proptest::collection::vec(op, 1..1500)
+    }
+
+    fn policy() -> impl Strategy<Value = GcPolicy> {
+        prop_oneof![
+            Just(GcPolicy::Greedy),
+            Just(GcPolicy::Fifo),
+            Just(GcPolicy::CostBenefit)
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+
+        /// Against a reference map of which IUs hold data: the mapping, the
+        /// read-modify-write traffic and every invariant hold for any op sequence,
+        /// policy and stream layout, and NAND programs never fall below host writes.
+        #[test]
+        fn model_matches_a_reference_and_keeps_its_invariants(
+            iu_shift in 12u32..=14,
+            ius_per_superblock in 2u64..=8,
+            spare in 0.0f64..0.4,
+            policy in policy(),
+            separate in any::<bool>(),
+            ops in ops(2048),
+        ) {
+            let iu = 1u64 << iu_shift;
+            let cap = 2048 * 512;
+            let cfg = FtlConfig {
+                gc_policy: policy,
+                separate_gc_stream: separate,
+                ..FtlConfig::new(iu, Superblock::Bytes(iu * ius_per_superblock), spare)
+            };
+            let mut f = Ftl::new(&cfg, cap, timing()).expect("valid");
+            let mut mapped = vec![false; (cap / iu) as usize];
+            let (mut rmw_read, mut rmw_written) = (0u64, 0u64);
+            for (i, op) in ops.iter().enumerate() {
+                match *op {
+                    Op::Write(off, len) => {
+                        for lpn in off / iu..=(off + len - 1) / iu {
+                            let (s, e) = (lpn * iu, (lpn + 1) * iu);
+                            let covered = (off + len).min(e) - off.max(s);
+                            if covered < iu {
+                                rmw_written += iu - covered;
+                                if mapped[lpn as usize] {
+                                    rmw_read += iu - covered;
+                                }
+                            }
+                            mapped[lpn as usize] = true;
+                        }
+                        f.write(off, len).expect("in range");
+                    }
+                    Op::Discard(off, len) => {
+                        for lpn in off.div_ceil(iu)..(off + len) / iu {
+                            mapped[lpn as usize] = false;
+                        }
+                        f.discard(off, len).expect("in range");
+                    }
+                    Op::Read(off, len) => f.read(off, len).expect("in range"),
+                }
+                if i % 97 == 0 {
+                    prop_assert_eq!(f.self_check(), Ok(()));
+                }
+            }
+            prop_assert_eq!(f.self_check(), Ok(()));
+            let s = f.stats();
+            prop_assert_eq!(f.mapped_ius(), mapped.iter().filter(|&&m| m).count() as u64);
+            prop_assert_eq!(s.nand_bytes_read_rmw, rmw_read);
+            prop_assert_eq!(s.nand_bytes_written_rmw, rmw_written);
+            prop_assert_eq!(s.nand_bytes_written_host, s.host_bytes_written);
+            prop_assert_eq!(
+                s.nand_bytes_written,
+                s.nand_bytes_written_host + s.nand_bytes_written_gc + s.nand_bytes_written_rmw
+            );
+            prop_assert!(s.nand_bytes_written >= s.host_bytes_written);
+        }
     }
 }

@@ -23,6 +23,7 @@
 mod analytic;
 mod block;
 mod config;
+mod drive;
 mod error;
 mod ftl;
 mod preset;
@@ -33,6 +34,9 @@ mod zoned;
 pub use analytic::{lambert_w0, spare_factor_from_rho, uniform_random_waf};
 pub use block::{DriveModel, FlashSim, InPlace};
 pub use config::{FtlConfig, GcPolicy, Geometry, Spare, Superblock, IU_BYTES_MAX, IU_COUNT_MAX};
+pub use drive::{
+    simulated_block_device, simulated_zoned_device, Backing, SimBacking, SIM_LOGICAL_BLOCK_BYTES,
+};
 pub use error::{FlashSimError, ModelOp};
 pub use ftl::Ftl;
 pub use preset::{preset, Datasheet, Preset, PresetKind, PRESET_NAMES};

@@ -245,3 +245,190 @@ impl<Z: ZonedDevice> ZonedDevice for ZnsSim<Z> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::preset;
+    use proptest::prelude::*;
+    use shale_device::{IoBuf, MemDevice, ZoneEmu, ZoneEmuConfig};
+
+    const ZONE: u64 = 64 * 1024;
+    const ZONES: u32 = 8;
+
+    fn emu() -> ZoneEmu<MemDevice> {
+        let mem = MemDevice::new(ZONE * u64::from(ZONES) + (64 << 10), 4096).expect("mem");
+        let cfg = ZoneEmuConfig {
+            zone_count_max: ZONES,
+            ..ZoneEmuConfig::new(ZONE)
+        };
+        ZoneEmu::format(mem, &cfg).expect("format")
+    }
+
+    fn timing() -> TimingModel {
+        preset("zns-qlc").expect("preset").timing
+    }
+
+    #[test]
+    fn nand_equals_host_and_resets_erase_what_was_written() {
+        let mut z = ZnsSim::new(emu(), Some(16 * 1024), timing()).expect("sim");
+        z.write_at(0, &[1u8; 8192]).expect("write");
+        z.append(0, &[2u8; 12288]).expect("append");
+        z.append(1, &[3u8; 4096]).expect("append");
+        let mut buf = [0u8; 4096];
+        z.read_at(8192, &mut buf).expect("read");
+        assert!(buf.iter().all(|&b| b == 2));
+        let s = z.stats();
+        assert_eq!(s.host_bytes_written, 24576);
+        assert_eq!(s.nand_bytes_written, s.host_bytes_written);
+        assert_eq!(s.nand_bytes_read, 4096);
+        assert_eq!(s.erases, 0);
+        // 20 KiB written in zone 0: two 16 KiB erase units.
+        z.reset_zone(0).expect("reset");
+        // An empty zone's reset erases nothing.
+        z.reset_zone(5).expect("reset");
+        let s = z.stats();
+        assert_eq!(s.zone_resets, 2);
+        assert_eq!(s.erases, 2);
+        assert_eq!(s.nand_bytes_erased, 32 * 1024);
+        assert_eq!(s.nand_bytes_written, s.host_bytes_written);
+    }
+
+    #[test]
+    fn one_erase_unit_per_zone_by_default() {
+        let p = preset("zns-qlc").expect("preset");
+        let mut z = ZnsSim::from_preset(emu(), &p).expect("sim");
+        z.append(2, &[1u8; 4096]).expect("append");
+        z.finish_zone(2).expect("finish");
+        z.reset_zone(2).expect("reset");
+        let s = z.stats();
+        assert_eq!(s.erases, 1);
+        assert_eq!(s.nand_bytes_erased, ZONE);
+        assert_eq!(s.nand_bytes_written, 4096, "finish pads nothing");
+        assert!(z.geometry().name.starts_with("zns-qlc"));
+    }
+
+    #[test]
+    fn rule_violations_pass_through_uncounted() {
+        let mut z = ZnsSim::new(emu(), None, timing()).expect("sim");
+        assert!(matches!(
+            z.write_at(4096, &[0u8; 4096]),
+            Err(ZoneError::NotAtWritePointer { .. })
+        ));
+        z.submit(ZoneRequest {
+            tag: 77,
+            op: ZoneOp::Write {
+                offset: 8192,
+                buf: IoBuf::zeroed(4096),
+                fua: false,
+            },
+        });
+        let mut out = Vec::new();
+        z.poll(&mut out, 1).expect("poll");
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].tag, 77);
+        assert!(out[0].result.is_err());
+        assert_eq!(z.stats(), FlashStats::default());
+        assert!(matches!(
+            ZnsSim::new(emu(), Some(0), timing()),
+            Err(FlashSimError::EraseUnit { .. })
+        ));
+        let qlc = preset("qlc-p5316").expect("preset");
+        assert!(matches!(
+            ZnsSim::from_preset(emu(), &qlc),
+            Err(FlashSimError::PresetKind { .. })
+        ));
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Append {
+            zone: u32,
+            blocks: u64,
+            asynchronous: bool,
+        },
+        Reset {
+            zone: u32,
+        },
+        Read {
+            zone: u32,
+            block: u64,
+        },
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        (0u8..10, 0..ZONES, 1u64..=6, any::<bool>()).prop_map(
+            |(k, zone, n, asynchronous)| match k {
+                0 => Op::Reset { zone },
+                1..=3 => Op::Read { zone, block: n },
+                _ => Op::Append {
+                    zone,
+                    blocks: n,
+                    asynchronous,
+                },
+            },
+        )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(40))]
+
+        /// NAND programs equal host writes at every step, erases count exactly the
+        /// erase units of the written part of each reset zone, and data reads back.
+        #[test]
+        fn zoned_accounting_and_data_hold(ops in proptest::collection::vec(op(), 1..200)) {
+            let eu = 8192u64;
+            let mut z = ZnsSim::new(emu(), Some(eu), timing()).expect("sim");
+            let mut wp = vec![0u64; ZONES as usize];
+            let mut data = vec![vec![0u8; ZONE as usize]; ZONES as usize];
+            let mut erases = 0u64;
+            let mut out = Vec::new();
+            for (i, op) in ops.iter().enumerate() {
+                match *op {
+                    Op::Append { zone, blocks, asynchronous } => {
+                        let len = blocks * 4096;
+                        let z_i = zone as usize;
+                        if wp[z_i] + len > ZONE {
+                            continue;
+                        }
+                        let buf: Vec<u8> = (0..len).map(|j| (i as u8) ^ (j as u8)).collect();
+                        let at = if asynchronous {
+                            z.submit(ZoneRequest {
+                                tag: i as u64,
+                                op: ZoneOp::Append { zone, buf: IoBuf::from_slice(&buf), fua: false },
+                            });
+                            out.clear();
+                            z.poll(&mut out, 1).expect("poll");
+                            prop_assert_eq!(out[0].tag, i as u64);
+                            out[0].result.as_ref().expect("append").expect("landed")
+                        } else {
+                            z.append(zone, &buf).expect("append")
+                        };
+                        let rel = (at - u64::from(zone) * ZONE) as usize;
+                        prop_assert_eq!(rel as u64, wp[z_i]);
+                        data[z_i][rel..rel + len as usize].copy_from_slice(&buf);
+                        wp[z_i] += len;
+                    }
+                    Op::Reset { zone } => {
+                        erases += wp[zone as usize].div_ceil(eu);
+                        wp[zone as usize] = 0;
+                        z.reset_zone(zone).expect("reset");
+                    }
+                    Op::Read { zone, block } => {
+                        let off = block * 4096;
+                        if off + 4096 > wp[zone as usize] {
+                            continue;
+                        }
+                        let mut buf = vec![0u8; 4096];
+                        z.read_at(u64::from(zone) * ZONE + off, &mut buf).expect("read");
+                        let o = off as usize;
+                        prop_assert!(buf == data[zone as usize][o..o + 4096]);
+                    }
+                }
+                let s = z.stats();
+                prop_assert_eq!(s.nand_bytes_written, s.host_bytes_written);
+                prop_assert_eq!(s.erases, erases);
+            }
+        }
+    }
+}
