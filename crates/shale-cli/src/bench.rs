@@ -1,0 +1,163 @@
+//! `shale bench`: benchmarks on simulated drives (docs/benchmarks.md).
+
+use std::io::IsTerminal;
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use shale_bench::{
+    build_system, check_spec, BenchConfig, BenchReport, NoProgress, Progress, RunSpec, Scale,
+    SystemKind, SystemOptions, DEFAULT_HOST_SPARE_PCT,
+};
+use shale_workload::{parse_size, Distribution};
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    command: BenchCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum BenchCommand {
+    /// Precondition a system, then measure one workload: write amplification and
+    /// emulated throughput.
+    Run(RunArgs),
+}
+
+#[derive(Debug, Args)]
+struct RunArgs {
+    /// System under test (raw: tenants on partitions of the bare drive).
+    #[arg(long, value_parser = parse_system)]
+    system: SystemKind,
+    /// Flash preset of the capacity drive (qlc-p5316, tlc, optane).
+    #[arg(long, default_value = "qlc-p5316")]
+    drive: String,
+    /// Standard configuration: paper (4 GiB, 8 tenants) or quick (1/8 of it).
+    #[arg(long, default_value = "quick", value_parser = parse_scale)]
+    config: Scale,
+    /// Workload: seq, uniform, random, zipf:THETA or zoned:A/R:A/R... (fio semantics).
+    #[arg(long, value_parser = parse_workload)]
+    workload: Distribution,
+    /// Block size of the measured workload (4k, 64KiB, 1m...).
+    #[arg(long, value_parser = parse_block_size)]
+    bs: u64,
+    /// Percentage of operations that are reads.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=100))]
+    read_pct: u8,
+    /// Seed of every random stream; equal seeds give equal results.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Raw only: percentage of the drive left unpartitioned (the seeds used 10).
+    #[arg(long, default_value_t = DEFAULT_HOST_SPARE_PCT, value_parser = clap::value_parser!(u8).range(0..=90))]
+    host_spare_pct: u8,
+    /// Override the configuration's capacity (same shape, other size; for tests).
+    #[arg(long, value_parser = parse_capacity, hide = true)]
+    capacity: Option<u64>,
+}
+
+fn parse_system(s: &str) -> Result<SystemKind, String> {
+    s.parse()
+        .map_err(|e: shale_bench::SetupError| e.to_string())
+}
+
+fn parse_scale(s: &str) -> Result<Scale, String> {
+    s.parse()
+        .map_err(|e: shale_bench::SetupError| e.to_string())
+}
+
+fn parse_workload(s: &str) -> Result<Distribution, String> {
+    s.parse()
+        .map_err(|e: shale_workload::SpecError| e.to_string())
+}
+
+fn parse_block_size(s: &str) -> Result<u64, String> {
+    match parse_size(s) {
+        Ok(0) => Err("block size must be positive".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+fn parse_capacity(s: &str) -> Result<u64, String> {
+    parse_size(s).map_err(|e| e.to_string())
+}
+
+pub fn main(args: BenchArgs) -> anyhow::Result<()> {
+    match args.command {
+        BenchCommand::Run(run) => run_cmd(run),
+    }
+}
+
+/// An indicatif bar on stderr, one phase at a time.
+struct Bar {
+    bar: Option<ProgressBar>,
+}
+
+impl Progress for Bar {
+    fn phase(&mut self, name: &str, total_bytes: u64) {
+        let bar = ProgressBar::new(total_bytes);
+        let style = ProgressStyle::with_template(
+            "{msg:28} [{bar:40}] {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> ");
+        bar.set_style(style);
+        bar.set_message(name.to_string());
+        self.bar = Some(bar);
+    }
+
+    fn advance(&mut self, bytes: u64) {
+        if let Some(b) = &self.bar {
+            b.inc(bytes);
+        }
+    }
+
+    fn finish_phase(&mut self) {
+        if let Some(b) = self.bar.take() {
+            b.finish_and_clear();
+        }
+    }
+}
+
+fn run_cmd(args: RunArgs) -> anyhow::Result<()> {
+    let mut cfg = BenchConfig::standard(args.config);
+    if let Some(c) = args.capacity {
+        cfg = cfg.with_capacity(c).context("--capacity")?;
+    }
+    let opts = SystemOptions {
+        drive: args.drive.clone(),
+        host_spare_pct: args.host_spare_pct,
+    };
+    let mut sut = build_system(args.system, &cfg, &opts).with_context(|| {
+        format!(
+            "setting up system {} on drive {} ({} configuration)",
+            args.system, args.drive, cfg.name
+        )
+    })?;
+    let spec = RunSpec {
+        workload: args.workload,
+        block_bytes: args.bs,
+        read_pct: args.read_pct,
+        seed: args.seed,
+    };
+    check_spec(sut.as_ref(), &spec).context("checking the workload against the system")?;
+
+    let interactive =
+        !args.json && std::io::stdout().is_terminal() && std::io::stderr().is_terminal();
+    let outcome = if interactive {
+        shale_bench::run(sut.as_mut(), &cfg, &spec, &mut Bar { bar: None })
+    } else {
+        shale_bench::run(sut.as_mut(), &cfg, &spec, &mut NoProgress)
+    }
+    .context("running the benchmark")?;
+    let report = BenchReport::from_outcome(&outcome);
+    if args.json {
+        println!("{}", report.to_json());
+    } else {
+        print!("{}", report.to_table());
+    }
+    Ok(())
+}

@@ -1,0 +1,198 @@
+//! `shale bench run` end to end: the binary on the `tiny` configuration.
+
+use std::process::{Command, Output};
+
+fn shale(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_shale"))
+        .args(args)
+        .output()
+        .expect("run the shale binary")
+}
+
+fn bench_json(workload: &str, bs: &str, extra: &[&str]) -> serde_json::Value {
+    let mut args = vec![
+        "bench",
+        "run",
+        "--system",
+        "raw",
+        "--drive",
+        "qlc-p5316",
+        "--config",
+        "tiny",
+        "--workload",
+        workload,
+        "--bs",
+        bs,
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    let out = shale(&args);
+    assert!(
+        out.status.success(),
+        "shale {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).expect("utf-8");
+    assert_eq!(
+        stdout.trim().lines().count(),
+        1,
+        "one JSON object: {stdout}"
+    );
+    serde_json::from_str(stdout.trim()).expect("valid JSON")
+}
+
+fn num(v: &serde_json::Value, path: &str) -> f64 {
+    v.pointer(path)
+        .and_then(serde_json::Value::as_f64)
+        .unwrap_or_else(|| panic!("missing number at {path} in {v}"))
+}
+
+#[test]
+fn json_report_has_the_documented_keys() {
+    let v = bench_json("uniform", "4k", &[]);
+    assert_eq!(v["system"], "raw");
+    assert_eq!(v["workload"], "uniform");
+    assert_eq!(num(&v, "/bs"), 4096.0);
+    for path in [
+        "/waf/layer",
+        "/waf/device",
+        "/waf/total",
+        "/bytes/user_written",
+        "/bytes/capacity_written",
+        "/bytes/capacity_nand",
+        "/emulated_mib_s",
+    ] {
+        num(&v, path);
+    }
+    // Raw: the tenants write straight to the drive.
+    assert_eq!(num(&v, "/waf/layer"), 1.0);
+    assert_eq!(
+        num(&v, "/bytes/capacity_written"),
+        num(&v, "/bytes/user_written")
+    );
+    let product = num(&v, "/waf/layer") * num(&v, "/waf/device");
+    assert!((product - num(&v, "/waf/total")).abs() < 1e-9);
+    assert!(num(&v, "/bytes/user_written") >= 2.0 * num(&v, "/capacity_bytes"));
+}
+
+#[test]
+fn random_small_writes_amplify_far_more_than_sequential_ones() {
+    let uniform = bench_json("uniform", "4k", &[]);
+    let random = bench_json("random", "4k", &[]);
+    let seq = bench_json("seq", "1m", &[]);
+    let total = |v: &serde_json::Value| num(v, "/waf/total");
+    assert!(total(&seq) <= 1.1, "seq {}", total(&seq));
+    assert!(
+        total(&uniform) > 10.0 * total(&seq),
+        "uniform {}",
+        total(&uniform)
+    );
+    assert!(
+        total(&random) > 10.0 * total(&seq),
+        "random {}",
+        total(&random)
+    );
+    let mibs = |v: &serde_json::Value| num(v, "/emulated_mib_s");
+    assert!(mibs(&seq) > mibs(&uniform));
+}
+
+#[test]
+fn equal_seeds_give_equal_figures() {
+    let a = bench_json("zipf:1.2", "4k", &["--seed", "3"]);
+    let b = bench_json("zipf:1.2", "4k", &["--seed", "3"]);
+    assert_eq!(a["bytes"], b["bytes"]);
+    assert_eq!(a["waf"], b["waf"]);
+}
+
+#[test]
+fn default_output_is_a_table() {
+    let out = shale(&[
+        "bench",
+        "run",
+        "--system",
+        "raw",
+        "--config",
+        "tiny",
+        "--workload",
+        "seq",
+        "--bs",
+        "1m",
+    ]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    for label in [
+        "total WAF",
+        "device WAF",
+        "layer WAF",
+        "emulated MiB/s",
+        "capacity NAND bytes",
+    ] {
+        assert!(text.contains(label), "missing {label:?} in\n{text}");
+    }
+}
+
+#[test]
+fn bad_input_is_a_clear_error_not_a_panic() {
+    let base = ["bench", "run", "--system", "raw", "--config", "tiny"];
+    let cases: [(&[&str], &str); 10] = [
+        (
+            &["--drive", "nope", "--workload", "uniform", "--bs", "4k"],
+            "unknown flash preset",
+        ),
+        (&["--workload", "uniform", "--bs", "4x"], "unknown unit"),
+        (&["--workload", "uniform", "--bs", "0"], "must be positive"),
+        (
+            &["--workload", "uniform", "--bs", "1g"],
+            "larger than a volume",
+        ),
+        (&["--workload", "uniform", "--bs", "1000"], "not a multiple"),
+        (
+            &["--workload", "uniform", "--bs", "4k", "--read-pct", "101"],
+            "101",
+        ),
+        (&["--workload", "zipf:1", "--bs", "4k"], "theta"),
+        (&["--workload", "zipf:x", "--bs", "4k"], "theta"),
+        (&["--workload", "zoned:50/50", "--bs", "4k"], "100"),
+        (&["--workload", "fast", "--bs", "4k"], "unknown workload"),
+    ];
+    for (extra, needle) in cases {
+        let mut args: Vec<&str> = base.to_vec();
+        args.extend_from_slice(extra);
+        let out = shale(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(!stderr.contains("panicked"), "{args:?} panicked: {stderr}");
+        assert!(
+            stderr.contains(needle),
+            "{args:?}: {stderr:?} lacks {needle:?}"
+        );
+    }
+    let out = shale(&[
+        "bench",
+        "run",
+        "--system",
+        "nosuch",
+        "--workload",
+        "seq",
+        "--bs",
+        "4k",
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown system"));
+}
+
+#[test]
+fn every_subcommand_has_help() {
+    for args in [
+        &["--help"][..],
+        &["bench", "--help"],
+        &["bench", "run", "--help"],
+    ] {
+        let out = shale(args);
+        assert!(out.status.success(), "{args:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("Usage"),
+            "{args:?}"
+        );
+    }
+}
