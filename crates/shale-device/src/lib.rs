@@ -27,6 +27,7 @@ mod file;
 mod mem;
 mod null;
 mod sparse;
+mod stats;
 mod zone_emu;
 mod zone_meta;
 mod zoned;
@@ -42,6 +43,7 @@ pub use file::{DirectIo, EngineChoice, EngineKind, FileDevice, FileOptions, FILE
 pub use mem::{MemDevice, MEM_MAX_IO_BYTES, MEM_QUEUE_DEPTH};
 pub use null::NullDevice;
 pub use sparse::{SparseImage, SPARSE_PAGE_BYTES};
+pub use stats::{DeviceStats, StatsDevice, StatsHandle};
 pub use zone_emu::{ZoneEmu, ZoneEmuConfig, ZoneFault};
 pub use zoned::{
     ZoneAction, ZoneCompletion, ZoneGeometry, ZoneInfo, ZoneOp, ZoneRequest, ZoneState, ZonedDevice,
@@ -52,3 +54,23 @@ pub const BLOCK_SIZE: usize = 4096;
 
 /// Smallest logical block size a device may report.
 pub const SECTOR_SIZE: usize = 512;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Engines move devices to their own threads: every device must be `Send`.
+    #[test]
+    fn devices_are_send() {
+        fn send<T: Send>() {}
+        send::<MemDevice>();
+        send::<NullDevice>();
+        send::<FileDevice>();
+        send::<FaultDevice>();
+        send::<FaultController>();
+        send::<ZoneEmu<MemDevice>>();
+        send::<ZoneEmu<FileDevice>>();
+        send::<StatsDevice<ZoneEmu<FaultDevice>>>();
+        send::<StatsHandle>();
+    }
+}
