@@ -7,8 +7,9 @@
 //! (or when the submission queue fills), and `poll` reaps CQEs.
 //!
 //! Invariants:
-//! - At most `entries` requests are in the kernel at once (the rest wait in a
-//!   backlog), so the completion queue (twice the size) can never overflow.
+//! - At most `entries` requests are in the kernel or its submission queue at once
+//!   (the rest wait in a backlog), so neither the submission queue nor the
+//!   completion queue (twice the size) can overflow.
 //! - A slot is freed only when its CQE has been reaped; dropping the engine waits
 //!   for every request still in the kernel (and leaks their buffers if it cannot).
 #![allow(unsafe_code)]
@@ -94,13 +95,10 @@ impl UringEngine {
             });
             return;
         }
+        // Only queued here: the kernel sees a whole batch at the next poll, one
+        // system call for many requests.
         self.backlog.push_back(job);
-        if self.in_kernel < self.entries {
-            // Start the I/O now rather than at the next poll; a failure to enter the
-            // kernel here is retried (and reported) by poll.
-            self.fill_sq();
-            let _ = self.ring.submit();
-        }
+        self.fill_sq();
     }
 
     /// Moves backlog jobs into the submission queue while the kernel has room.

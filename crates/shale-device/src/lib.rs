@@ -15,6 +15,9 @@
 //! - The synchronous helpers (`read_at`, `write_at`, ...) never consume the
 //!   completion of a submitted request.
 //! - A write is durable only after a completed `flush` (or a FUA write completes).
+//!
+//! docs/devices.md describes each implementation, the ZNS rules zone emulation
+//! enforces, its on-media metadata byte by byte, and what a simulated crash does.
 
 mod block;
 mod buf;
