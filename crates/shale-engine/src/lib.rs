@@ -1,1 +1,51 @@
-//! (under construction)
+//! Shale's translation layer: a log-structured, two-tier FTL over a cache device
+//! (append-only chunks) and a capacity device (append-only zones).
+//!
+//! The data path, in the order of the modules:
+//! - `request`: what clients send ([`Request`]) and get back ([`Reply`]).
+//! - `engine`: the single-threaded state machine ([`Engine`]): queue, poll, completions.
+//! - `write/`: user writes appended to the open chunk's group buffers, md entries, runs.
+//! - `l2p/`: per-volume directories and the L2P page cache.
+//! - `space/`: region states, validity bitmaps, free lists.
+//! - `read/`: reads from memory or device, verified against md; the md cache.
+//! - `flush`: durability points (flush, FUA, deferred free).
+//! - `compaction/`, `gc/`: victim policies (pure) and the Mover that relocates.
+//! - `background`: pacing of compaction, GC, durability points, checkpoints.
+//! - `journal`, `checkpoint`, `open`: persistence; `volume`: volume admin.
+//! - `metrics` ([`Stats`]), `selfcheck`, `thread` ([`EngineThread`]).
+#![forbid(unsafe_code)]
+#![cfg_attr(test, allow(clippy::unwrap_used))]
+
+mod background;
+mod checkpoint;
+mod clock;
+pub mod compaction;
+mod config;
+mod engine;
+mod error;
+mod flush;
+pub mod gc;
+mod journal;
+mod l2p;
+mod layout;
+mod metrics;
+mod open;
+mod read;
+mod request;
+mod selfcheck;
+mod space;
+mod thread;
+mod volume;
+mod write;
+
+pub use clock::{Clock, ManualClock, MonotonicClock};
+pub use compaction::policy::{CompactionPolicyKind, RegionSnapshot, VictimPolicy};
+pub use config::Config;
+pub use engine::Engine;
+pub use error::{ConfigError, EngineError, FormatDeviceError, OpenError, SelfCheckError};
+pub use gc::policy::GcPolicyKind;
+pub use metrics::Stats;
+pub use request::{Completion, Reply, Request, VolumeInfo};
+pub use thread::EngineThread;
+
+pub use shale_format::{Lba, Pba, Sid, VolumeId};

@@ -1,0 +1,83 @@
+//! Pacing of background work: when compaction and GC run, how many bounded steps per
+//! loop iteration, and when durability points and checkpoints are forced.
+//!
+//! Each mover step reads at most one victim group and writes at most one group per
+//! stream. Below a threshold the number of steps grows with the deficit; with no free
+//! chunk (user writes waiting) the maximum runs every iteration.
+
+use shale_device::{BlockDevice, ZonedDevice};
+use shale_format::RegionRole;
+
+use crate::{Clock, Engine, EngineError};
+
+impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
+    pub(crate) fn compaction_threshold(&self) -> usize {
+        ((self.geo.chunk_count as usize * self.config.compaction_free_chunks_pct as usize)
+            .div_ceil(100))
+        .max(1)
+    }
+
+    pub(crate) fn gc_threshold(&self) -> usize {
+        (self.config.gc_free_zones_min as usize).max(self.gc_reserve() + 1)
+    }
+
+    fn steps_for(&self, free: usize, threshold: usize, urgent: bool) -> u32 {
+        let max = self.config.background_steps_per_poll_max;
+        if urgent || free == 0 {
+            max
+        } else if free < threshold {
+            1 + ((threshold - free) as u32 * (max - 1)) / threshold as u32
+        } else {
+            0
+        }
+    }
+
+    pub(crate) fn background(&mut self) -> Result<bool, EngineError> {
+        let mut progress = false;
+        let blocked = self.compaction_zone_blocked;
+        self.compaction_zone_blocked = false;
+
+        let free_zones = self.regions.free_zones.len();
+        let gc_steps = self.steps_for(free_zones, self.gc_threshold(), blocked);
+        for _ in 0..gc_steps {
+            if !self.mover_step(RegionRole::Gc)? {
+                break;
+            }
+            progress = true;
+        }
+
+        let free_chunks = self.regions.free_chunks.len();
+        let steps = self.steps_for(free_chunks, self.compaction_threshold(), self.user_blocked);
+        for _ in 0..steps {
+            if !self.mover_step(RegionRole::Compaction)? {
+                break;
+            }
+            progress = true;
+        }
+
+        let short = self.regions.free_chunks.len() < self.compaction_threshold()
+            || self.regions.free_zones.len() < self.gc_threshold()
+            || self.user_blocked;
+        if (!self.regions.pending_free.is_empty() && short) || self.journal.pending_large() {
+            self.durability_point()?;
+            progress = true;
+        }
+        if self.journal.needs_checkpoint() {
+            self.checkpoint(false)?;
+            progress = true;
+        }
+        Ok(progress)
+    }
+
+    /// Breaks a stall: pads every partial batch and makes freed space reusable.
+    pub(crate) fn force_background(&mut self) -> Result<bool, EngineError> {
+        let mut progress = self.pad_streams(RegionRole::Gc)?;
+        progress |= self.pad_streams(RegionRole::Compaction)?;
+        self.drain_io()?;
+        if !self.regions.pending_free.is_empty() {
+            self.durability_point()?;
+            progress = true;
+        }
+        Ok(progress)
+    }
+}

@@ -1,0 +1,531 @@
+//! The Mover: reads live blocks of a victim region (one group per step), stages them
+//! per stream in DRAM, and appends full 126-block groups to the stream's zone in one
+//! sequential write (data, md A, md B). Compaction (chunk victims, compaction zones)
+//! and GC (zone victims, GC zones) are two Movers with different roles.
+//!
+//! Invariants:
+//! - a staged or in-flight block counts in its source region's `relocations`, so the
+//!   source cannot be freed (or reused) before the block settles;
+//! - on a group write's completion an L2P entry is switched only if it still points at
+//!   the source PBA (a newer user write, trim or delete wins; the copy is born invalid);
+//! - relocated blocks keep their SID and their original data CRC (a corrupt source
+//!   block stays detectably corrupt);
+//! - compaction never takes a zone while free zones <= the GC reserve, so GC can always
+//!   open its zones.
+
+use shale_device::{BlockDevice, IoBuf, ZoneAction, ZoneOp, ZoneRequest, ZonedDevice};
+use shale_format::{
+    decode_md_entry, decode_md_header, encode_md, EntryKind, JournalRecord, Lba, MdEntry, MdHeader,
+    MdRegionKind, Pba, RegionId, RegionRole, RegionState, Sid, VolumeId, BLOCK_SIZE,
+    GROUP_DATA_SLOTS,
+};
+
+use crate::compaction::policy::{RegionSnapshot, VictimPolicy};
+use crate::engine::InflightIo;
+use crate::layout::{Groups, BS};
+use crate::{Clock, Engine, EngineError};
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RelocEntry {
+    pub volume: VolumeId,
+    pub lba: Lba,
+    pub sid: Sid,
+    pub crc: u32,
+    pub source: Pba,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Stream {
+    pub zone: Option<RegionId>,
+    pub entries: Vec<RelocEntry>,
+    pub data: Vec<u8>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Mover {
+    role: RegionRole,
+    pub policy: Box<dyn VictimPolicy>,
+    pub victim: Option<RegionId>,
+    pub cursor: u32,
+    pub streams: Vec<Stream>,
+    snapshot: Vec<RegionSnapshot>,
+    scratch: Vec<u8>,
+}
+
+/// A zone group write in flight.
+#[derive(Debug)]
+pub(crate) struct ZoneWrite {
+    pub zone: RegionId,
+    pub group: u32,
+    pub first_slot: u32,
+    pub entries: Vec<RelocEntry>,
+    pub md: Box<[u8; BLOCK_SIZE]>,
+    pub parts_left: u32,
+}
+
+impl Mover {
+    pub fn new(role: RegionRole, policy: Box<dyn VictimPolicy>, streams: u32) -> Mover {
+        Mover {
+            role,
+            policy,
+            victim: None,
+            cursor: 0,
+            streams: (0..streams).map(|_| Stream::default()).collect(),
+            snapshot: Vec::new(),
+            scratch: vec![0u8; shale_format::GROUP_BLOCKS as usize * BLOCK_SIZE],
+        }
+    }
+
+    pub fn staged_blocks(&self) -> usize {
+        self.streams.iter().map(|s| s.entries.len()).sum()
+    }
+
+    pub fn role(&self) -> RegionRole {
+        self.role
+    }
+}
+
+fn stale_md(at: u64) -> shale_format::FormatError {
+    shale_format::FormatError::InvalidField {
+        structure: shale_format::Structure::MdBlock,
+        at,
+        field: "region_sid",
+        reason: "copy from an earlier use of the region".into(),
+    }
+}
+
+impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
+    /// Zones compaction leaves to GC.
+    pub(crate) fn gc_reserve(&self) -> usize {
+        self.streams as usize + 1
+    }
+
+    fn open_zone(&mut self, role: RegionRole, stream: usize) -> Option<RegionId> {
+        if role == RegionRole::Compaction && self.regions.free_zones.len() <= self.gc_reserve() {
+            self.compaction_zone_blocked = true;
+            return None;
+        }
+        let z = self.regions.free_zones.pop_front()?;
+        let sid = self.next_sid();
+        self.regions.open(z, sid, role, stream as u16);
+        self.journal
+            .append(JournalRecord::RegionOpened { region: z, sid });
+        self.md_cache
+            .invalidate_range(self.geo.region_base(z).0, self.geo.zone_size_blocks);
+        self.mover(role).streams[stream].zone = Some(z);
+        Some(z)
+    }
+
+    /// Writes one group of a stream's staged blocks if a full group is staged (or any,
+    /// padded, when `force`). Returns true if a write was submitted.
+    pub(crate) fn write_stream_group(
+        &mut self,
+        role: RegionRole,
+        s: usize,
+        force: bool,
+    ) -> Result<bool, EngineError> {
+        let n = self.mover(role).streams[s].entries.len();
+        if n == 0 || (!force && n < GROUP_DATA_SLOTS && self.mover(role).streams[s].zone.is_none())
+        {
+            return Ok(false);
+        }
+        let zone = match self.mover(role).streams[s].zone {
+            Some(z) => z,
+            None => match self.open_zone(role, s) {
+                Some(z) => z,
+                None => return Ok(false),
+            },
+        };
+        let groups = Groups {
+            blocks: self.geo.zone_cap_blocks,
+        };
+        let wp = self.regions.get(zone).wp;
+        let (g, _) = groups.locate(wp);
+        let k = groups.data_slots(g) as usize;
+        let len = groups.len(g) as usize;
+        if n < k && !force {
+            return Ok(false);
+        }
+        let m = n.min(k);
+        let sid = self.regions.get(zone).sid;
+        let mut buf = IoBuf::zeroed(len * BLOCK_SIZE);
+        let entries: Vec<RelocEntry>;
+        {
+            let st = &mut self.mover(role).streams[s];
+            buf[..m * BLOCK_SIZE].copy_from_slice(&st.data[..m * BLOCK_SIZE]);
+            entries = st.entries.drain(..m).collect();
+            st.data.copy_within(m * BLOCK_SIZE.., 0);
+            st.data.truncate((n - m) * BLOCK_SIZE);
+        }
+        let mut md_entries = Vec::with_capacity(k);
+        md_entries.extend(entries.iter().map(|e| MdEntry {
+            kind: EntryKind::Relocated,
+            volume: e.volume,
+            lba: e.lba,
+            sid: e.sid,
+            data_crc: e.crc,
+            source: e.source,
+        }));
+        md_entries.resize(
+            k,
+            MdEntry {
+                kind: EntryKind::Pad,
+                ..MdEntry::EMPTY
+            },
+        );
+        let mut md = Box::new([0u8; BLOCK_SIZE]);
+        let h = MdHeader {
+            region_kind: MdRegionKind::Zone,
+            region: zone,
+            group: g,
+            entry_count: k as u16,
+            region_sid: sid,
+            generation: 1,
+        };
+        encode_md(&mut md[..], &h, &md_entries);
+        buf[k * BLOCK_SIZE..(k + 1) * BLOCK_SIZE].copy_from_slice(&md[..]);
+        buf[(k + 1) * BLOCK_SIZE..(k + 2) * BLOCK_SIZE].copy_from_slice(&md[..]);
+
+        let max_io =
+            (self.capacity.geometry().max_io_bytes as usize / BLOCK_SIZE).max(1) * BLOCK_SIZE;
+        let parts = (len * BLOCK_SIZE).div_ceil(max_io);
+        let first_slot = groups.start(g);
+        let zw = ZoneWrite {
+            zone,
+            group: g,
+            first_slot,
+            entries,
+            md,
+            parts_left: parts as u32,
+        };
+        let w = match self.zone_writes.iter().position(Option::is_none) {
+            Some(i) => {
+                self.zone_writes[i] = Some(zw);
+                i
+            }
+            None => {
+                self.zone_writes.push(Some(zw));
+                self.zone_writes.len() - 1
+            }
+        } as u32;
+        let base = self.geo.zone_offset(zone, first_slot);
+        if parts == 1 {
+            let tag = self.io.insert(InflightIo::ZonePart { write: w });
+            self.capacity.submit(ZoneRequest {
+                tag,
+                op: ZoneOp::Write {
+                    offset: base,
+                    buf,
+                    fua: false,
+                },
+            });
+        } else {
+            for p in 0..parts {
+                let lo = p * max_io;
+                let hi = (lo + max_io).min(len * BLOCK_SIZE);
+                let part = IoBuf::from_slice(&buf[lo..hi]);
+                let tag = self.io.insert(InflightIo::ZonePart { write: w });
+                self.capacity.submit(ZoneRequest {
+                    tag,
+                    op: ZoneOp::Write {
+                        offset: base + lo as u64,
+                        buf: part,
+                        fua: false,
+                    },
+                });
+            }
+        }
+        let reg = self.regions.get_mut(zone);
+        reg.inflight_writes += 1;
+        reg.wp = if g + 1 < groups.count() {
+            groups.start(g + 1)
+        } else {
+            groups.end()
+        };
+        if reg.wp >= groups.end() {
+            self.mover(role).streams[s].zone = None;
+        }
+        let bytes = (len * BLOCK_SIZE) as u64;
+        if role == RegionRole::Gc {
+            self.stats.capacity_gc_write_bytes += bytes;
+        } else {
+            self.stats.capacity_compaction_write_bytes += bytes;
+        }
+        self.stats.capacity_pad_bytes += ((k - m) * BLOCK_SIZE) as u64;
+        self.capacity_dirty = true;
+        Ok(true)
+    }
+
+    pub(crate) fn on_zone_part_done(&mut self, w: u32) -> Result<(), EngineError> {
+        let Some(zw) = self
+            .zone_writes
+            .get_mut(w as usize)
+            .and_then(Option::as_mut)
+        else {
+            panic!("completion for unknown zone write {w}");
+        };
+        zw.parts_left -= 1;
+        if zw.parts_left > 0 {
+            return Ok(());
+        }
+        let Some(zw) = self.zone_writes[w as usize].take() else {
+            unreachable!("checked above")
+        };
+        for (i, e) in zw.entries.iter().enumerate() {
+            let new = self.geo.pba(zw.zone, zw.first_slot + i as u32);
+            let Some((src, _)) = self.geo.region_slot(e.source) else {
+                panic!("relocation source {} outside the data regions", e.source);
+            };
+            self.regions.get_mut(src).relocations -= 1;
+            let cur = self.l2p.get(&mut self.cache, e.volume, e.lba)?;
+            if cur == Some(e.source) {
+                self.regions.mark_valid(&self.geo, new);
+                self.l2p.set(&mut self.cache, e.volume, e.lba, new)?;
+                self.regions.mark_invalid(&self.geo, e.source);
+                self.stats.relocated_blocks += 1;
+            } else {
+                self.stats.relocations_superseded += 1;
+                self.regions.maybe_pending_free(src);
+            }
+        }
+        let groups = Groups {
+            blocks: self.geo.zone_cap_blocks,
+        };
+        let md_a = self.geo.pba(zw.zone, groups.md_slot(zw.group));
+        self.md_cache.insert(md_a.0, &zw.md[..]);
+        self.regions.get_mut(zw.zone).inflight_writes -= 1;
+        let now = self.now();
+        if self.regions.try_close(&self.geo, zw.zone, false, now) {
+            self.journal
+                .append(JournalRecord::RegionClosed { region: zw.zone });
+            if groups.end() < self.geo.zone_cap_blocks {
+                let z = self.geo.zone_of(zw.zone).0;
+                self.capacity
+                    .manage(z, ZoneAction::Finish)
+                    .map_err(EngineError::capacity(
+                        "zone finish",
+                        self.geo.zone_offset(zw.zone, 0),
+                    ))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Candidates for a mover: closed, not already being drained.
+    fn snapshot(&mut self, role: RegionRole) -> Vec<RegionSnapshot> {
+        let mut snap = std::mem::take(&mut self.mover(role).snapshot);
+        snap.clear();
+        let range = if role == RegionRole::Gc {
+            self.geo.chunk_count + 1..self.geo.region_count()
+        } else {
+            0..self.geo.chunk_count
+        };
+        for r in range.map(RegionId) {
+            let reg = self.regions.get(r);
+            if reg.state == RegionState::Closed && !reg.draining {
+                snap.push(RegionSnapshot {
+                    region: r,
+                    valid: reg.valid,
+                    capacity: Groups {
+                        blocks: self.geo.region_blocks(r),
+                    }
+                    .data_capacity(),
+                    sid: reg.sid,
+                    close_time: reg.close_time,
+                });
+            }
+        }
+        snap
+    }
+
+    /// One bounded step: write full staged groups, then read at most one victim group.
+    pub(crate) fn mover_step(&mut self, role: RegionRole) -> Result<bool, EngineError> {
+        let mut progress = false;
+        let streams = self.streams as usize;
+        for s in 0..streams {
+            progress |= self.write_stream_group(role, s, false)?;
+        }
+        if self
+            .mover(role)
+            .streams
+            .iter()
+            .any(|s| s.entries.len() > GROUP_DATA_SLOTS)
+        {
+            return Ok(progress);
+        }
+        if self.mover(role).victim.is_none() {
+            let snap = self.snapshot(role);
+            let now = self.now();
+            let choice = self.mover(role).policy.choose(&snap, now);
+            self.mover(role).snapshot = snap;
+            let Some(v) = choice else { return Ok(progress) };
+            self.regions.get_mut(v).draining = true;
+            let m = self.mover(role);
+            m.victim = Some(v);
+            m.cursor = 0;
+        }
+        let Some(victim) = self.mover(role).victim else {
+            return Ok(progress);
+        };
+        let groups = Groups {
+            blocks: self.geo.region_blocks(victim),
+        };
+        loop {
+            let g = self.mover(role).cursor;
+            if g >= groups.count() {
+                self.mover(role).victim = None;
+                if role == RegionRole::Gc {
+                    self.stats.gc_victims += 1;
+                } else {
+                    self.stats.compaction_victims += 1;
+                }
+                self.regions.maybe_pending_free(victim);
+                self.release_hostages(role)?;
+                return Ok(true);
+            }
+            self.mover(role).cursor += 1;
+            let start = self.geo.pba(victim, groups.start(g));
+            let k = groups.data_slots(g);
+            if self.regions.validity.count_range(start, k) == 0 {
+                continue;
+            }
+            self.read_victim_group(role, victim, g)?;
+            break;
+        }
+        for s in 0..streams {
+            self.write_stream_group(role, s, false)?;
+        }
+        Ok(true)
+    }
+
+    fn read_victim_group(
+        &mut self,
+        role: RegionRole,
+        victim: RegionId,
+        g: u32,
+    ) -> Result<(), EngineError> {
+        let groups = Groups {
+            blocks: self.geo.region_blocks(victim),
+        };
+        let len = groups.len(g) as usize;
+        let k = groups.data_slots(g) as usize;
+        let mut scratch = std::mem::take(&mut self.mover(role).scratch);
+        let buf = &mut scratch[..len * BLOCK_SIZE];
+        let slot0 = groups.start(g);
+        let is_chunk = self.geo.is_chunk(victim);
+        let read = if is_chunk {
+            let off = self.geo.chunk_offset(victim, slot0);
+            self.stats.cache_read_bytes += (len * BLOCK_SIZE) as u64;
+            self.cache
+                .read_at(off, buf)
+                .map_err(EngineError::cache("victim group read", off))
+        } else {
+            let off = self.geo.zone_offset(victim, slot0);
+            self.stats.capacity_read_bytes += (len * BLOCK_SIZE) as u64;
+            self.capacity
+                .read_at(off, buf)
+                .map_err(EngineError::capacity("victim group read", off))
+        };
+        if let Err(e) = read {
+            self.mover(role).scratch = scratch;
+            return Err(e);
+        }
+        let md_at = |c: usize| (slot0 as usize + k + c) as u64 * BS;
+        let sid = self.regions.get(victim).sid;
+        let a = decode_md_header(&buf[k * BLOCK_SIZE..(k + 1) * BLOCK_SIZE], md_at(0));
+        let b = decode_md_header(&buf[(k + 1) * BLOCK_SIZE..(k + 2) * BLOCK_SIZE], md_at(1));
+        // Copies from an earlier life of the region carry another SID.
+        let a = a.and_then(|h| {
+            if h.region_sid == sid {
+                Ok(h)
+            } else {
+                Err(stale_md(md_at(0)))
+            }
+        });
+        let b = b.and_then(|h| {
+            if h.region_sid == sid {
+                Ok(h)
+            } else {
+                Err(stale_md(md_at(1)))
+            }
+        });
+        let pick = match (&a, &b) {
+            (Ok(ha), Ok(hb)) => Some(usize::from(hb.generation > ha.generation)),
+            (Ok(_), Err(_)) => Some(0),
+            (Err(_), Ok(_)) => Some(1),
+            (Err(e), Err(_)) => {
+                // The group's live blocks cannot be attributed; they stay where they are
+                // (readers get the same error), and the region is never freed.
+                tracing::error!(region = %victim, group = g, error = %e, "both md copies unreadable");
+                self.stats.crc_errors += 1;
+                None
+            }
+        };
+        if let Some(c) = pick {
+            let md_off = (k + c) * BLOCK_SIZE;
+            let streams = self.streams;
+            for i in 0..k {
+                let pba = self.geo.pba(victim, slot0 + i as u32);
+                if !self.regions.validity.get(pba) {
+                    continue;
+                }
+                let Ok(e) = decode_md_entry(&buf[md_off..md_off + BLOCK_SIZE], i, 0) else {
+                    continue;
+                };
+                if !matches!(e.kind, EntryKind::Data | EntryKind::Relocated) {
+                    self.stats.crc_errors += 1;
+                    continue;
+                }
+                let data = &buf[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE];
+                if shale_format::block_crc(data) != e.data_crc {
+                    self.stats.crc_errors += 1;
+                    tracing::warn!(%pba, "relocating a block whose data CRC does not match its md");
+                }
+                let s = (e.volume.0 % streams) as usize;
+                let st = &mut if role == RegionRole::Gc {
+                    &mut self.cleaner
+                } else {
+                    &mut self.compactor
+                }
+                .streams[s];
+                st.entries.push(RelocEntry {
+                    volume: e.volume,
+                    lba: e.lba,
+                    sid: e.sid,
+                    crc: e.data_crc,
+                    source: pba,
+                });
+                st.data.extend_from_slice(data);
+                self.regions.get_mut(victim).relocations += 1;
+            }
+        }
+        self.mover(role).scratch = scratch;
+        Ok(())
+    }
+
+    /// Pads out partial batches when the space they hold hostage is needed now.
+    fn release_hostages(&mut self, role: RegionRole) -> Result<(), EngineError> {
+        let critical = if role == RegionRole::Gc {
+            self.regions.free_zones.len() <= self.gc_reserve()
+        } else {
+            self.regions.free_chunks.is_empty()
+        };
+        if critical {
+            self.pad_streams(role)?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn pad_streams(&mut self, role: RegionRole) -> Result<bool, EngineError> {
+        let mut any = false;
+        for s in 0..self.streams as usize {
+            while !self.mover(role).streams[s].entries.is_empty() {
+                if !self.write_stream_group(role, s, true)? {
+                    break;
+                }
+                any = true;
+            }
+        }
+        Ok(any)
+    }
+}

@@ -1,0 +1,154 @@
+//! Engine configuration. Format-time fields are recorded in the superblock and taken
+//! from there on open; the rest are runtime knobs.
+
+use crate::compaction::policy::CompactionPolicyKind;
+use crate::gc::policy::GcPolicyKind;
+use crate::ConfigError;
+use shale_format::{GROUP_BLOCKS, VOLUMES_MAX};
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    // ---- recorded at format time ----
+    /// Blocks per cache chunk; a multiple of 128.
+    pub chunk_blocks: u32,
+    pub volumes_max: u32,
+    /// Spare factor Sf = spare / physical capacity space.
+    pub spare_factor: f64,
+    pub journal_blocks: u32,
+
+    // ---- runtime ----
+    /// Compaction runs while free chunks are below this percentage of all chunks.
+    pub compaction_free_chunks_pct: u32,
+    /// GC runs while free zones are below this.
+    pub gc_free_zones_min: u32,
+    /// DRAM for cached L2P pages; `None` = 12.5% of the table (at least the minimum).
+    pub l2p_cache_bytes_max: Option<u64>,
+    /// Pages kept back for background work.
+    pub l2p_reserved_pages: u32,
+    /// DRAM for cached md blocks (used to verify reads).
+    pub md_cache_bytes_max: u64,
+    /// In-memory group buffers for user writes (backpressure when all are unsettled).
+    pub write_buffers_max: u32,
+    /// Largest read or write request; larger ones are refused.
+    pub request_bytes_max: u64,
+    /// Placement streams (each has one compaction zone and one GC zone open); volumes
+    /// share streams by `volume id % streams` when there are more volumes.
+    pub streams_max: u32,
+    pub compaction_policy: CompactionPolicyKind,
+    pub gc_policy: GcPolicyKind,
+    /// Requests taken from the queue per engine loop iteration.
+    pub requests_per_poll_max: u32,
+    /// Background steps run per loop iteration at most (each moves <= one group).
+    pub background_steps_per_poll_max: u32,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            chunk_blocks: 1024,
+            volumes_max: 16,
+            spare_factor: 0.18,
+            journal_blocks: 256,
+            compaction_free_chunks_pct: 20,
+            gc_free_zones_min: 5,
+            l2p_cache_bytes_max: None,
+            l2p_reserved_pages: 4,
+            md_cache_bytes_max: 8 << 20,
+            write_buffers_max: 8,
+            request_bytes_max: 4 << 20,
+            streams_max: 8,
+            compaction_policy: CompactionPolicyKind::FifoOldestClosed,
+            gc_policy: GcPolicyKind::Greedy,
+            requests_per_poll_max: 256,
+            background_steps_per_poll_max: 4,
+        }
+    }
+}
+
+impl Config {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |field: &'static str, reason: String| Err(ConfigError::Invalid { field, reason });
+        if self.chunk_blocks == 0 || !self.chunk_blocks.is_multiple_of(GROUP_BLOCKS) {
+            return bad(
+                "chunk_blocks",
+                format!(
+                    "{} is not a positive multiple of {GROUP_BLOCKS}",
+                    self.chunk_blocks
+                ),
+            );
+        }
+        if self.volumes_max == 0 || self.volumes_max > VOLUMES_MAX {
+            return bad(
+                "volumes_max",
+                format!("{} not in 1..={VOLUMES_MAX}", self.volumes_max),
+            );
+        }
+        if !(0.0..0.9).contains(&self.spare_factor) {
+            return bad(
+                "spare_factor",
+                format!("{} not in [0, 0.9)", self.spare_factor),
+            );
+        }
+        if self.journal_blocks < 8 {
+            return bad("journal_blocks", format!("{} < 8", self.journal_blocks));
+        }
+        if self.compaction_free_chunks_pct > 90 {
+            return bad(
+                "compaction_free_chunks_pct",
+                format!("{} > 90", self.compaction_free_chunks_pct),
+            );
+        }
+        if self.write_buffers_max < 2 {
+            return bad(
+                "write_buffers_max",
+                format!("{} < 2", self.write_buffers_max),
+            );
+        }
+        if self.request_bytes_max < 4096 || self.request_bytes_max > 16 << 20 {
+            return bad(
+                "request_bytes_max",
+                format!("{} not in 4096..=16 MiB", self.request_bytes_max),
+            );
+        }
+        if self.streams_max == 0 {
+            return bad("streams_max", "0".into());
+        }
+        if self.requests_per_poll_max == 0 || self.background_steps_per_poll_max == 0 {
+            return bad(
+                "requests_per_poll_max",
+                "per-poll limits must be positive".into(),
+            );
+        }
+        Ok(())
+    }
+
+    /// L2P pages the largest request can touch, plus the reserve and a margin.
+    pub fn l2p_min_pages(&self) -> u64 {
+        let req_blocks = self.request_bytes_max.div_ceil(4096) + 1;
+        req_blocks.div_ceil(shale_format::L2P_ENTRIES_PER_PAGE)
+            + 1
+            + u64::from(self.l2p_reserved_pages)
+            + 2
+    }
+
+    /// The L2P page budget for a table of `table_pages` pages; refuses budgets that are
+    /// too small to make progress.
+    pub fn l2p_budget_pages(&self, table_pages: u64) -> Result<u64, ConfigError> {
+        let min = self.l2p_min_pages();
+        match self.l2p_cache_bytes_max {
+            Some(bytes) => {
+                let pages = bytes / 4096;
+                if pages < min {
+                    return Err(ConfigError::L2pBudgetTooSmall {
+                        bytes,
+                        pages,
+                        min_pages: min,
+                        reserved: self.l2p_reserved_pages,
+                    });
+                }
+                Ok(pages)
+            }
+            None => Ok((table_pages / 8).max(min)),
+        }
+    }
+}

@@ -1,0 +1,500 @@
+//! The engine: a single-threaded state machine over a cache device, a capacity device
+//! and a clock. `submit` queues a request; `poll` reaps device completions, processes
+//! queued requests, submits batched device writes and runs a bounded background step.
+//! No threads, no locks, no system clock inside.
+//!
+//! Invariants:
+//! - requests are taken from the queue in order; a write that cannot get space waits
+//!   at the head (user writes never fail for lack of cache space);
+//! - every device I/O in flight has exactly one entry in the I/O slab, keyed by tag;
+//! - after a fatal device error every queued and later request fails with `Failed`.
+
+use std::collections::VecDeque;
+
+use shale_device::{BlockDevice, IoCompletion, ZoneCompletion, ZonedDevice};
+use shale_format::{Pba, RegionRole, Superblock};
+
+use crate::compaction::compactor::{Mover, ZoneWrite};
+use crate::journal::Journal;
+use crate::l2p::L2p;
+use crate::layout::Geometry;
+use crate::read::md_cache::MdCache;
+use crate::read::reader::ReadOp;
+use crate::space::Regions;
+use crate::volume::Volumes;
+use crate::write::chunk_writer::ChunkWriter;
+use crate::write::runs::Runs;
+use crate::{Clock, Completion, Config, EngineError, Reply, Request, Stats};
+
+/// What a device I/O in flight is for.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum InflightIo {
+    CacheRun {
+        group_id: u32,
+        run_seq: u64,
+        bytes: u32,
+    },
+    CacheMd {
+        group_id: u32,
+    },
+    ZonePart {
+        write: u32,
+    },
+    Read {
+        op: u32,
+        block: u32,
+        pba: Pba,
+    },
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct IoSlab {
+    items: Vec<Option<InflightIo>>,
+    free: Vec<u32>,
+    pub count: usize,
+}
+
+impl IoSlab {
+    pub fn insert(&mut self, io: InflightIo) -> u64 {
+        self.count += 1;
+        match self.free.pop() {
+            Some(i) => {
+                self.items[i as usize] = Some(io);
+                u64::from(i)
+            }
+            None => {
+                self.items.push(Some(io));
+                (self.items.len() - 1) as u64
+            }
+        }
+    }
+
+    pub fn take(&mut self, tag: u64) -> Option<InflightIo> {
+        let io = self.items.get_mut(usize::try_from(tag).ok()?)?.take();
+        if io.is_some() {
+            self.count -= 1;
+            self.free.push(tag as u32);
+        }
+        io
+    }
+}
+
+/// A write request waiting for its blocks' device writes.
+pub(crate) struct PendingWrite {
+    pub asn_end: u64,
+    pub fua: bool,
+    pub done: Completion,
+}
+
+/// The translation layer. See the crate docs for the data path.
+pub struct Engine<C: BlockDevice, Z: ZonedDevice, K: Clock> {
+    pub(crate) cache: C,
+    pub(crate) capacity: Z,
+    pub(crate) clock: K,
+    pub(crate) config: Config,
+    pub(crate) sb: Superblock,
+    pub(crate) geo: Geometry,
+    pub(crate) regions: Regions,
+    pub(crate) l2p: L2p,
+    pub(crate) volumes: Volumes,
+    pub(crate) writer: ChunkWriter,
+    pub(crate) md_cache: MdCache,
+    pub(crate) compactor: Mover,
+    pub(crate) cleaner: Mover,
+    pub(crate) zone_writes: Vec<Option<ZoneWrite>>,
+    pub(crate) streams: u32,
+    pub(crate) journal: Journal,
+    pub(crate) sid_next: u64,
+    pub(crate) stats: Stats,
+    pub(crate) queue: VecDeque<(Request, Completion)>,
+    pub(crate) io: IoSlab,
+    pub(crate) runs: Runs,
+    pub(crate) asn_next: u64,
+    pub(crate) pending_writes: VecDeque<PendingWrite>,
+    pub(crate) durable_waiters: Vec<Completion>,
+    pub(crate) flush_requested: bool,
+    pub(crate) reads: Vec<Option<ReadOp>>,
+    pub(crate) reads_free: Vec<u32>,
+    pub(crate) cache_done: Vec<IoCompletion>,
+    pub(crate) zone_done: Vec<ZoneCompletion>,
+    pub(crate) capacity_dirty: bool,
+    pub(crate) fatal: Option<String>,
+    /// Set when the head request waits for cache space.
+    pub(crate) user_blocked: bool,
+    /// Set when compaction wanted a zone but the GC reserve forbade it.
+    pub(crate) compaction_zone_blocked: bool,
+    pub(crate) stalled_polls: u32,
+    pub(crate) block_scratch: Box<[u8; 4096]>,
+}
+
+impl<C: BlockDevice, Z: ZonedDevice, K: Clock> std::fmt::Debug for Engine<C, Z, K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("chunks", &self.geo.chunk_count)
+            .field("zones", &self.geo.zone_count)
+            .field("queued", &self.queue.len())
+            .field("inflight_io", &self.io.count)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Polls without progress (with work waiting) before padding is forced, and before the
+/// engine declares itself stuck.
+const STALL_FORCE_POLLS: u32 = 8;
+const STALL_FAIL_POLLS: u32 = 10_000;
+
+impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
+    /// Queues a request; `done` is called exactly once, from a later `poll` (or at once
+    /// if the engine has failed).
+    pub fn submit(&mut self, req: Request, done: Completion) {
+        if let Some(reason) = &self.fatal {
+            done(Err(EngineError::Failed {
+                reason: reason.clone(),
+            }));
+            return;
+        }
+        self.queue.push_back((req, done));
+    }
+
+    /// Requests queued and not yet started.
+    pub fn queued(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// True when nothing is queued, in flight, or waiting for completion.
+    pub fn is_idle(&self) -> bool {
+        self.queue.is_empty()
+            && self.io.count == 0
+            && self.pending_writes.is_empty()
+            && self.durable_waiters.is_empty()
+            && !self.flush_requested
+    }
+
+    /// One engine loop iteration. Returns true if anything moved.
+    pub fn poll(&mut self) -> bool {
+        match self.poll_inner() {
+            Ok(p) => p,
+            Err(e) => {
+                self.fail(e);
+                true
+            }
+        }
+    }
+
+    fn poll_inner(&mut self) -> Result<bool, EngineError> {
+        if self.fatal.is_some() {
+            self.fail_queued();
+            return Ok(false);
+        }
+        let mut progress = self.reap(0)?;
+        progress |= self.process_requests()?;
+        self.submit_runs()?;
+        if self.flush_requested {
+            self.durability_point()?;
+            progress = true;
+        }
+        progress |= self.background()?;
+        self.submit_runs()?;
+        if !progress && !self.queue.is_empty() && self.io.count == 0 {
+            self.stalled_polls += 1;
+            if self.stalled_polls >= STALL_FORCE_POLLS {
+                // Victims held hostage by partial batches: pad them out, then make the
+                // freed space reusable.
+                progress |= self.force_background()?;
+            }
+            if self.stalled_polls >= STALL_FAIL_POLLS {
+                return Err(EngineError::Failed {
+                    reason: format!(
+                        "no progress for {} polls: free chunks {}, free zones {}, pending free {}",
+                        self.stalled_polls,
+                        self.regions.free_chunks.len(),
+                        self.regions.free_zones.len(),
+                        self.regions.pending_free.len()
+                    ),
+                });
+            }
+        } else if progress {
+            self.stalled_polls = 0;
+        }
+        Ok(progress)
+    }
+
+    /// Blocks until at least one device completion arrives (if any I/O is in flight).
+    pub fn wait_io(&mut self) {
+        if let Err(e) = self.reap(1) {
+            self.fail(e);
+        }
+    }
+
+    /// Polls until idle. For tests, tools and shutdown.
+    pub fn run_until_idle(&mut self) -> Result<(), EngineError> {
+        loop {
+            let progress = self.poll();
+            if let Some(r) = &self.fatal {
+                return Err(EngineError::Failed { reason: r.clone() });
+            }
+            if self.is_idle() {
+                return Ok(());
+            }
+            if !progress {
+                self.wait_io();
+            }
+        }
+    }
+
+    pub(crate) fn fail(&mut self, e: EngineError) {
+        tracing::error!(error = %e, "engine failed");
+        if self.fatal.is_none() {
+            self.fatal = Some(e.to_string());
+        }
+        self.fail_queued();
+    }
+
+    fn fail_queued(&mut self) {
+        let reason = self.fatal.clone().unwrap_or_default();
+        let err = || EngineError::Failed {
+            reason: reason.clone(),
+        };
+        for (_, done) in self.queue.drain(..) {
+            done(Err(err()));
+        }
+        for w in self.pending_writes.drain(..) {
+            (w.done)(Err(err()));
+        }
+        for d in self.durable_waiters.drain(..) {
+            d(Err(err()));
+        }
+        for r in self.reads.iter_mut() {
+            if let Some(op) = r.take() {
+                if let Some(d) = op.done {
+                    d(Err(err()));
+                }
+            }
+        }
+    }
+
+    /// Reaps device completions, waiting for `min` if I/O is in flight.
+    pub(crate) fn reap(&mut self, min: usize) -> Result<bool, EngineError> {
+        let mut any = false;
+        let mut cache_done = std::mem::take(&mut self.cache_done);
+        let mut zone_done = std::mem::take(&mut self.zone_done);
+        let cache_min = if min > 0 && self.cache.in_flight() > 0 {
+            min
+        } else {
+            0
+        };
+        self.cache
+            .poll(&mut cache_done, cache_min)
+            .map_err(EngineError::cache("poll", 0))?;
+        let zone_min = if min > 0 && cache_done.is_empty() && self.capacity.in_flight() > 0 {
+            min
+        } else {
+            0
+        };
+        self.capacity
+            .poll(&mut zone_done, zone_min)
+            .map_err(EngineError::cache("capacity poll", 0))?;
+        let mut result = Ok(());
+        for c in cache_done.drain(..) {
+            any = true;
+            if result.is_ok() {
+                result = self.on_cache_completion(c);
+            }
+        }
+        for c in zone_done.drain(..) {
+            any = true;
+            if result.is_ok() {
+                result = self.on_zone_completion(c);
+            }
+        }
+        self.cache_done = cache_done;
+        self.zone_done = zone_done;
+        result?;
+        if any {
+            self.complete_writes();
+        }
+        Ok(any)
+    }
+
+    fn on_cache_completion(&mut self, c: IoCompletion) -> Result<(), EngineError> {
+        let Some(io) = self.io.take(c.tag) else {
+            panic!("cache completion with unknown tag {}", c.tag);
+        };
+        match io {
+            InflightIo::CacheRun {
+                group_id,
+                run_seq,
+                bytes,
+            } => {
+                c.result.map_err(EngineError::cache("user data write", 0))?;
+                self.on_run_done(group_id, run_seq, bytes)
+            }
+            InflightIo::CacheMd { group_id } => {
+                c.result.map_err(EngineError::cache("md write", 0))?;
+                self.on_md_done(group_id)
+            }
+            InflightIo::Read { op, block, pba } => {
+                let r = c.result.map_err(EngineError::cache("user data read", 0));
+                self.on_read_done(op, block, pba, r.map(|_| c.buf))
+            }
+            InflightIo::ZonePart { .. } => panic!("zone write completed on the cache device"),
+        }
+    }
+
+    fn on_zone_completion(&mut self, c: ZoneCompletion) -> Result<(), EngineError> {
+        let Some(io) = self.io.take(c.tag) else {
+            panic!("capacity completion with unknown tag {}", c.tag);
+        };
+        match io {
+            InflightIo::ZonePart { write } => {
+                c.result
+                    .map_err(EngineError::capacity("zone group write", 0))?;
+                self.on_zone_part_done(write)
+            }
+            InflightIo::Read { op, block, pba } => {
+                let r = c
+                    .result
+                    .map(|_| c.buf)
+                    .map_err(EngineError::capacity("user data read", 0));
+                self.on_read_done(op, block, pba, r)
+            }
+            _ => panic!("cache I/O completed on the capacity device"),
+        }
+    }
+
+    /// Completes write requests whose blocks are all written.
+    pub(crate) fn complete_writes(&mut self) {
+        let wm = self.runs.watermark();
+        while self.pending_writes.front().is_some_and(|w| w.asn_end <= wm) {
+            let Some(w) = self.pending_writes.pop_front() else {
+                break;
+            };
+            if w.fua {
+                self.durable_waiters.push(w.done);
+                self.flush_requested = true;
+            } else {
+                (w.done)(Ok(Reply::Done));
+            }
+        }
+    }
+
+    fn process_requests(&mut self) -> Result<bool, EngineError> {
+        let mut progress = false;
+        self.user_blocked = false;
+        for _ in 0..self.config.requests_per_poll_max {
+            let Some((req, done)) = self.queue.pop_front() else {
+                break;
+            };
+            match self.dispatch(req, done)? {
+                None => progress = true,
+                Some((req, done)) => {
+                    self.queue.push_front((req, done));
+                    self.user_blocked = true;
+                    break;
+                }
+            }
+        }
+        Ok(progress)
+    }
+
+    /// Starts one request. Returns it back if it must wait for space.
+    #[allow(clippy::type_complexity)]
+    fn dispatch(
+        &mut self,
+        req: Request,
+        done: Completion,
+    ) -> Result<Option<(Request, Completion)>, EngineError> {
+        match req {
+            Request::Read {
+                volume,
+                offset,
+                len,
+            } => self.start_read(volume, offset, len, done)?,
+            Request::Write {
+                volume,
+                offset,
+                data,
+                fua,
+            } => {
+                return self.start_write(volume, offset, data, fua, done);
+            }
+            Request::Trim {
+                volume,
+                offset,
+                len,
+            } => {
+                let r = self.trim(volume, offset, len, false);
+                done(r.map(|_| Reply::Done));
+            }
+            Request::WriteZeroes {
+                volume,
+                offset,
+                len,
+            } => {
+                if !self.can_write_zeroes(volume, offset, len) {
+                    return Ok(Some((
+                        Request::WriteZeroes {
+                            volume,
+                            offset,
+                            len,
+                        },
+                        done,
+                    )));
+                }
+                let r = self.trim(volume, offset, len, true);
+                done(r.map(|_| Reply::Done));
+            }
+            Request::Flush => {
+                self.durable_waiters.push(done);
+                self.flush_requested = true;
+            }
+            Request::CreateVolume { name, size_bytes } => {
+                let r = self.create_volume(&name, size_bytes);
+                done(r.map(Reply::Volume));
+            }
+            Request::ResizeVolume { volume, size_bytes } => {
+                let r = self.resize_volume(volume, size_bytes);
+                done(r.map(Reply::Volume));
+            }
+            Request::DeleteVolume { volume } => {
+                let r = self.delete_volume(volume);
+                done(r.map(|_| Reply::Done));
+            }
+            Request::ListVolumes => done(Ok(Reply::Volumes(self.volume_list()))),
+            Request::Stats => done(Ok(Reply::Stats(Box::new(self.stats())))),
+            Request::SelfCheck => {
+                let r = self.self_check();
+                done(r.map(|_| Reply::Done).map_err(EngineError::from));
+            }
+        }
+        Ok(None)
+    }
+
+    pub(crate) fn now(&self) -> u64 {
+        self.clock.now_ns()
+    }
+
+    pub(crate) fn next_sid(&mut self) -> shale_format::Sid {
+        let s = shale_format::Sid(self.sid_next);
+        self.sid_next += 1;
+        s
+    }
+
+    pub(crate) fn mover(&mut self, role: RegionRole) -> &mut Mover {
+        if role == RegionRole::Gc {
+            &mut self.cleaner
+        } else {
+            &mut self.compactor
+        }
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Placement streams in use.
+    pub fn streams(&self) -> u32 {
+        self.streams
+    }
+}

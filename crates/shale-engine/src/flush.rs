@@ -1,0 +1,129 @@
+//! Durability points: user flushes, FUA writes, and the moment freed regions become
+//! reusable.
+//!
+//! A durability point (synchronous; it stalls the loop while it runs):
+//! 1. submits every appended block and waits for all device I/O in flight;
+//! 2. writes the partial md of each unsettled group to the md copy not holding the
+//!    newest valid one (generation + 1);
+//! 3. flushes the capacity device if it has unflushed writes;
+//! 4. appends a FlushPoint (open regions' write pointers) and writes the journal;
+//! 5. flushes the cache device;
+//! 6. releases PendingFree regions (zones are reset) and completes flush/FUA waiters.
+//!
+//! Cost: a FUA write or flush pays one journal block write and two device flushes, and
+//! drains the pipeline. Invariant (deferred free): a region emptied by relocations or
+//! overwrites is reused only after step 5 made those writes and their mappings'
+//! journal records durable.
+
+use shale_device::{BlockDevice, ZoneAction, ZonedDevice};
+use shale_format::{JournalRecord, RegionState, BLOCK_SIZE, FLUSH_POINT_REGIONS_MAX};
+
+use crate::layout::{Groups, BS};
+use crate::write::group::MdState;
+use crate::{Clock, Engine, EngineError, Reply};
+
+impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
+    /// Waits for every device I/O in flight.
+    pub(crate) fn drain_io(&mut self) -> Result<(), EngineError> {
+        while self.io.count > 0 {
+            self.reap(1)?;
+        }
+        Ok(())
+    }
+
+    /// Steps 1-5; with `journal == false` (checkpoints) no journal block is written.
+    pub(crate) fn make_durable(&mut self, journal: bool) -> Result<(), EngineError> {
+        self.flush_requested = false;
+        self.submit_runs()?;
+        self.drain_io()?;
+        let groups = Groups {
+            blocks: self.geo.chunk_blocks,
+        };
+        let mut blk = Box::new([0u8; BLOCK_SIZE]);
+        for gi in 0..self.writer.groups.len() {
+            let g = &mut self.writer.groups[gi];
+            if g.md_state != MdState::Filling || g.filled == g.md_durable_entries {
+                continue;
+            }
+            let copy = g.seal_partial(&mut blk);
+            let off = self
+                .geo
+                .chunk_offset(g.region, groups.md_slot(g.group) + copy);
+            self.cache
+                .write_at(off, &blk[..])
+                .map_err(EngineError::cache("partial md write", off))?;
+            let g = &mut self.writer.groups[gi];
+            g.md_newest = Some(copy);
+            g.md_durable_entries = g.filled;
+            self.stats.cache_md_write_bytes += BS;
+        }
+        if self.capacity_dirty {
+            self.capacity
+                .flush()
+                .map_err(EngineError::capacity("flush", 0))?;
+            self.capacity_dirty = false;
+        }
+        if journal {
+            let open: Vec<_> = (0..self.geo.region_count())
+                .map(shale_format::RegionId)
+                .filter(|&r| self.regions.get(r).state == RegionState::Open)
+                .map(|r| (r, self.regions.get(r).wp))
+                .collect();
+            for part in open.chunks(FLUSH_POINT_REGIONS_MAX) {
+                self.journal.append(JournalRecord::FlushPoint {
+                    regions: part.to_vec(),
+                });
+            }
+            self.stats.cache_md_write_bytes += self.journal.write_pending(&mut self.cache)?;
+        }
+        self.cache.flush().map_err(EngineError::cache("flush", 0))?;
+        Ok(())
+    }
+
+    /// A full durability point (steps 1-6).
+    pub(crate) fn durability_point(&mut self) -> Result<(), EngineError> {
+        self.make_durable(true)?;
+        self.release_pending()?;
+        self.stats.durability_points += 1;
+        self.complete_durable_waiters();
+        Ok(())
+    }
+
+    pub(crate) fn complete_durable_waiters(&mut self) {
+        self.complete_writes();
+        for d in self.durable_waiters.drain(..) {
+            d(Ok(Reply::Done));
+        }
+    }
+
+    /// Step 6: PendingFree regions become Free (zones are reset first).
+    pub(crate) fn release_pending(&mut self) -> Result<(), EngineError> {
+        let pending = std::mem::take(&mut self.regions.pending_free);
+        for r in pending {
+            if self.regions.get(r).state != RegionState::PendingFree {
+                continue;
+            }
+            if self.geo.is_chunk(r) {
+                self.stats.chunk_frees += 1;
+            } else {
+                let z = self.geo.zone_of(r).0;
+                self.capacity
+                    .manage(z, ZoneAction::Reset)
+                    .map_err(EngineError::capacity(
+                        "zone reset",
+                        self.geo.zone_offset(r, 0),
+                    ))?;
+                self.stats.zone_resets += 1;
+            }
+            let len = if self.geo.is_chunk(r) {
+                self.geo.chunk_blocks
+            } else {
+                self.geo.zone_size_blocks
+            };
+            self.md_cache
+                .invalidate_range(self.geo.region_base(r).0, len);
+            self.regions.release(&self.geo, r);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,38 @@
+//! A volume's L2P directory and which pages are cached.
+
+use shale_format::{PageDesc, L2P_SLOT_NONE};
+
+pub(crate) const FRAME_NONE: u32 = u32::MAX;
+
+#[derive(Debug, Clone)]
+pub(crate) struct VolumeMap {
+    /// Newest durable-or-written copy of each page.
+    pub dir: Vec<PageDesc>,
+    /// The slot the last durable checkpoint references for each page.
+    pub ckpt_slot: Vec<u32>,
+    /// Cache frame holding each page, or FRAME_NONE.
+    pub frame: Vec<u32>,
+    pub size_blocks: u64,
+}
+
+impl VolumeMap {
+    pub fn new(size_blocks: u64) -> VolumeMap {
+        let pages = size_blocks.div_ceil(shale_format::L2P_ENTRIES_PER_PAGE) as usize;
+        VolumeMap {
+            dir: vec![PageDesc::NONE; pages],
+            ckpt_slot: vec![L2P_SLOT_NONE; pages],
+            frame: vec![FRAME_NONE; pages],
+            size_blocks,
+        }
+    }
+
+    pub fn from_dir(dir: Vec<PageDesc>, size_blocks: u64) -> VolumeMap {
+        let n = dir.len();
+        VolumeMap {
+            ckpt_slot: dir.iter().map(|d| d.slot).collect(),
+            dir,
+            frame: vec![FRAME_NONE; n],
+            size_blocks,
+        }
+    }
+}

@@ -1,0 +1,18 @@
+//! The logical-to-physical map: per-volume directories in DRAM (directory.rs) and
+//! 4 KiB pages of 1024 PBAs cached in DRAM under a budget (page_cache.rs).
+//!
+//! Invariants:
+//! - a page's newest copy is in the cache frame if cached, else at `dir[p].slot` with
+//!   CRC `dir[p].crc32c`, else (slot NONE) all unmapped;
+//! - a dirty page is written only to the slot not referenced by the last durable
+//!   checkpoint (`ckpt_slot`), so the checkpointed copy is never overwritten;
+//! - pool pages are owned by at most one (volume, page); pages released by a volume
+//!   delete or shrink return to the pool only after the checkpoint that forgets them.
+//! - No page is pinned across engine loop iterations: a fault may evict any page, so
+//!   the budget only has to cover one request plus the reserve.
+
+mod directory;
+mod page_cache;
+
+pub(crate) use directory::VolumeMap;
+pub(crate) use page_cache::L2p;

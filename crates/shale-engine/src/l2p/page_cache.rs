@@ -1,0 +1,424 @@
+//! The L2P page cache: an intrusive LRU of frames, no hashing on the lookup path
+//! (volume map -> frame index).
+
+use shale_device::BlockDevice;
+use shale_format::{Lba, PageDesc, Pba, VolumeId, L2P_ENTRIES_PER_PAGE, L2P_SLOT_NONE};
+
+use super::directory::{VolumeMap, FRAME_NONE};
+use crate::layout::BS;
+use crate::EngineError;
+
+const EPP: usize = L2P_ENTRIES_PER_PAGE as usize;
+
+#[derive(Debug)]
+struct Frame {
+    volume: u32,
+    page: u32,
+    dirty: bool,
+    prev: u32,
+    next: u32,
+    data: Box<[u32; EPP]>,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct L2pCounters {
+    pub hits: u64,
+    pub misses: u64,
+    pub page_reads: u64,
+    pub page_writes: u64,
+}
+
+#[derive(Debug)]
+pub(crate) struct L2p {
+    pub vols: Vec<Option<VolumeMap>>,
+    frames: Vec<Frame>,
+    /// Most recently used at head.
+    head: u32,
+    tail: u32,
+    frames_max: usize,
+    pool_free: Vec<u32>,
+    /// Pool pages to return to `pool_free` after the next checkpoint.
+    pool_deferred: Vec<u32>,
+    area_start: u64,
+    scratch: Box<[u8; 4096]>,
+    pub counters: L2pCounters,
+}
+
+fn page_bytes(data: &[u32; EPP], out: &mut [u8; 4096]) {
+    for (i, v) in data.iter().enumerate() {
+        out[i * 4..i * 4 + 4].copy_from_slice(&v.to_le_bytes());
+    }
+}
+
+impl L2p {
+    pub fn new(volumes_max: u32, pool_pages: u32, frames_max: u64, area_start: u64) -> L2p {
+        L2p {
+            vols: vec![None; volumes_max as usize],
+            frames: Vec::new(),
+            head: FRAME_NONE,
+            tail: FRAME_NONE,
+            frames_max: frames_max as usize,
+            pool_free: (0..pool_pages).rev().collect(),
+            pool_deferred: Vec::new(),
+            area_start,
+            scratch: Box::new([0; 4096]),
+            counters: L2pCounters::default(),
+        }
+    }
+
+    /// After loading directories: pool pages referenced by any directory are taken.
+    pub fn rebuild_pool(&mut self, pool_pages: u32) -> Result<(), String> {
+        let mut used = vec![false; pool_pages as usize];
+        for (v, m) in self.vols.iter().enumerate() {
+            let Some(m) = m else { continue };
+            for (p, d) in m.dir.iter().enumerate() {
+                if d.slot == L2P_SLOT_NONE {
+                    continue;
+                }
+                let pp = (d.slot / 2) as usize;
+                match used.get_mut(pp) {
+                    Some(u) if !*u => *u = true,
+                    Some(_) => return Err(format!("pool page {pp} used twice (vol:{v} page {p})")),
+                    None => {
+                        return Err(format!("slot {} beyond pool of {pool_pages} pages", d.slot))
+                    }
+                }
+            }
+        }
+        self.pool_free = (0..pool_pages)
+            .rev()
+            .filter(|&p| !used[p as usize])
+            .collect();
+        Ok(())
+    }
+
+    pub fn add_volume(&mut self, v: VolumeId, size_blocks: u64) {
+        self.vols[v.0 as usize] = Some(VolumeMap::new(size_blocks));
+    }
+
+    pub fn volume_size(&self, v: VolumeId) -> Option<u64> {
+        self.vols.get(v.0 as usize)?.as_ref().map(|m| m.size_blocks)
+    }
+
+    fn unlink(&mut self, f: u32) {
+        let (prev, next) = {
+            let fr = &self.frames[f as usize];
+            (fr.prev, fr.next)
+        };
+        if prev != FRAME_NONE {
+            self.frames[prev as usize].next = next;
+        } else {
+            self.head = next;
+        }
+        if next != FRAME_NONE {
+            self.frames[next as usize].prev = prev;
+        } else {
+            self.tail = prev;
+        }
+    }
+
+    fn push_front(&mut self, f: u32) {
+        self.frames[f as usize].prev = FRAME_NONE;
+        self.frames[f as usize].next = self.head;
+        if self.head != FRAME_NONE {
+            self.frames[self.head as usize].prev = f;
+        }
+        self.head = f;
+        if self.tail == FRAME_NONE {
+            self.tail = f;
+        }
+    }
+
+    /// Writes a dirty frame back to the slot the checkpoint does not reference.
+    fn write_back<C: BlockDevice>(&mut self, dev: &mut C, f: u32) -> Result<u64, EngineError> {
+        let (v, p) = {
+            let fr = &self.frames[f as usize];
+            (fr.volume as usize, fr.page as usize)
+        };
+        let Some(Some(m)) = self.vols.get(v) else {
+            return Ok(0);
+        };
+        let ck = m.ckpt_slot[p];
+        let cur = m.dir[p].slot;
+        let target = if ck != L2P_SLOT_NONE {
+            ck ^ 1
+        } else if cur != L2P_SLOT_NONE {
+            cur
+        } else {
+            let Some(pp) = self.pool_free.pop() else {
+                panic!("L2P page pool exhausted: the pool is sized for the user capacity");
+            };
+            pp * 2
+        };
+        page_bytes(&self.frames[f as usize].data, &mut self.scratch);
+        let crc = shale_format::crc32c(&self.scratch[..]);
+        let off = (self.area_start + u64::from(target)) * BS;
+        dev.write_at(off, &self.scratch[..])
+            .map_err(EngineError::cache("L2P page write", off))?;
+        self.counters.page_writes += 1;
+        if let Some(m) = self.vols[v].as_mut() {
+            m.dir[p] = PageDesc {
+                slot: target,
+                crc32c: crc,
+            };
+        }
+        self.frames[f as usize].dirty = false;
+        Ok(BS)
+    }
+
+    fn read_page<C: BlockDevice>(
+        &mut self,
+        dev: &mut C,
+        v: VolumeId,
+        p: usize,
+        out: &mut [u32; EPP],
+    ) -> Result<(), EngineError> {
+        let d = self.vols[v.0 as usize]
+            .as_ref()
+            .map_or(PageDesc::NONE, |m| m.dir[p]);
+        if d.slot == L2P_SLOT_NONE {
+            out.fill(Pba::NONE.0);
+            return Ok(());
+        }
+        let off = (self.area_start + u64::from(d.slot)) * BS;
+        dev.read_at(off, &mut self.scratch[..])
+            .map_err(EngineError::cache("L2P page read", off))?;
+        self.counters.page_reads += 1;
+        let got = shale_format::crc32c(&self.scratch[..]);
+        if got != d.crc32c {
+            return Err(EngineError::L2pPageCorrupt {
+                volume: v,
+                page: p as u64,
+                slot: d.slot,
+                expected: d.crc32c,
+                got,
+            });
+        }
+        for (i, e) in out.iter_mut().enumerate() {
+            let mut b = [0u8; 4];
+            b.copy_from_slice(&self.scratch[i * 4..i * 4 + 4]);
+            *e = u32::from_le_bytes(b);
+        }
+        Ok(())
+    }
+
+    /// Returns the frame holding page `p` of volume `v`, faulting it in (synchronous
+    /// read; may write back an evicted dirty page). Returns bytes written to the cache
+    /// device for metadata.
+    fn frame<C: BlockDevice>(
+        &mut self,
+        dev: &mut C,
+        v: VolumeId,
+        p: usize,
+    ) -> Result<(u32, u64), EngineError> {
+        let f = self.vols[v.0 as usize]
+            .as_ref()
+            .map_or(FRAME_NONE, |m| m.frame[p]);
+        if f != FRAME_NONE {
+            self.counters.hits += 1;
+            if self.head != f {
+                self.unlink(f);
+                self.push_front(f);
+            }
+            return Ok((f, 0));
+        }
+        self.counters.misses += 1;
+        let mut written = 0;
+        let f = if self.frames.len() < self.frames_max {
+            self.frames.push(Frame {
+                volume: v.0,
+                page: p as u32,
+                dirty: false,
+                prev: FRAME_NONE,
+                next: FRAME_NONE,
+                data: Box::new([Pba::NONE.0; EPP]),
+            });
+            (self.frames.len() - 1) as u32
+        } else {
+            let f = self.tail;
+            if self.frames[f as usize].dirty {
+                written += self.write_back(dev, f)?;
+            }
+            self.unlink(f);
+            let (ov, op) = (self.frames[f as usize].volume, self.frames[f as usize].page);
+            if let Some(Some(m)) = self.vols.get_mut(ov as usize) {
+                if let Some(slot) = m.frame.get_mut(op as usize) {
+                    if *slot == f {
+                        *slot = FRAME_NONE;
+                    }
+                }
+            }
+            f
+        };
+        let mut data = std::mem::replace(&mut self.frames[f as usize].data, Box::new([0; EPP]));
+        let r = self.read_page(dev, v, p, &mut data);
+        self.frames[f as usize].data = data;
+        {
+            let fr = &mut self.frames[f as usize];
+            fr.volume = v.0;
+            fr.page = p as u32;
+            fr.dirty = false;
+        }
+        self.push_front(f);
+        if let Err(e) = r {
+            // Leave the frame holding an unrelated page id so it is simply reused.
+            self.frames[f as usize].volume = u32::MAX;
+            return Err(e);
+        }
+        if let Some(m) = self.vols[v.0 as usize].as_mut() {
+            m.frame[p] = f;
+        }
+        Ok((f, written))
+    }
+
+    /// Looks up `lba`; `None` if the volume does not exist or the LBA is past its end.
+    pub fn get<C: BlockDevice>(
+        &mut self,
+        dev: &mut C,
+        v: VolumeId,
+        lba: Lba,
+    ) -> Result<Option<Pba>, EngineError> {
+        let Some(size) = self.volume_size(v) else {
+            return Ok(None);
+        };
+        if lba.0 >= size {
+            return Ok(None);
+        }
+        let p = (lba.0 / L2P_ENTRIES_PER_PAGE) as usize;
+        let (f, _) = self.frame(dev, v, p)?;
+        Ok(Some(Pba(
+            self.frames[f as usize].data[(lba.0 % L2P_ENTRIES_PER_PAGE) as usize]
+        )))
+    }
+
+    /// Sets `lba` to `pba`; returns the previous PBA. The volume must exist and the LBA
+    /// be in range (callers check first).
+    pub fn set<C: BlockDevice>(
+        &mut self,
+        dev: &mut C,
+        v: VolumeId,
+        lba: Lba,
+        pba: Pba,
+    ) -> Result<Pba, EngineError> {
+        let p = (lba.0 / L2P_ENTRIES_PER_PAGE) as usize;
+        let (f, _) = self.frame(dev, v, p)?;
+        let fr = &mut self.frames[f as usize];
+        let e = &mut fr.data[(lba.0 % L2P_ENTRIES_PER_PAGE) as usize];
+        let old = Pba(*e);
+        if old != pba {
+            *e = pba.0;
+            fr.dirty = true;
+        }
+        Ok(old)
+    }
+
+    /// True if page `p` of `v` was never written and is not cached (all unmapped):
+    /// range operations skip such pages without faulting them in.
+    pub fn page_is_empty(&self, v: VolumeId, p: usize) -> bool {
+        self.vols[v.0 as usize].as_ref().is_none_or(|m| {
+            m.dir.get(p).is_none_or(|d| d.slot == L2P_SLOT_NONE)
+                && m.frame.get(p).is_none_or(|&f| f == FRAME_NONE)
+        })
+    }
+
+    /// Writes back every dirty page. Returns bytes written.
+    pub fn write_back_all<C: BlockDevice>(&mut self, dev: &mut C) -> Result<u64, EngineError> {
+        let mut n = 0;
+        for f in 0..self.frames.len() as u32 {
+            if self.frames[f as usize].dirty {
+                n += self.write_back(dev, f)?;
+            }
+        }
+        Ok(n)
+    }
+
+    /// After a durable checkpoint: its directories are now the reference copies.
+    pub fn checkpoint_committed(&mut self) {
+        for m in self.vols.iter_mut().flatten() {
+            for (c, d) in m.ckpt_slot.iter_mut().zip(&m.dir) {
+                *c = d.slot;
+            }
+        }
+        self.pool_free.append(&mut self.pool_deferred);
+    }
+
+    /// Drops a volume's map; its pool pages return after the next checkpoint.
+    pub fn remove_volume(&mut self, v: VolumeId) {
+        if let Some(m) = self.vols[v.0 as usize].take() {
+            self.release_pages(&m.dir, &m.ckpt_slot, &m.frame);
+        }
+    }
+
+    fn release_pages(&mut self, dir: &[PageDesc], ckpt: &[u32], frames: &[u32]) {
+        for ((d, &c), &f) in dir.iter().zip(ckpt).zip(frames) {
+            let slot = if d.slot != L2P_SLOT_NONE { d.slot } else { c };
+            if slot != L2P_SLOT_NONE {
+                self.pool_deferred.push(slot / 2);
+            }
+            if f != FRAME_NONE {
+                self.frames[f as usize].volume = u32::MAX;
+                self.frames[f as usize].dirty = false;
+            }
+        }
+    }
+
+    /// Changes a volume's size (entries past a shrink must already be unmapped).
+    pub fn resize_volume(&mut self, v: VolumeId, size_blocks: u64) {
+        let Some(mut m) = self.vols[v.0 as usize].take() else {
+            return;
+        };
+        let pages = size_blocks.div_ceil(L2P_ENTRIES_PER_PAGE) as usize;
+        if pages < m.dir.len() {
+            let dir = m.dir.split_off(pages);
+            let ck = m.ckpt_slot.split_off(pages);
+            let fr = m.frame.split_off(pages);
+            self.release_pages(&dir, &ck, &fr);
+        } else {
+            m.dir.resize(pages, PageDesc::NONE);
+            m.ckpt_slot.resize(pages, L2P_SLOT_NONE);
+            m.frame.resize(pages, FRAME_NONE);
+        }
+        m.size_blocks = size_blocks;
+        self.vols[v.0 as usize] = Some(m);
+    }
+
+    /// Visits every mapped entry without disturbing the cache (uncached pages are read
+    /// straight from the device). Used by the census and the self-check.
+    pub fn for_each_mapped<C: BlockDevice>(
+        &mut self,
+        dev: &mut C,
+        mut f: impl FnMut(VolumeId, Lba, Pba),
+    ) -> Result<(), EngineError> {
+        let mut buf = Box::new([0u32; EPP]);
+        for v in 0..self.vols.len() {
+            let vid = VolumeId(v as u32);
+            let (pages, size) = match &self.vols[v] {
+                Some(m) => (m.dir.len(), m.size_blocks),
+                None => continue,
+            };
+            for p in 0..pages {
+                let fr = self.vols[v].as_ref().map_or(FRAME_NONE, |m| m.frame[p]);
+                if fr != FRAME_NONE {
+                    buf.copy_from_slice(&self.frames[fr as usize].data[..]);
+                } else {
+                    self.read_page(dev, vid, p, &mut buf)?;
+                }
+                for (i, &e) in buf.iter().enumerate() {
+                    let lba = p as u64 * L2P_ENTRIES_PER_PAGE + i as u64;
+                    if e != Pba::NONE.0 && lba < size {
+                        f(vid, Lba(lba), Pba(e));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub fn cached_pages(&self) -> usize {
+        self.frames.len()
+    }
+
+    pub fn frames_max(&self) -> usize {
+        self.frames_max
+    }
+}

@@ -1,0 +1,319 @@
+//! Where things are: PBA arithmetic, the group structure of regions, and the cache
+//! device layout computed at format time.
+//!
+//! Invariants: a PBA below `cache_data_blocks` is in a chunk, otherwise in a zone; a
+//! region's write pointer always rests on a data slot or at the region end (md slots
+//! are skipped); groups are 128 blocks except possibly the last (>= 3 blocks).
+
+use shale_format::{
+    CacheLayout, CapacityGeometry, Checkpoint, ChunkId, Pba, RegionId, ZoneId, BLOCK_SIZE,
+    GROUP_BLOCKS, L2P_ENTRIES_PER_PAGE,
+};
+
+pub(crate) const BS: u64 = BLOCK_SIZE as u64;
+
+/// Address arithmetic over both devices.
+#[derive(Debug, Clone)]
+pub(crate) struct Geometry {
+    pub chunk_blocks: u32,
+    pub chunk_count: u32,
+    /// Cache device block where chunk 0 starts.
+    pub data_start: u64,
+    pub zone_size_blocks: u32,
+    pub zone_cap_blocks: u32,
+    pub zone_count: u32,
+    pub cache_data_blocks: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Place {
+    Chunk(ChunkId, u32),
+    Zone(ZoneId, u32),
+}
+
+impl Geometry {
+    pub fn new(layout: &CacheLayout, cap: &CapacityGeometry) -> Geometry {
+        Geometry {
+            chunk_blocks: layout.chunk_blocks,
+            chunk_count: layout.chunk_count,
+            data_start: layout.data_start,
+            zone_size_blocks: cap.zone_size_blocks,
+            zone_cap_blocks: cap.zone_capacity_blocks,
+            zone_count: cap.zone_count,
+            cache_data_blocks: layout.chunk_blocks * layout.chunk_count,
+        }
+    }
+
+    pub fn region_count(&self) -> u32 {
+        self.chunk_count + self.zone_count
+    }
+
+    pub fn pba_count(&self) -> u64 {
+        u64::from(self.cache_data_blocks)
+            + u64::from(self.zone_size_blocks) * u64::from(self.zone_count)
+    }
+
+    pub fn is_chunk(&self, r: RegionId) -> bool {
+        r.0 < self.chunk_count
+    }
+
+    pub fn chunk_region(&self, c: ChunkId) -> RegionId {
+        RegionId(c.0)
+    }
+
+    pub fn zone_region(&self, z: ZoneId) -> RegionId {
+        RegionId(self.chunk_count + z.0)
+    }
+
+    pub fn zone_of(&self, r: RegionId) -> ZoneId {
+        ZoneId(r.0 - self.chunk_count)
+    }
+
+    /// Blocks usable in a region (zones: their writable capacity; zone 0 none).
+    pub fn region_blocks(&self, r: RegionId) -> u32 {
+        if self.is_chunk(r) {
+            self.chunk_blocks
+        } else if r.0 == self.chunk_count {
+            0
+        } else {
+            self.zone_cap_blocks
+        }
+    }
+
+    pub fn region_base(&self, r: RegionId) -> Pba {
+        if self.is_chunk(r) {
+            Pba(r.0 * self.chunk_blocks)
+        } else {
+            Pba(self.cache_data_blocks + (r.0 - self.chunk_count) * self.zone_size_blocks)
+        }
+    }
+
+    pub fn place(&self, pba: Pba) -> Option<Place> {
+        if pba.0 < self.cache_data_blocks {
+            Some(Place::Chunk(
+                ChunkId(pba.0 / self.chunk_blocks),
+                pba.0 % self.chunk_blocks,
+            ))
+        } else {
+            let rel = u64::from(pba.0 - self.cache_data_blocks);
+            let z = rel / u64::from(self.zone_size_blocks);
+            let slot = (rel % u64::from(self.zone_size_blocks)) as u32;
+            if z >= u64::from(self.zone_count) || z == 0 || slot >= self.zone_cap_blocks {
+                return None;
+            }
+            Some(Place::Zone(ZoneId(z as u32), slot))
+        }
+    }
+
+    /// The region and slot of a PBA inside a data region, if any.
+    pub fn region_slot(&self, pba: Pba) -> Option<(RegionId, u32)> {
+        Some(match self.place(pba)? {
+            Place::Chunk(c, s) => (self.chunk_region(c), s),
+            Place::Zone(z, s) => (self.zone_region(z), s),
+        })
+    }
+
+    pub fn pba(&self, r: RegionId, slot: u32) -> Pba {
+        Pba(self.region_base(r).0 + slot)
+    }
+
+    /// Byte offset of a chunk slot on the cache device.
+    pub fn chunk_offset(&self, r: RegionId, slot: u32) -> u64 {
+        (self.data_start + u64::from(r.0) * u64::from(self.chunk_blocks) + u64::from(slot)) * BS
+    }
+
+    /// Byte offset of a zone slot on the capacity device.
+    pub fn zone_offset(&self, r: RegionId, slot: u32) -> u64 {
+        (u64::from(r.0 - self.chunk_count) * u64::from(self.zone_size_blocks) + u64::from(slot))
+            * BS
+    }
+
+    /// Byte offset of a PBA on its device, and whether it is on the cache.
+    pub fn device_offset(&self, pba: Pba) -> Option<(bool, u64)> {
+        let (r, s) = self.region_slot(pba)?;
+        Some(if self.is_chunk(r) {
+            (true, self.chunk_offset(r, s))
+        } else {
+            (false, self.zone_offset(r, s))
+        })
+    }
+}
+
+/// The group structure of a region of `blocks` blocks.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Groups {
+    pub blocks: u32,
+}
+
+impl Groups {
+    pub fn count(self) -> u32 {
+        let full = self.blocks / GROUP_BLOCKS;
+        full + u32::from(self.blocks % GROUP_BLOCKS >= 3)
+    }
+    pub fn start(self, g: u32) -> u32 {
+        g * GROUP_BLOCKS
+    }
+    pub fn len(self, g: u32) -> u32 {
+        (self.blocks - g * GROUP_BLOCKS).min(GROUP_BLOCKS)
+    }
+    pub fn data_slots(self, g: u32) -> u32 {
+        self.len(g) - 2
+    }
+    /// Slot of md block A (B is the next one).
+    pub fn md_slot(self, g: u32) -> u32 {
+        self.start(g) + self.len(g) - 2
+    }
+    /// First slot past the usable groups (where a full region's write pointer rests).
+    pub fn end(self) -> u32 {
+        let c = self.count();
+        if c == 0 {
+            0
+        } else {
+            self.start(c - 1) + self.len(c - 1)
+        }
+    }
+    /// (group, index in group) of a slot.
+    pub fn locate(self, slot: u32) -> (u32, u32) {
+        (slot / GROUP_BLOCKS, slot % GROUP_BLOCKS)
+    }
+    pub fn is_data_slot(self, slot: u32) -> bool {
+        let (g, i) = self.locate(slot);
+        g < self.count() && i < self.data_slots(g)
+    }
+    pub fn data_capacity(self) -> u32 {
+        (0..self.count()).map(|g| self.data_slots(g)).sum()
+    }
+}
+
+/// Sizes chosen at format time.
+#[derive(Debug, Clone)]
+pub(crate) struct FormatPlan {
+    pub layout: CacheLayout,
+    pub user_capacity_blocks: u64,
+}
+
+/// Lays out the cache device. `reserve_zones` are data zones kept out of the user
+/// capacity (GC threshold and open streams).
+pub(crate) fn plan(
+    cache_blocks: u64,
+    cap: &CapacityGeometry,
+    chunk_blocks: u32,
+    volumes_max: u32,
+    journal_blocks: u32,
+    spare_factor: f64,
+    reserve_zones: u32,
+) -> Result<FormatPlan, String> {
+    let zone_data = u64::from(
+        Groups {
+            blocks: cap.zone_capacity_blocks,
+        }
+        .data_capacity(),
+    );
+    if zone_data == 0 {
+        return Err(format!(
+            "zone capacity {} blocks holds no group",
+            cap.zone_capacity_blocks
+        ));
+    }
+    let data_zones = u64::from(cap.zone_count.saturating_sub(1));
+    let usable_zones = data_zones.saturating_sub(u64::from(reserve_zones));
+    let user = (usable_zones as f64 * zone_data as f64 * (1.0 - spare_factor)).floor() as u64;
+    if user == 0 {
+        return Err(format!(
+            "{} data zones leave no user capacity after {reserve_zones} reserved zones and spare {spare_factor}",
+            data_zones
+        ));
+    }
+    let pool_pages = user.div_ceil(L2P_ENTRIES_PER_PAGE) + u64::from(volumes_max);
+    let pool_pages = u32::try_from(pool_pages).map_err(|_| "L2P pool too large".to_string())?;
+    let mut l = CacheLayout {
+        volume_table_start: 2,
+        checkpoint_a_start: 4,
+        chunk_blocks,
+        l2p_pool_pages: pool_pages,
+        journal_blocks,
+        ..Default::default()
+    };
+    // Upper bound on a checkpoint: every region, every pool page in some directory.
+    let regions = u64::from(cap.zone_count) + cache_blocks / u64::from(chunk_blocks);
+    l.checkpoint_blocks = u32::try_from(Checkpoint::encoded_blocks(
+        regions as usize,
+        pool_pages as usize,
+        volumes_max as usize,
+    ))
+    .map_err(|_| "checkpoint too large".to_string())?;
+    l.checkpoint_b_start = l.checkpoint_a_start + u64::from(l.checkpoint_blocks);
+    l.journal_start = l.checkpoint_b_start + u64::from(l.checkpoint_blocks);
+    l.l2p_area_start = l.journal_start + u64::from(journal_blocks);
+    // Align the data region to a group so chunk I/O stays aligned on big-IU devices.
+    l.data_start =
+        (l.l2p_area_start + 2 * u64::from(pool_pages)).next_multiple_of(u64::from(GROUP_BLOCKS));
+    let avail = cache_blocks.saturating_sub(l.data_start);
+    let chunks = avail / u64::from(chunk_blocks);
+    if chunks < 3 {
+        return Err(format!(
+            "cache of {cache_blocks} blocks has room for {chunks} chunks of {chunk_blocks} blocks after {} metadata blocks; need >= 3",
+            l.data_start
+        ));
+    }
+    l.chunk_count = u32::try_from(chunks).map_err(|_| "too many chunks".to_string())?;
+    let pbas = l.cache_data_blocks() + u64::from(cap.zone_size_blocks) * u64::from(cap.zone_count);
+    if pbas >= u64::from(u32::MAX) {
+        return Err(format!(
+            "{pbas} blocks exceed the 32-bit PBA space (16 TiB)"
+        ));
+    }
+    Ok(FormatPlan {
+        layout: l,
+        user_capacity_blocks: user,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn groups_of_odd_regions() {
+        let g = Groups { blocks: 300 };
+        assert_eq!(g.count(), 3);
+        assert_eq!(g.len(2), 44);
+        assert_eq!(g.data_slots(2), 42);
+        assert_eq!(g.md_slot(2), 256 + 42);
+        assert_eq!(g.data_capacity(), 126 * 2 + 42);
+        assert_eq!(g.end(), 300);
+        let g = Groups { blocks: 258 };
+        assert_eq!(g.count(), 2);
+        assert_eq!(g.end(), 256);
+        assert!(!g.is_data_slot(126));
+        assert!(g.is_data_slot(128));
+        assert!(!g.is_data_slot(257));
+    }
+
+    #[test]
+    fn pba_roundtrip() {
+        let geo = Geometry {
+            chunk_blocks: 256,
+            chunk_count: 4,
+            data_start: 100,
+            zone_size_blocks: 512,
+            zone_cap_blocks: 500,
+            zone_count: 6,
+            cache_data_blocks: 1024,
+        };
+        for r in (0..geo.region_count()).map(RegionId) {
+            for s in [0u32, 1, 255] {
+                if geo.region_blocks(r) > s {
+                    assert_eq!(geo.region_slot(geo.pba(r, s)), Some((r, s)));
+                }
+            }
+        }
+        assert_eq!(geo.place(Pba(1024)), None, "zone 0 is the label zone");
+        assert_eq!(
+            geo.place(Pba(1024 + 512 + 500)),
+            None,
+            "beyond zone capacity"
+        );
+        assert_eq!(geo.chunk_offset(RegionId(1), 2), (100 + 256 + 2) * 4096);
+    }
+}

@@ -1,0 +1,116 @@
+//! Counters. Write amplification is reported as in DESIGN.md: layer WAF = bytes written
+//! to the capacity device / bytes tenants wrote; cache writes are reported separately.
+
+/// A snapshot of the engine's counters (bytes unless named otherwise).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Stats {
+    pub user_read_bytes: u64,
+    pub user_write_bytes: u64,
+    pub user_trim_bytes: u64,
+    /// Blocks appended to the cache (user writes and read-modify-writes).
+    pub user_blocks_appended: u64,
+
+    pub cache_data_write_bytes: u64,
+    /// md blocks, journal, L2P pages, checkpoints, superblock, volume table.
+    pub cache_md_write_bytes: u64,
+    pub cache_read_bytes: u64,
+
+    /// Capacity writes by compaction, including md blocks and padding.
+    pub capacity_compaction_write_bytes: u64,
+    /// Capacity writes by GC, including md blocks and padding.
+    pub capacity_gc_write_bytes: u64,
+    /// Padding inside the two figures above.
+    pub capacity_pad_bytes: u64,
+    pub capacity_read_bytes: u64,
+
+    pub zone_resets: u64,
+    pub chunk_frees: u64,
+    pub compaction_victims: u64,
+    pub gc_victims: u64,
+    pub relocated_blocks: u64,
+    /// Relocated copies born invalid because a newer write or trim won.
+    pub relocations_superseded: u64,
+
+    pub l2p_hits: u64,
+    pub l2p_misses: u64,
+    pub l2p_page_reads: u64,
+    pub l2p_page_writes: u64,
+    pub(crate) l2p_page_writes_total: u64,
+    pub l2p_cached_pages: u64,
+    pub l2p_cache_pages_max: u64,
+    pub md_cache_hits: u64,
+    pub md_cache_misses: u64,
+
+    pub checkpoints: u64,
+    pub durability_points: u64,
+    /// Data or md checksum failures seen (reads and relocations).
+    pub crc_errors: u64,
+
+    pub free_chunks: u64,
+    pub chunk_count: u64,
+    pub free_zones: u64,
+    /// Data zones (zone 0 holds the label).
+    pub data_zone_count: u64,
+    pub streams: u64,
+    /// Blocks read out of victims and waiting in DRAM for a full group.
+    pub staged_blocks: u64,
+}
+
+impl Stats {
+    pub fn capacity_write_bytes(&self) -> u64 {
+        self.capacity_compaction_write_bytes + self.capacity_gc_write_bytes
+    }
+
+    /// Capacity bytes written per user byte written.
+    pub fn layer_waf(&self) -> f64 {
+        ratio(self.capacity_write_bytes(), self.user_write_bytes)
+    }
+
+    /// Cache bytes written (data and metadata) per user byte written.
+    pub fn cache_waf(&self) -> f64 {
+        ratio(
+            self.cache_data_write_bytes + self.cache_md_write_bytes,
+            self.user_write_bytes,
+        )
+    }
+
+    pub fn l2p_hit_rate(&self) -> f64 {
+        ratio(self.l2p_hits, self.l2p_hits + self.l2p_misses)
+    }
+}
+
+fn ratio(a: u64, b: u64) -> f64 {
+    if b == 0 {
+        0.0
+    } else {
+        a as f64 / b as f64
+    }
+}
+
+impl<C: shale_device::BlockDevice, Z: shale_device::ZonedDevice, K: crate::Clock>
+    crate::Engine<C, Z, K>
+{
+    /// A snapshot of the counters, with gauges filled in.
+    pub fn stats(&self) -> Stats {
+        let mut s = self.stats.clone();
+        let l = &self.l2p.counters;
+        s.l2p_hits = l.hits;
+        s.l2p_misses = l.misses;
+        s.l2p_page_reads = l.page_reads;
+        s.l2p_page_writes = l.page_writes;
+        s.l2p_cached_pages = self.l2p.cached_pages() as u64;
+        s.l2p_cache_pages_max = self.l2p.frames_max() as u64;
+        s.md_cache_hits = self.md_cache.hits;
+        s.md_cache_misses = self.md_cache.misses;
+        s.free_chunks = self.regions.free_chunks.len() as u64;
+        s.free_zones = self.regions.free_zones.len() as u64;
+        s.staged_blocks = (self.compactor.staged_blocks() + self.cleaner.staged_blocks()) as u64;
+        debug_assert_eq!(self.cleaner.role(), shale_format::RegionRole::Gc);
+        s
+    }
+
+    /// User capacity in bytes (the most all volumes together may hold).
+    pub fn user_capacity_bytes(&self) -> u64 {
+        self.volumes.user_capacity_blocks * crate::layout::BS
+    }
+}

@@ -1,0 +1,557 @@
+//! Format and open: laying out fresh devices, and bringing an engine back from its
+//! last checkpoint after a clean shutdown.
+//!
+//! Open steps, in order: superblock (newest valid copy), capacity label (UUID and
+//! geometry), checkpoint (region table, volume table, L2P directories), census
+//! (validity rebuilt from the L2P and checked against recorded counts), open regions
+//! resumed at group boundaries, superblock rewritten with clean = 0.
+
+use std::collections::VecDeque;
+
+use shale_device::{BlockDevice, ZoneAction, ZoneState, ZonedDevice};
+use shale_format::{
+    CapacityGeometry, CapacityLabel, Checkpoint, RegionId, RegionRole, RegionState, Superblock,
+    VolumeTable, BLOCK_SIZE,
+};
+
+use crate::compaction::compactor::Mover;
+use crate::engine::IoSlab;
+use crate::gc::cleaner::zone_cleaner;
+use crate::journal::Journal;
+use crate::l2p::{L2p, VolumeMap};
+use crate::layout::{plan, Geometry, Groups, BS};
+use crate::read::md_cache::MdCache;
+use crate::space::Regions;
+use crate::volume::Volumes;
+use crate::write::chunk_writer::ChunkWriter;
+use crate::write::runs::Runs;
+use crate::{Clock, Config, ConfigError, Engine, EngineError, FormatDeviceError, OpenError, Stats};
+
+fn streams_for(config: &Config, z: &shale_device::ZoneGeometry) -> Result<u32, String> {
+    let mut streams = config.streams_max.min(config.volumes_max);
+    let limit = [z.max_open_zones, z.max_active_zones]
+        .into_iter()
+        .filter(|&l| l > 0)
+        .min();
+    if let Some(limit) = limit {
+        streams = streams.min(limit / 2);
+    }
+    if streams == 0 {
+        return Err(format!(
+            "open/active zone limit {limit:?} leaves no room for a compaction and a GC zone"
+        ));
+    }
+    Ok(streams)
+}
+
+fn capacity_geometry(z: &shale_device::ZoneGeometry) -> Result<CapacityGeometry, String> {
+    if !z.zone_size.is_multiple_of(BS)
+        || !z.zone_capacity.is_multiple_of(BS)
+        || z.zone_capacity == 0
+    {
+        return Err(format!(
+            "zone size {} / capacity {} not multiples of 4096",
+            z.zone_size, z.zone_capacity
+        ));
+    }
+    if z.zone_count < 3 {
+        return Err(format!(
+            "{} zones; need at least 3 (label + 2 data)",
+            z.zone_count
+        ));
+    }
+    let size = u32::try_from(z.zone_size / BS).map_err(|_| "zone too large".to_string())?;
+    Ok(CapacityGeometry {
+        zone_size_blocks: size,
+        zone_capacity_blocks: (z.zone_capacity / BS) as u32,
+        zone_count: z.zone_count,
+    })
+}
+
+impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
+    #[allow(clippy::too_many_arguments)]
+    fn assemble(
+        cache: C,
+        capacity: Z,
+        clock: K,
+        config: Config,
+        sb: Superblock,
+        regions: Regions,
+        l2p: L2p,
+        volumes: Volumes,
+        journal: Journal,
+        sid_next: u64,
+        streams: u32,
+    ) -> Self {
+        let geo = Geometry::new(&sb.layout, &sb.capacity);
+        let stats = Stats {
+            chunk_count: u64::from(geo.chunk_count),
+            data_zone_count: u64::from(geo.zone_count - 1),
+            streams: u64::from(streams),
+            ..Default::default()
+        };
+        Engine {
+            writer: ChunkWriter::new(config.write_buffers_max, geo.chunk_blocks),
+            md_cache: MdCache::new(config.md_cache_bytes_max),
+            compactor: Mover::new(
+                RegionRole::Compaction,
+                config.compaction_policy.policy(),
+                streams,
+            ),
+            cleaner: zone_cleaner(config.gc_policy, streams),
+            zone_writes: Vec::new(),
+            streams,
+            journal,
+            sid_next,
+            stats,
+            queue: VecDeque::new(),
+            io: IoSlab::default(),
+            runs: Runs::default(),
+            asn_next: 0,
+            pending_writes: VecDeque::new(),
+            durable_waiters: Vec::new(),
+            flush_requested: false,
+            reads: Vec::new(),
+            reads_free: Vec::new(),
+            cache_done: Vec::new(),
+            zone_done: Vec::new(),
+            capacity_dirty: false,
+            fatal: None,
+            user_blocked: false,
+            compaction_zone_blocked: false,
+            stalled_polls: 0,
+            block_scratch: Box::new([0; BLOCK_SIZE]),
+            cache,
+            capacity,
+            clock,
+            config,
+            sb,
+            geo,
+            regions,
+            l2p,
+            volumes,
+        }
+    }
+
+    /// Formats both devices and returns a running engine with no volumes.
+    pub fn format(
+        mut cache: C,
+        mut capacity: Z,
+        clock: K,
+        config: Config,
+    ) -> Result<Self, FormatDeviceError> {
+        config.validate()?;
+        let too_small = |device, reason| FormatDeviceError::TooSmall { device, reason };
+        let geometry = |reason| FormatDeviceError::Geometry { reason };
+        let info = cache.info().clone();
+        if info.logical_block_size as usize > BLOCK_SIZE || info.max_io_bytes < BLOCK_SIZE as u32 {
+            return Err(geometry(format!(
+                "cache block size {} / max I/O {}",
+                info.logical_block_size, info.max_io_bytes
+            )));
+        }
+        let zg = capacity.geometry().clone();
+        let cap = capacity_geometry(&zg).map_err(geometry)?;
+        let streams = streams_for(&config, &zg).map_err(geometry)?;
+        let gc_threshold = (config.gc_free_zones_min).max(streams + 2);
+        let reserve = gc_threshold + 2 * streams;
+        let p = plan(
+            info.size_bytes / BS,
+            &cap,
+            config.chunk_blocks,
+            config.volumes_max,
+            config.journal_blocks,
+            config.spare_factor,
+            reserve,
+        )
+        .map_err(|r| too_small("cache or capacity", r))?;
+        let sb = Superblock {
+            uuid: *uuid::Uuid::new_v4().as_bytes(),
+            generation: 0,
+            clean: true,
+            active_checkpoint: 1,
+            volumes_max: config.volumes_max,
+            user_capacity_blocks: p.user_capacity_blocks,
+            cache_size_blocks: info.size_bytes / BS,
+            layout: p.layout,
+            capacity: cap,
+        };
+        sb.validate()
+            .map_err(|(f, r)| geometry(format!("{f}: {r}")))?;
+        let cap_err =
+            |step, off| move |e| FormatDeviceError::Engine(EngineError::capacity(step, off)(e));
+        // Every zone empty, then the label in zone 0 (finished so it holds no open slot).
+        let mut zones = Vec::new();
+        capacity
+            .report_zones(0, zg.zone_count, &mut zones)
+            .map_err(cap_err("report zones", 0))?;
+        for z in &zones {
+            if z.state != ZoneState::Empty {
+                capacity
+                    .manage(z.index, ZoneAction::Reset)
+                    .map_err(cap_err("zone reset", z.start))?;
+            }
+        }
+        let label = CapacityLabel {
+            uuid: sb.uuid,
+            geometry: cap,
+        };
+        capacity
+            .write_at(0, &label.encode())
+            .map_err(cap_err("label write", 0))?;
+        capacity
+            .manage(0, ZoneAction::Finish)
+            .map_err(cap_err("zone finish", 0))?;
+        capacity.flush().map_err(cap_err("flush", 0))?;
+        // Stale metadata from an earlier format must not survive: superblock A, the
+        // volume table copies and the journal ring are overwritten.
+        let cache_err =
+            |step, off| move |e| FormatDeviceError::Engine(EngineError::cache(step, off)(e));
+        cache
+            .write_at(0, &sb.encode())
+            .map_err(cache_err("superblock write", 0))?;
+        let zeros = vec![0u8; (sb.layout.journal_blocks as usize) * BLOCK_SIZE];
+        let joff = sb.layout.journal_start * BS;
+        cache
+            .write_at(joff, &zeros)
+            .map_err(cache_err("journal clear", joff))?;
+        let vt = VolumeTable::default();
+        let voff = sb.layout.volume_table_start * BS;
+        cache
+            .write_at(voff, &vt.encode())
+            .map_err(cache_err("volume table write", voff))?;
+        cache
+            .write_at(voff + BS, &vt.encode())
+            .map_err(cache_err("volume table write", voff + BS))?;
+
+        let geo = Geometry::new(&sb.layout, &sb.capacity);
+        let regions = Regions::new(&geo);
+        let table_pages = p
+            .user_capacity_blocks
+            .div_ceil(shale_format::L2P_ENTRIES_PER_PAGE);
+        let frames = config.l2p_budget_pages(table_pages)?;
+        let l2p = L2p::new(
+            config.volumes_max,
+            sb.layout.l2p_pool_pages,
+            frames,
+            sb.layout.l2p_area_start,
+        );
+        let volumes = Volumes {
+            table: vt,
+            user_capacity_blocks: p.user_capacity_blocks,
+            volumes_max: config.volumes_max,
+        };
+        let journal = Journal::new(sb.layout.journal_start, sb.layout.journal_blocks, 0, 0, 0);
+        let mut e = Self::assemble(
+            cache, capacity, clock, config, sb, regions, l2p, volumes, journal, 1, streams,
+        );
+        e.checkpoint(true)?;
+        e.write_superblock_dirty()?;
+        Ok(e)
+    }
+
+    fn write_superblock_dirty(&mut self) -> Result<(), EngineError> {
+        self.sb.clean = false;
+        self.write_superblock()
+    }
+
+    /// Opens devices shut down cleanly.
+    pub fn open(
+        mut cache: C,
+        mut capacity: Z,
+        clock: K,
+        mut config: Config,
+    ) -> Result<Self, OpenError> {
+        config.validate()?;
+        let mut b = vec![0u8; 2 * BLOCK_SIZE];
+        cache
+            .read_at(0, &mut b)
+            .map_err(|e| OpenError::Engine(EngineError::cache("superblock read", 0)(e)))?;
+        let a = Superblock::decode(&b[..BLOCK_SIZE], 0);
+        let bb = Superblock::decode(&b[BLOCK_SIZE..], BS);
+        let sb = match (a, bb) {
+            (Ok(x), Ok(y)) => {
+                if y.generation > x.generation {
+                    y
+                } else {
+                    x
+                }
+            }
+            (Ok(x), Err(_)) | (Err(_), Ok(x)) => x,
+            (Err(a), Err(b)) => return Err(OpenError::NoSuperblock { a, b }),
+        };
+        if !sb.clean {
+            return Err(OpenError::NeedsRecovery);
+        }
+        if sb.cache_size_blocks > cache.info().size_bytes / BS {
+            return Err(OpenError::GeometryMismatch {
+                reason: format!("cache device shrank below {} blocks", sb.cache_size_blocks),
+            });
+        }
+        let mut lb = vec![0u8; BLOCK_SIZE];
+        capacity
+            .read_at(0, &mut lb)
+            .map_err(|e| OpenError::Engine(EngineError::capacity("label read", 0)(e)))?;
+        let label = CapacityLabel::decode(&lb, 0).map_err(OpenError::BadLabel)?;
+        if label.uuid != sb.uuid {
+            return Err(OpenError::ForeignCapacity);
+        }
+        let zg = capacity.geometry().clone();
+        let cap =
+            capacity_geometry(&zg).map_err(|reason| OpenError::GeometryMismatch { reason })?;
+        if cap != sb.capacity || label.geometry != sb.capacity {
+            return Err(OpenError::GeometryMismatch {
+                reason: format!(
+                    "device {cap:?}, superblock {:?}, label {:?}",
+                    sb.capacity, label.geometry
+                ),
+            });
+        }
+        config.chunk_blocks = sb.layout.chunk_blocks;
+        config.volumes_max = sb.volumes_max;
+        config.journal_blocks = sb.layout.journal_blocks;
+        let streams =
+            streams_for(&config, &zg).map_err(|reason| OpenError::GeometryMismatch { reason })?;
+
+        let area = sb.active_checkpoint;
+        let off = sb.layout.checkpoint_start(area) * BS;
+        let mut cb = vec![0u8; sb.layout.checkpoint_blocks as usize * BLOCK_SIZE];
+        cache
+            .read_at(off, &mut cb)
+            .map_err(|e| OpenError::Engine(EngineError::cache("checkpoint read", off)(e)))?;
+        let ck = Checkpoint::decode(&cb, off)
+            .map_err(|source| OpenError::BadCheckpoint { area, source })?;
+        let geo = Geometry::new(&sb.layout, &sb.capacity);
+        let inconsistent = |reason: String| OpenError::InconsistentCheckpoint { reason };
+        if ck.regions.len() != geo.region_count() as usize {
+            return Err(inconsistent(format!(
+                "{} regions, geometry has {}",
+                ck.regions.len(),
+                geo.region_count()
+            )));
+        }
+        let mut regions = Regions::from_entries(&geo, &ck.regions);
+        let table_pages = sb
+            .user_capacity_blocks
+            .div_ceil(shale_format::L2P_ENTRIES_PER_PAGE);
+        let frames = config
+            .l2p_budget_pages(table_pages)
+            .map_err(|e: ConfigError| OpenError::Config(e))?;
+        let mut l2p = L2p::new(
+            sb.volumes_max,
+            sb.layout.l2p_pool_pages,
+            frames,
+            sb.layout.l2p_area_start,
+        );
+        for d in &ck.directories {
+            let Some(v) = ck.volumes.entries.iter().find(|e| e.id == d.volume) else {
+                return Err(inconsistent(format!("directory for unknown {}", d.volume)));
+            };
+            let pages = v.size_blocks.div_ceil(shale_format::L2P_ENTRIES_PER_PAGE) as usize;
+            if d.volume.0 >= sb.volumes_max || pages != d.pages.len() {
+                return Err(inconsistent(format!(
+                    "{}: {} directory pages for {} blocks",
+                    d.volume,
+                    d.pages.len(),
+                    v.size_blocks
+                )));
+            }
+            l2p.vols[d.volume.0 as usize] =
+                Some(VolumeMap::from_dir(d.pages.clone(), v.size_blocks));
+        }
+        if ck
+            .volumes
+            .entries
+            .iter()
+            .any(|v| l2p.vols.get(v.id.0 as usize).is_none_or(Option::is_none))
+        {
+            return Err(inconsistent("volume without an L2P directory".into()));
+        }
+        let allocated: u64 = ck.volumes.entries.iter().map(|v| v.size_blocks).sum();
+        if allocated > sb.user_capacity_blocks {
+            return Err(inconsistent(format!(
+                "volumes take {allocated} blocks of {}",
+                sb.user_capacity_blocks
+            )));
+        }
+        l2p.rebuild_pool(sb.layout.l2p_pool_pages)
+            .map_err(inconsistent)?;
+
+        // Census: rebuild validity from the L2P and check the recorded counts.
+        let mut counted = vec![0u32; geo.region_count() as usize];
+        let mut census_err = None;
+        regions.validity.clear_all();
+        {
+            let validity = &mut regions.validity;
+            l2p.for_each_mapped(&mut cache, |v, lba, pba| match geo.region_slot(pba) {
+                Some((r, slot))
+                    if Groups {
+                        blocks: geo.region_blocks(r),
+                    }
+                    .is_data_slot(slot) =>
+                {
+                    if validity.set(pba) {
+                        census_err.get_or_insert(format!("{pba} mapped twice ({v} {lba})"));
+                    }
+                    counted[r.0 as usize] += 1;
+                }
+                _ => {
+                    census_err.get_or_insert(format!("{v} {lba} maps to {pba}, not a data slot"));
+                }
+            })?;
+        }
+        if let Some(r) = census_err {
+            return Err(inconsistent(r));
+        }
+        for (i, reg) in regions.regions.iter().enumerate() {
+            if reg.valid != counted[i] {
+                return Err(OpenError::CensusMismatch {
+                    region: RegionId(i as u32),
+                    recorded: reg.valid,
+                    counted: counted[i],
+                });
+            }
+        }
+
+        let volumes = Volumes {
+            table: ck.volumes.clone(),
+            user_capacity_blocks: sb.user_capacity_blocks,
+            volumes_max: sb.volumes_max,
+        };
+        let mut journal = Journal::new(
+            sb.layout.journal_start,
+            sb.layout.journal_blocks,
+            ck.header.journal_next_block % sb.layout.journal_blocks,
+            ck.header.journal_sequence,
+            ck.header.generation,
+        );
+        journal.since_checkpoint = 0;
+        let now = clock.now_ns();
+        let mut e = Self::assemble(
+            cache,
+            capacity,
+            clock,
+            config,
+            sb,
+            regions,
+            l2p,
+            volumes,
+            journal,
+            ck.header.sid_next,
+            streams,
+        );
+        e.resume_open_regions(now)?;
+        e.write_superblock_dirty()?;
+        Ok(e)
+    }
+
+    /// Open regions continue at their next group boundary (the partial group's md was
+    /// written at shutdown; its unused slots are skipped).
+    fn resume_open_regions(&mut self, now: u64) -> Result<(), OpenError> {
+        let inconsistent = |reason: String| OpenError::InconsistentCheckpoint { reason };
+        for i in 0..self.geo.region_count() {
+            let r = RegionId(i);
+            let reg = self.regions.get(r).clone();
+            if reg.state == RegionState::PendingFree {
+                self.regions.get_mut(r).state = RegionState::Free;
+                if self.geo.is_chunk(r) {
+                    self.regions.free_chunks.push_back(r);
+                } else {
+                    self.regions.free_zones.push_back(r);
+                }
+                continue;
+            }
+            if reg.state != RegionState::Open {
+                continue;
+            }
+            let groups = Groups {
+                blocks: self.geo.region_blocks(r),
+            };
+            let (g, idx) = groups.locate(reg.wp);
+            let wp = if idx == 0 || reg.wp >= groups.end() {
+                reg.wp
+            } else if g + 1 < groups.count() {
+                groups.start(g + 1)
+            } else {
+                groups.end()
+            };
+            self.regions.get_mut(r).wp = wp;
+            if self.geo.is_chunk(r) {
+                if reg.role != RegionRole::User || self.writer.open.is_some() {
+                    return Err(inconsistent(format!("{r}: unexpected open chunk")));
+                }
+                if wp >= groups.end() {
+                    self.regions.try_close(&self.geo, r, false, now);
+                } else {
+                    self.writer.open = Some(r);
+                    let used: u32 = (0..groups.locate(wp).0).map(|x| groups.data_slots(x)).sum();
+                    self.writer.open_remaining = u64::from(groups.data_capacity() - used);
+                }
+                continue;
+            }
+            let z = self.geo.zone_of(r).0;
+            let info = self
+                .capacity
+                .zone_info(z)
+                .map_err(|e| OpenError::Engine(EngineError::capacity("zone report", 0)(e)))?;
+            let expect = info.start + u64::from(wp) * BS;
+            if info.write_pointer != expect && info.state != ZoneState::Full {
+                return Err(inconsistent(format!(
+                    "{r}: device write pointer {} but checkpoint says {expect}",
+                    info.write_pointer
+                )));
+            }
+            let s = usize::from(reg.stream);
+            let role = reg.role;
+            let slot_free = s < self.streams as usize && self.mover(role).streams[s].zone.is_none();
+            if wp < groups.end()
+                && slot_free
+                && matches!(role, RegionRole::Compaction | RegionRole::Gc)
+            {
+                self.mover(role).streams[s].zone = Some(r);
+            } else {
+                // Stream layout changed (or zone full): close it as it is.
+                if info.state != ZoneState::Full {
+                    self.capacity.manage(z, ZoneAction::Finish).map_err(|e| {
+                        OpenError::Engine(EngineError::capacity("zone finish", info.start)(e))
+                    })?;
+                }
+                let reg = self.regions.get_mut(r);
+                reg.wp = groups.end();
+                self.regions.try_close(&self.geo, r, false, now);
+            }
+        }
+        Ok(())
+    }
+
+    /// Clean shutdown: drains everything, checkpoints with the clean flag, and returns
+    /// the devices.
+    pub fn shutdown(mut self) -> Result<(C, Z), EngineError> {
+        if let Some(r) = &self.fatal {
+            return Err(EngineError::Failed { reason: r.clone() });
+        }
+        self.run_until_idle()?;
+        // Staged relocations are dropped: their sources still hold the live copies.
+        for role in [RegionRole::Compaction, RegionRole::Gc] {
+            for s in 0..self.streams as usize {
+                let entries = std::mem::take(&mut self.mover(role).streams[s].entries);
+                self.mover(role).streams[s].data.clear();
+                for e in entries {
+                    if let Some((src, _)) = self.geo.region_slot(e.source) {
+                        self.regions.get_mut(src).relocations -= 1;
+                        self.regions.maybe_pending_free(src);
+                    }
+                }
+            }
+            let m = self.mover(role);
+            if let Some(v) = m.victim.take() {
+                self.regions.get_mut(v).draining = false;
+            }
+        }
+        for r in self.regions.regions.iter_mut() {
+            r.draining = false;
+        }
+        self.checkpoint(true)?;
+        Ok((self.cache, self.capacity))
+    }
+}

@@ -1,0 +1,350 @@
+//! User reads: asynchronous device reads of single blocks, verified against their md
+//! entry, assembled into the reply.
+
+use shale_device::{BlockDevice, IoBuf, IoOp, IoRequest, ZoneOp, ZoneRequest, ZonedDevice};
+use shale_format::{decode_md_entry, decode_md_header, EntryKind, Lba, Pba, VolumeId, BLOCK_SIZE};
+
+use crate::engine::InflightIo;
+use crate::layout::{Groups, BS};
+use crate::{Clock, Completion, Engine, EngineError, Reply};
+
+pub(crate) struct ReadOp {
+    pub done: Option<Completion>,
+    pub data: Vec<u8>,
+    pub volume: VolumeId,
+    pub first_lba: u64,
+    /// Byte offset of the request inside its first block.
+    pub head: usize,
+    pub pending: u32,
+    pub error: Option<EngineError>,
+}
+
+impl std::fmt::Debug for ReadOp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReadOp")
+            .field("volume", &self.volume)
+            .field("first_lba", &self.first_lba)
+            .field("len", &self.data.len())
+            .field("pending", &self.pending)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ReadOp {
+    /// Copies the part of block `i` (relative to the first block) the request covers.
+    fn put(&mut self, i: u32, block: &[u8]) {
+        let bstart = i as usize * BLOCK_SIZE;
+        let lo = bstart.max(self.head);
+        let hi = (bstart + BLOCK_SIZE).min(self.head + self.data.len());
+        if lo < hi {
+            self.data[lo - self.head..hi - self.head]
+                .copy_from_slice(&block[lo - bstart..hi - bstart]);
+        }
+    }
+}
+
+impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
+    pub(crate) fn start_read(
+        &mut self,
+        volume: VolumeId,
+        offset: u64,
+        len: u64,
+        done: Completion,
+    ) -> Result<(), EngineError> {
+        if let Err(e) = self.check_range(volume, offset, len, true) {
+            done(Err(e));
+            return Ok(());
+        }
+        self.stats.user_read_bytes += len;
+        let first = offset / BS;
+        let last = (offset + len - 1) / BS;
+        let mut op = ReadOp {
+            done: Some(done),
+            data: vec![0u8; len as usize],
+            volume,
+            first_lba: first,
+            head: (offset % BS) as usize,
+            pending: 0,
+            error: None,
+        };
+        let op_id = match self.reads_free.pop() {
+            Some(i) => i,
+            None => {
+                self.reads.push(None);
+                (self.reads.len() - 1) as u32
+            }
+        };
+        for lba in first..=last {
+            let i = (lba - first) as u32;
+            let pba = match self.l2p.get(&mut self.cache, volume, Lba(lba)) {
+                Ok(Some(p)) => p,
+                Ok(None) => Pba::NONE,
+                Err(e) => {
+                    op.error.get_or_insert(e);
+                    break;
+                }
+            };
+            if pba.is_none() {
+                continue; // zeros
+            }
+            let Some((region, slot)) = self.geo.region_slot(pba) else {
+                panic!("L2P maps {volume} {lba} to {pba} outside the data regions");
+            };
+            if let Some(b) = self.writer.find(region, slot) {
+                op.put(i, b);
+                continue;
+            }
+            let buf = IoBuf::zeroed(BLOCK_SIZE);
+            let tag = self.io.insert(InflightIo::Read {
+                op: op_id,
+                block: i,
+                pba,
+            });
+            op.pending += 1;
+            if self.geo.is_chunk(region) {
+                let offset = self.geo.chunk_offset(region, slot);
+                self.cache.submit(IoRequest {
+                    tag,
+                    op: IoOp::Read { offset, buf },
+                });
+                self.stats.cache_read_bytes += BS;
+            } else {
+                let offset = self.geo.zone_offset(region, slot);
+                self.capacity.submit(ZoneRequest {
+                    tag,
+                    op: ZoneOp::Read { offset, buf },
+                });
+                self.stats.capacity_read_bytes += BS;
+            }
+        }
+        self.reads[op_id as usize] = Some(op);
+        self.maybe_finish_read(op_id);
+        Ok(())
+    }
+
+    fn maybe_finish_read(&mut self, op_id: u32) {
+        let finished = self.reads[op_id as usize]
+            .as_ref()
+            .is_some_and(|o| o.pending == 0);
+        if !finished {
+            return;
+        }
+        let Some(mut op) = self.reads[op_id as usize].take() else {
+            return;
+        };
+        self.reads_free.push(op_id);
+        let r = match op.error.take() {
+            Some(e) => Err(e),
+            None => Ok(Reply::Read(std::mem::take(&mut op.data))),
+        };
+        if let Some(d) = op.done.take() {
+            d(r);
+        }
+    }
+
+    pub(crate) fn on_read_done(
+        &mut self,
+        op_id: u32,
+        block: u32,
+        pba: Pba,
+        r: Result<Option<IoBuf>, EngineError>,
+    ) -> Result<(), EngineError> {
+        let Some((volume, lba)) = self.reads[op_id as usize]
+            .as_ref()
+            .map(|o| (o.volume, o.first_lba + u64::from(block)))
+        else {
+            panic!("read completion for unknown op {op_id}");
+        };
+        let checked = match r {
+            Ok(Some(buf)) => self.verify_block(volume, Lba(lba), pba, &buf).map(|_| buf),
+            Ok(None) => panic!("read completion without its buffer"),
+            Err(e) => Err(e),
+        };
+        if let Some(op) = self.reads[op_id as usize].as_mut() {
+            op.pending -= 1;
+            match checked {
+                Ok(buf) => op.put(block, &buf),
+                Err(e) => {
+                    op.error.get_or_insert(e);
+                }
+            }
+        }
+        self.maybe_finish_read(op_id);
+        Ok(())
+    }
+
+    /// Reads one block synchronously (read-modify-write of partial blocks).
+    pub(crate) fn read_block_sync(
+        &mut self,
+        volume: VolumeId,
+        lba: Lba,
+        out: &mut [u8; BLOCK_SIZE],
+    ) -> Result<(), EngineError> {
+        let pba = self
+            .l2p
+            .get(&mut self.cache, volume, lba)?
+            .unwrap_or(Pba::NONE);
+        if pba.is_none() {
+            out.fill(0);
+            return Ok(());
+        }
+        let Some((region, slot)) = self.geo.region_slot(pba) else {
+            panic!("L2P maps {volume} {lba} to {pba} outside the data regions");
+        };
+        if let Some(b) = self.writer.find(region, slot) {
+            out.copy_from_slice(b);
+            return Ok(());
+        }
+        if self.geo.is_chunk(region) {
+            let off = self.geo.chunk_offset(region, slot);
+            self.cache
+                .read_at(off, out)
+                .map_err(EngineError::cache("read-modify-write read", off))?;
+            self.stats.cache_read_bytes += BS;
+        } else {
+            let off = self.geo.zone_offset(region, slot);
+            self.capacity
+                .read_at(off, out)
+                .map_err(EngineError::capacity("read-modify-write read", off))?;
+            self.stats.capacity_read_bytes += BS;
+        }
+        self.verify_block(volume, lba, pba, &out[..])
+    }
+
+    /// Checks a data block against its md entry.
+    pub(crate) fn verify_block(
+        &mut self,
+        volume: VolumeId,
+        lba: Lba,
+        pba: Pba,
+        data: &[u8],
+    ) -> Result<(), EngineError> {
+        let Some((region, slot)) = self.geo.region_slot(pba) else {
+            panic!("verify of {pba} outside the data regions");
+        };
+        let idx = (slot % shale_format::GROUP_BLOCKS) as usize;
+        let md = self.md_block(pba)?;
+        let e = decode_md_entry(&md[..], idx, 0)
+            .map_err(|source| EngineError::MdCorrupt { pba, source })?;
+        let got = shale_format::block_crc(data);
+        if !matches!(e.kind, EntryKind::Data | EntryKind::Relocated)
+            || e.volume != volume
+            || e.lba != lba
+        {
+            self.stats.crc_errors += 1;
+            return Err(EngineError::Misdirected {
+                volume,
+                lba,
+                pba,
+                found_volume: e.volume,
+                found_lba: e.lba,
+            });
+        }
+        if e.data_crc != got {
+            self.stats.crc_errors += 1;
+            tracing::warn!(%volume, %lba, %pba, %region, "data CRC mismatch");
+            return Err(EngineError::ChecksumMismatch {
+                volume,
+                lba,
+                pba,
+                expected: e.data_crc,
+                got,
+            });
+        }
+        Ok(())
+    }
+
+    /// The valid md block of the group holding `pba` (md cache, else read both copies
+    /// and take the valid one with the higher generation).
+    pub(crate) fn md_block(&mut self, pba: Pba) -> Result<Box<[u8; BLOCK_SIZE]>, EngineError> {
+        let Some((region, slot)) = self.geo.region_slot(pba) else {
+            panic!("md lookup of {pba} outside the data regions");
+        };
+        let groups = Groups {
+            blocks: self.geo.region_blocks(region),
+        };
+        let (g, _) = groups.locate(slot);
+        let md_slot = groups.md_slot(g);
+        let key = self.geo.pba(region, md_slot);
+        let mut out = Box::new([0u8; BLOCK_SIZE]);
+        if let Some(b) = self.md_cache.get(key.0) {
+            out.copy_from_slice(b);
+            return Ok(out);
+        }
+        let mut two = vec![0u8; 2 * BLOCK_SIZE];
+        if self.geo.is_chunk(region) {
+            let off = self.geo.chunk_offset(region, md_slot);
+            self.cache
+                .read_at(off, &mut two)
+                .map_err(EngineError::cache("md read", off))?;
+            self.stats.cache_read_bytes += 2 * BS;
+        } else {
+            let off = self.geo.zone_offset(region, md_slot);
+            self.capacity
+                .read_at(off, &mut two)
+                .map_err(EngineError::capacity("md read", off))?;
+            self.stats.capacity_read_bytes += 2 * BS;
+        }
+        // A copy left from an earlier life of the region (other SID) is not valid.
+        let sid = self.regions.get(region).sid;
+        let stale = |h: shale_format::MdHeader, at: u64| {
+            if h.region_sid == sid {
+                Ok(h)
+            } else {
+                Err(shale_format::FormatError::InvalidField {
+                    structure: shale_format::Structure::MdBlock,
+                    at,
+                    field: "region_sid",
+                    reason: format!("{} is not the region's {sid}", h.region_sid),
+                })
+            }
+        };
+        let a = decode_md_header(&two[..BLOCK_SIZE], self.md_offset(key))
+            .and_then(|h| stale(h, self.md_offset(key)));
+        let b = decode_md_header(&two[BLOCK_SIZE..], self.md_offset(key) + BS)
+            .and_then(|h| stale(h, self.md_offset(key) + BS));
+        let pick = match (&a, &b) {
+            (Ok(ha), Ok(hb)) => usize::from(hb.generation > ha.generation),
+            (Ok(_), Err(_)) => 0,
+            (Err(_), Ok(_)) => 1,
+            (Err(e), Err(_)) => {
+                return Err(EngineError::MdCorrupt {
+                    pba: key,
+                    source: e.clone(),
+                })
+            }
+        };
+        let hdr = if pick == 0 { a } else { b };
+        if let Ok(h) = hdr {
+            if h.region != region || h.group != g {
+                return Err(EngineError::MdCorrupt {
+                    pba: key,
+                    source: shale_format::FormatError::InvalidField {
+                        structure: shale_format::Structure::MdBlock,
+                        at: self.md_offset(key),
+                        field: "region/group",
+                        reason: format!(
+                            "names {} group {}, expected {region} group {g}",
+                            h.region, h.group
+                        ),
+                    },
+                });
+            }
+        }
+        out.copy_from_slice(&two[pick * BLOCK_SIZE..(pick + 1) * BLOCK_SIZE]);
+        // Open chunks' partial md must not be cached: it grows.
+        let cacheable = !self
+            .writer
+            .groups
+            .iter()
+            .any(|x| x.region == region && x.group == g);
+        if cacheable {
+            self.md_cache.insert(key.0, &out[..]);
+        }
+        Ok(out)
+    }
+
+    fn md_offset(&self, key: Pba) -> u64 {
+        self.geo.device_offset(key).map_or(0, |(_, o)| o)
+    }
+}

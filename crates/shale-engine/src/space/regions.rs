@@ -1,0 +1,185 @@
+//! The in-memory region state table and the free lists.
+
+use std::collections::VecDeque;
+
+use shale_format::{Pba, RegionEntry, RegionId, RegionRole, RegionState, Sid};
+
+use crate::layout::{Geometry, Groups};
+use crate::space::Validity;
+
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Region {
+    pub state: RegionState,
+    pub role: RegionRole,
+    pub stream: u16,
+    pub sid: Sid,
+    pub valid: u32,
+    pub wp: u32,
+    pub close_time: u64,
+    /// Blocks read out of this region by a mover and not yet settled (switched or born
+    /// invalid). The region may not be freed while this is non-zero.
+    pub relocations: u32,
+    /// Device writes into this region in flight.
+    pub inflight_writes: u32,
+    /// A mover has read (or is reading) this region: not a victim candidate again.
+    pub draining: bool,
+}
+
+impl Region {
+    pub fn entry(&self) -> RegionEntry {
+        RegionEntry {
+            state: self.state,
+            role: self.role,
+            stream: self.stream,
+            sid: self.sid,
+            valid_count: self.valid,
+            write_pointer: self.wp,
+            close_time: self.close_time,
+        }
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct Regions {
+    pub regions: Vec<Region>,
+    pub validity: Validity,
+    pub free_chunks: VecDeque<RegionId>,
+    pub free_zones: VecDeque<RegionId>,
+    pub pending_free: Vec<RegionId>,
+}
+
+impl Regions {
+    pub fn new(geo: &Geometry) -> Regions {
+        let mut regions = vec![Region::default(); geo.region_count() as usize];
+        regions[geo.chunk_count as usize].state = RegionState::Reserved;
+        Regions {
+            regions,
+            validity: Validity::new(geo.pba_count()),
+            free_chunks: (0..geo.chunk_count).map(RegionId).collect(),
+            free_zones: (geo.chunk_count + 1..geo.region_count())
+                .map(RegionId)
+                .collect(),
+            pending_free: Vec::new(),
+        }
+    }
+
+    /// Rebuilds from a checkpoint's table (validity is rebuilt separately by census).
+    pub fn from_entries(geo: &Geometry, entries: &[RegionEntry]) -> Regions {
+        let mut r = Regions::new(geo);
+        r.free_chunks.clear();
+        r.free_zones.clear();
+        for (i, e) in entries.iter().enumerate() {
+            let id = RegionId(i as u32);
+            r.regions[i] = Region {
+                state: e.state,
+                role: e.role,
+                stream: e.stream,
+                sid: e.sid,
+                valid: e.valid_count,
+                wp: e.write_pointer,
+                close_time: e.close_time,
+                ..Default::default()
+            };
+            if e.state == RegionState::Free {
+                if geo.is_chunk(id) {
+                    r.free_chunks.push_back(id);
+                } else {
+                    r.free_zones.push_back(id);
+                }
+            }
+        }
+        r
+    }
+
+    pub fn get(&self, r: RegionId) -> &Region {
+        &self.regions[r.0 as usize]
+    }
+
+    pub fn get_mut(&mut self, r: RegionId) -> &mut Region {
+        &mut self.regions[r.0 as usize]
+    }
+
+    /// Marks `pba` valid (a new mapping points at it).
+    pub fn mark_valid(&mut self, geo: &Geometry, pba: Pba) {
+        let Some((r, _)) = geo.region_slot(pba) else {
+            panic!("mark_valid of {pba} outside the data regions");
+        };
+        let was = self.validity.set(pba);
+        assert!(!was, "{pba} already valid");
+        self.regions[r.0 as usize].valid += 1;
+    }
+
+    /// Marks `pba` invalid (its mapping moved away); the region may become PendingFree.
+    pub fn mark_invalid(&mut self, geo: &Geometry, pba: Pba) {
+        let Some((r, _)) = geo.region_slot(pba) else {
+            panic!("mark_invalid of {pba} outside the data regions");
+        };
+        let was = self.validity.clear(pba);
+        assert!(was, "{pba} was not valid");
+        let reg = &mut self.regions[r.0 as usize];
+        reg.valid -= 1;
+        self.maybe_pending_free(r);
+    }
+
+    /// A closed region with nothing valid and nothing in flight waits for the next
+    /// durability point to be reused.
+    pub fn maybe_pending_free(&mut self, r: RegionId) {
+        let reg = &mut self.regions[r.0 as usize];
+        if reg.state == RegionState::Closed
+            && reg.valid == 0
+            && reg.relocations == 0
+            && reg.inflight_writes == 0
+        {
+            reg.state = RegionState::PendingFree;
+            reg.draining = false;
+            self.pending_free.push(r);
+        }
+    }
+
+    /// Moves a region to the free state (its reuse is now safe).
+    pub fn release(&mut self, geo: &Geometry, r: RegionId) {
+        let reg = &mut self.regions[r.0 as usize];
+        debug_assert_eq!(reg.state, RegionState::PendingFree);
+        *reg = Region::default();
+        if geo.is_chunk(r) {
+            self.free_chunks.push_back(r);
+        } else {
+            self.free_zones.push_back(r);
+        }
+    }
+
+    /// Opens a region for writing with a new SID.
+    pub fn open(&mut self, r: RegionId, sid: Sid, role: RegionRole, stream: u16) {
+        let reg = &mut self.regions[r.0 as usize];
+        debug_assert_eq!(reg.state, RegionState::Free);
+        *reg = Region {
+            state: RegionState::Open,
+            role,
+            stream,
+            sid,
+            ..Default::default()
+        };
+    }
+
+    /// Closes an open region once its write pointer reached the end and nothing is in
+    /// flight. Returns true if it closed now.
+    pub fn try_close(&mut self, geo: &Geometry, r: RegionId, unsettled: bool, now: u64) -> bool {
+        let end = Groups {
+            blocks: geo.region_blocks(r),
+        }
+        .end();
+        let reg = &mut self.regions[r.0 as usize];
+        if reg.state == RegionState::Open && reg.wp >= end && reg.inflight_writes == 0 && !unsettled
+        {
+            reg.state = RegionState::Closed;
+            reg.close_time = now;
+            self.maybe_pending_free(r);
+            return true;
+        }
+        false
+    }
+
+    pub fn entries(&self) -> Vec<RegionEntry> {
+        self.regions.iter().map(Region::entry).collect()
+    }
+}

@@ -1,0 +1,127 @@
+//! EngineThread: one thread running the engine loop behind a bounded request queue.
+//! Completions are callbacks run on the engine thread; admin calls (volumes, stats,
+//! flush, self-check) travel the same queue, so no locks touch the data path.
+
+use std::thread::JoinHandle;
+
+use crossbeam_channel::{bounded, Receiver, Sender, TryRecvError, TrySendError};
+use shale_device::{BlockDevice, ZonedDevice};
+
+use crate::{Clock, Completion, Engine, EngineError, Reply, Request};
+
+enum Msg {
+    Req(Request, Completion),
+    Shutdown,
+}
+
+/// Handle to an engine running on its own thread.
+pub struct EngineThread<C, Z> {
+    tx: Sender<Msg>,
+    handle: Option<JoinHandle<Result<(C, Z), EngineError>>>,
+}
+
+impl<C, Z> std::fmt::Debug for EngineThread<C, Z> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineThread")
+            .field("queued", &self.tx.len())
+            .finish()
+    }
+}
+
+impl<C, Z> EngineThread<C, Z>
+where
+    C: BlockDevice + Send + 'static,
+    Z: ZonedDevice + Send + 'static,
+{
+    /// Moves `engine` onto a new thread with a request queue of `queue_depth`.
+    pub fn spawn<K: Clock + Send + 'static>(
+        engine: Engine<C, Z, K>,
+        queue_depth: usize,
+    ) -> std::io::Result<Self> {
+        let (tx, rx) = bounded(queue_depth.max(1));
+        let handle = std::thread::Builder::new()
+            .name("shale-engine".into())
+            .spawn(move || run(engine, rx))?;
+        Ok(EngineThread {
+            tx,
+            handle: Some(handle),
+        })
+    }
+
+    /// Queues a request, blocking while the queue is full (backpressure).
+    pub fn submit(&self, req: Request, done: Completion) -> Result<(), EngineError> {
+        self.tx
+            .send(Msg::Req(req, done))
+            .map_err(|_| EngineError::ShuttingDown)
+    }
+
+    /// Queues a request unless the queue is full; gives the completion back if so.
+    pub fn try_submit(&self, req: Request, done: Completion) -> Result<(), (Request, Completion)> {
+        match self.tx.try_send(Msg::Req(req, done)) {
+            Ok(()) => Ok(()),
+            Err(
+                TrySendError::Full(Msg::Req(r, d)) | TrySendError::Disconnected(Msg::Req(r, d)),
+            ) => Err((r, d)),
+            Err(_) => unreachable!("only requests are sent here"),
+        }
+    }
+
+    /// Submits and waits for the reply.
+    pub fn call(&self, req: Request) -> Result<Reply, EngineError> {
+        let (tx, rx) = bounded(1);
+        self.submit(
+            req,
+            Box::new(move |r| {
+                let _ = tx.send(r);
+            }),
+        )?;
+        rx.recv().map_err(|_| EngineError::ShuttingDown)?
+    }
+
+    /// Drains, shuts the engine down cleanly and returns the devices.
+    pub fn shutdown(mut self) -> Result<(C, Z), EngineError> {
+        let _ = self.tx.send(Msg::Shutdown);
+        match self.handle.take().map(JoinHandle::join) {
+            Some(Ok(r)) => r,
+            _ => Err(EngineError::Failed {
+                reason: "engine thread panicked".into(),
+            }),
+        }
+    }
+}
+
+fn run<C: BlockDevice, Z: ZonedDevice, K: Clock>(
+    mut engine: Engine<C, Z, K>,
+    rx: Receiver<Msg>,
+) -> Result<(C, Z), EngineError> {
+    let batch = engine.config().requests_per_poll_max as usize;
+    loop {
+        let mut shutdown = false;
+        // Block for work only when the engine has nothing to do.
+        if engine.is_idle() {
+            match rx.recv() {
+                Ok(Msg::Req(r, d)) => engine.submit(r, d),
+                Ok(Msg::Shutdown) | Err(_) => shutdown = true,
+            }
+        }
+        while !shutdown && engine.queued() < batch {
+            match rx.try_recv() {
+                Ok(Msg::Req(r, d)) => engine.submit(r, d),
+                Ok(Msg::Shutdown) | Err(TryRecvError::Disconnected) => shutdown = true,
+                Err(TryRecvError::Empty) => break,
+            }
+        }
+        if shutdown {
+            // Requests still in the channel are failed; queued ones complete first.
+            while let Ok(m) = rx.try_recv() {
+                if let Msg::Req(_, d) = m {
+                    d(Err(EngineError::ShuttingDown));
+                }
+            }
+            return engine.shutdown();
+        }
+        if !engine.poll() && !engine.is_idle() {
+            engine.wait_io();
+        }
+    }
+}

@@ -1,0 +1,167 @@
+//! Volumes: create, resize, delete, list. Each change rewrites the volume table (the
+//! copy its generation selects), journals a VolumeChanged record and takes a
+//! checkpoint, so a volume's L2P pages can be recycled safely.
+//!
+//! Invariants: the sum of volume sizes never exceeds the user capacity (no thin
+//! provisioning); names are unique, 1..=32 bytes; ids are table slots < volumes_max.
+
+use shale_device::{BlockDevice, ZonedDevice};
+use shale_format::{JournalRecord, VolumeEntry, VolumeId, VolumeTable, VOLUME_NAME_MAX};
+
+use crate::layout::BS;
+use crate::{Clock, Engine, EngineError, VolumeInfo};
+
+#[derive(Debug, Clone)]
+pub(crate) struct Volumes {
+    pub table: VolumeTable,
+    pub user_capacity_blocks: u64,
+    pub volumes_max: u32,
+}
+
+impl Volumes {
+    pub fn allocated_blocks(&self) -> u64 {
+        self.table.entries.iter().map(|e| e.size_blocks).sum()
+    }
+
+    pub fn get(&self, id: VolumeId) -> Option<&VolumeEntry> {
+        self.table.entries.iter().find(|e| e.id == id)
+    }
+
+    fn info(e: &VolumeEntry) -> VolumeInfo {
+        VolumeInfo {
+            id: e.id,
+            name: e.name.clone(),
+            size_bytes: e.size_blocks * BS,
+        }
+    }
+}
+
+fn size_blocks(size_bytes: u64) -> Result<u64, EngineError> {
+    if size_bytes == 0 || !size_bytes.is_multiple_of(BS) {
+        return Err(EngineError::InvalidVolume {
+            reason: format!("size {size_bytes} is not a positive multiple of 4096"),
+        });
+    }
+    Ok(size_bytes / BS)
+}
+
+impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
+    pub(crate) fn create_volume(
+        &mut self,
+        name: &str,
+        size_bytes: u64,
+    ) -> Result<VolumeInfo, EngineError> {
+        let blocks = size_blocks(size_bytes)?;
+        if name.is_empty() || name.len() > VOLUME_NAME_MAX {
+            return Err(EngineError::InvalidVolume {
+                reason: format!("name {name:?} must be 1..={VOLUME_NAME_MAX} bytes"),
+            });
+        }
+        if self.volumes.table.entries.iter().any(|e| e.name == name) {
+            return Err(EngineError::InvalidVolume {
+                reason: format!("a volume named {name:?} exists"),
+            });
+        }
+        let available = self.volumes.user_capacity_blocks - self.volumes.allocated_blocks();
+        if blocks > available {
+            return Err(EngineError::NoSpace {
+                what: "volume create",
+                needed: blocks,
+                available,
+            });
+        }
+        let Some(id) = (0..self.volumes.volumes_max)
+            .map(VolumeId)
+            .find(|&id| self.volumes.get(id).is_none())
+        else {
+            return Err(EngineError::InvalidVolume {
+                reason: format!("all {} volume slots in use", self.volumes.volumes_max),
+            });
+        };
+        let (created_sid, created_pos) = self.write_position();
+        let e = VolumeEntry {
+            id,
+            name: name.to_string(),
+            size_blocks: blocks,
+            created_sid,
+            created_pos,
+        };
+        let info = Volumes::info(&e);
+        self.volumes.table.entries.push(e);
+        self.l2p.add_volume(id, blocks);
+        self.volume_changed(id, blocks, true)?;
+        Ok(info)
+    }
+
+    pub(crate) fn resize_volume(
+        &mut self,
+        id: VolumeId,
+        size_bytes: u64,
+    ) -> Result<VolumeInfo, EngineError> {
+        let blocks = size_blocks(size_bytes)?;
+        let Some(old) = self.volumes.get(id).map(|e| e.size_blocks) else {
+            return Err(EngineError::NoSuchVolume { volume: id });
+        };
+        if blocks > old {
+            let available = self.volumes.user_capacity_blocks - self.volumes.allocated_blocks();
+            if blocks - old > available {
+                return Err(EngineError::NoSpace {
+                    what: "volume grow",
+                    needed: blocks - old,
+                    available,
+                });
+            }
+        } else if blocks < old {
+            self.unmap_range(id, blocks, old - blocks)?;
+        }
+        self.l2p.resize_volume(id, blocks);
+        let Some(e) = self.volumes.table.entries.iter_mut().find(|e| e.id == id) else {
+            unreachable!("volume checked above");
+        };
+        e.size_blocks = blocks;
+        let info = Volumes::info(e);
+        self.volume_changed(id, blocks, true)?;
+        Ok(info)
+    }
+
+    pub(crate) fn delete_volume(&mut self, id: VolumeId) -> Result<(), EngineError> {
+        let Some(size) = self.volumes.get(id).map(|e| e.size_blocks) else {
+            return Err(EngineError::NoSuchVolume { volume: id });
+        };
+        self.unmap_range(id, 0, size)?;
+        self.l2p.remove_volume(id);
+        self.volumes.table.entries.retain(|e| e.id != id);
+        self.volume_changed(id, 0, false)
+    }
+
+    fn volume_changed(
+        &mut self,
+        id: VolumeId,
+        size_blocks: u64,
+        live: bool,
+    ) -> Result<(), EngineError> {
+        self.volumes.table.generation += 1;
+        self.volumes.table.entries.sort_by_key(|e| e.id);
+        let copy = self.volumes.table.generation % 2;
+        let off = (self.sb.layout.volume_table_start + copy) * BS;
+        self.cache
+            .write_at(off, &self.volumes.table.encode())
+            .map_err(EngineError::cache("volume table write", off))?;
+        self.stats.cache_md_write_bytes += BS;
+        self.journal.append(JournalRecord::VolumeChanged {
+            volume: id,
+            size_blocks,
+            live,
+        });
+        self.checkpoint(false)
+    }
+
+    pub(crate) fn volume_list(&self) -> Vec<VolumeInfo> {
+        self.volumes
+            .table
+            .entries
+            .iter()
+            .map(Volumes::info)
+            .collect()
+    }
+}

@@ -1,0 +1,283 @@
+//! The ChunkWriter: the open chunk, its group buffers, and the batched device writes.
+
+use shale_device::{BlockDevice, IoBuf, IoOp, IoRequest, ZonedDevice};
+use shale_format::{
+    EntryKind, JournalRecord, Lba, MdEntry, Pba, RegionId, RegionRole, RegionState, VolumeId,
+    BLOCK_SIZE,
+};
+
+use super::group::{GroupBuf, MdState};
+use crate::engine::InflightIo;
+use crate::layout::Groups;
+use crate::{Clock, Engine, EngineError};
+
+#[derive(Debug)]
+pub(crate) struct ChunkWriter {
+    /// The chunk user writes go to, if one is open and not full.
+    pub open: Option<RegionId>,
+    /// Unsettled groups in creation (= ASN) order.
+    pub groups: Vec<GroupBuf>,
+    pool: Vec<Vec<u8>>,
+    pub buffers_max: usize,
+    next_id: u32,
+    /// Data slots left in the open chunk.
+    pub open_remaining: u64,
+    pub chunk_data_capacity: u64,
+}
+
+impl ChunkWriter {
+    pub fn new(buffers_max: u32, chunk_blocks: u32) -> ChunkWriter {
+        ChunkWriter {
+            open: None,
+            groups: Vec::new(),
+            pool: Vec::new(),
+            buffers_max: buffers_max as usize,
+            next_id: 0,
+            open_remaining: 0,
+            chunk_data_capacity: u64::from(
+                Groups {
+                    blocks: chunk_blocks,
+                }
+                .data_capacity(),
+            ),
+        }
+    }
+
+    /// The in-memory copy of `slot` of `region`, if its group is unsettled.
+    pub fn find(&self, region: RegionId, slot: u32) -> Option<&[u8]> {
+        self.groups.iter().find_map(|g| {
+            (g.region == region && slot >= g.start_slot && slot < g.start_slot + g.filled)
+                .then(|| g.block(slot - g.start_slot))
+        })
+    }
+
+    pub fn has_unsettled(&self, region: RegionId) -> bool {
+        self.groups.iter().any(|g| g.region == region)
+    }
+
+    /// Whether `n` blocks can be appended now without waiting.
+    pub fn can_append(&self, n: u64, free_chunks: usize) -> bool {
+        let room = self.open_remaining + free_chunks as u64 * self.chunk_data_capacity;
+        let groups_needed = n.div_ceil(shale_format::GROUP_DATA_SLOTS as u64) as usize + 1;
+        room >= n && self.groups.len() + groups_needed <= self.buffers_max
+    }
+}
+
+impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
+    /// Appends one block for (volume, lba) at the write pointer; returns its PBA. The
+    /// caller checked `can_append`.
+    pub(crate) fn append_block(&mut self, volume: VolumeId, lba: Lba, block: &[u8]) -> Pba {
+        let region = match self.writer.open {
+            Some(r) => r,
+            None => {
+                let Some(r) = self.regions.free_chunks.pop_front() else {
+                    panic!("append without a free chunk: can_append was not checked");
+                };
+                let sid = self.next_sid();
+                self.regions.open(r, sid, RegionRole::User, 0);
+                self.journal
+                    .append(JournalRecord::RegionOpened { region: r, sid });
+                self.md_cache
+                    .invalidate_range(self.geo.region_base(r).0, self.geo.chunk_blocks);
+                self.writer.open = Some(r);
+                self.writer.open_remaining = self.writer.chunk_data_capacity;
+                r
+            }
+        };
+        let groups = Groups {
+            blocks: self.geo.chunk_blocks,
+        };
+        let wp = self.regions.get(region).wp;
+        let (g, idx) = groups.locate(wp);
+        let need_new = self
+            .writer
+            .groups
+            .last()
+            .is_none_or(|b| b.region != region || b.group != g);
+        if need_new {
+            debug_assert_eq!(idx, 0);
+            let data = self
+                .writer
+                .pool
+                .pop()
+                .unwrap_or_else(|| vec![0u8; shale_format::GROUP_DATA_SLOTS * BLOCK_SIZE]);
+            let id = self.writer.next_id;
+            self.writer.next_id = self.writer.next_id.wrapping_add(1);
+            let sid = self.regions.get(region).sid;
+            self.writer.groups.push(GroupBuf::new(
+                id,
+                region,
+                g,
+                groups.start(g),
+                groups.data_slots(g),
+                sid,
+                data,
+                self.asn_next,
+            ));
+        }
+        let Some(gb) = self.writer.groups.last_mut() else {
+            unreachable!("group just ensured")
+        };
+        let entry = MdEntry {
+            kind: EntryKind::Data,
+            volume,
+            lba,
+            sid: gb.sid,
+            data_crc: shale_format::block_crc(block),
+            source: Pba::NONE,
+        };
+        let i = gb.append(block, &entry);
+        debug_assert_eq!(i, idx);
+        self.asn_next += 1;
+        self.writer.open_remaining -= 1;
+        let full = gb.is_full();
+        if full {
+            gb.seal_final();
+        }
+        let reg = self.regions.get_mut(region);
+        reg.wp += 1;
+        if full {
+            reg.wp = if g + 1 < groups.count() {
+                groups.start(g + 1)
+            } else {
+                groups.end()
+            };
+            if reg.wp >= groups.end() {
+                self.writer.open = None;
+                self.writer.open_remaining = 0;
+            }
+        }
+        self.stats.user_blocks_appended += 1;
+        self.geo.pba(region, groups.start(g) + i)
+    }
+
+    /// Submits one device write per group with unsubmitted blocks, and pending final
+    /// md writes.
+    pub(crate) fn submit_runs(&mut self) -> Result<(), EngineError> {
+        for gi in 0..self.writer.groups.len() {
+            let (region, start, from, to, asn_base, id) = {
+                let g = &self.writer.groups[gi];
+                (
+                    g.region,
+                    g.start_slot,
+                    g.submitted,
+                    g.filled,
+                    g.asn_base,
+                    g.id,
+                )
+            };
+            if from < to {
+                let bytes = (to - from) as usize * BLOCK_SIZE;
+                let mut buf = IoBuf::zeroed(bytes);
+                buf.copy_from_slice(
+                    &self.writer.groups[gi].data
+                        [from as usize * BLOCK_SIZE..to as usize * BLOCK_SIZE],
+                );
+                let run_seq = self
+                    .runs
+                    .push(asn_base + u64::from(from), asn_base + u64::from(to));
+                let tag = self.io.insert(InflightIo::CacheRun {
+                    group_id: id,
+                    run_seq,
+                    bytes: bytes as u32,
+                });
+                let offset = self.geo.chunk_offset(region, start + from);
+                self.cache.submit(IoRequest {
+                    tag,
+                    op: IoOp::Write {
+                        offset,
+                        buf,
+                        fua: false,
+                    },
+                });
+                let g = &mut self.writer.groups[gi];
+                g.submitted = to;
+                g.inflight += 1;
+                self.regions.get_mut(region).inflight_writes += 1;
+                self.stats.cache_data_write_bytes += bytes as u64;
+            }
+            if self.writer.groups[gi].md_state == MdState::FinalPending {
+                let g = &mut self.writer.groups[gi];
+                g.md_state = MdState::FinalSubmitted;
+                g.inflight += 1;
+                let buf = IoBuf::from_slice(&g.md[..]);
+                let md_slot = Groups {
+                    blocks: self.geo.chunk_blocks,
+                }
+                .md_slot(g.group)
+                    + g.md_final_copy;
+                let offset = self.geo.chunk_offset(region, md_slot);
+                let tag = self.io.insert(InflightIo::CacheMd { group_id: id });
+                self.cache.submit(IoRequest {
+                    tag,
+                    op: IoOp::Write {
+                        offset,
+                        buf,
+                        fua: false,
+                    },
+                });
+                self.regions.get_mut(region).inflight_writes += 1;
+                self.stats.cache_md_write_bytes += BLOCK_SIZE as u64;
+            }
+        }
+        Ok(())
+    }
+
+    fn group_index(&self, id: u32) -> usize {
+        let Some(i) = self.writer.groups.iter().position(|g| g.id == id) else {
+            panic!("completion for unknown group {id}");
+        };
+        i
+    }
+
+    pub(crate) fn on_run_done(
+        &mut self,
+        group_id: u32,
+        run_seq: u64,
+        _bytes: u32,
+    ) -> Result<(), EngineError> {
+        self.runs.complete(run_seq);
+        let i = self.group_index(group_id);
+        self.writer.groups[i].inflight -= 1;
+        let region = self.writer.groups[i].region;
+        self.regions.get_mut(region).inflight_writes -= 1;
+        self.maybe_settle(i);
+        Ok(())
+    }
+
+    pub(crate) fn on_md_done(&mut self, group_id: u32) -> Result<(), EngineError> {
+        let i = self.group_index(group_id);
+        let g = &mut self.writer.groups[i];
+        g.inflight -= 1;
+        g.md_newest = Some(g.md_final_copy);
+        let region = g.region;
+        self.regions.get_mut(region).inflight_writes -= 1;
+        self.maybe_settle(i);
+        Ok(())
+    }
+
+    /// Releases a settled group's buffer, caches its md, and closes its chunk if that
+    /// was the chunk's last unsettled group.
+    fn maybe_settle(&mut self, i: usize) {
+        if !self.writer.groups[i].settled() {
+            return;
+        }
+        let g = self.writer.groups.remove(i);
+        let md_a = self.geo.pba(
+            g.region,
+            Groups {
+                blocks: self.geo.chunk_blocks,
+            }
+            .md_slot(g.group),
+        );
+        self.md_cache.insert(md_a.0, &g.md[..]);
+        self.writer.pool.push(g.data);
+        let unsettled = self.writer.has_unsettled(g.region);
+        let now = self.now();
+        if self.regions.try_close(&self.geo, g.region, unsettled, now) {
+            self.journal
+                .append(JournalRecord::RegionClosed { region: g.region });
+        }
+        debug_assert!(self.regions.get(g.region).state != RegionState::Free);
+    }
+}

@@ -1,0 +1,233 @@
+//! User writes, trims and write-zeroes: validation, read-modify-write of partial
+//! blocks, then append + L2P update + validity.
+
+use shale_device::{BlockDevice, ZonedDevice};
+use shale_format::{JournalRecord, Lba, Pba, VolumeId, BLOCK_SIZE, L2P_ENTRIES_PER_PAGE};
+
+use crate::engine::PendingWrite;
+use crate::layout::BS;
+use crate::{Clock, Completion, Engine, EngineError, Request};
+
+impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
+    /// Checks volume, range and size limits of a data request.
+    pub(crate) fn check_range(
+        &self,
+        volume: VolumeId,
+        offset: u64,
+        len: u64,
+        data: bool,
+    ) -> Result<(), EngineError> {
+        let Some(size_blocks) = self.l2p.volume_size(volume) else {
+            return Err(EngineError::NoSuchVolume { volume });
+        };
+        if len == 0 {
+            return Err(EngineError::ZeroLength { volume, offset });
+        }
+        let size_bytes = size_blocks * BS;
+        if offset.checked_add(len).is_none_or(|end| end > size_bytes) {
+            return Err(EngineError::OutOfRange {
+                volume,
+                offset,
+                len,
+                size_bytes,
+            });
+        }
+        if data && len > self.config.request_bytes_max {
+            return Err(EngineError::TooLarge {
+                volume,
+                len,
+                max: self.config.request_bytes_max,
+            });
+        }
+        Ok(())
+    }
+
+    /// Starts a write; returns it back if it must wait for cache space.
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn start_write(
+        &mut self,
+        volume: VolumeId,
+        offset: u64,
+        data: Vec<u8>,
+        fua: bool,
+        done: Completion,
+    ) -> Result<Option<(Request, Completion)>, EngineError> {
+        let len = data.len() as u64;
+        if let Err(e) = self.check_range(volume, offset, len, true) {
+            done(Err(e));
+            return Ok(None);
+        }
+        let first = offset / BS;
+        let last = (offset + len - 1) / BS;
+        if !self
+            .writer
+            .can_append(last - first + 1, self.regions.free_chunks.len())
+        {
+            return Ok(Some((
+                Request::Write {
+                    volume,
+                    offset,
+                    data,
+                    fua,
+                },
+                done,
+            )));
+        }
+        self.write_range(volume, offset, &data, false)?;
+        self.stats.user_write_bytes += len;
+        self.pending_writes.push_back(PendingWrite {
+            asn_end: self.asn_next,
+            fua,
+            done,
+        });
+        Ok(None)
+    }
+
+    /// Writes `len` bytes at `offset`: `data` bytes, or zeros when `zeros` (then `data`
+    /// is ignored and `len` comes from the caller's range).
+    fn write_range(
+        &mut self,
+        volume: VolumeId,
+        offset: u64,
+        data: &[u8],
+        zeros: bool,
+    ) -> Result<(), EngineError> {
+        let len = data.len() as u64;
+        let first = offset / BS;
+        let last = (offset + len - 1) / BS;
+        let mut block = std::mem::replace(&mut self.block_scratch, Box::new([0; BLOCK_SIZE]));
+        let mut result = Ok(());
+        for lba in first..=last {
+            let bstart = lba * BS;
+            let lo = offset.max(bstart);
+            let hi = (offset + len).min(bstart + BS);
+            let full = lo == bstart && hi == bstart + BS;
+            let src: &[u8] = if full && !zeros {
+                let o = (lo - offset) as usize;
+                &data[o..o + BLOCK_SIZE]
+            } else {
+                if !full {
+                    if let Err(e) = self.read_block_sync(volume, Lba(lba), &mut block) {
+                        result = Err(e);
+                        break;
+                    }
+                }
+                let (a, b) = ((lo - bstart) as usize, (hi - bstart) as usize);
+                if zeros {
+                    block[a..b].fill(0);
+                } else {
+                    let o = (lo - offset) as usize;
+                    block[a..b].copy_from_slice(&data[o..o + (b - a)]);
+                }
+                &block[..]
+            };
+            if let Err(e) = self.map_new_block(volume, Lba(lba), src) {
+                result = Err(e);
+                break;
+            }
+        }
+        self.block_scratch = block;
+        result
+    }
+
+    fn map_new_block(&mut self, volume: VolumeId, lba: Lba, src: &[u8]) -> Result<(), EngineError> {
+        // Fault the page in before appending so a failing fault leaves nothing behind.
+        self.l2p.get(&mut self.cache, volume, lba)?;
+        let pba = self.append_block(volume, lba, src);
+        self.regions.mark_valid(&self.geo, pba);
+        let old = self.l2p.set(&mut self.cache, volume, lba, pba)?;
+        if !old.is_none() {
+            self.regions.mark_invalid(&self.geo, old);
+        }
+        Ok(())
+    }
+
+    /// Write-zeroes of partial edge blocks needs cache space.
+    pub(crate) fn can_write_zeroes(&self, volume: VolumeId, offset: u64, len: u64) -> bool {
+        if self.check_range(volume, offset, len, false).is_err() {
+            return true; // fails at once
+        }
+        let edges =
+            u64::from(!offset.is_multiple_of(BS)) + u64::from(!(offset + len).is_multiple_of(BS));
+        self.writer
+            .can_append(edges, self.regions.free_chunks.len())
+    }
+
+    /// Trim (`zeroes == false`: whole blocks only) or write-zeroes (exact).
+    pub(crate) fn trim(
+        &mut self,
+        volume: VolumeId,
+        offset: u64,
+        len: u64,
+        zeroes: bool,
+    ) -> Result<(), EngineError> {
+        self.check_range(volume, offset, len, false)?;
+        let end = offset + len;
+        let first_full = offset.div_ceil(BS);
+        let end_full = end / BS;
+        if zeroes {
+            // Partial edges become zeros by read-modify-write.
+            if first_full > end_full {
+                let z = vec![0u8; len as usize];
+                return self.write_range(volume, offset, &z, true);
+            }
+            if !offset.is_multiple_of(BS) {
+                let l = first_full * BS - offset;
+                self.write_range(volume, offset, &vec![0u8; l as usize], true)?;
+            }
+            if !end.is_multiple_of(BS) && end_full >= first_full {
+                let l = end - end_full * BS;
+                self.write_range(volume, end_full * BS, &vec![0u8; l as usize], true)?;
+            }
+        }
+        if end_full > first_full {
+            self.unmap_range(volume, first_full, end_full - first_full)?;
+            let (key_sid, key_pos) = self.write_position();
+            self.journal.append(JournalRecord::Trim {
+                volume,
+                lba: Lba(first_full),
+                count: end_full - first_full,
+                key_sid,
+                key_pos,
+            });
+            self.stats.user_trim_bytes += (end_full - first_full) * BS;
+        }
+        Ok(())
+    }
+
+    /// The current user-write position (open chunk SID, write pointer), ordering trims
+    /// among writes for recovery.
+    pub(crate) fn write_position(&self) -> (shale_format::Sid, u32) {
+        match self.writer.open {
+            Some(r) => (self.regions.get(r).sid, self.regions.get(r).wp),
+            None => (shale_format::Sid(self.sid_next), 0),
+        }
+    }
+
+    /// Unmaps `count` LBAs from `first`, skipping pages never written.
+    pub(crate) fn unmap_range(
+        &mut self,
+        volume: VolumeId,
+        first: u64,
+        count: u64,
+    ) -> Result<(), EngineError> {
+        let mut lba = first;
+        let end = first + count;
+        while lba < end {
+            let page = (lba / L2P_ENTRIES_PER_PAGE) as usize;
+            let page_end = ((page as u64 + 1) * L2P_ENTRIES_PER_PAGE).min(end);
+            if self.l2p.page_is_empty(volume, page) {
+                lba = page_end;
+                continue;
+            }
+            while lba < page_end {
+                let old = self.l2p.set(&mut self.cache, volume, Lba(lba), Pba::NONE)?;
+                if !old.is_none() {
+                    self.regions.mark_invalid(&self.geo, old);
+                }
+                lba += 1;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,160 @@
+//! Basic data path: write, read, overwrite, trim, write-zeroes, flush, reopen.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::*;
+use shale_engine::{EngineError, Request, VolumeId};
+
+#[test]
+fn write_read_reopen() {
+    let mut e = tiny_engine();
+    let v = create(&mut e, "a", 1 << 20);
+    let d = pattern(1, 3 * 4096);
+    write(&mut e, v, 4096, &d).unwrap();
+    assert_eq!(read(&mut e, v, 4096, d.len() as u64).unwrap(), d);
+    assert_eq!(read(&mut e, v, 0, 4096).unwrap(), vec![0u8; 4096]);
+    // unaligned overwrite
+    let d2 = pattern(2, 5000);
+    write(&mut e, v, 4096 + 100, &d2).unwrap();
+    let mut expect = vec![0u8; 4 * 4096];
+    expect[4096..4096 + d.len()].copy_from_slice(&d);
+    expect[4196..4196 + 5000].copy_from_slice(&d2);
+    assert_eq!(read(&mut e, v, 0, 4 * 4096).unwrap(), expect);
+    call(&mut e, Request::Flush).unwrap();
+    e.self_check().unwrap();
+    let mut e = reopen(e, tiny_config());
+    e.self_check().unwrap();
+    assert_eq!(read(&mut e, v, 0, 4 * 4096).unwrap(), expect);
+    call(
+        &mut e,
+        Request::Trim {
+            volume: v,
+            offset: 4096,
+            len: 4096,
+        },
+    )
+    .unwrap();
+    expect[4096..8192].fill(0);
+    call(
+        &mut e,
+        Request::WriteZeroes {
+            volume: v,
+            offset: 8192 + 10,
+            len: 20,
+        },
+    )
+    .unwrap();
+    expect[8192 + 10..8192 + 30].fill(0);
+    assert_eq!(read(&mut e, v, 0, 4 * 4096).unwrap(), expect);
+    e.self_check().unwrap();
+}
+
+#[test]
+fn bad_input_is_refused() {
+    let mut e = tiny_engine();
+    let v = create(&mut e, "a", 1 << 20);
+    assert!(matches!(
+        read(&mut e, VolumeId(3), 0, 4096),
+        Err(EngineError::NoSuchVolume { .. })
+    ));
+    assert!(matches!(
+        read(&mut e, v, 1 << 20, 1),
+        Err(EngineError::OutOfRange { .. })
+    ));
+    assert!(matches!(
+        read(&mut e, v, u64::MAX, 2),
+        Err(EngineError::OutOfRange { .. })
+    ));
+    assert!(matches!(
+        read(&mut e, v, 0, 0),
+        Err(EngineError::ZeroLength { .. })
+    ));
+    assert!(matches!(
+        write(&mut e, v, 0, &[]),
+        Err(EngineError::ZeroLength { .. })
+    ));
+    assert!(matches!(
+        write(&mut e, v, 0, &vec![1; 1 << 17]),
+        Err(EngineError::TooLarge { .. })
+    ));
+    assert!(matches!(
+        call(
+            &mut e,
+            Request::CreateVolume {
+                name: "b".into(),
+                size_bytes: 1 << 40
+            }
+        ),
+        Err(EngineError::NoSpace { .. })
+    ));
+    assert!(matches!(
+        call(
+            &mut e,
+            Request::CreateVolume {
+                name: "a".into(),
+                size_bytes: 4096
+            }
+        ),
+        Err(EngineError::InvalidVolume { .. })
+    ));
+    assert!(matches!(
+        call(
+            &mut e,
+            Request::CreateVolume {
+                name: "c".into(),
+                size_bytes: 100
+            }
+        ),
+        Err(EngineError::InvalidVolume { .. })
+    ));
+    assert!(matches!(
+        call(
+            &mut e,
+            Request::DeleteVolume {
+                volume: VolumeId(9)
+            }
+        ),
+        Err(EngineError::NoSuchVolume { .. })
+    ));
+    e.self_check().unwrap();
+}
+
+#[test]
+fn sustained_overwrites_run_compaction_and_gc() {
+    let mut e = tiny_engine();
+    let cap = e.user_capacity_bytes();
+    let v = create(&mut e, "a", (cap / 2) / 4096 * 4096);
+    let blocks = cap / 2 / 4096;
+    let mut model = vec![0u64; blocks as usize];
+    let mut x = 7u64;
+    for i in 0..(blocks * 6) {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let lba = (x >> 33) % blocks;
+        model[lba as usize] = i + 1;
+        write(&mut e, v, lba * 4096, &pattern(i + 1, 4096)).unwrap();
+        if i % 500 == 0 {
+            e.self_check().unwrap();
+        }
+    }
+    e.self_check().unwrap();
+    for (lba, &s) in model.iter().enumerate() {
+        let want = if s == 0 {
+            vec![0u8; 4096]
+        } else {
+            pattern(s, 4096)
+        };
+        assert_eq!(
+            read(&mut e, v, lba as u64 * 4096, 4096).unwrap(),
+            want,
+            "lba {lba}"
+        );
+    }
+    let s = e.stats();
+    assert!(s.compaction_victims > 0, "{s:?}");
+    assert!(s.gc_victims > 0, "{s:?}");
+    assert!(s.zone_resets > 0, "{s:?}");
+    assert!(s.layer_waf() > 0.5, "{s:?}");
+}

@@ -1,0 +1,132 @@
+//! Test harness: tiny devices and synchronous calls over the engine.
+#![allow(dead_code, clippy::unwrap_used)]
+
+use std::sync::{Arc, Mutex};
+
+use shale_device::{MemDevice, ZoneEmu, ZoneEmuConfig};
+use shale_engine::{Config, Engine, EngineError, ManualClock, Reply, Request, VolumeId};
+
+pub type Cap = ZoneEmu<MemDevice>;
+pub type Eng = Engine<MemDevice, Cap, ManualClock>;
+
+pub const ZONE_BLOCKS: u64 = 256;
+
+/// A cache of `cache_blocks` and `zones` zones of 256 blocks over memory.
+pub fn devices(cache_blocks: u64, zones: u64) -> (MemDevice, Cap) {
+    let cache = MemDevice::new(cache_blocks * 4096, 4096)
+        .unwrap()
+        .with_name("cache");
+    // Room for the emulator's metadata.
+    let inner = MemDevice::new((zones + 2) * ZONE_BLOCKS * 4096, 4096)
+        .unwrap()
+        .with_name("capacity");
+    let mut zc = ZoneEmuConfig::new(ZONE_BLOCKS * 4096);
+    zc.zone_count_max = zones as u32;
+    zc.max_open_zones = 8;
+    zc.max_active_zones = 8;
+    let cap = ZoneEmu::format(inner, &zc).unwrap();
+    (cache, cap)
+}
+
+/// Tiny chunks and tight thresholds: compaction and GC run constantly.
+pub fn tiny_config() -> Config {
+    Config {
+        chunk_blocks: 256,
+        volumes_max: 4,
+        spare_factor: 0.2,
+        journal_blocks: 16,
+        compaction_free_chunks_pct: 40,
+        gc_free_zones_min: 4,
+        l2p_cache_bytes_max: Some(16 * 4096),
+        l2p_reserved_pages: 2,
+        md_cache_bytes_max: 8 * 4096,
+        write_buffers_max: 4,
+        request_bytes_max: 64 * 1024,
+        streams_max: 2,
+        requests_per_poll_max: 8,
+        background_steps_per_poll_max: 4,
+        ..Config::default()
+    }
+}
+
+pub fn tiny_engine() -> Eng {
+    let (c, z) = devices(128 + 8 * 256, 28);
+    Engine::format(c, z, ManualClock::new(), tiny_config()).unwrap()
+}
+
+/// Submits and polls until the request completes.
+pub fn call(e: &mut Eng, req: Request) -> Result<Reply, EngineError> {
+    let slot: Arc<Mutex<Option<Result<Reply, EngineError>>>> = Arc::new(Mutex::new(None));
+    let s2 = slot.clone();
+    e.submit(req, Box::new(move |r| *s2.lock().unwrap() = Some(r)));
+    for _ in 0..1_000_000 {
+        if let Some(r) = slot.lock().unwrap().take() {
+            return r;
+        }
+        if !e.poll() {
+            e.wait_io();
+        }
+    }
+    panic!("request never completed");
+}
+
+pub fn create(e: &mut Eng, name: &str, bytes: u64) -> VolumeId {
+    match call(
+        e,
+        Request::CreateVolume {
+            name: name.into(),
+            size_bytes: bytes,
+        },
+    )
+    .unwrap()
+    {
+        Reply::Volume(v) => v.id,
+        r => panic!("unexpected {r:?}"),
+    }
+}
+
+pub fn write(e: &mut Eng, volume: VolumeId, offset: u64, data: &[u8]) -> Result<(), EngineError> {
+    call(
+        e,
+        Request::Write {
+            volume,
+            offset,
+            data: data.to_vec(),
+            fua: false,
+        },
+    )
+    .map(|_| ())
+}
+
+pub fn read(e: &mut Eng, volume: VolumeId, offset: u64, len: u64) -> Result<Vec<u8>, EngineError> {
+    match call(
+        e,
+        Request::Read {
+            volume,
+            offset,
+            len,
+        },
+    )? {
+        Reply::Read(d) => Ok(d),
+        r => panic!("unexpected {r:?}"),
+    }
+}
+
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// Clean shutdown and reopen, the capacity device reopened from its own metadata.
+pub fn reopen(e: Eng, config: Config) -> Eng {
+    let (c, z) = e.shutdown().unwrap();
+    let z = ZoneEmu::open(z.into_inner()).unwrap();
+    Engine::open(c, z, ManualClock::new(), config).unwrap()
+}
