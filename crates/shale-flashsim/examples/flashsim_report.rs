@@ -6,9 +6,11 @@
 
 use std::time::Instant;
 
+use shale_device::BlockDevice;
+
 use shale_flashsim::{
-    emulated_bytes_per_sec, preset, spare_factor_from_rho, uniform_random_waf, FlashStats, Ftl,
-    FtlConfig, GcPolicy, Superblock,
+    emulated_bytes_per_sec, preset, simulated_block_device, spare_factor_from_rho,
+    uniform_random_waf, Backing, FlashStats, Ftl, FtlConfig, GcPolicy, Superblock,
 };
 
 const KIB: u64 = 1024;
@@ -86,6 +88,29 @@ fn speed(scale: u64) {
             s.waf()
         );
     }
+}
+
+/// The same through the device wrapper over a `NullDevice` (argument checks, stats
+/// publishing).
+fn wrapper_speed(scale: u64) {
+    let cap = (4 << 30) / scale;
+    let p = preset("tlc").expect("preset");
+    let mut d = simulated_block_device(&p, cap, Backing::Null).expect("builds");
+    let buf = vec![0u8; 4096];
+    let mut rng = Rng(2);
+    let n = cap / 4096 * 3;
+    let t = Instant::now();
+    for _ in 0..n {
+        d.write_at(rng.below(cap / 4096) * 4096, &buf)
+            .expect("write");
+    }
+    let secs = t.elapsed().as_secs_f64();
+    println!(
+        "  FlashSim<NullDevice> tlc {} GiB, 4 KiB random write_at: {:.2} M writes/s (WAF {:.2})",
+        cap >> 30,
+        n as f64 / secs / 1e6,
+        d.stats().waf()
+    );
 }
 
 fn analytic(scale: u64) {
@@ -263,6 +288,7 @@ fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     let scale = if quick { 8 } else { 1 };
     speed(scale);
+    wrapper_speed(scale);
     analytic(scale);
     skew(scale);
     presets(scale);
