@@ -1,10 +1,24 @@
-//! Shale's NBD front-end.
+//! Shale's NBD front-end, as a library that knows nothing of the engine.
 //!
 //! - [`proto`]: the protocol as pure functions over bytes (fuzzed).
+//! - [`backend`]: the small asynchronous seam the engine plugs into.
+//! - [`mem`]: [`MemBackend`], an in-memory reference backend.
+//! - [`server`]: listeners, handshake and pipelined transmission over std
+//!   threads and blocking sockets.
 //!
-//! The crate does not depend on the engine: the engine plugs in later through
-//! the backend trait.
+//! See `docs/nbd.md` for what is supported and how to connect clients.
 
 #![forbid(unsafe_code)]
 
+pub mod backend;
+pub mod mem;
 pub mod proto;
+pub mod server;
+
+pub use backend::{
+    Backend, BackendError, BackendReply, BackendRequest, BlockSizes, Completion, ExportCaps,
+    ExportId, ExportInfo,
+};
+pub use mem::{MemBackend, MemBackendConfig, MemExportSpec};
+pub use proto::negotiate::TlsMode;
+pub use server::{ExportAccess, Server, ServerConfig, ServerError, ServerLimits, TlsSettings};
