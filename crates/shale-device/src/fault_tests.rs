@@ -503,3 +503,179 @@ fn zone_emulation_survives_crashes_and_torn_table_writes() {
         (ZoneState::Closed, 4096)
     );
 }
+
+mod oracle {
+    //! Crash consistency against an oracle: after any crash, every sector holds the
+    //! value of its last durable write (or zeros) or of a later write, and nothing
+    //! else.
+    use super::*;
+    use proptest::prelude::*;
+
+    const SECTORS: u64 = 16;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        /// Write `len` sectors at `at`: synchronously, or submitted and polled.
+        Write {
+            at: u64,
+            len: u64,
+            sync: bool,
+            fua: bool,
+        },
+        /// Submitted and left in flight until the next poll.
+        InFlight {
+            at: u64,
+            len: u64,
+        },
+        Flush {
+            sync: bool,
+        },
+        Crash {
+            seed: u64,
+            tear: bool,
+        },
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            6 => (0..SECTORS, 1..=3u64, any::<bool>(), any::<bool>()).prop_map(|(at, len, sync, fua)| Op::Write {
+                at,
+                len: len.min(SECTORS - at),
+                sync,
+                fua: fua && !sync,
+            }),
+            2 => (0..SECTORS, 1..=3u64).prop_map(|(at, len)| Op::InFlight { at, len: len.min(SECTORS - at) }),
+            2 => any::<bool>().prop_map(|sync| Op::Flush { sync }),
+            1 => (any::<u64>(), any::<bool>()).prop_map(|(seed, tear)| Op::Crash { seed, tear }),
+        ]
+    }
+
+    /// Per sector: the writes since the last durable one, oldest first, with
+    /// (value, write number, durable).
+    type History = Vec<Vec<(u8, u64, bool)>>;
+
+    fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
+        let mut d = FaultDevice::new(SECTORS * 512, 512, 1).expect("dev");
+        let mut hist: History = vec![vec![(0, u64::MAX, true)]; SECTORS as usize];
+        // Writes whose completion has been delivered, and those still in flight.
+        let mut completed: Vec<u64> = Vec::new();
+        let mut in_flight: Vec<u64> = Vec::new();
+        let mut next = 0u64;
+        let mut out = Vec::new();
+        let mark_durable = |hist: &mut History, ids: &[u64]| {
+            for h in hist.iter_mut() {
+                for e in h.iter_mut() {
+                    if ids.contains(&e.1) {
+                        e.2 = true;
+                    }
+                }
+                // Everything before the newest durable write is gone for good.
+                if let Some(last) = h.iter().rposition(|e| e.2) {
+                    h.drain(..last);
+                }
+            }
+        };
+        for (step, op) in ops.into_iter().enumerate() {
+            match op {
+                Op::Write { at, len, sync, fua } => {
+                    let id = next;
+                    next += 1;
+                    let value = (id % 250) as u8 + 1;
+                    let data = fill((len * 512) as usize, value);
+                    for s in at..at + len {
+                        hist[s as usize].push((value, id, false));
+                    }
+                    if sync {
+                        d.write_at(at * 512, &data).expect("write");
+                        completed.push(id);
+                    } else {
+                        write_async(&mut d, id, at * 512, &data, fua);
+                        out.clear();
+                        d.poll(&mut out, in_flight.len() + 1).expect("poll");
+                        completed.append(&mut in_flight);
+                        completed.push(id);
+                        if fua {
+                            mark_durable(&mut hist, &[id]);
+                        }
+                    }
+                }
+                Op::InFlight { at, len } => {
+                    let id = next;
+                    next += 1;
+                    let value = (id % 250) as u8 + 1;
+                    for s in at..at + len {
+                        hist[s as usize].push((value, id, false));
+                    }
+                    write_async(
+                        &mut d,
+                        id,
+                        at * 512,
+                        &fill((len * 512) as usize, value),
+                        false,
+                    );
+                    in_flight.push(id);
+                }
+                Op::Flush { sync } => {
+                    if sync {
+                        d.flush().expect("flush");
+                    } else {
+                        d.submit(IoRequest {
+                            tag: u64::MAX,
+                            op: IoOp::Flush,
+                        });
+                        out.clear();
+                        d.poll(&mut out, in_flight.len() + 1).expect("poll");
+                    }
+                    // Covers what had completed when it was submitted; requests in
+                    // flight complete in the same poll but after it.
+                    mark_durable(&mut hist, &completed);
+                    completed.clear();
+                    if !sync {
+                        completed.append(&mut in_flight);
+                    }
+                }
+                Op::Crash { seed, tear } => {
+                    let mode = if tear {
+                        CrashMode::Tear {
+                            seed,
+                            unit: TearUnit::Sector512,
+                        }
+                    } else {
+                        CrashMode::KeepRandomSubset { seed }
+                    };
+                    d.crash(&mode).expect("crash");
+                    for (s, h) in hist.iter_mut().enumerate() {
+                        let got = read(&mut d, s as u64 * 512, 512);
+                        let v = got[0];
+                        prop_assert!(
+                            got.iter().all(|&b| b == v),
+                            "step {} sector {} mixed",
+                            step,
+                            s
+                        );
+                        prop_assert!(
+                            h.iter().any(|e| e.0 == v),
+                            "step {} sector {}: {} not among allowed {:?}",
+                            step,
+                            s,
+                            v,
+                            h
+                        );
+                        *h = vec![(v, u64::MAX, true)];
+                    }
+                    completed.clear();
+                    in_flight.clear();
+                }
+            }
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+        #[test]
+        fn crashes_leave_only_allowed_values(ops in proptest::collection::vec(op(), 1..80)) {
+            run(ops)?;
+        }
+    }
+}
