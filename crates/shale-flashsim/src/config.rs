@@ -85,7 +85,7 @@ impl FtlConfig {
         if !iu.is_power_of_two() || !(512..=IU_BYTES_MAX).contains(&iu) {
             return Err(FlashSimError::IuSize { iu_bytes: iu });
         }
-        if logical_bytes == 0 || logical_bytes % iu != 0 {
+        if logical_bytes == 0 || !logical_bytes.is_multiple_of(iu) {
             return Err(FlashSimError::CapacityNotIuMultiple {
                 capacity_bytes: logical_bytes,
                 iu_bytes: iu,
@@ -102,7 +102,7 @@ impl FtlConfig {
         }
         let ius_per_superblock = match self.superblock {
             Superblock::Bytes(b) => {
-                if b == 0 || b % iu != 0 {
+                if b == 0 || !b.is_multiple_of(iu) {
                     return Err(FlashSimError::SuperblockSize {
                         superblock_bytes: b,
                         iu_bytes: iu,

@@ -127,4 +127,27 @@ mod tests {
         ));
         assert!(simulated_zoned_device(&p, 1 << 20, 16, Backing::Null).is_ok());
     }
+
+    #[test]
+    fn simulated_drives_can_move_to_an_engine_thread() {
+        let block = simulated_block_device(&preset("tlc").expect("preset"), 1 << 20, Backing::Mem)
+            .expect("builds");
+        let zoned = simulated_zoned_device(
+            &preset("zns-qlc").expect("preset"),
+            1 << 20,
+            4,
+            Backing::Mem,
+        )
+        .expect("builds");
+        let (hb, hz) = (block.stats_handle(), zoned.stats_handle());
+        std::thread::spawn(move || {
+            let (mut block, mut zoned) = (block, zoned);
+            block.write_at(0, &[1u8; 4096]).expect("write");
+            zoned.append(0, &[1u8; 4096]).expect("append");
+        })
+        .join()
+        .expect("thread");
+        assert_eq!(hb.stats().host_bytes_written, 4096);
+        assert_eq!(hz.stats().nand_bytes_written, 4096);
+    }
 }
