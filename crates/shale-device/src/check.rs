@@ -25,7 +25,7 @@ pub(crate) fn check_geometry(size_bytes: u64, logical_block_size: u32) -> Result
             min: u64::from(logical_block_size),
         });
     }
-    if size_bytes % u64::from(logical_block_size) != 0 {
+    if !size_bytes.is_multiple_of(u64::from(logical_block_size)) {
         return Err(DeviceError::InvalidGeometry {
             reason: format!(
                 "size {size_bytes} is not a multiple of the logical block size {logical_block_size}"
@@ -47,7 +47,7 @@ pub(crate) fn check_range(
         return Err(DeviceError::ZeroLength { op, offset });
     }
     let align = u64::from(info.logical_block_size);
-    if offset % align != 0 || len % align != 0 {
+    if !offset.is_multiple_of(align) || !len.is_multiple_of(align) {
         return Err(DeviceError::Misaligned {
             op,
             offset,
@@ -79,7 +79,7 @@ pub(crate) fn check_async_io(
     let len64 = len as u64;
     check_range(info, op, offset, len64)?;
     let align = u64::from(info.logical_block_size);
-    if (buf_ptr as usize as u64) % align != 0 {
+    if !(buf_ptr as usize as u64).is_multiple_of(align) {
         return Err(DeviceError::Misaligned {
             op,
             offset,

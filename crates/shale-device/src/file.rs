@@ -297,7 +297,7 @@ impl FileDevice {
 
     /// Whether a caller's buffer must go through the bounce buffer.
     fn needs_bounce(&self, ptr: *const u8) -> bool {
-        self.direct && (ptr as usize) % self.info.logical_block_size as usize != 0
+        self.direct && !(ptr as usize).is_multiple_of(self.info.logical_block_size as usize)
     }
 
     fn bounce(&mut self) -> IoBuf {

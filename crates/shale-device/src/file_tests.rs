@@ -112,7 +112,7 @@ fn many_in_flight_any_completion_order() {
         let n = 300u64;
         // Mixed sizes so large and small requests race in the kernel.
         let size = |i: u64| {
-            if i % 7 == 0 {
+            if i.is_multiple_of(7) {
                 1 << 20
             } else {
                 4096 * (1 + i % 4)

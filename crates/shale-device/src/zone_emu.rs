@@ -145,13 +145,16 @@ impl<D: BlockDevice> ZoneEmu<D> {
         let lbs64 = u64::from(lbs);
         let size = inner.info().size_bytes;
         let c = config;
-        if c.zone_size == 0 || c.zone_size % lbs64 != 0 {
+        if c.zone_size == 0 || !c.zone_size.is_multiple_of(lbs64) {
             return Err(config_error(format!(
                 "zone size {} is not a non-zero multiple of the logical block size {lbs}",
                 c.zone_size
             )));
         }
-        if c.zone_capacity == 0 || c.zone_capacity > c.zone_size || c.zone_capacity % lbs64 != 0 {
+        if c.zone_capacity == 0
+            || c.zone_capacity > c.zone_size
+            || !c.zone_capacity.is_multiple_of(lbs64)
+        {
             return Err(config_error(format!(
                 "zone capacity {} must be a non-zero multiple of {lbs} no larger than the zone size {}",
                 c.zone_capacity, c.zone_size
@@ -474,7 +477,7 @@ impl<D: BlockDevice> ZoneEmu<D> {
             return Err(DeviceError::ZeroLength { op, offset }.into());
         }
         let align = u64::from(self.meta.logical_block_size);
-        if offset % align != 0 || len % align != 0 {
+        if !offset.is_multiple_of(align) || !len.is_multiple_of(align) {
             return Err(DeviceError::Misaligned {
                 op,
                 offset,
@@ -603,7 +606,7 @@ impl<D: BlockDevice> ZoneEmu<D> {
                     return Err(DeviceError::ZeroLength { op, offset: start }.into());
                 }
                 let align = u64::from(self.meta.logical_block_size);
-                if len % align != 0 {
+                if !len.is_multiple_of(align) {
                     return Err(DeviceError::Misaligned {
                         op,
                         offset: start,

@@ -167,13 +167,13 @@ pub(crate) fn decode_geometry(block: &[u8]) -> Result<MetaGeometry, DeviceError>
     let sane = g.logical_block_size.is_power_of_two()
         && (512..=4096).contains(&g.logical_block_size)
         && g.zone_size > 0
-        && g.zone_size % lbs == 0
+        && g.zone_size.is_multiple_of(lbs)
         && g.zone_capacity > 0
         && g.zone_capacity <= g.zone_size
-        && g.zone_capacity % lbs == 0
+        && g.zone_capacity.is_multiple_of(lbs)
         && g.zone_count > 0
         && g.table_slot_bytes >= table_slot_bytes(u64::from(g.zone_count))
-        && g.table_slot_bytes % META_BLOCK_BYTES == 0
+        && g.table_slot_bytes.is_multiple_of(META_BLOCK_BYTES)
         && Some(g.data_offset)
             == g.table_slot_bytes
                 .checked_mul(2)
@@ -271,7 +271,7 @@ pub(crate) fn decode_table(
         let wp = le_u64(slot, at + 8);
         let cap = g.zone_capacity;
         let consistent = wp <= cap
-            && wp % u64::from(g.logical_block_size) == 0
+            && wp.is_multiple_of(u64::from(g.logical_block_size))
             && match state {
                 ZoneState::Empty => wp == 0,
                 ZoneState::Full => wp == cap,
