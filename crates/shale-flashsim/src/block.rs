@@ -254,6 +254,14 @@ impl<D: BlockDevice> FlashSim<D> {
         &self.model
     }
 
+    /// The FTL model (geometry, `self_check`), unless the drive writes in place.
+    pub fn ftl(&self) -> Option<&Ftl> {
+        match &self.model {
+            DriveModel::Ftl(f) => Some(f),
+            DriveModel::InPlace(_) => None,
+        }
+    }
+
     pub fn inner(&self) -> &D {
         &self.inner
     }
@@ -386,13 +394,6 @@ mod tests {
 
     fn timing() -> TimingModel {
         preset("qlc-p5316").expect("preset").timing
-    }
-
-    fn ftl_of<D: BlockDevice>(sim: &FlashSim<D>) -> &Ftl {
-        match sim.model() {
-            DriveModel::Ftl(f) => f,
-            DriveModel::InPlace(_) => panic!("not an FTL model"),
-        }
     }
 
     #[test]
@@ -586,7 +587,7 @@ mod tests {
             );
             prop_assert!(s.nand_bytes_written >= s.host_bytes_written);
             prop_assert_eq!(s.nand_bytes_written % iu, 0);
-            prop_assert_eq!(ftl_of(&sim).self_check(), Ok(()));
+            prop_assert_eq!(sim.ftl().expect("FTL model").self_check(), Ok(()));
         }
     }
 }
