@@ -158,3 +158,33 @@ fn sustained_overwrites_run_compaction_and_gc() {
     assert!(s.zone_resets > 0, "{s:?}");
     assert!(s.layer_waf() > 0.5, "{s:?}");
 }
+
+/// Regression: GC padded every partial batch as soon as zones ran short; with two
+/// streams it spent two zones per zone freed and looped (hundreds of GC victims per
+/// compaction victim, most capacity writes padding).
+#[test]
+fn gc_does_not_pad_while_other_victims_can_fill_batches() {
+    use shale_engine::{Config, Engine, ManualClock};
+    let cfg = Config {
+        chunk_blocks: 128,
+        compaction_free_chunks_pct: 50,
+        gc_free_zones_min: 3,
+        ..tiny_config()
+    };
+    let (c, z) = devices_with(128 + 6 * 128, 16, 128);
+    let mut e = Engine::format(c, z, ManualClock::new(), cfg).unwrap();
+    let n = e.user_capacity_bytes() / 4096 * 95 / 100;
+    let v = create(&mut e, "a", n * 4096);
+    let mut x = 1u64;
+    for i in 0..n * 8 {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        write(&mut e, v, (x >> 33) % n * 4096, &pattern(i, 4096)).unwrap();
+    }
+    e.self_check().unwrap();
+    let s = e.stats();
+    assert!(s.gc_victims > 0, "{s:?}");
+    assert_eq!(s.capacity_pad_bytes, 0, "{s:?}");
+    assert!(s.gc_victims < 2 * s.compaction_victims, "{s:?}");
+}

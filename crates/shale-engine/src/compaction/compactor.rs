@@ -503,14 +503,22 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         Ok(())
     }
 
-    /// Pads out partial batches when the space they hold hostage is needed now.
+    /// Pads out partial batches when the space they hold hostage is needed now and no
+    /// other victim could fill them instead (padding costs capacity writes).
     fn release_hostages(&mut self, role: RegionRole) -> Result<(), EngineError> {
-        let critical = if role == RegionRole::Gc {
-            self.regions.free_zones.len() <= self.gc_reserve()
+        let short = if role == RegionRole::Gc {
+            self.regions.free_zones.len() <= 1
         } else {
             self.regions.free_chunks.is_empty()
         };
-        if critical {
+        if !short {
+            return Ok(());
+        }
+        let snap = self.snapshot(role);
+        let now = self.now();
+        let other = self.mover(role).policy.choose(&snap, now);
+        self.mover(role).snapshot = snap;
+        if other.is_none() {
             self.pad_streams(role)?;
         }
         Ok(())

@@ -13,14 +13,18 @@ pub const ZONE_BLOCKS: u64 = 256;
 
 /// A cache of `cache_blocks` and `zones` zones of 256 blocks over memory.
 pub fn devices(cache_blocks: u64, zones: u64) -> (MemDevice, Cap) {
+    devices_with(cache_blocks, zones, ZONE_BLOCKS)
+}
+
+pub fn devices_with(cache_blocks: u64, zones: u64, zone_blocks: u64) -> (MemDevice, Cap) {
     let cache = MemDevice::new(cache_blocks * 4096, 4096)
         .unwrap()
         .with_name("cache");
     // Room for the emulator's metadata.
-    let inner = MemDevice::new((zones + 2) * ZONE_BLOCKS * 4096, 4096)
+    let inner = MemDevice::new((zones + 2) * zone_blocks * 4096, 4096)
         .unwrap()
         .with_name("capacity");
-    let mut zc = ZoneEmuConfig::new(ZONE_BLOCKS * 4096);
+    let mut zc = ZoneEmuConfig::new(zone_blocks * 4096);
     zc.zone_count_max = zones as u32;
     zc.max_open_zones = 8;
     zc.max_active_zones = 8;

@@ -1,0 +1,431 @@
+//! The model-based property test: random sequences of writes of every size and
+//! alignment, trims, write-zeroes, reads, flushes, FUA writes, clean reopens and volume
+//! create/resize/delete over several volumes, on tiny chunks and zones with tight
+//! thresholds so compaction and GC run constantly. Every read must match a simple
+//! in-memory model and the self-check must pass after every step.
+//!
+//! A failure prints the shrunk case and the seed; rerun with SHALE_MODEL_SEED=<seed>.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::*;
+use proptest::prelude::*;
+use proptest::test_runner::{Config as PtConfig, RngAlgorithm, TestCaseError, TestRng, TestRunner};
+use shale_engine::{Config, Engine, EngineError, ManualClock, Reply, Request, VolumeId};
+
+#[derive(Debug, Clone)]
+enum Op {
+    Write {
+        vol: u8,
+        at: u32,
+        len: u32,
+        seed: u64,
+        fua: bool,
+    },
+    Read {
+        vol: u8,
+        at: u32,
+        len: u32,
+    },
+    Trim {
+        vol: u8,
+        at: u32,
+        len: u32,
+    },
+    Zeroes {
+        vol: u8,
+        at: u32,
+        len: u32,
+    },
+    Flush,
+    Reopen,
+    Create {
+        blocks: u16,
+    },
+    Resize {
+        vol: u8,
+        blocks: u16,
+    },
+    Delete {
+        vol: u8,
+    },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let len = prop_oneof![
+        3 => (1u32..=4).prop_map(|b| b * 4096),
+        2 => 1u32..20_000,
+        3 => (4u32..=16).prop_map(|b| b * 4096),
+    ];
+    prop_oneof![
+        40 => (any::<u8>(), any::<u32>(), len.clone(), any::<u64>(), prop::bool::weighted(0.05))
+            .prop_map(|(vol, at, len, seed, fua)| Op::Write { vol, at, len, seed, fua }),
+        12 => (any::<u8>(), any::<u32>(), 1u32..40_000).prop_map(|(vol, at, len)| Op::Read { vol, at, len }),
+        4 => (any::<u8>(), any::<u32>(), 1u32..60_000).prop_map(|(vol, at, len)| Op::Trim { vol, at, len }),
+        3 => (any::<u8>(), any::<u32>(), 1u32..30_000).prop_map(|(vol, at, len)| Op::Zeroes { vol, at, len }),
+        2 => Just(Op::Flush),
+        1 => Just(Op::Reopen),
+        2 => (16u16..400).prop_map(|blocks| Op::Create { blocks }),
+        1 => (any::<u8>(), 8u16..400).prop_map(|(vol, blocks)| Op::Resize { vol, blocks }),
+        1 => any::<u8>().prop_map(|vol| Op::Delete { vol }),
+    ]
+}
+
+fn model_config() -> Config {
+    Config {
+        chunk_blocks: 128,
+        compaction_free_chunks_pct: 50,
+        gc_free_zones_min: 3,
+        ..tiny_config()
+    }
+}
+
+fn fresh() -> Eng {
+    // 6 chunks and 16 zones of one group each.
+    let (c, z) = devices_with(128 + 4 * 128, 16, 128);
+    Engine::format(c, z, ManualClock::new(), model_config()).unwrap()
+}
+
+struct World {
+    e: Option<Eng>,
+    model: BTreeMap<VolumeId, Vec<u8>>,
+    names: u32,
+}
+
+impl World {
+    fn e(&mut self) -> &mut Eng {
+        self.e.as_mut().unwrap()
+    }
+
+    fn pick(&self, vol: u8) -> Option<VolumeId> {
+        let ids: Vec<_> = self.model.keys().copied().collect();
+        (!ids.is_empty()).then(|| ids[vol as usize % ids.len()])
+    }
+
+    /// A range inside the volume: offset from `at`, length clamped.
+    fn range(&self, v: VolumeId, at: u32, len: u32) -> (u64, u64) {
+        let size = self.model[&v].len() as u64;
+        let off = u64::from(at) % size;
+        (off, u64::from(len).min(size - off).max(1))
+    }
+
+    fn step(&mut self, op: &Op) -> Result<(), TestCaseError> {
+        match *op {
+            Op::Write {
+                vol,
+                at,
+                len,
+                seed,
+                fua,
+            } => {
+                let Some(v) = self.pick(vol) else {
+                    return Ok(());
+                };
+                let (off, len) = self.range(v, at, len);
+                let data = pattern(seed, len as usize);
+                let r = call(
+                    self.e(),
+                    Request::Write {
+                        volume: v,
+                        offset: off,
+                        data: data.clone(),
+                        fua,
+                    },
+                );
+                prop_assert!(r.is_ok(), "write {v} {off}+{len}: {r:?}");
+                self.model.get_mut(&v).unwrap()[off as usize..(off + len) as usize]
+                    .copy_from_slice(&data);
+            }
+            Op::Read { vol, at, len } => {
+                let Some(v) = self.pick(vol) else {
+                    return Ok(());
+                };
+                let (off, len) = self.range(v, at, len);
+                let got = match call(
+                    self.e(),
+                    Request::Read {
+                        volume: v,
+                        offset: off,
+                        len,
+                    },
+                ) {
+                    Ok(Reply::Read(d)) => d,
+                    r => return Err(TestCaseError::fail(format!("read {v} {off}+{len}: {r:?}"))),
+                };
+                let want = &self.model[&v][off as usize..(off + len) as usize];
+                if got != want {
+                    let first = got.iter().zip(want).position(|(a, b)| a != b).unwrap_or(0);
+                    return Err(TestCaseError::fail(format!(
+                        "read {v} {off}+{len} differs from the model first at byte {} (block {})",
+                        off as usize + first,
+                        (off as usize + first) / 4096
+                    )));
+                }
+            }
+            Op::Trim { vol, at, len } | Op::Zeroes { vol, at, len } => {
+                let Some(v) = self.pick(vol) else {
+                    return Ok(());
+                };
+                let (off, len) = self.range(v, at, len);
+                let zeroes = matches!(op, Op::Zeroes { .. });
+                let req = if zeroes {
+                    Request::WriteZeroes {
+                        volume: v,
+                        offset: off,
+                        len,
+                    }
+                } else {
+                    Request::Trim {
+                        volume: v,
+                        offset: off,
+                        len,
+                    }
+                };
+                let r = call(self.e(), req);
+                prop_assert!(r.is_ok(), "trim/zeroes {v} {off}+{len}: {r:?}");
+                let (lo, hi) = if zeroes {
+                    (off, off + len)
+                } else {
+                    (off.div_ceil(4096) * 4096, (off + len) / 4096 * 4096)
+                };
+                if lo < hi {
+                    self.model.get_mut(&v).unwrap()[lo as usize..hi as usize].fill(0);
+                }
+            }
+            Op::Flush => {
+                let r = call(self.e(), Request::Flush);
+                prop_assert!(r.is_ok(), "flush: {r:?}");
+            }
+            Op::Reopen => {
+                let st = self.e().stats();
+                TOTALS.lock().unwrap().add(&st, 0);
+                let e = self.e.take().unwrap();
+                self.e = Some(reopen(e, model_config()));
+            }
+            Op::Create { blocks } => {
+                self.names += 1;
+                let size = u64::from(blocks) * 4096;
+                let allocated: u64 = self.model.values().map(|m| m.len() as u64).sum();
+                let cap = self.e().user_capacity_bytes();
+                let name = format!("v{}", self.names);
+                let r = call(
+                    self.e(),
+                    Request::CreateVolume {
+                        name,
+                        size_bytes: size,
+                    },
+                );
+                match r {
+                    Ok(Reply::Volume(info)) => {
+                        prop_assert!(allocated + size <= cap);
+                        prop_assert!(!self.model.contains_key(&info.id));
+                        self.model.insert(info.id, vec![0; size as usize]);
+                    }
+                    Err(EngineError::NoSpace { .. }) => prop_assert!(allocated + size > cap),
+                    Err(EngineError::InvalidVolume { .. }) => prop_assert_eq!(self.model.len(), 4),
+                    r => return Err(TestCaseError::fail(format!("create: {r:?}"))),
+                }
+            }
+            Op::Resize { vol, blocks } => {
+                let Some(v) = self.pick(vol) else {
+                    return Ok(());
+                };
+                let size = u64::from(blocks) * 4096;
+                let allocated: u64 = self.model.values().map(|m| m.len() as u64).sum();
+                let old = self.model[&v].len() as u64;
+                let cap = self.e().user_capacity_bytes();
+                match call(
+                    self.e(),
+                    Request::ResizeVolume {
+                        volume: v,
+                        size_bytes: size,
+                    },
+                ) {
+                    Ok(_) => {
+                        prop_assert!(allocated - old + size <= cap);
+                        self.model.get_mut(&v).unwrap().resize(size as usize, 0);
+                    }
+                    Err(EngineError::NoSpace { .. }) => prop_assert!(allocated - old + size > cap),
+                    r => return Err(TestCaseError::fail(format!("resize: {r:?}"))),
+                }
+            }
+            Op::Delete { vol } => {
+                let Some(v) = self.pick(vol) else {
+                    return Ok(());
+                };
+                let r = call(self.e(), Request::DeleteVolume { volume: v });
+                prop_assert!(r.is_ok(), "delete: {r:?}");
+                self.model.remove(&v);
+            }
+        }
+        Ok(())
+    }
+
+    fn verify_all(&mut self) -> Result<(), TestCaseError> {
+        let vols: Vec<_> = self.model.keys().copied().collect();
+        for v in vols {
+            let size = self.model[&v].len() as u64;
+            let mut off = 0;
+            while off < size {
+                let len = (size - off).min(64 * 1024);
+                let got = match call(
+                    self.e(),
+                    Request::Read {
+                        volume: v,
+                        offset: off,
+                        len,
+                    },
+                ) {
+                    Ok(Reply::Read(d)) => d,
+                    r => return Err(TestCaseError::fail(format!("final read {v}: {r:?}"))),
+                };
+                prop_assert!(
+                    got == self.model[&v][off as usize..(off + len) as usize],
+                    "final read {} at {} differs",
+                    v,
+                    off
+                );
+                off += len;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn run_case(ops: &[Op]) -> Result<(), TestCaseError> {
+    let mut w = World {
+        e: Some(fresh()),
+        model: BTreeMap::new(),
+        names: 0,
+    };
+    // Start with two volumes so most sequences do I/O.
+    let cap_blocks = w.e().user_capacity_bytes() / 4096;
+    for share in [55u64, 40] {
+        w.step(&Op::Create {
+            blocks: (cap_blocks * share / 100) as u16,
+        })?;
+    }
+    // Fill both volumes so compaction and GC have live data to move from the start.
+    for vol in 0..2u8 {
+        let v = w.pick(vol).unwrap();
+        let size = w.model[&v].len() as u32;
+        for at in (0..size).step_by(64 * 1024) {
+            w.step(&Op::Write {
+                vol,
+                at,
+                len: 64 * 1024,
+                seed: u64::from(at) + u64::from(vol),
+                fua: false,
+            })?;
+        }
+    }
+    for (i, op) in ops.iter().enumerate() {
+        w.step(op)
+            .map_err(|e| TestCaseError::fail(format!("step {i} {op:?}: {e}")))?;
+        if let Err(e) = w.e().self_check() {
+            return Err(TestCaseError::fail(format!(
+                "self-check after step {i} {op:?}: {e}"
+            )));
+        }
+    }
+    w.verify_all()?;
+    let st = w.e().stats();
+    TOTALS.lock().unwrap().add(&st, ops.len());
+    let e = w.e.take().unwrap();
+    let (c, z) = e
+        .shutdown()
+        .map_err(|e| TestCaseError::fail(format!("shutdown: {e}")))?;
+    drop((c, z));
+    Ok(())
+}
+
+#[derive(Debug, Default)]
+struct Totals {
+    ops: usize,
+    user_blocks: u64,
+    compaction_victims: u64,
+    gc_victims: u64,
+    zone_resets: u64,
+    chunk_frees: u64,
+    checkpoints: u64,
+    pad_bytes: u64,
+    superseded: u64,
+}
+
+impl Totals {
+    fn add(&mut self, s: &shale_engine::Stats, ops: usize) {
+        self.ops += ops;
+        self.user_blocks += s.user_blocks_appended;
+        self.compaction_victims += s.compaction_victims;
+        self.gc_victims += s.gc_victims;
+        self.zone_resets += s.zone_resets;
+        self.chunk_frees += s.chunk_frees;
+        self.checkpoints += s.checkpoints;
+        self.pad_bytes += s.capacity_pad_bytes;
+        self.superseded += s.relocations_superseded;
+    }
+}
+
+static TOTALS: std::sync::Mutex<Totals> = std::sync::Mutex::new(Totals {
+    ops: 0,
+    user_blocks: 0,
+    compaction_victims: 0,
+    gc_victims: 0,
+    zone_resets: 0,
+    chunk_frees: 0,
+    checkpoints: 0,
+    pad_bytes: 0,
+    superseded: 0,
+});
+
+fn seed() -> u64 {
+    std::env::var("SHALE_MODEL_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_nanos() as u64)
+        })
+}
+
+fn run_model(cases: u32, max_ops: usize) {
+    let seed = seed();
+    let mut bytes = [0u8; 32];
+    bytes[..8].copy_from_slice(&seed.to_le_bytes());
+    let config = PtConfig {
+        cases,
+        failure_persistence: None,
+        max_shrink_iters: 2000,
+        ..PtConfig::default()
+    };
+    let mut runner =
+        TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &bytes));
+    let result = runner.run(&proptest::collection::vec(op(), 1..max_ops), |ops| {
+        run_case(&ops)
+    });
+    if let Err(e) = result {
+        panic!("model test failed; rerun with SHALE_MODEL_SEED={seed}\n{e}");
+    }
+    let t = TOTALS.lock().unwrap();
+    eprintln!("model test passed, SHALE_MODEL_SEED={seed}; totals: {t:?}");
+    assert!(
+        t.compaction_victims > 0 && t.gc_victims > 0,
+        "background work never ran: {t:?}"
+    );
+}
+
+#[test]
+fn engine_matches_model() {
+    run_model(24, 300);
+}
+
+/// Longer sequences; run with `cargo test -- --ignored`.
+#[test]
+#[ignore]
+fn engine_matches_model_long() {
+    run_model(200, 2000);
+}
