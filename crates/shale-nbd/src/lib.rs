@@ -11,6 +11,7 @@
 #![forbid(unsafe_code)]
 
 pub mod backend;
+pub mod fuzzing;
 pub mod mem;
 pub mod proto;
 pub mod server;

@@ -199,7 +199,13 @@ impl Negotiation {
             || e.allowed_identities.is_some()
             || self.effective_mode() == TlsMode::Required;
         if needs_tls && !self.tls_active {
-            return Access::NeedsTls;
+            // In NOTLS mode TLS_REQD must never be sent: the export is simply
+            // not available on this connection.
+            return if self.effective_mode() == TlsMode::Off {
+                Access::Denied
+            } else {
+                Access::NeedsTls
+            };
         }
         match &e.allowed_identities {
             Some(allowed) if !self.identities.iter().any(|id| allowed.contains(id)) => {
@@ -736,6 +742,27 @@ mod tests {
             types(run(&mut n, ClientOption::List)).last(),
             Some(&REP_ACK)
         );
+    }
+
+    /// Found by fuzzing: a TLS-only export asked for by a client without
+    /// fixed newstyle (so NOTLS applies) was answered NBD_REP_ERR_TLS_REQD,
+    /// which the spec forbids in NOTLS mode.
+    #[test]
+    fn regression_tls_only_export_in_notls_mode_is_policy_not_tls_reqd() {
+        let mut n = Negotiation::new(
+            NegotiationConfig {
+                tls_mode: TlsMode::Optional,
+                tls_available: true,
+                limits: OptionLimits::default(),
+                options_max: 8,
+                payload_bytes_max: 1 << 25,
+            },
+            ClientFlags::default(),
+        );
+        assert_eq!(types(run(&mut n, go("secret"))), [REP_ERR_POLICY]);
+        assert_eq!(types(run(&mut n, go("alice"))), [REP_ERR_POLICY]);
+        let mut off = neg(TlsMode::Off);
+        assert_eq!(types(run(&mut off, go("secret"))), [REP_ERR_POLICY]);
     }
 
     #[test]
