@@ -679,3 +679,62 @@ mod oracle {
         }
     }
 }
+
+#[test]
+fn zone_emulation_persists_only_completed_writes_and_waits_on_reset() {
+    use crate::{ZoneOp, ZoneRequest};
+    let zone = 65536u64;
+    let mut d = FaultDevice::new(16384 + 4 * zone, 4096, 9).expect("dev");
+    let ctl = d.controller();
+    {
+        let mut emu = ZoneEmu::format(&mut d, &ZoneEmuConfig::new(zone)).expect("format");
+        emu.append(0, &fill(4096, 1)).expect("append");
+        ctl.set_latency(Latency::Polls { min: 2, max: 6 });
+        for t in 0..4u64 {
+            emu.submit(ZoneRequest {
+                tag: t,
+                op: ZoneOp::Append {
+                    zone: 0,
+                    buf: IoBuf::from_slice(&fill(4096, 2)),
+                    fua: false,
+                },
+            });
+        }
+        // Pointer advanced at submission...
+        assert_eq!(emu.zone_info(0).expect("z").write_pointer, 5 * 4096);
+        // ...but a flush now persists only the completed prefix.
+        emu.flush().expect("flush");
+        // Reset of zone 1 (nothing in flight there) does not wait for zone 0.
+        emu.reset_zone(1).expect("reset 1");
+        assert_eq!(emu.in_flight(), 4);
+        // Reset of zone 0 waits for its writes; their completions stay for poll.
+        emu.reset_zone(0).expect("reset 0");
+        let mut out = Vec::new();
+        assert_eq!(emu.poll(&mut out, 0).expect("poll"), 4);
+        assert!(out.iter().all(|c| c.result.is_ok()));
+        assert_eq!(emu.in_flight(), 0);
+        emu.append(2, &fill(4096, 3)).expect("append");
+        for t in 0..3u64 {
+            emu.submit(ZoneRequest {
+                tag: t,
+                op: ZoneOp::Append {
+                    zone: 2,
+                    buf: IoBuf::from_slice(&fill(4096, 4)),
+                    fua: false,
+                },
+            });
+        }
+        emu.flush().expect("flush with appends in flight");
+    }
+    let report = d.crash(&CrashMode::DropAll).expect("crash");
+    assert_eq!(report.lost_in_flight, 3);
+    let emu = ZoneEmu::open(&mut d).expect("reopen");
+    let z0 = emu.zone_info(0).expect("z");
+    assert_eq!((z0.state, z0.write_pointer), (ZoneState::Empty, 0));
+    let z2 = emu.zone_info(2).expect("z");
+    assert_eq!(
+        (z2.state, z2.write_pointer - z2.start),
+        (ZoneState::Closed, 4096),
+        "in-flight appends are not claimed by the persisted pointer"
+    );
+}
