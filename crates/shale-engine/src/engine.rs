@@ -498,3 +498,60 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         self.streams
     }
 }
+
+/// Which device a block lives on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tier {
+    Cache,
+    Capacity,
+}
+
+/// Where a mapped block is, for tools and tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Location {
+    pub pba: Pba,
+    pub tier: Tier,
+    /// Byte offset on that device.
+    pub offset: u64,
+    /// Still only in an in-memory group buffer (not yet settled on the device).
+    pub in_memory: bool,
+}
+
+impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
+    /// Where (volume, lba) is mapped, if anywhere.
+    pub fn locate(
+        &mut self,
+        volume: shale_format::VolumeId,
+        lba: shale_format::Lba,
+    ) -> Result<Option<Location>, EngineError> {
+        let Some(pba) = self.l2p.get(&mut self.cache, volume, lba)? else {
+            return Ok(None);
+        };
+        if pba.is_none() {
+            return Ok(None);
+        }
+        let Some((on_cache, offset)) = self.geo.device_offset(pba) else {
+            return Ok(None);
+        };
+        let (r, s) = self
+            .geo
+            .region_slot(pba)
+            .unwrap_or((shale_format::RegionId(0), 0));
+        Ok(Some(Location {
+            pba,
+            tier: if on_cache {
+                Tier::Cache
+            } else {
+                Tier::Capacity
+            },
+            offset,
+            in_memory: self.writer.find(r, s).is_some(),
+        }))
+    }
+
+    /// Stops without any further I/O and returns the devices as they are: what a crash
+    /// leaves behind (for tests and simulators). Queued requests are dropped uncompleted.
+    pub fn abandon(self) -> (C, Z) {
+        (self.cache, self.capacity)
+    }
+}

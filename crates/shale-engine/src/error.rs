@@ -151,6 +151,11 @@ pub enum OpenError {
     NoSuperblock { a: FormatError, b: FormatError },
     #[error("capacity label: {0}")]
     BadLabel(FormatError),
+    #[error("capacity label unreadable (not a Shale capacity device?): {source}")]
+    LabelUnreadable {
+        #[source]
+        source: ZoneError,
+    },
     #[error("capacity device belongs to another cache (label UUID differs from the superblock's)")]
     ForeignCapacity,
     #[error("capacity device geometry changed: {reason}")]

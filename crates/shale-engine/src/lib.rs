@@ -41,7 +41,7 @@ mod write;
 pub use clock::{Clock, ManualClock, MonotonicClock};
 pub use compaction::policy::{CompactionPolicyKind, RegionSnapshot, VictimPolicy};
 pub use config::Config;
-pub use engine::Engine;
+pub use engine::{Engine, Location, Tier};
 pub use error::{ConfigError, EngineError, FormatDeviceError, OpenError, SelfCheckError};
 pub use gc::policy::GcPolicyKind;
 pub use metrics::Stats;

@@ -291,7 +291,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         let mut lb = vec![0u8; BLOCK_SIZE];
         capacity
             .read_at(0, &mut lb)
-            .map_err(|e| OpenError::Engine(EngineError::capacity("label read", 0)(e)))?;
+            .map_err(|source| OpenError::LabelUnreadable { source })?;
         let label = CapacityLabel::decode(&lb, 0).map_err(OpenError::BadLabel)?;
         if label.uuid != sb.uuid {
             return Err(OpenError::ForeignCapacity);
