@@ -27,8 +27,8 @@
 use std::collections::VecDeque;
 
 use crate::zone_meta::{
-    decode_geometry, decode_table, encode_geometry, encode_table, table_slot_bytes, MetaGeometry,
-    TableEntry, META_BLOCK_BYTES, TABLE_SLOT0_OFFSET,
+    data_offset_for, decode_geometry, decode_table, encode_geometry, encode_table,
+    table_slot_bytes, MetaGeometry, TableEntry, META_BLOCK_BYTES, TABLE_SLOT0_OFFSET,
 };
 use crate::{
     BlockDevice, DeviceError, IoBuf, IoCompletion, IoOp, IoOpKind, IoRequest, ZoneAction,
@@ -175,7 +175,11 @@ impl<D: BlockDevice> ZoneEmu<D> {
         }
         let fit = fit.min(u64::from(u32::MAX));
         let slot_bytes = table_slot_bytes(fit);
-        let data_offset = TABLE_SLOT0_OFFSET + 2 * slot_bytes;
+        let data_offset = data_offset_for(slot_bytes, c.zone_size).ok_or_else(|| {
+            DeviceError::InvalidGeometry {
+                reason: format!("zone table of {slot_bytes} bytes does not fit"),
+            }
+        })?;
         let zone_count = (size.saturating_sub(data_offset) / c.zone_size).min(fit);
         if zone_count == 0 {
             return Err(DeviceError::TooSmall {

@@ -4,8 +4,9 @@ use crate::MemDevice;
 const KB: u64 = 1024;
 const ZONE: u64 = 64 * KB;
 const CAP: u64 = 48 * KB;
-/// Metadata area for up to 252 zones: two geometry blocks and two one-block tables.
-const META: u64 = 4 * 4096;
+/// Metadata area for up to 252 zones: two geometry blocks and two one-block tables
+/// (16 KiB), rounded up so zone 0 starts aligned to the zone size.
+const META: u64 = ZONE;
 
 fn config() -> ZoneEmuConfig {
     ZoneEmuConfig {

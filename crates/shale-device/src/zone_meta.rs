@@ -8,7 +8,9 @@
 //! 4096         geometry block, copy 1 (identical)
 //! 8192         zone table slot 0 (table_slot_bytes)
 //! 8192 + T     zone table slot 1 (table_slot_bytes)
-//! 8192 + 2T    zone 0 (data_offset); zone i at data_offset + i * zone_size
+//! D            zone 0 (data_offset = 8192 + 2T rounded up to min(1 MiB, zone size
+//!              rounded down to a power of two));
+//!              zone i at data_offset + i * zone_size
 //! ```
 //!
 //! The geometry never changes after format, so it is mirrored rather than
@@ -30,6 +32,21 @@ pub(crate) const TABLE_HEADER_BYTES: usize = 64;
 pub(crate) const TABLE_ENTRY_BYTES: usize = 16;
 /// Offset of table slot 0.
 pub(crate) const TABLE_SLOT0_OFFSET: u64 = 2 * META_BLOCK_BYTES;
+/// Alignment of the first zone on the inner device (smaller zones align to their
+/// own size rounded down to a power of two).
+pub(crate) const DATA_ALIGN_BYTES: u64 = 1 << 20;
+
+/// Where zone 0 starts: after both table slots, aligned so that zone-sized writes
+/// stay aligned to a drive's indirection units (64 KiB on QLC); an unaligned start
+/// would make every sequential zone write a read-modify-write at both edges.
+pub(crate) fn data_offset_for(table_slot_bytes: u64, zone_size: u64) -> Option<u64> {
+    let end = table_slot_bytes
+        .checked_mul(2)?
+        .checked_add(TABLE_SLOT0_OFFSET)?;
+    let zone_pow2 = 1u64 << (63 - zone_size.max(1).leading_zeros());
+    let align = DATA_ALIGN_BYTES.min(zone_pow2).max(META_BLOCK_BYTES);
+    end.checked_next_multiple_of(align)
+}
 
 /// The static part: what format decided.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -174,10 +191,7 @@ pub(crate) fn decode_geometry(block: &[u8]) -> Result<MetaGeometry, DeviceError>
         && g.zone_count > 0
         && g.table_slot_bytes >= table_slot_bytes(u64::from(g.zone_count))
         && g.table_slot_bytes.is_multiple_of(META_BLOCK_BYTES)
-        && Some(g.data_offset)
-            == g.table_slot_bytes
-                .checked_mul(2)
-                .and_then(|t| t.checked_add(TABLE_SLOT0_OFFSET));
+        && Some(g.data_offset) == data_offset_for(g.table_slot_bytes, g.zone_size);
     if !sane {
         return Err(corrupt(format!(
             "geometry block fields inconsistent: {g:?}"
@@ -303,7 +317,7 @@ mod tests {
             max_open_zones: 3,
             max_active_zones: 5,
             table_slot_bytes: t,
-            data_offset: TABLE_SLOT0_OFFSET + 2 * t,
+            data_offset: data_offset_for(t, 1 << 20).unwrap_or(0),
             format_id: 7,
         }
     }
