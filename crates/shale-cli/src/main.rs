@@ -2,6 +2,9 @@
 #![forbid(unsafe_code)]
 
 mod bench;
+mod logging;
+mod serve;
+mod volume;
 
 use std::process::ExitCode;
 
@@ -20,6 +23,15 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run the daemon: export every volume over NBD (creates and formats the embedded
+    /// default under ./shale-data on first start).
+    Serve(serve::ServeArgs),
+    /// Format a cache and a capacity device.
+    Format(serve::FormatArgs),
+    /// Create, list, resize or delete volumes of a running daemon.
+    Volume(volume::VolumeArgs),
+    /// Statistics of a running daemon.
+    Stats(volume::AdminArgs),
     /// Run benchmarks against Shale and its baselines on simulated drives.
     Bench(bench::BenchArgs),
 }
@@ -27,6 +39,10 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Serve(args) => serve::main(args),
+        Command::Format(args) => serve::format(args),
+        Command::Volume(args) => volume::volume(args),
+        Command::Stats(args) => volume::stats(args),
         Command::Bench(args) => bench::main(args),
     };
     match result {

@@ -1,10 +1,18 @@
 //! `shale serve`: the daemon that runs one engine and exports its volumes.
 //!
-//! - [`admin`]: the admin unix socket (JSON lines) used by `shale volume` and `shale stats`.
 //! - [`config`]: the TOML configuration file and its defaults; every flag of
 //!   `shale serve` maps onto a field here, so the file can say everything the flags can.
+//! - [`serve`]: open or create the devices, start the engine thread and the listeners,
+//!   stop cleanly.
+//! - [`backend`]: every volume as an NBD export, requests into the engine's queue.
+//! - [`admin`]: the admin unix socket (JSON lines) used by `shale volume` and `shale stats`.
+//! - [`handler`]: admin requests and metrics answered from the engine.
+//! - [`metrics`]: the Prometheus text endpoint.
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod backend;
 pub mod config;
+pub mod handler;
 pub mod metrics;
+pub mod serve;

@@ -1,0 +1,253 @@
+//! `shale serve` and `shale format`.
+
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use clap::{Args, ValueEnum};
+use shale_daemon::config::{CapacityMode, Config, Size, TlsConfig};
+use shale_daemon::serve::{self, DeviceSpec};
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum Mode {
+    /// Zone emulation over a conventional device (CSAL-BLK).
+    Emulated,
+    /// A zoned device (ZNS rules and open/active-zone limits).
+    Zoned,
+}
+
+impl From<Mode> for CapacityMode {
+    fn from(m: Mode) -> CapacityMode {
+        match m {
+            Mode::Emulated => CapacityMode::Emulated,
+            Mode::Zoned => CapacityMode::Zoned,
+        }
+    }
+}
+
+/// Device and geometry options shared by `serve` and `format`.
+#[derive(Debug, Args)]
+pub struct DeviceArgs {
+    /// Directory of the embedded default's files and sockets [default: ./shale-data]
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Cache device: file or block device [default: DATA_DIR/cache.img]
+    #[arg(long)]
+    pub cache: Option<String>,
+    /// Capacity device: file or block device [default: DATA_DIR/capacity.img]
+    #[arg(long)]
+    pub capacity: Option<String>,
+    /// Size of a cache file created by format [default: 1GiB]
+    #[arg(long)]
+    pub cache_size: Option<String>,
+    /// Size of a capacity file created by format [default: 16GiB]
+    #[arg(long)]
+    pub capacity_size: Option<String>,
+    /// How the capacity device presents zones [default: emulated]
+    #[arg(long, value_enum)]
+    pub capacity_mode: Option<Mode>,
+    /// Simulated-drive preset around the capacity device (qlc-p5316, tlc, optane, zns-qlc)
+    #[arg(long)]
+    pub drive: Option<String>,
+    /// Cache chunk size [default: 16MiB]
+    #[arg(long)]
+    pub chunk_size: Option<String>,
+    /// Capacity zone size [default: 64MiB]
+    #[arg(long)]
+    pub zone_size: Option<String>,
+    /// Spare factor of the capacity device, 0..0.9 [default: 0.18]
+    #[arg(long)]
+    pub spare_factor: Option<f64>,
+}
+
+impl DeviceArgs {
+    fn apply(&self, c: &mut Config) {
+        if let Some(d) = &self.data_dir {
+            c.data_dir = d.clone();
+        }
+        let d = &mut c.devices;
+        if let Some(v) = &self.cache {
+            d.cache = v.clone();
+        }
+        if let Some(v) = &self.capacity {
+            d.capacity = v.clone();
+        }
+        if let Some(v) = &self.cache_size {
+            d.cache_size = Size(v.clone());
+        }
+        if let Some(v) = &self.capacity_size {
+            d.capacity_size = Size(v.clone());
+        }
+        if let Some(v) = self.capacity_mode {
+            d.capacity_mode = v.into();
+        }
+        if let Some(v) = &self.drive {
+            d.drive = Some(v.clone());
+        }
+        if let Some(v) = &self.chunk_size {
+            d.chunk_size = Size(v.clone());
+        }
+        if let Some(v) = &self.zone_size {
+            d.zone_size = Size(v.clone());
+        }
+        if let Some(v) = self.spare_factor {
+            d.spare_factor = v;
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// TOML config file; flags override it
+    #[arg(long, short = 'c')]
+    pub config: Option<PathBuf>,
+    #[command(flatten)]
+    pub devices: DeviceArgs,
+    /// NBD unix socket ("" disables) [default: DATA_DIR/nbd.sock]
+    #[arg(long)]
+    pub unix_socket: Option<String>,
+    /// NBD TCP listen address ("" disables) [default: 127.0.0.1:10809]
+    #[arg(long)]
+    pub tcp: Option<String>,
+    /// Admin socket [default: DATA_DIR/admin.sock]
+    #[arg(long)]
+    pub admin_socket: Option<String>,
+    /// Prometheus metrics listen address, e.g. 127.0.0.1:9477 [default: off]
+    #[arg(long)]
+    pub metrics: Option<String>,
+    /// TLS certificate chain (PEM) for NBD over TCP
+    #[arg(long, requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// TLS private key (PEM)
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// CA bundle to verify client certificates (gives clients identities)
+    #[arg(long, requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
+    /// Refuse clients that do not use TLS
+    #[arg(long, requires = "tls_cert")]
+    pub tls_required: bool,
+    /// Log format: text or json [default: text]
+    #[arg(long)]
+    pub log_format: Option<String>,
+    /// Log filter, e.g. info or shale_engine=debug [default: info]
+    #[arg(long)]
+    pub log_level: Option<String>,
+    /// Print the effective configuration as TOML and exit
+    #[arg(long)]
+    pub print_config: bool,
+}
+
+pub fn load_config(path: Option<&PathBuf>) -> Result<Config> {
+    match path {
+        Some(p) => Config::load(p).map_err(Into::into),
+        None => Ok(Config::default()),
+    }
+}
+
+pub fn main(args: ServeArgs) -> Result<()> {
+    let mut c = load_config(args.config.as_ref())?;
+    args.devices.apply(&mut c);
+    if let Some(v) = &args.unix_socket {
+        c.nbd.unix_socket = v.clone();
+    }
+    if let Some(v) = &args.tcp {
+        c.nbd.tcp = v.clone();
+    }
+    if let Some(v) = &args.admin_socket {
+        c.admin.socket = v.clone();
+    }
+    if let Some(v) = &args.metrics {
+        c.metrics.listen = v.clone();
+    }
+    if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
+        let exports = c.nbd.tls.take().map(|t| t.exports).unwrap_or_default();
+        c.nbd.tls = Some(TlsConfig {
+            cert: cert.clone(),
+            key: key.clone(),
+            client_ca: args.tls_client_ca.clone(),
+            required: args.tls_required,
+            exports,
+        });
+    }
+    if let Some(v) = &args.log_format {
+        c.log.format = v.clone();
+    }
+    if let Some(v) = &args.log_level {
+        c.log.level = v.clone();
+    }
+    c.validate().context("invalid configuration")?;
+    if args.print_config {
+        print!("{}", c.to_toml());
+        return Ok(());
+    }
+    crate::logging::init(&c.log.format, &c.log.level)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, Arc::clone(&stop))
+            .context("installing the signal handler")?;
+    }
+    serve::run(&c, &stop).context("shale serve")?;
+    Ok(())
+}
+
+#[derive(Debug, Args)]
+pub struct FormatArgs {
+    /// TOML config file; flags override it
+    #[arg(long, short = 'c')]
+    pub config: Option<PathBuf>,
+    #[command(flatten)]
+    pub devices: DeviceArgs,
+    /// Volume to create, NAME or NAME:SIZE (repeatable; the last one without a size
+    /// takes the rest of the user capacity) [default: one volume named default]
+    #[arg(long = "volume")]
+    pub volumes: Vec<String>,
+    /// Overwrite an existing Shale
+    #[arg(long)]
+    pub force: bool,
+    /// Print the result as JSON
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn format(args: FormatArgs) -> Result<()> {
+    let mut c = load_config(args.config.as_ref())?;
+    args.devices.apply(&mut c);
+    let spec = DeviceSpec::from_config(&c).context("invalid configuration")?;
+    let mut volumes = Vec::new();
+    for v in &args.volumes {
+        match v.split_once(':') {
+            Some((name, size)) => {
+                let bytes = shale_workload::parse_size(size)
+                    .with_context(|| format!("volume {name:?}: size {size:?}"))?;
+                volumes.push((name.to_string(), Some(bytes)));
+            }
+            None => volumes.push((v.clone(), None)),
+        }
+    }
+    if volumes.is_empty() {
+        volumes.push((serve::DEFAULT_VOLUME.to_string(), None));
+    }
+    let created = serve::format(&spec, args.force, &volumes).context("shale format")?;
+    if args.json {
+        let v: Vec<_> = created
+            .iter()
+            .map(|v| serde_json::json!({"id": v.id.0, "name": v.name, "size_bytes": v.size_bytes}))
+            .collect();
+        println!(
+            "{}",
+            serde_json::json!({ "cache": spec.cache, "capacity": spec.capacity, "volumes": v })
+        );
+    } else {
+        println!(
+            "formatted cache {} and capacity {}",
+            spec.cache.display(),
+            spec.capacity.display()
+        );
+        for v in created {
+            println!("  volume {:<16} {:>16} bytes", v.name, v.size_bytes);
+        }
+    }
+    Ok(())
+}

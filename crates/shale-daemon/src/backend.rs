@@ -1,0 +1,258 @@
+//! The seam between the NBD server and the engine: every volume is an export.
+//!
+//! Requests go straight into the engine thread's bounded queue; completions run on the
+//! engine thread and hand the reply to the connection's writer. A full queue makes the
+//! submitting connection wait (backpressure), never the engine.
+
+use std::sync::{Arc, RwLock};
+
+use shale_device::{BlockDevice, ZonedDevice};
+use shale_engine::{EngineError, EngineThread, Reply, Request, VolumeId, VolumeInfo};
+use shale_nbd::backend::{
+    Backend, BackendError, BackendReply, BackendRequest, BlockSizes, Completion, ExportCaps,
+    ExportId, ExportInfo,
+};
+use shale_nbd::proto::reply::Extent;
+
+pub type CacheDevice = Box<dyn BlockDevice + Send>;
+pub type CapacityDevice = Box<dyn ZonedDevice + Send>;
+pub type Engine = EngineThread<CacheDevice, CapacityDevice>;
+
+/// The engine, seen as a set of NBD exports.
+#[derive(Debug)]
+pub struct EngineBackend {
+    engine: Arc<Engine>,
+    volumes: RwLock<Vec<VolumeInfo>>,
+    payload_bytes_max: u32,
+}
+
+impl EngineBackend {
+    pub fn new(engine: Arc<Engine>, payload_bytes_max: u32) -> Result<Self, EngineError> {
+        let b = EngineBackend {
+            engine,
+            volumes: RwLock::new(Vec::new()),
+            payload_bytes_max,
+        };
+        b.refresh()?;
+        Ok(b)
+    }
+
+    /// Re-reads the volume list (after an admin change).
+    pub fn refresh(&self) -> Result<(), EngineError> {
+        let list = match self.engine.call(Request::ListVolumes)? {
+            Reply::Volumes(v) => v,
+            other => {
+                return Err(EngineError::Failed {
+                    reason: format!("list volumes answered {other:?}"),
+                })
+            }
+        };
+        match self.volumes.write() {
+            Ok(mut v) => *v = list,
+            Err(p) => *p.into_inner() = list,
+        }
+        Ok(())
+    }
+
+    pub fn engine(&self) -> &Arc<Engine> {
+        &self.engine
+    }
+
+    fn info(&self, v: &VolumeInfo) -> ExportInfo {
+        ExportInfo {
+            id: ExportId(v.id.0),
+            name: v.name.clone(),
+            description: format!("Shale volume {} ({})", v.name, v.id),
+            size_bytes: v.size_bytes,
+            caps: ExportCaps {
+                read_only: false,
+                flush: true,
+                fua: true,
+                trim: true,
+                write_zeroes: true,
+                // One engine thread serves every connection and a flush is a barrier
+                // over every write completed before it, whichever connection sent it.
+                multi_conn: true,
+            },
+            block_sizes: BlockSizes {
+                minimum: 512,
+                preferred: 4096,
+                payload_max: self.payload_bytes_max,
+            },
+        }
+    }
+
+    fn volumes(&self) -> Vec<VolumeInfo> {
+        match self.volumes.read() {
+            Ok(v) => v.clone(),
+            Err(p) => p.into_inner().clone(),
+        }
+    }
+}
+
+fn backend_error(offset: u64, e: EngineError) -> BackendError {
+    match e {
+        EngineError::NoSpace { .. } => BackendError::NoSpace { offset },
+        EngineError::OutOfRange { .. }
+        | EngineError::ZeroLength { .. }
+        | EngineError::TooLarge { .. }
+        | EngineError::NoSuchVolume { .. } => BackendError::Invalid {
+            message: e.to_string(),
+        },
+        EngineError::ShuttingDown => BackendError::ShuttingDown,
+        other => {
+            tracing::error!(offset, error = %other, "I/O error");
+            BackendError::Io {
+                offset,
+                message: other.to_string(),
+            }
+        }
+    }
+}
+
+impl Backend for EngineBackend {
+    fn exports(&self) -> Vec<ExportInfo> {
+        self.volumes().iter().map(|v| self.info(v)).collect()
+    }
+
+    fn export(&self, name: &str) -> Option<ExportInfo> {
+        self.volumes()
+            .iter()
+            .find(|v| v.name == name)
+            .map(|v| self.info(v))
+    }
+
+    fn submit(&self, export: ExportId, req: BackendRequest, done: Completion) {
+        let volume = VolumeId(export.0);
+        // Trim and write-zeroes with FUA are a request followed by a flush: the engine
+        // executes its queue in order, so the flush covers the request before it.
+        let (request, offset, then_flush) = match req {
+            BackendRequest::Read { offset, len } => (
+                Request::Read {
+                    volume,
+                    offset,
+                    len: u64::from(len),
+                },
+                offset,
+                false,
+            ),
+            BackendRequest::Write { offset, data, fua } => (
+                Request::Write {
+                    volume,
+                    offset,
+                    data,
+                    fua,
+                },
+                offset,
+                false,
+            ),
+            BackendRequest::Flush => (Request::Flush, 0, false),
+            BackendRequest::Trim { offset, len, fua } => (
+                Request::Trim {
+                    volume,
+                    offset,
+                    len: u64::from(len),
+                },
+                offset,
+                fua,
+            ),
+            BackendRequest::WriteZeroes {
+                offset, len, fua, ..
+            } => (
+                // NO_HOLE needs no special case: unmapped blocks read as zeros and
+                // every later write allocates afresh (log-structured).
+                Request::WriteZeroes {
+                    volume,
+                    offset,
+                    len: u64::from(len),
+                },
+                offset,
+                fua,
+            ),
+            BackendRequest::BlockStatus { len, .. } => {
+                // Reporting everything as data is always correct (base:allocation
+                // flags are hints); the engine does not yet expose allocation.
+                done(Ok(BackendReply::Extents(vec![Extent {
+                    length: len,
+                    flags: 0,
+                }])));
+                return;
+            }
+        };
+        let done = OnceCompletion::new(done);
+        if then_flush {
+            // The engine runs its queue in order and a flush waits for everything
+            // queued before it, so the request's result is known when the flush ends.
+            let first: Arc<std::sync::Mutex<Option<Result<(), EngineError>>>> = Arc::default();
+            let first2 = Arc::clone(&first);
+            let queued = self.engine.submit(
+                request,
+                Box::new(move |r| {
+                    if let Ok(mut slot) = first2.lock() {
+                        *slot = Some(r.map(|_| ()));
+                    }
+                }),
+            );
+            if let Err(e) = queued {
+                done.call(Err(backend_error(offset, e)));
+                return;
+            }
+            let done2 = done.clone();
+            let queued = self.engine.submit(
+                Request::Flush,
+                Box::new(move |flush| {
+                    let req = first
+                        .lock()
+                        .ok()
+                        .and_then(|mut s| s.take())
+                        .unwrap_or(Ok(()));
+                    done2.call(match req.and(flush.map(|_| ())) {
+                        Ok(()) => Ok(BackendReply::Done),
+                        Err(e) => Err(backend_error(offset, e)),
+                    });
+                }),
+            );
+            if let Err(e) = queued {
+                done.call(Err(backend_error(offset, e)));
+            }
+            return;
+        }
+        let done2 = done.clone();
+        let queued = self.engine.submit(
+            request,
+            Box::new(move |r| {
+                done2.call(match r {
+                    Ok(Reply::Read(data)) => Ok(BackendReply::Data(data)),
+                    Ok(_) => Ok(BackendReply::Done),
+                    Err(e) => Err(backend_error(offset, e)),
+                })
+            }),
+        );
+        if let Err(e) = queued {
+            // The engine is gone (shutting down): answer here, since the completion
+            // handed to it was dropped with the request.
+            done.call(Err(backend_error(offset, e)));
+        }
+    }
+}
+
+/// A completion that can be reached from two places (the engine's callback, or the
+/// submitter when the engine refused the request) and runs once.
+#[derive(Clone)]
+struct OnceCompletion(Arc<std::sync::Mutex<Option<Completion>>>);
+
+impl OnceCompletion {
+    fn new(done: Completion) -> Self {
+        OnceCompletion(Arc::new(std::sync::Mutex::new(Some(done))))
+    }
+
+    fn call(&self, r: Result<BackendReply, BackendError>) {
+        let taken = match self.0.lock() {
+            Ok(mut g) => g.take(),
+            Err(p) => p.into_inner().take(),
+        };
+        if let Some(d) = taken {
+            d(r);
+        }
+    }
+}

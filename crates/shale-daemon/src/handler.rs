@@ -1,0 +1,238 @@
+//! Admin requests and metrics, answered from the engine.
+
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+use shale_engine::{EngineError, Reply, Request, Stats, VolumeInfo};
+
+use crate::admin::{AdminHandler, AdminRequest};
+use crate::backend::EngineBackend;
+use crate::metrics::{Metric, MetricKind};
+
+#[derive(Debug)]
+pub struct DaemonAdmin {
+    backend: Arc<EngineBackend>,
+}
+
+impl DaemonAdmin {
+    pub fn new(backend: Arc<EngineBackend>) -> Self {
+        DaemonAdmin { backend }
+    }
+
+    fn volume_id(&self, name: &str) -> Result<shale_engine::VolumeId, String> {
+        list(&self.backend)
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .find(|v| v.name == name)
+            .map(|v| v.id)
+            .ok_or_else(|| format!("no volume named {name:?}"))
+    }
+}
+
+fn list(b: &EngineBackend) -> Result<Vec<VolumeInfo>, EngineError> {
+    match b.engine().call(Request::ListVolumes)? {
+        Reply::Volumes(v) => Ok(v),
+        other => Err(EngineError::Failed {
+            reason: format!("list volumes answered {other:?}"),
+        }),
+    }
+}
+
+fn stats(b: &EngineBackend) -> Result<Stats, EngineError> {
+    match b.engine().call(Request::Stats)? {
+        Reply::Stats(s) => Ok(*s),
+        other => Err(EngineError::Failed {
+            reason: format!("stats answered {other:?}"),
+        }),
+    }
+}
+
+fn volume_json(v: &VolumeInfo) -> Value {
+    json!({ "id": v.id.0, "name": v.name, "size_bytes": v.size_bytes })
+}
+
+/// Stats as JSON, with the WAF figures of DESIGN.md spelled out.
+pub fn stats_json(s: &Stats) -> Value {
+    json!({
+        "bytes": {
+            "user_read": s.user_read_bytes,
+            "user_written": s.user_write_bytes,
+            "user_trimmed": s.user_trim_bytes,
+            "cache_data_written": s.cache_data_write_bytes,
+            "cache_md_written": s.cache_md_write_bytes,
+            "cache_read": s.cache_read_bytes,
+            "capacity_compaction_written": s.capacity_compaction_write_bytes,
+            "capacity_gc_written": s.capacity_gc_write_bytes,
+            "capacity_written": s.capacity_write_bytes(),
+            "capacity_pad": s.capacity_pad_bytes,
+            "capacity_read": s.capacity_read_bytes,
+        },
+        "waf": { "layer": s.layer_waf(), "cache": s.cache_waf() },
+        "l2p": {
+            "hits": s.l2p_hits,
+            "misses": s.l2p_misses,
+            "hit_rate": s.l2p_hit_rate(),
+            "page_reads": s.l2p_page_reads,
+            "page_writes": s.l2p_page_writes,
+            "cached_pages": s.l2p_cached_pages,
+            "cache_pages_max": s.l2p_cache_pages_max,
+        },
+        "space": {
+            "free_chunks": s.free_chunks,
+            "chunks": s.chunk_count,
+            "free_zones": s.free_zones,
+            "data_zones": s.data_zone_count,
+            "zone_resets": s.zone_resets,
+            "chunk_frees": s.chunk_frees,
+        },
+        "work": {
+            "compaction_victims": s.compaction_victims,
+            "gc_victims": s.gc_victims,
+            "relocated_blocks": s.relocated_blocks,
+            "relocations_superseded": s.relocations_superseded,
+            "checkpoints": s.checkpoints,
+            "durability_points": s.durability_points,
+            "crc_errors": s.crc_errors,
+        },
+    })
+}
+
+impl AdminHandler for DaemonAdmin {
+    fn handle(&self, req: AdminRequest) -> Result<Value, String> {
+        let engine = self.backend.engine();
+        let volume_reply = |r: Result<Reply, EngineError>| -> Result<Value, String> {
+            let r = r.map_err(|e| e.to_string())?;
+            self.backend.refresh().map_err(|e| e.to_string())?;
+            Ok(match r {
+                Reply::Volume(v) => volume_json(&v),
+                _ => Value::Null,
+            })
+        };
+        match req {
+            AdminRequest::VolumeCreate { name, size_bytes } => {
+                volume_reply(engine.call(Request::CreateVolume { name, size_bytes }))
+            }
+            AdminRequest::VolumeResize { name, size_bytes } => {
+                let volume = self.volume_id(&name)?;
+                volume_reply(engine.call(Request::ResizeVolume { volume, size_bytes }))
+            }
+            AdminRequest::VolumeDelete { name } => {
+                let volume = self.volume_id(&name)?;
+                volume_reply(engine.call(Request::DeleteVolume { volume }))
+            }
+            AdminRequest::VolumeList => {
+                let v = list(&self.backend).map_err(|e| e.to_string())?;
+                Ok(Value::Array(v.iter().map(volume_json).collect()))
+            }
+            AdminRequest::Stats => {
+                let s = stats(&self.backend).map_err(|e| e.to_string())?;
+                Ok(stats_json(&s))
+            }
+            AdminRequest::Checkpoint => {
+                engine.call(Request::Flush).map_err(|e| e.to_string())?;
+                Ok(Value::Null)
+            }
+        }
+    }
+}
+
+/// Samples for the Prometheus endpoint.
+pub fn metrics(b: &EngineBackend) -> Vec<Metric> {
+    let Ok(s) = stats(b) else {
+        return Vec::new();
+    };
+    let c = |name, help, v: u64| Metric {
+        name,
+        help,
+        kind: MetricKind::Counter,
+        labels: vec![],
+        value: v as f64,
+    };
+    let g = |name, help, v: f64| Metric {
+        name,
+        help,
+        kind: MetricKind::Gauge,
+        labels: vec![],
+        value: v,
+    };
+    let mut m = vec![
+        c(
+            "shale_user_read_bytes_total",
+            "Bytes read by clients.",
+            s.user_read_bytes,
+        ),
+        c(
+            "shale_user_written_bytes_total",
+            "Bytes written by clients.",
+            s.user_write_bytes,
+        ),
+        c(
+            "shale_cache_data_written_bytes_total",
+            "User data bytes appended to the cache device.",
+            s.cache_data_write_bytes,
+        ),
+        c(
+            "shale_cache_md_written_bytes_total",
+            "Metadata bytes written to the cache device.",
+            s.cache_md_write_bytes,
+        ),
+        c(
+            "shale_capacity_compaction_written_bytes_total",
+            "Bytes written to capacity zones by compaction.",
+            s.capacity_compaction_write_bytes,
+        ),
+        c(
+            "shale_capacity_gc_written_bytes_total",
+            "Bytes written to capacity zones by GC.",
+            s.capacity_gc_write_bytes,
+        ),
+        c(
+            "shale_zone_resets_total",
+            "Capacity zone resets.",
+            s.zone_resets,
+        ),
+        c(
+            "shale_chunk_frees_total",
+            "Cache chunks freed by compaction.",
+            s.chunk_frees,
+        ),
+        c("shale_l2p_hits_total", "L2P page cache hits.", s.l2p_hits),
+        c(
+            "shale_l2p_misses_total",
+            "L2P page cache misses.",
+            s.l2p_misses,
+        ),
+        c(
+            "shale_crc_errors_total",
+            "Checksum failures seen.",
+            s.crc_errors,
+        ),
+        g(
+            "shale_free_chunks",
+            "Free cache chunks.",
+            s.free_chunks as f64,
+        ),
+        g(
+            "shale_free_zones",
+            "Free capacity zones.",
+            s.free_zones as f64,
+        ),
+        g(
+            "shale_layer_waf",
+            "Capacity bytes written per user byte written.",
+            s.layer_waf(),
+        ),
+    ];
+    if let Ok(vols) = list(b) {
+        for v in vols {
+            m.push(Metric {
+                name: "shale_volume_size_bytes",
+                help: "Volume size.",
+                kind: MetricKind::Gauge,
+                labels: vec![("volume", v.name.clone())],
+                value: v.size_bytes as f64,
+            });
+        }
+    }
+    m
+}

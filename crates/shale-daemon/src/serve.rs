@@ -1,0 +1,472 @@
+//! Running the daemon: open (or create and format) the devices, start the engine
+//! thread, export every volume over NBD, answer the admin socket, and on a stop
+//! request drain, checkpoint and shut down cleanly.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use shale_device::{BlockDevice, DeviceError, FileDevice, ZoneEmu, ZoneEmuConfig, ZonedDevice};
+use shale_engine::{
+    Config as EngineConfig, EngineError, EngineThread, FormatDeviceError, MonotonicClock,
+    OpenError, Reply, Request,
+};
+use shale_nbd::{Server, ServerConfig, ServerError, ServerLimits, TlsMode, TlsSettings};
+
+use crate::admin::{AdminError, AdminServer};
+use crate::backend::{CacheDevice, CapacityDevice, Engine, EngineBackend};
+use crate::config::{CapacityMode, Config, ConfigError};
+use crate::handler::DaemonAdmin;
+
+/// Requests queued between the front-ends and the engine thread.
+const ENGINE_QUEUE_DEPTH: usize = 1024;
+/// Largest NBD read/write payload; the engine's request limit.
+const PAYLOAD_BYTES_MAX: u32 = 4 << 20;
+/// Name of the volume the embedded default creates.
+pub const DEFAULT_VOLUME: &str = "default";
+/// Open/active zone limits of the `zoned` capacity mode, as on a typical ZNS drive.
+const ZNS_ACTIVE_ZONES_MAX: u32 = 14;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("{what} {path}: {source}")]
+    Device {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: DeviceError,
+    },
+    #[error("{path}: {reason}")]
+    Setup { path: PathBuf, reason: String },
+    #[error("formatting: {0}")]
+    Format(#[from] FormatDeviceError),
+    #[error("opening: {0}")]
+    Open(#[from] OpenError),
+    #[error("engine: {0}")]
+    Engine(#[from] EngineError),
+    #[error("NBD server: {0}")]
+    Nbd(#[from] ServerError),
+    #[error(transparent)]
+    Admin(#[from] AdminError),
+    #[error("metrics endpoint {addr}: {source}")]
+    Metrics {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("starting the engine thread: {0}")]
+    Spawn(std::io::Error),
+}
+
+/// Device paths and format-time geometry taken from a [`Config`].
+#[derive(Debug, Clone)]
+pub struct DeviceSpec {
+    pub cache: PathBuf,
+    pub capacity: PathBuf,
+    pub cache_size: u64,
+    pub capacity_size: u64,
+    pub mode: CapacityMode,
+    pub chunk_bytes: u64,
+    pub zone_bytes: u64,
+    pub spare_factor: f64,
+    /// Simulated-drive preset wrapped around the capacity file (counts NAND traffic
+    /// since the daemon started; the data itself is the file's).
+    pub drive: Option<String>,
+}
+
+impl DeviceSpec {
+    pub fn from_config(c: &Config) -> Result<DeviceSpec, ConfigError> {
+        c.validate()?;
+        let d = &c.devices;
+        let path = |field: &'static str, p: &str| {
+            c.expand(p).ok_or(ConfigError::Invalid {
+                field,
+                reason: "empty path".into(),
+            })
+        };
+        Ok(DeviceSpec {
+            cache: path("devices.cache", &d.cache)?,
+            capacity: path("devices.capacity", &d.capacity)?,
+            cache_size: d.cache_size.bytes("devices.cache_size")?,
+            capacity_size: d.capacity_size.bytes("devices.capacity_size")?,
+            mode: d.capacity_mode,
+            chunk_bytes: d.chunk_size.bytes("devices.chunk_size")?,
+            zone_bytes: d.zone_size.bytes("devices.zone_size")?,
+            spare_factor: d.spare_factor,
+            drive: d.drive.clone(),
+        })
+    }
+
+    fn engine_config(&self) -> Result<EngineConfig, ConfigError> {
+        let chunk_blocks =
+            u32::try_from(self.chunk_bytes / 4096).map_err(|_| ConfigError::Invalid {
+                field: "devices.chunk_size",
+                reason: "too large".into(),
+            })?;
+        let c = EngineConfig {
+            chunk_blocks,
+            spare_factor: self.spare_factor,
+            request_bytes_max: u64::from(PAYLOAD_BYTES_MAX),
+            // Enough group buffers (126 blocks each) for the largest request twice over.
+            write_buffers_max: 2 * (PAYLOAD_BYTES_MAX / (126 * 4096) + 2),
+            ..EngineConfig::default()
+        };
+        c.validate().map_err(|e| ConfigError::Invalid {
+            field: "devices",
+            reason: e.to_string(),
+        })?;
+        Ok(c)
+    }
+
+    fn zone_config(&self) -> ZoneEmuConfig {
+        let mut z = ZoneEmuConfig::new(self.zone_bytes);
+        if self.mode == CapacityMode::Zoned {
+            z.max_open_zones = ZNS_ACTIVE_ZONES_MAX;
+            z.max_active_zones = ZNS_ACTIVE_ZONES_MAX;
+        }
+        z
+    }
+}
+
+fn open_file(what: &'static str, path: &Path) -> Result<FileDevice, DaemonError> {
+    FileDevice::open(path).map_err(|source| DaemonError::Device {
+        what,
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// The capacity file with zone emulation, and the simulated drive if one is named:
+/// a conventional preset sits under the zone emulation (CSAL-BLK: a zone reset is a
+/// TRIM the drive model sees); a zoned preset sits on top of it (ZNS).
+fn capacity_device(spec: &DeviceSpec, format: bool) -> Result<CapacityDevice, DaemonError> {
+    let file = open_file("capacity device", &spec.capacity)?;
+    let preset = match &spec.drive {
+        Some(name) => Some(
+            shale_flashsim::preset(name).map_err(|e| DaemonError::Setup {
+                path: spec.capacity.clone(),
+                reason: e.to_string(),
+            })?,
+        ),
+        None => None,
+    };
+    let sim_err = |e: shale_flashsim::FlashSimError| DaemonError::Setup {
+        path: spec.capacity.clone(),
+        reason: e.to_string(),
+    };
+    let zoned_preset = matches!(
+        preset.as_ref().map(|p| &p.kind),
+        Some(shale_flashsim::PresetKind::Zoned { .. })
+    );
+    let inner: Box<dyn BlockDevice + Send> = match &preset {
+        Some(p) if !zoned_preset => {
+            Box::new(shale_flashsim::FlashSim::from_preset(file, p).map_err(sim_err)?)
+        }
+        _ => Box::new(file),
+    };
+    let emu = if format {
+        ZoneEmu::format(inner, &spec.zone_config())
+    } else {
+        ZoneEmu::open(inner)
+    }
+    .map_err(|source| DaemonError::Device {
+        what: "zone emulation on",
+        path: spec.capacity.clone(),
+        source,
+    })?;
+    match &preset {
+        Some(p) if zoned_preset => Ok(Box::new(
+            shale_flashsim::ZnsSim::from_preset(emu, p).map_err(sim_err)?,
+        )),
+        _ => Ok(Box::new(emu)),
+    }
+}
+
+/// True if the cache device already carries a Shale superblock (either copy).
+pub fn has_shale_superblock(path: &Path) -> Result<bool, DaemonError> {
+    let mut dev = open_file("cache device", path)?;
+    let mut b = vec![0u8; 8192];
+    if dev.size_bytes() < 8192 {
+        return Ok(false);
+    }
+    dev.read_at(0, &mut b)
+        .map_err(|source| DaemonError::Device {
+            what: "cache device",
+            path: path.to_path_buf(),
+            source,
+        })?;
+    Ok(shale_format::Superblock::decode(&b[..4096], 0).is_ok()
+        || shale_format::Superblock::decode(&b[4096..], 4096).is_ok())
+}
+
+/// Formats the devices named by `spec` (creating sparse files where they do not
+/// exist) and creates one volume per `(name, bytes)`; `None` bytes = the rest.
+pub fn format(
+    spec: &DeviceSpec,
+    force: bool,
+    volumes: &[(String, Option<u64>)],
+) -> Result<Vec<shale_engine::VolumeInfo>, DaemonError> {
+    for (path, size) in [
+        (&spec.cache, spec.cache_size),
+        (&spec.capacity, spec.capacity_size),
+    ] {
+        if !path.exists() {
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::create_dir_all(dir).map_err(|e| DaemonError::Setup {
+                    path: dir.to_path_buf(),
+                    reason: e.to_string(),
+                })?;
+            }
+            FileDevice::create_sparse(path, size).map_err(|source| DaemonError::Device {
+                what: "creating",
+                path: path.clone(),
+                source,
+            })?;
+        }
+    }
+    if !force && has_shale_superblock(&spec.cache)? {
+        return Err(DaemonError::Setup {
+            path: spec.cache.clone(),
+            reason: "already holds a Shale superblock; pass --force to overwrite it".into(),
+        });
+    }
+    let engine_config = spec.engine_config()?;
+    let cache: CacheDevice = Box::new(open_file("cache device", &spec.cache)?);
+    let capacity = capacity_device(spec, true)?;
+    let mut engine =
+        shale_engine::Engine::format(cache, capacity, MonotonicClock::new(), engine_config)?;
+    let mut created = Vec::new();
+    let user = engine.user_capacity_bytes();
+    let mut used = 0u64;
+    for (name, size) in volumes {
+        let bytes = size.unwrap_or(user.saturating_sub(used)) / 4096 * 4096;
+        let reply = call_direct(
+            &mut engine,
+            Request::CreateVolume {
+                name: name.clone(),
+                size_bytes: bytes,
+            },
+        )?;
+        if let Reply::Volume(info) = reply {
+            used += info.size_bytes;
+            created.push(info);
+        }
+    }
+    engine.shutdown()?;
+    Ok(created)
+}
+
+/// Opens formatted devices and starts the engine thread.
+pub fn open(spec: &DeviceSpec) -> Result<Engine, DaemonError> {
+    let engine_config = spec.engine_config()?;
+    let cache: CacheDevice = Box::new(open_file("cache device", &spec.cache)?);
+    let capacity = capacity_device(spec, false)?;
+    let engine = shale_engine::Engine::open(cache, capacity, MonotonicClock::new(), engine_config)?;
+    EngineThread::spawn(engine, ENGINE_QUEUE_DEPTH).map_err(DaemonError::Spawn)
+}
+
+/// The running daemon's parts; [`Daemon::stop`] shuts them down in order.
+#[derive(Debug)]
+pub struct Daemon {
+    backend: Arc<EngineBackend>,
+    nbd: Option<Server>,
+    admin: Option<AdminServer>,
+    metrics: Option<crate::metrics::MetricsServer>,
+}
+
+impl Daemon {
+    /// Opens the configured devices — creating and formatting the embedded default
+    /// the first time — and starts every listener.
+    pub fn start(config: &Config) -> Result<Daemon, DaemonError> {
+        let spec = DeviceSpec::from_config(config)?;
+        std::fs::create_dir_all(&config.data_dir).map_err(|e| DaemonError::Setup {
+            path: config.data_dir.clone(),
+            reason: e.to_string(),
+        })?;
+        match (spec.cache.exists(), spec.capacity.exists()) {
+            (false, false) => {
+                tracing::info!(
+                    cache = %spec.cache.display(),
+                    capacity = %spec.capacity.display(),
+                    "first start: creating and formatting sparse device files"
+                );
+                let vols = format(&spec, false, &[(DEFAULT_VOLUME.to_string(), None)])?;
+                for v in vols {
+                    tracing::info!(volume = %v.name, size_bytes = v.size_bytes, "volume created");
+                }
+            }
+            (true, true) => {}
+            (c, _) => {
+                let missing = if c { &spec.capacity } else { &spec.cache };
+                return Err(DaemonError::Setup {
+                    path: missing.clone(),
+                    reason: "missing, but its partner device exists; refusing to guess".into(),
+                });
+            }
+        }
+        let engine = Arc::new(open(&spec)?);
+        let backend = Arc::new(EngineBackend::new(Arc::clone(&engine), PAYLOAD_BYTES_MAX)?);
+        let mut daemon = Daemon {
+            backend: Arc::clone(&backend),
+            nbd: None,
+            admin: None,
+            metrics: None,
+        };
+        let nbd_config = nbd_server_config(config)?;
+        daemon.nbd = Some(Server::start(nbd_config, backend.clone())?);
+        if let Some(path) = config.expand(&config.admin.socket) {
+            let handler = Arc::new(DaemonAdmin::new(Arc::clone(&backend)));
+            daemon.admin = Some(AdminServer::start(&path, handler)?);
+        }
+        if !config.metrics.listen.is_empty() {
+            let addr: SocketAddr =
+                config
+                    .metrics
+                    .listen
+                    .parse()
+                    .map_err(|_| ConfigError::Invalid {
+                        field: "metrics.listen",
+                        reason: config.metrics.listen.clone(),
+                    })?;
+            let b = Arc::clone(&backend);
+            let server = crate::metrics::MetricsServer::start(
+                addr,
+                Arc::new(move || crate::handler::metrics(&b)),
+            )
+            .map_err(|source| DaemonError::Metrics {
+                addr: config.metrics.listen.clone(),
+                source,
+            })?;
+            daemon.metrics = Some(server);
+        }
+        Ok(daemon)
+    }
+
+    pub fn nbd(&self) -> Option<&Server> {
+        self.nbd.as_ref()
+    }
+
+    /// Drains in-flight I/O, checkpoints, marks the devices clean and stops.
+    pub fn stop(mut self) -> Result<(), DaemonError> {
+        // Stop taking new requests first; connections' in-flight requests complete.
+        if let Some(nbd) = self.nbd.take() {
+            nbd.shutdown();
+        }
+        self.admin.take();
+        self.metrics.take();
+        let engine = Arc::clone(self.backend.engine());
+        drop(self.backend);
+        // Completions may still hold the engine handle briefly; wait for the last one.
+        let mut engine = engine;
+        let engine = loop {
+            match Arc::try_unwrap(engine) {
+                Ok(e) => break e,
+                Err(e) => {
+                    engine = e;
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+        };
+        engine.shutdown()?;
+        Ok(())
+    }
+}
+
+fn nbd_server_config(config: &Config) -> Result<ServerConfig, DaemonError> {
+    let tcp = if config.nbd.tcp.is_empty() {
+        None
+    } else {
+        Some(
+            config
+                .nbd
+                .tcp
+                .parse::<SocketAddr>()
+                .map_err(|_| ConfigError::Invalid {
+                    field: "nbd.tcp",
+                    reason: config.nbd.tcp.clone(),
+                })?,
+        )
+    };
+    let limits = ServerLimits {
+        connections_max: config.nbd.connections_max as usize,
+        inflight_requests_max: config.nbd.inflight_per_connection_max as usize,
+        payload_bytes_max: PAYLOAD_BYTES_MAX,
+        ..ServerLimits::default()
+    };
+    let mut sc = ServerConfig {
+        unix_socket: config.expand(&config.nbd.unix_socket),
+        tcp,
+        limits,
+        default_export: Some(DEFAULT_VOLUME.to_string()),
+        ..ServerConfig::default()
+    };
+    if let Some(tls) = &config.nbd.tls {
+        sc.tls = Some(TlsSettings {
+            cert_chain_pem: tls.cert.clone(),
+            private_key_pem: tls.key.clone(),
+            client_ca_pem: tls.client_ca.clone(),
+            client_cert_required: false,
+        });
+        sc.tls_mode = if tls.required {
+            TlsMode::Required
+        } else {
+            TlsMode::Optional
+        };
+        for acl in &tls.exports {
+            sc.export_access.insert(
+                acl.name.clone(),
+                shale_nbd::ExportAccess {
+                    tls_only: true,
+                    allowed_identities: Some(acl.allowed_identities.clone()),
+                },
+            );
+        }
+    }
+    Ok(sc)
+}
+
+/// Runs until `stop` is set (by a signal handler), then shuts down cleanly.
+pub fn run(config: &Config, stop: &AtomicBool) -> Result<(), DaemonError> {
+    let daemon = Daemon::start(config)?;
+    if let Some(s) = daemon.nbd() {
+        if let Some(p) = s.unix_path() {
+            tracing::info!(socket = %p.display(), "serving NBD on unix socket");
+        }
+        if let Some(a) = s.tcp_addr() {
+            tracing::info!(addr = %a, "serving NBD on TCP");
+        }
+    }
+    while !stop.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    tracing::info!("stopping: draining I/O and checkpointing");
+    daemon.stop()?;
+    tracing::info!("clean shutdown");
+    Ok(())
+}
+
+/// Runs one request on an engine that is not on its own thread yet.
+fn call_direct<C: BlockDevice, Z: ZonedDevice, K: shale_engine::Clock>(
+    engine: &mut shale_engine::Engine<C, Z, K>,
+    req: Request,
+) -> Result<Reply, EngineError> {
+    let slot: Arc<std::sync::Mutex<Option<Result<Reply, EngineError>>>> = Arc::default();
+    let slot2 = Arc::clone(&slot);
+    engine.submit(
+        req,
+        Box::new(move |r| {
+            if let Ok(mut s) = slot2.lock() {
+                *s = Some(r);
+            }
+        }),
+    );
+    engine.run_until_idle()?;
+    let taken = slot.lock().ok().and_then(|mut s| s.take());
+    taken.unwrap_or(Err(EngineError::Failed {
+        reason: "request did not complete".into(),
+    }))
+}
