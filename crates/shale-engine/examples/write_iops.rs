@@ -22,20 +22,36 @@ fn main() {
     zc.zone_count_max = zones as u32;
     let cap = ZoneEmu::format(inner, &zc).unwrap();
     // Cache 5% of capacity plus metadata.
-    let cache = MemDevice::new((cap_mib * (1 << 20) / 20 + (16 << 20)) / 4096 * 4096, 4096).unwrap();
-    let config = Config { chunk_blocks: 1024, volumes_max: 8, ..Config::default() };
+    let cache =
+        MemDevice::new((cap_mib * (1 << 20) / 20 + (16 << 20)) / 4096 * 4096, 4096).unwrap();
+    let config = Config {
+        chunk_blocks: 1024,
+        volumes_max: 8,
+        ..Config::default()
+    };
     let mut e = Engine::format(cache, cap, MonotonicClock::new(), config).unwrap();
     let blocks = e.user_capacity_bytes() / 4096;
     let done = Arc::new(AtomicU64::new(0));
     let slot = Arc::new(std::sync::Mutex::new(None));
     let s2 = slot.clone();
-    e.submit(Request::CreateVolume { name: "v".into(), size_bytes: blocks * 4096 }, Box::new(move |r| *s2.lock().unwrap() = Some(r)));
+    e.submit(
+        Request::CreateVolume {
+            name: "v".into(),
+            size_bytes: blocks * 4096,
+        },
+        Box::new(move |r| *s2.lock().unwrap() = Some(r)),
+    );
     e.run_until_idle().unwrap();
     let v = match slot.lock().unwrap().take().unwrap().unwrap() {
         Reply::Volume(v) => v.id,
         _ => unreachable!(),
     };
-    println!("capacity {cap_mib} MiB, user {} MiB, chunks {}, streams {}", blocks * 4096 >> 20, e.stats().chunk_count, e.streams());
+    println!(
+        "capacity {cap_mib} MiB, user {} MiB, chunks {}, streams {}",
+        blocks * 4096 >> 20,
+        e.stats().chunk_count,
+        e.streams()
+    );
     let data = vec![0x5Au8; 4096];
     let mut x = 0x1234_5678u64;
     let qd = 128u64;
@@ -54,7 +70,12 @@ fn main() {
             let lba = x % blocks;
             let d = done.clone();
             e.submit(
-                Request::Write { volume: v, offset: lba * 4096, data: data.clone(), fua: false },
+                Request::Write {
+                    volume: v,
+                    offset: lba * 4096,
+                    data: data.clone(),
+                    fua: false,
+                },
                 Box::new(move |r| {
                     r.unwrap();
                     d.fetch_add(1, Ordering::Relaxed);

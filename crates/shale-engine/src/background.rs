@@ -10,6 +10,9 @@ use shale_format::RegionRole;
 
 use crate::{Clock, Engine, EngineError};
 
+/// PendingFree regions released together when space is not yet short.
+const PENDING_FREE_BATCH: usize = 4;
+
 impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     pub(crate) fn compaction_threshold(&self) -> usize {
         ((self.geo.chunk_count as usize * self.config.compaction_free_chunks_pct as usize)
@@ -55,10 +58,14 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             progress = true;
         }
 
-        let short = self.regions.free_chunks.len() < self.compaction_threshold()
+        // Freed regions are released in batches: each durability point drains the
+        // pipeline and flushes both devices.
+        let pending = self.regions.pending_free.len();
+        let urgent = self.user_blocked
+            || self.regions.free_chunks.len() < self.compaction_threshold().div_ceil(2)
             || self.regions.free_zones.len() < self.gc_threshold()
-            || self.user_blocked;
-        if (!self.regions.pending_free.is_empty() && short) || self.journal.pending_large() {
+            || pending >= PENDING_FREE_BATCH;
+        if (pending > 0 && urgent) || self.journal.pending_large() {
             self.durability_point()?;
             progress = true;
         }

@@ -14,6 +14,7 @@ use std::collections::VecDeque;
 use shale_device::{BlockDevice, IoCompletion, ZoneCompletion, ZonedDevice};
 use shale_format::{Pba, RegionRole, Superblock};
 
+use crate::buffers::BufPool;
 use crate::compaction::compactor::{Mover, ZoneWrite};
 use crate::journal::Journal;
 use crate::l2p::L2p;
@@ -125,6 +126,7 @@ pub struct Engine<C: BlockDevice, Z: ZonedDevice, K: Clock> {
     pub(crate) compaction_zone_blocked: bool,
     pub(crate) stalled_polls: u32,
     pub(crate) block_scratch: Box<[u8; 4096]>,
+    pub(crate) bufs: BufPool,
 }
 
 impl<C: BlockDevice, Z: ZonedDevice, K: Clock> std::fmt::Debug for Engine<C, Z, K> {

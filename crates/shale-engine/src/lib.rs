@@ -17,6 +17,7 @@
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 mod background;
+mod buffers;
 mod checkpoint;
 mod clock;
 pub mod compaction;

@@ -13,7 +13,7 @@
 //! - compaction never takes a zone while free zones <= the GC reserve, so GC can always
 //!   open its zones.
 
-use shale_device::{BlockDevice, IoBuf, ZoneAction, ZoneOp, ZoneRequest, ZonedDevice};
+use shale_device::{BlockDevice, ZoneAction, ZoneOp, ZoneRequest, ZonedDevice};
 use shale_format::{
     decode_md_entry, decode_md_header, encode_md, EntryKind, JournalRecord, Lba, MdEntry, MdHeader,
     MdRegionKind, Pba, RegionId, RegionRole, RegionState, Sid, VolumeId, BLOCK_SIZE,
@@ -148,7 +148,8 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         }
         let m = n.min(k);
         let sid = self.regions.get(zone).sid;
-        let mut buf = IoBuf::zeroed(len * BLOCK_SIZE);
+        let mut buf = self.bufs.take(len);
+        buf[m * BLOCK_SIZE..k * BLOCK_SIZE].fill(0);
         let entries: Vec<RelocEntry>;
         {
             let st = &mut self.mover(role).streams[s];
@@ -223,7 +224,8 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             for p in 0..parts {
                 let lo = p * max_io;
                 let hi = (lo + max_io).min(len * BLOCK_SIZE);
-                let part = IoBuf::from_slice(&buf[lo..hi]);
+                let mut part = self.bufs.take((hi - lo) / BLOCK_SIZE);
+                part.copy_from_slice(&buf[lo..hi]);
                 let tag = self.io.insert(InflightIo::ZonePart { write: w });
                 self.capacity.submit(ZoneRequest {
                     tag,
@@ -234,6 +236,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                     },
                 });
             }
+            self.bufs.give(buf);
         }
         let reg = self.regions.get_mut(zone);
         reg.inflight_writes += 1;

@@ -45,9 +45,45 @@ pub(crate) struct L2p {
 }
 
 fn page_bytes(data: &[u32; EPP], out: &mut [u8; 4096]) {
-    for (i, v) in data.iter().enumerate() {
-        out[i * 4..i * 4 + 4].copy_from_slice(&v.to_le_bytes());
+    for (o, v) in out.chunks_exact_mut(4).zip(data.iter()) {
+        o.copy_from_slice(&v.to_le_bytes());
     }
+}
+
+/// Reads and verifies one L2P page (a page never written is all unmapped).
+#[allow(clippy::too_many_arguments)]
+fn read_page_into<C: BlockDevice>(
+    dev: &mut C,
+    area_start: u64,
+    v: VolumeId,
+    p: usize,
+    d: PageDesc,
+    scratch: &mut [u8; 4096],
+    out: &mut [u32; EPP],
+    counters: &mut L2pCounters,
+) -> Result<(), EngineError> {
+    if d.slot == L2P_SLOT_NONE {
+        out.fill(Pba::NONE.0);
+        return Ok(());
+    }
+    let off = (area_start + u64::from(d.slot)) * BS;
+    dev.read_at(off, &mut scratch[..])
+        .map_err(EngineError::cache("L2P page read", off))?;
+    counters.page_reads += 1;
+    let got = shale_format::crc32c(&scratch[..]);
+    if got != d.crc32c {
+        return Err(EngineError::L2pPageCorrupt {
+            volume: v,
+            page: p as u64,
+            slot: d.slot,
+            expected: d.crc32c,
+            got,
+        });
+    }
+    for (e, b) in out.iter_mut().zip(scratch.chunks_exact(4)) {
+        *e = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    }
+    Ok(())
 }
 
 impl L2p {
@@ -176,30 +212,16 @@ impl L2p {
         let d = self.vols[v.0 as usize]
             .as_ref()
             .map_or(PageDesc::NONE, |m| m.dir[p]);
-        if d.slot == L2P_SLOT_NONE {
-            out.fill(Pba::NONE.0);
-            return Ok(());
-        }
-        let off = (self.area_start + u64::from(d.slot)) * BS;
-        dev.read_at(off, &mut self.scratch[..])
-            .map_err(EngineError::cache("L2P page read", off))?;
-        self.counters.page_reads += 1;
-        let got = shale_format::crc32c(&self.scratch[..]);
-        if got != d.crc32c {
-            return Err(EngineError::L2pPageCorrupt {
-                volume: v,
-                page: p as u64,
-                slot: d.slot,
-                expected: d.crc32c,
-                got,
-            });
-        }
-        for (i, e) in out.iter_mut().enumerate() {
-            let mut b = [0u8; 4];
-            b.copy_from_slice(&self.scratch[i * 4..i * 4 + 4]);
-            *e = u32::from_le_bytes(b);
-        }
-        Ok(())
+        read_page_into(
+            dev,
+            self.area_start,
+            v,
+            p,
+            d,
+            &mut self.scratch,
+            out,
+            &mut self.counters,
+        )
     }
 
     /// Returns the frame holding page `p` of volume `v`, faulting it in (synchronous
@@ -250,9 +272,19 @@ impl L2p {
             }
             f
         };
-        let mut data = std::mem::replace(&mut self.frames[f as usize].data, Box::new([0; EPP]));
-        let r = self.read_page(dev, v, p, &mut data);
-        self.frames[f as usize].data = data;
+        let d = self.vols[v.0 as usize]
+            .as_ref()
+            .map_or(PageDesc::NONE, |m| m.dir[p]);
+        let r = read_page_into(
+            dev,
+            self.area_start,
+            v,
+            p,
+            d,
+            &mut self.scratch,
+            &mut self.frames[f as usize].data,
+            &mut self.counters,
+        );
         {
             let fr = &mut self.frames[f as usize];
             fr.volume = v.0;

@@ -94,7 +94,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 op.put(i, b);
                 continue;
             }
-            let buf = IoBuf::zeroed(BLOCK_SIZE);
+            let buf = self.bufs.take(1);
             let tag = self.io.insert(InflightIo::Read {
                 op: op_id,
                 block: i,
@@ -156,14 +156,23 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             panic!("read completion for unknown op {op_id}");
         };
         let checked = match r {
-            Ok(Some(buf)) => self.verify_block(volume, Lba(lba), pba, &buf).map(|_| buf),
+            Ok(Some(buf)) => match self.verify_block(volume, Lba(lba), pba, &buf) {
+                Ok(()) => Ok(buf),
+                Err(e) => {
+                    self.bufs.give(buf);
+                    Err(e)
+                }
+            },
             Ok(None) => panic!("read completion without its buffer"),
             Err(e) => Err(e),
         };
         if let Some(op) = self.reads[op_id as usize].as_mut() {
             op.pending -= 1;
             match checked {
-                Ok(buf) => op.put(block, &buf),
+                Ok(buf) => {
+                    op.put(block, &buf);
+                    self.bufs.give(buf);
+                }
                 Err(e) => {
                     op.error.get_or_insert(e);
                 }

@@ -1,6 +1,6 @@
 //! The ChunkWriter: the open chunk, its group buffers, and the batched device writes.
 
-use shale_device::{BlockDevice, IoBuf, IoOp, IoRequest, ZonedDevice};
+use shale_device::{BlockDevice, IoOp, IoRequest, ZonedDevice};
 use shale_format::{
     EntryKind, JournalRecord, Lba, MdEntry, Pba, RegionId, RegionRole, RegionState, VolumeId,
     BLOCK_SIZE,
@@ -168,7 +168,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             };
             if from < to {
                 let bytes = (to - from) as usize * BLOCK_SIZE;
-                let mut buf = IoBuf::zeroed(bytes);
+                let mut buf = self.bufs.take((to - from) as usize);
                 buf.copy_from_slice(
                     &self.writer.groups[gi].data
                         [from as usize * BLOCK_SIZE..to as usize * BLOCK_SIZE],
@@ -200,7 +200,8 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 let g = &mut self.writer.groups[gi];
                 g.md_state = MdState::FinalSubmitted;
                 g.inflight += 1;
-                let buf = IoBuf::from_slice(&g.md[..]);
+                let mut buf = self.bufs.take(1);
+                buf.copy_from_slice(&g.md[..]);
                 let md_slot = Groups {
                     blocks: self.geo.chunk_blocks,
                 }

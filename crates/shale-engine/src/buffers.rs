@@ -1,0 +1,43 @@
+//! A pool of aligned I/O buffers by size in blocks, so steady-state device I/O does
+//! not allocate or zero memory. Buffers come back from the device in completions.
+//!
+//! Invariant: a pooled buffer's contents are garbage; takers overwrite every byte they
+//! hand to a device (writes) or let the device fill it (reads).
+
+use shale_device::IoBuf;
+use shale_format::{BLOCK_SIZE, GROUP_BLOCKS};
+
+/// Buffers kept per size.
+const PER_SIZE_MAX: usize = 64;
+
+#[derive(Debug, Default)]
+pub(crate) struct BufPool {
+    by_blocks: Vec<Vec<IoBuf>>,
+}
+
+impl BufPool {
+    pub fn new() -> BufPool {
+        BufPool {
+            by_blocks: (0..=GROUP_BLOCKS).map(|_| Vec::new()).collect(),
+        }
+    }
+
+    /// A buffer of `blocks` blocks with unspecified contents.
+    pub fn take(&mut self, blocks: usize) -> IoBuf {
+        self.by_blocks
+            .get_mut(blocks)
+            .and_then(Vec::pop)
+            .unwrap_or_else(|| IoBuf::zeroed(blocks * BLOCK_SIZE))
+    }
+
+    pub fn give(&mut self, buf: IoBuf) {
+        if !buf.len().is_multiple_of(BLOCK_SIZE) {
+            return;
+        }
+        if let Some(v) = self.by_blocks.get_mut(buf.len() / BLOCK_SIZE) {
+            if v.len() < PER_SIZE_MAX {
+                v.push(buf);
+            }
+        }
+    }
+}
