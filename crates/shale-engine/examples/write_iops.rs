@@ -48,7 +48,7 @@ fn main() {
     };
     println!(
         "capacity {cap_mib} MiB, user {} MiB, chunks {}, streams {}",
-        blocks * 4096 >> 20,
+        (blocks * 4096) >> 20,
         e.stats().chunk_count,
         e.streams()
     );
