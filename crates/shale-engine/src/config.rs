@@ -54,7 +54,7 @@ impl Default for Config {
             l2p_cache_bytes_max: None,
             l2p_reserved_pages: 4,
             md_cache_bytes_max: 8 << 20,
-            write_buffers_max: 8,
+            write_buffers_max: 16,
             request_bytes_max: 4 << 20,
             streams_max: 8,
             compaction_policy: CompactionPolicyKind::FifoOldestClosed,
@@ -108,6 +108,20 @@ impl Config {
             return bad(
                 "request_bytes_max",
                 format!("{} not in 4096..=16 MiB", self.request_bytes_max),
+            );
+        }
+        let groups = self
+            .request_bytes_max
+            .div_ceil(4096)
+            .div_ceil(shale_format::GROUP_DATA_SLOTS as u64)
+            + 2;
+        if u64::from(self.write_buffers_max) < groups {
+            return bad(
+                "write_buffers_max",
+                format!(
+                    "{} buffers cannot hold a request of {} bytes (need {groups})",
+                    self.write_buffers_max, self.request_bytes_max
+                ),
             );
         }
         if self.streams_max == 0 {

@@ -166,6 +166,23 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             reserve,
         )
         .map_err(|r| too_small("cache or capacity", r))?;
+        // The largest request must fit in the cache with a chunk to spare for compaction.
+        let chunk_data = u64::from(
+            Groups {
+                blocks: config.chunk_blocks,
+            }
+            .data_capacity(),
+        );
+        let request_blocks = config.request_bytes_max.div_ceil(BS) + 1;
+        if u64::from(p.layout.chunk_count - 1) * chunk_data < 2 * request_blocks {
+            return Err(too_small(
+                "cache",
+                format!(
+                    "{} chunks cannot hold two requests of {} bytes",
+                    p.layout.chunk_count, config.request_bytes_max
+                ),
+            ));
+        }
         let sb = Superblock {
             uuid: *uuid::Uuid::new_v4().as_bytes(),
             generation: 0,

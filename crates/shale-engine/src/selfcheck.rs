@@ -155,6 +155,28 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 }
             }
         }
+        for (list, chunk) in [(&rs.free_chunks, true), (&rs.free_zones, false)] {
+            for &r in list.iter() {
+                if r.0 >= self.geo.region_count()
+                    || self.geo.is_chunk(r) != chunk
+                    || rs.get(r).state != RegionState::Free
+                {
+                    return Err(SelfCheckError::FreeList {
+                        reason: format!(
+                            "{r} on a free list but not a Free {}",
+                            if chunk { "chunk" } else { "zone" }
+                        ),
+                    });
+                }
+            }
+        }
+        for &r in &rs.pending_free {
+            if rs.get(r).state != RegionState::PendingFree {
+                return Err(SelfCheckError::FreeList {
+                    reason: format!("{r} on the pending list but {:?}", rs.get(r).state),
+                });
+            }
+        }
         let open_user = (0..self.geo.chunk_count)
             .filter(|&c| rs.get(RegionId(c)).state == RegionState::Open)
             .count();

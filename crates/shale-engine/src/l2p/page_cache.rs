@@ -454,3 +454,92 @@ impl L2p {
         self.frames_max
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use shale_device::MemDevice;
+    use std::collections::HashMap;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Set(u8, u64, u32),
+        Get(u8, u64),
+        WriteBackAll,
+        Checkpoint,
+        Resize(u8, u64),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            8 => (0u8..2, 0u64..6000, 0u32..1_000_000).prop_map(|(v, l, p)| Op::Set(v, l, p)),
+            6 => (0u8..2, 0u64..6000).prop_map(|(v, l)| Op::Get(v, l)),
+            1 => Just(Op::WriteBackAll),
+            1 => Just(Op::Checkpoint),
+            1 => (0u8..2, 1u64..6000).prop_map(|(v, s)| Op::Resize(v, s)),
+        ]
+    }
+
+    proptest! {
+        /// The page cache under a 3-page budget behaves like a map, across evictions,
+        /// write-backs, checkpoints and resizes, and never reuses a pool page twice.
+        #[test]
+        fn behaves_like_a_map(ops in proptest::collection::vec(op(), 1..400)) {
+            let mut dev = MemDevice::new(64 * 4096, 4096).unwrap();
+            let mut l2p = L2p::new(2, 30, 3, 0);
+            let mut sizes = [6000u64, 3000];
+            l2p.add_volume(VolumeId(0), sizes[0]);
+            l2p.add_volume(VolumeId(1), sizes[1]);
+            let mut model: HashMap<(u8, u64), u32> = HashMap::new();
+            for op in ops {
+                match op {
+                    Op::Set(v, l, p) => {
+                        if l < sizes[v as usize] {
+                            let old = l2p.set(&mut dev, VolumeId(v.into()), Lba(l), Pba(p)).unwrap();
+                            let want = model.insert((v, l), p).unwrap_or(Pba::NONE.0);
+                            prop_assert_eq!(old, Pba(want));
+                        }
+                    }
+                    Op::Get(v, l) => {
+                        let got = l2p.get(&mut dev, VolumeId(v.into()), Lba(l)).unwrap();
+                        let want = (l < sizes[v as usize]).then(|| Pba(*model.get(&(v, l)).unwrap_or(&Pba::NONE.0)));
+                        prop_assert_eq!(got, want);
+                    }
+                    Op::WriteBackAll => {
+                        l2p.write_back_all(&mut dev).unwrap();
+                    }
+                    Op::Checkpoint => {
+                        l2p.write_back_all(&mut dev).unwrap();
+                        l2p.checkpoint_committed();
+                    }
+                    Op::Resize(v, s) => {
+                        // Callers unmap past a shrink first.
+                        for l in s..sizes[v as usize] {
+                            if model.remove(&(v, l)).is_some() {
+                                l2p.set(&mut dev, VolumeId(v.into()), Lba(l), Pba::NONE).unwrap();
+                            }
+                        }
+                        l2p.resize_volume(VolumeId(v.into()), s);
+                        sizes[v as usize] = s;
+                    }
+                }
+                prop_assert!(l2p.cached_pages() <= 3);
+                let mut used = std::collections::HashSet::new();
+                for m in l2p.vols.iter().flatten() {
+                    for d in &m.dir {
+                        if d.slot != L2P_SLOT_NONE {
+                            prop_assert!(used.insert(d.slot / 2), "pool page {} owned twice", d.slot / 2);
+                        }
+                    }
+                }
+            }
+            let mut seen = 0;
+            l2p.for_each_mapped(&mut dev, |v, l, p| {
+                assert_eq!(model.get(&(v.0 as u8, l.0)), Some(&p.0));
+                seen += 1;
+            }).unwrap();
+            prop_assert_eq!(seen, model.values().filter(|&&p| p != Pba::NONE.0).count());
+        }
+    }
+}

@@ -183,3 +183,67 @@ impl Regions {
         self.regions.iter().map(Region::entry).collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn geo() -> Geometry {
+        Geometry {
+            chunk_blocks: 256,
+            chunk_count: 4,
+            data_start: 0,
+            zone_size_blocks: 256,
+            zone_cap_blocks: 256,
+            zone_count: 4,
+            cache_data_blocks: 1024,
+        }
+    }
+
+    proptest! {
+        /// Valid counts follow the bitmap, and a closed region empties into the pending
+        /// list exactly once.
+        #[test]
+        fn counts_follow_bits(ops in proptest::collection::vec((0u32..4, 0u32..252, any::<bool>()), 1..500)) {
+            let g = geo();
+            let mut r = Regions::new(&g);
+            for c in 0..4 {
+                let id = RegionId(c);
+                let Some(pos) = r.free_chunks.iter().position(|&x| x == id) else { continue };
+                r.free_chunks.remove(pos);
+                r.open(id, Sid(u64::from(c) + 1), RegionRole::User, 0);
+            }
+            let mut model = std::collections::HashSet::new();
+            for (c, slot, set) in ops {
+                let pba = g.pba(RegionId(c), slot);
+                if set && !model.contains(&pba) {
+                    r.mark_valid(&g, pba);
+                    model.insert(pba);
+                } else if !set && model.remove(&pba) {
+                    r.mark_invalid(&g, pba);
+                }
+                for c in 0..4 {
+                    let id = RegionId(c);
+                    let bits = r.validity.count_range(g.region_base(id), 256);
+                    prop_assert_eq!(bits, r.get(id).valid);
+                }
+            }
+            for c in 0..4 {
+                let id = RegionId(c);
+                r.get_mut(id).wp = 256;
+                r.try_close(&g, id, false, 7);
+            }
+            for &p in &model {
+                r.mark_invalid(&g, p);
+            }
+            let mut pending = r.pending_free.clone();
+            pending.sort();
+            prop_assert_eq!(pending, (0..4).map(RegionId).collect::<Vec<_>>());
+            for c in 0..4 {
+                r.release(&g, RegionId(c));
+            }
+            prop_assert_eq!(r.free_chunks.len(), 4);
+        }
+    }
+}
