@@ -59,6 +59,9 @@ pub struct DeviceArgs {
     /// Spare factor of the capacity device, 0..0.9 [default: 0.18]
     #[arg(long)]
     pub spare_factor: Option<f64>,
+    /// Size of the default volume created on first start [default: all user capacity]
+    #[arg(long)]
+    pub default_volume_size: Option<String>,
 }
 
 impl DeviceArgs {
@@ -93,6 +96,9 @@ impl DeviceArgs {
         }
         if let Some(v) = self.spare_factor {
             d.spare_factor = v;
+        }
+        if let Some(v) = &self.default_volume_size {
+            d.default_volume_size = Some(Size(v.clone()));
         }
     }
 }

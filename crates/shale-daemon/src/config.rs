@@ -82,6 +82,9 @@ pub struct DevicesConfig {
     pub zone_size: Size,
     /// Spare space as a fraction of the capacity (0.18 = 18%).
     pub spare_factor: f64,
+    /// Size of the `default` volume created on first start; unset = all of the user
+    /// capacity.
+    pub default_volume_size: Option<Size>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -166,6 +169,7 @@ impl Default for DevicesConfig {
             chunk_size: Size("16MiB".into()),
             zone_size: Size("64MiB".into()),
             spare_factor: 0.18,
+            default_volume_size: None,
         }
     }
 }
@@ -243,6 +247,15 @@ impl Config {
             if bytes == 0 || bytes % 4096 != 0 {
                 return Err(ConfigError::Invalid {
                     field,
+                    reason: format!("{} is not a positive multiple of 4 KiB", size.0),
+                });
+            }
+        }
+        if let Some(size) = &d.default_volume_size {
+            let bytes = size.bytes("devices.default_volume_size")?;
+            if bytes == 0 || bytes % 4096 != 0 {
+                return Err(ConfigError::Invalid {
+                    field: "devices.default_volume_size",
                     reason: format!("{} is not a positive multiple of 4 KiB", size.0),
                 });
             }

@@ -294,7 +294,11 @@ impl Daemon {
                     capacity = %spec.capacity.display(),
                     "first start: creating and formatting sparse device files"
                 );
-                let vols = format(&spec, false, &[(DEFAULT_VOLUME.to_string(), None)])?;
+                let size = match &config.devices.default_volume_size {
+                    Some(s) => Some(s.bytes("devices.default_volume_size")?),
+                    None => None,
+                };
+                let vols = format(&spec, false, &[(DEFAULT_VOLUME.to_string(), size)])?;
                 for v in vols {
                     tracing::info!(volume = %v.name, size_bytes = v.size_bytes, "volume created");
                 }
