@@ -368,7 +368,7 @@ fn sigterm_restart_keeps_every_byte() {
     d.stop();
     d.spawn();
     let dst = dir.path().join("dst");
-    run(Command::new("nbdcopy").arg(&d.uri("keep")).arg(&dst));
+    run(Command::new("nbdcopy").arg(d.uri("keep")).arg(&dst));
     assert!(
         std::fs::read(&dst).expect("read") == expect,
         "data differs after restart"
