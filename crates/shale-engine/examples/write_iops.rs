@@ -1,7 +1,8 @@
 //! 4 KiB uniform random writes at queue depth 128 on one core, cache in memory and
 //! capacity a zone-emulated memory device. Prints IOPS per phase and the WAF figures.
 //!
-//! cargo run --release -p shale-engine --example write_iops -- [capacity_MiB] [seconds]
+//! cargo run --release -p shale-engine --example write_iops -- [capacity_MiB] [seconds] [l2p_MiB]
+//! (l2p_MiB: the L2P page cache budget; default 12.5% of the table)
 #![allow(clippy::unwrap_used)]
 
 use std::sync::atomic::{AtomicU64, Ordering};

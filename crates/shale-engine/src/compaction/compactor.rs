@@ -415,20 +415,50 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         let mut scratch = std::mem::take(&mut self.mover(role).scratch);
         let buf = &mut scratch[..len * BLOCK_SIZE];
         let slot0 = groups.start(g);
-        let is_chunk = self.geo.is_chunk(victim);
-        let read = if is_chunk {
-            let off = self.geo.chunk_offset(victim, slot0);
-            self.stats.cache_read_bytes += (len * BLOCK_SIZE) as u64;
-            self.cache
-                .read_at(off, buf)
-                .map_err(EngineError::cache("victim group read", off))
+        // Mostly-valid groups are read whole; sparse ones as md + valid runs only.
+        let base = self.geo.pba(victim, slot0);
+        let valid = self.regions.validity.count_range(base, k as u32) as usize;
+        let mut ranges: Vec<(usize, usize)> = Vec::new();
+        if valid * 2 >= k {
+            ranges.push((0, len));
         } else {
-            let off = self.geo.zone_offset(victim, slot0);
-            self.stats.capacity_read_bytes += (len * BLOCK_SIZE) as u64;
-            self.capacity
-                .read_at(off, buf)
-                .map_err(EngineError::capacity("victim group read", off))
-        };
+            let mut i = 0;
+            while i < k {
+                if self.regions.validity.get(Pba(base.0 + i as u32)) {
+                    let s = i;
+                    while i < k && self.regions.validity.get(Pba(base.0 + i as u32)) {
+                        i += 1;
+                    }
+                    ranges.push((s, i));
+                } else {
+                    i += 1;
+                }
+            }
+            ranges.push((k, len));
+        }
+        let is_chunk = self.geo.is_chunk(victim);
+        let mut read = Ok(());
+        for &(lo, hi) in &ranges {
+            let part = &mut buf[lo * BLOCK_SIZE..hi * BLOCK_SIZE];
+            let bytes = part.len() as u64;
+            let slot = slot0 + lo as u32;
+            read = if is_chunk {
+                let off = self.geo.chunk_offset(victim, slot);
+                self.stats.cache_read_bytes += bytes;
+                self.cache
+                    .read_at(off, part)
+                    .map_err(EngineError::cache("victim group read", off))
+            } else {
+                let off = self.geo.zone_offset(victim, slot);
+                self.stats.capacity_read_bytes += bytes;
+                self.capacity
+                    .read_at(off, part)
+                    .map_err(EngineError::capacity("victim group read", off))
+            };
+            if read.is_err() {
+                break;
+            }
+        }
         if let Err(e) = read {
             self.mover(role).scratch = scratch;
             return Err(e);

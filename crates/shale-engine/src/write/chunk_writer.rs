@@ -166,22 +166,25 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                     g.id,
                 )
             };
-            if from < to {
-                let bytes = (to - from) as usize * BLOCK_SIZE;
-                let mut buf = self.bufs.take((to - from) as usize);
+            // Power-of-two pieces, so pooled buffers of a few sizes serve every run.
+            let mut at = from;
+            while at < to {
+                let n = 1u32 << (31 - (to - at).leading_zeros());
+                let bytes = n as usize * BLOCK_SIZE;
+                let mut buf = self.bufs.take(n as usize);
                 buf.copy_from_slice(
                     &self.writer.groups[gi].data
-                        [from as usize * BLOCK_SIZE..to as usize * BLOCK_SIZE],
+                        [at as usize * BLOCK_SIZE..(at + n) as usize * BLOCK_SIZE],
                 );
                 let run_seq = self
                     .runs
-                    .push(asn_base + u64::from(from), asn_base + u64::from(to));
+                    .push(asn_base + u64::from(at), asn_base + u64::from(at + n));
                 let tag = self.io.insert(InflightIo::CacheRun {
                     group_id: id,
                     run_seq,
                     bytes: bytes as u32,
                 });
-                let offset = self.geo.chunk_offset(region, start + from);
+                let offset = self.geo.chunk_offset(region, start + at);
                 self.cache.submit(IoRequest {
                     tag,
                     op: IoOp::Write {
@@ -190,12 +193,12 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                         fua: false,
                     },
                 });
-                let g = &mut self.writer.groups[gi];
-                g.submitted = to;
-                g.inflight += 1;
+                self.writer.groups[gi].inflight += 1;
                 self.regions.get_mut(region).inflight_writes += 1;
                 self.stats.cache_data_write_bytes += bytes as u64;
+                at += n;
             }
+            self.writer.groups[gi].submitted = to;
             if self.writer.groups[gi].md_state == MdState::FinalPending {
                 let g = &mut self.writer.groups[gi];
                 g.md_state = MdState::FinalSubmitted;
