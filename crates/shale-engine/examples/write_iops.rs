@@ -94,7 +94,7 @@ fn main() {
         if phase_start.elapsed().as_secs() >= 2 {
             let s = e.stats();
             println!(
-                "t={:>3}s  {:>8.0} IOPS  written {:>6} MiB ({:.2}x user cap)  layer WAF {:.2}  cache WAF {:.2}  free chunks {} zones {}  gc {}  worst gap {:?}",
+                "t={:>3}s  {:>8.0} IOPS  written {:>6} MiB ({:.2}x user cap)  layer WAF {:.2}  cache WAF {:.2}  free chunks {} zones {}  gc {}  worst gap {:?}  buf allocs {}",
                 start.elapsed().as_secs(),
                 (n - phase_done) as f64 / phase_start.elapsed().as_secs_f64(),
                 s.user_write_bytes >> 20,
@@ -104,7 +104,8 @@ fn main() {
                 s.free_chunks,
                 s.free_zones,
                 s.gc_victims,
-                worst_gap
+                worst_gap,
+                s.io_buffer_allocs
             );
             phase_start = Instant::now();
             phase_done = n;

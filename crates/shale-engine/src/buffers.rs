@@ -13,21 +13,27 @@ const PER_SIZE_MAX: usize = 64;
 #[derive(Debug, Default)]
 pub(crate) struct BufPool {
     by_blocks: Vec<Vec<IoBuf>>,
+    /// Buffers allocated because the pool had none of the size.
+    pub allocs: u64,
 }
 
 impl BufPool {
     pub fn new() -> BufPool {
         BufPool {
             by_blocks: (0..=GROUP_BLOCKS).map(|_| Vec::new()).collect(),
+            allocs: 0,
         }
     }
 
     /// A buffer of `blocks` blocks with unspecified contents.
     pub fn take(&mut self, blocks: usize) -> IoBuf {
-        self.by_blocks
-            .get_mut(blocks)
-            .and_then(Vec::pop)
-            .unwrap_or_else(|| IoBuf::zeroed(blocks * BLOCK_SIZE))
+        match self.by_blocks.get_mut(blocks).and_then(Vec::pop) {
+            Some(b) => b,
+            None => {
+                self.allocs += 1;
+                IoBuf::zeroed(blocks * BLOCK_SIZE)
+            }
+        }
     }
 
     pub fn give(&mut self, buf: IoBuf) {

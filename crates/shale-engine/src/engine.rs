@@ -329,10 +329,16 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 bytes,
             } => {
                 c.result.map_err(EngineError::cache("user data write", 0))?;
+                if let Some(b) = c.buf {
+                    self.bufs.give(b);
+                }
                 self.on_run_done(group_id, run_seq, bytes)
             }
             InflightIo::CacheMd { group_id } => {
                 c.result.map_err(EngineError::cache("md write", 0))?;
+                if let Some(b) = c.buf {
+                    self.bufs.give(b);
+                }
                 self.on_md_done(group_id)
             }
             InflightIo::Read { op, block, pba } => {
@@ -351,6 +357,9 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             InflightIo::ZonePart { write } => {
                 c.result
                     .map_err(EngineError::capacity("zone group write", 0))?;
+                if let Some(b) = c.buf {
+                    self.bufs.give(b);
+                }
                 self.on_zone_part_done(write)
             }
             InflightIo::Read { op, block, pba } => {

@@ -54,6 +54,8 @@ pub struct Stats {
     pub streams: u64,
     /// Blocks read out of victims and waiting in DRAM for a full group.
     pub staged_blocks: u64,
+    /// I/O buffers allocated (the pool was empty for the size); flat in steady state.
+    pub io_buffer_allocs: u64,
 }
 
 impl Stats {
@@ -104,6 +106,7 @@ impl<C: shale_device::BlockDevice, Z: shale_device::ZonedDevice, K: crate::Clock
         s.md_cache_misses = self.md_cache.misses;
         s.free_chunks = self.regions.free_chunks.len() as u64;
         s.free_zones = self.regions.free_zones.len() as u64;
+        s.io_buffer_allocs = self.bufs.allocs;
         s.staged_blocks = (self.compactor.staged_blocks() + self.cleaner.staged_blocks()) as u64;
         debug_assert_eq!(self.cleaner.role(), shale_format::RegionRole::Gc);
         s

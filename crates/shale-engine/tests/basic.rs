@@ -188,3 +188,31 @@ fn gc_does_not_pad_while_other_victims_can_fill_batches() {
     assert_eq!(s.capacity_pad_bytes, 0, "{s:?}");
     assert!(s.gc_victims < 2 * s.compaction_victims, "{s:?}");
 }
+
+/// Regression: completed write buffers were dropped instead of returning to the pool,
+/// so every run allocated (and zeroed) a fresh aligned buffer.
+#[test]
+fn steady_state_writes_do_not_allocate_io_buffers() {
+    let mut e = tiny_engine();
+    let n = e.user_capacity_bytes() / 4096 / 2;
+    let v = create(&mut e, "a", n * 4096);
+    let mut x = 9u64;
+    let mut after_warmup = 0;
+    for i in 0..n * 6 {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        write(&mut e, v, (x >> 33) % n * 4096, &pattern(i, 4096)).unwrap();
+        if i == n * 3 {
+            after_warmup = e.stats().io_buffer_allocs;
+        }
+    }
+    let s = e.stats();
+    assert!(s.gc_victims > 0, "{s:?}");
+    assert!(
+        s.io_buffer_allocs <= after_warmup + 4,
+        "{} -> {}",
+        after_warmup,
+        s.io_buffer_allocs
+    );
+}
