@@ -8,6 +8,8 @@
 #![forbid(unsafe_code)]
 
 mod config;
+mod dmzoned;
+mod opencas;
 mod raw;
 mod report;
 mod runner;
@@ -20,24 +22,32 @@ pub use config::{
     BenchConfig, Precondition, Scale, SetupError, CAPACITY_BYTES_MAX, CAPACITY_BYTES_MIN,
     PAPER_CAPACITY_BYTES,
 };
+pub use dmzoned::{zone_bytes_for, DmZonedConfig, DmZonedModel, DMZONED_ZONES_PER_CAPACITY};
+pub use opencas::{OpenCasConfig, OpenCasModel, OPENCAS_LINE_BYTES, OPENCAS_WAYS};
 pub use raw::{RawConfig, RawSystem, DEFAULT_HOST_SPARE_PCT, PARTITION_ALIGN_BYTES};
 pub use report::{BenchReport, Bytes, DeviceLine, Waf};
 pub use runner::{run, NoProgress, Progress, RunOutcome, RunSpec};
-pub use system::{DeviceReport, DeviceRole, RunError, SystemUnderTest};
+pub use system::{DeviceReport, DeviceRole, L2pStats, RunError, SystemUnderTest, Traffic};
 
 /// The systems `shale bench run --system` knows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SystemKind {
     /// Tenants on partitions of the raw capacity drive.
     Raw,
+    /// A model of an Open-CAS write-back cache (64 KiB lines, LRU) over the QLC drive.
+    OpenCasModel,
+    /// A model of dm-zoned over a ZNS QLC drive, random zones on the cache drive.
+    DmZonedModel,
 }
 
 impl SystemKind {
-    pub const NAMES: [&'static str; 1] = ["raw"];
+    pub const NAMES: [&'static str; 3] = ["raw", "opencas-model", "dmzoned-model"];
 
     pub fn name(self) -> &'static str {
         match self {
             SystemKind::Raw => "raw",
+            SystemKind::OpenCasModel => "opencas-model",
+            SystemKind::DmZonedModel => "dmzoned-model",
         }
     }
 }
@@ -51,13 +61,21 @@ impl fmt::Display for SystemKind {
 impl FromStr for SystemKind {
     type Err = SetupError;
     fn from_str(s: &str) -> Result<SystemKind, SetupError> {
-        match s.to_ascii_lowercase().as_str() {
-            "raw" => Ok(SystemKind::Raw),
-            _ => Err(SetupError::UnknownSystem {
+        let lower = s.to_ascii_lowercase();
+        SystemKind::NAMES
+            .iter()
+            .position(|&n| n == lower)
+            .map(|i| {
+                [
+                    SystemKind::Raw,
+                    SystemKind::OpenCasModel,
+                    SystemKind::DmZonedModel,
+                ][i]
+            })
+            .ok_or_else(|| SetupError::UnknownSystem {
                 name: s.into(),
                 valid: SystemKind::NAMES.join(", "),
-            }),
-        }
+            })
     }
 }
 
@@ -92,7 +110,49 @@ pub fn build_system(
             tenants: cfg.tenants,
             host_spare_pct: opts.host_spare_pct,
         })?)),
+        SystemKind::OpenCasModel => Ok(Box::new(OpenCasModel::new(&OpenCasConfig {
+            core_preset: opts.drive.clone(),
+            host_spare_pct: opts.host_spare_pct,
+            ..OpenCasConfig::standard(cfg.capacity_bytes, cfg.tenants)
+        })?)),
+        SystemKind::DmZonedModel => Ok(Box::new(DmZonedModel::new(&DmZonedConfig {
+            host_spare_pct: opts.host_spare_pct,
+            ..DmZonedConfig::standard(cfg.capacity_bytes, cfg.tenants)
+        })?)),
     }
+}
+
+/// Size of a block device that holds `zone_count` zones of `zone_bytes` under
+/// [`shale_device::ZoneEmu`]: the zones, and the emulation's zone table before them,
+/// which it aligns to 1 MiB.
+pub(crate) fn zone_emu_inner_bytes(zone_bytes: u64, zone_count: u32) -> u64 {
+    const ALIGN: u64 = 1 << 20;
+    let table = (64 * 1024 + 64 * u64::from(zone_count)).div_ceil(ALIGN) * ALIGN;
+    zone_bytes * u64::from(zone_count) + table + ALIGN
+}
+
+/// Zone emulation of exactly `zone_count` zones of `zone_bytes` over `inner`.
+pub(crate) fn zoned_over<D: shale_device::BlockDevice>(
+    inner: D,
+    zone_bytes: u64,
+    zone_count: u32,
+) -> Result<shale_device::ZoneEmu<D>, SetupError> {
+    let emu = shale_device::ZoneEmu::format(
+        inner,
+        &shale_device::ZoneEmuConfig {
+            zone_count_max: zone_count,
+            ..shale_device::ZoneEmuConfig::new(zone_bytes)
+        },
+    )?;
+    let got = shale_device::ZonedDevice::geometry(&emu).zone_count;
+    if got != zone_count {
+        return Err(SetupError::Device(
+            shale_device::DeviceError::InvalidGeometry {
+                reason: format!("zone emulation fitted {got} zones, wanted {zone_count}"),
+            },
+        ));
+    }
+    Ok(emu)
 }
 
 /// Checks a measured workload against a built system before anything runs, so bad

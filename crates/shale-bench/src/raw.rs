@@ -36,6 +36,33 @@ pub struct RawConfig {
     pub host_spare_pct: u8,
 }
 
+/// The size of each of `tenants` equal partitions of `capacity_bytes` less
+/// `host_spare_pct` percent, rounded down to `align_bytes`.
+pub(crate) fn partition_bytes(
+    capacity_bytes: u64,
+    host_spare_pct: u8,
+    tenants: u32,
+    align_bytes: u64,
+) -> Result<u64, SetupError> {
+    if host_spare_pct > HOST_SPARE_PCT_MAX {
+        return Err(SetupError::HostSpareOutOfRange {
+            pct: host_spare_pct,
+        });
+    }
+    let keep = u64::from(100 - host_spare_pct);
+    let usable = capacity_bytes / 100 * keep + capacity_bytes % 100 * keep / 100;
+    let tenants = tenants.max(1);
+    let volume_bytes = usable / u64::from(tenants) / align_bytes.max(1) * align_bytes.max(1);
+    if volume_bytes == 0 {
+        return Err(SetupError::VolumesDoNotFit {
+            tenants,
+            usable_bytes: usable,
+            align_bytes,
+        });
+    }
+    Ok(volume_bytes)
+}
+
 /// Tenants on partitions of one simulated drive.
 #[derive(Debug)]
 pub struct RawSystem {
@@ -58,18 +85,13 @@ impl RawSystem {
         let preset = shale_flashsim::preset(&cfg.preset)?;
         let inner = NullDevice::new(cfg.capacity_bytes, SECTOR_BYTES)?;
         let drive = FlashSim::from_preset(inner, &preset)?;
-        let usable = cfg.capacity_bytes / 100 * u64::from(100 - cfg.host_spare_pct)
-            + cfg.capacity_bytes % 100 * u64::from(100 - cfg.host_spare_pct) / 100;
         let tenants = cfg.tenants.max(1);
-        let volume_bytes =
-            usable / u64::from(tenants) / PARTITION_ALIGN_BYTES * PARTITION_ALIGN_BYTES;
-        if volume_bytes == 0 {
-            return Err(SetupError::VolumesDoNotFit {
-                tenants,
-                usable_bytes: usable,
-                align_bytes: PARTITION_ALIGN_BYTES,
-            });
-        }
+        let volume_bytes = partition_bytes(
+            cfg.capacity_bytes,
+            cfg.host_spare_pct,
+            tenants,
+            PARTITION_ALIGN_BYTES,
+        )?;
         Ok(RawSystem {
             stats: drive.stats_handle(),
             drive,

@@ -64,6 +64,40 @@ pub trait SystemUnderTest {
 
     /// Every simulated device, capacity device(s) first.
     fn devices(&self) -> Vec<DeviceReport>;
+
+    /// The system's own background traffic since the last counter reset, in bytes,
+    /// by cause (`compaction`, `gc`, `flush`, `rc1`, ...): what the seeds' Figure 16
+    /// plots beside the user traffic. Systems without background work report none.
+    fn traffic(&self) -> Vec<Traffic> {
+        Vec::new()
+    }
+
+    /// L2P statistics since the last counter reset, for systems with an L2P table.
+    fn l2p(&self) -> Option<L2pStats> {
+        None
+    }
+}
+
+/// One named background traffic counter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Traffic {
+    /// Short name of the cause, used as a JSON key and a plot legend.
+    pub name: &'static str,
+    /// Bytes written by that cause.
+    pub bytes: u64,
+}
+
+/// L2P page-cache figures of a system with a paged L2P table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct L2pStats {
+    pub hits: u64,
+    pub misses: u64,
+    /// Pages read from the cache device on misses.
+    pub page_reads: u64,
+    /// Pages written back to the cache device.
+    pub page_writes: u64,
+    /// Pages the DRAM budget holds.
+    pub cache_pages_max: u64,
 }
 
 /// A failure while running a benchmark.
@@ -77,6 +111,38 @@ pub enum RunError {
         len: u64,
         #[source]
         source: shale_device::DeviceError,
+    },
+    #[error(
+        "tenant {tenant}: {kind:?} at volume offset {offset} length {len} is outside the \
+         {volume_bytes}-byte volume or not aligned to {sector_bytes} bytes"
+    )]
+    BadRange {
+        tenant: u32,
+        kind: shale_workload::IoKind,
+        offset: u64,
+        len: u64,
+        volume_bytes: u64,
+        sector_bytes: u64,
+    },
+    #[error("{step} on zone {zone} failed")]
+    Zone {
+        step: &'static str,
+        zone: u32,
+        #[source]
+        source: shale_device::ZoneError,
+    },
+    #[error("{step} failed: {reason}")]
+    Model { step: &'static str, reason: String },
+    #[error(
+        "tenant {tenant}: {kind:?} at volume offset {offset} length {len} failed in the engine"
+    )]
+    Engine {
+        tenant: u32,
+        kind: shale_workload::IoKind,
+        offset: u64,
+        len: u64,
+        #[source]
+        source: shale_engine::EngineError,
     },
     #[error("tenant {tenant} does not exist (system has {volumes} volumes)")]
     NoSuchVolume { tenant: u32, volumes: u32 },

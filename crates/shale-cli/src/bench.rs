@@ -26,7 +26,8 @@ enum BenchCommand {
 
 #[derive(Debug, Args)]
 struct RunArgs {
-    /// System under test (raw: tenants on partitions of the bare drive).
+    /// System under test: raw (tenants on partitions of the bare drive), opencas-model,
+    /// dmzoned-model.
     #[arg(long, value_parser = parse_system)]
     system: SystemKind,
     /// Flash preset of the capacity drive (qlc-p5316, tlc, optane).
