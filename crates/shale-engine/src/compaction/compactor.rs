@@ -370,6 +370,13 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         let Some(victim) = self.mover(role).victim else {
             return Ok(progress);
         };
+        // Overwrites and trims may have emptied the victim before the mover reached its
+        // end: it is then PendingFree (or already reused) and must not be read again.
+        let v = self.regions.get(victim);
+        if v.state != RegionState::Closed || !v.draining {
+            self.mover(role).victim = None;
+            return Ok(true);
+        }
         let groups = Groups {
             blocks: self.geo.region_blocks(victim),
         };
