@@ -41,6 +41,11 @@ pub(crate) enum InflightIo {
     ZonePart {
         write: u32,
     },
+    /// A part of a mover's victim group read, `lo` its first slot in the group.
+    MoverRead {
+        gc: bool,
+        lo: u32,
+    },
     Read {
         op: u32,
         block: u32,
@@ -125,6 +130,7 @@ pub struct Engine<C: BlockDevice, Z: ZonedDevice, K: Clock> {
     /// Set when compaction wanted a zone but the GC reserve forbade it.
     pub(crate) compaction_zone_blocked: bool,
     pub(crate) stalled_polls: u32,
+    pub(crate) blocked_polls: u64,
     pub(crate) block_scratch: Box<[u8; 4096]>,
     pub(crate) bufs: BufPool,
 }
@@ -144,6 +150,10 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> std::fmt::Debug for Engine<C, Z, 
 /// engine declares itself stuck.
 const STALL_FORCE_POLLS: u32 = 8;
 const STALL_FAIL_POLLS: u32 = 10_000;
+/// Polls a write may wait at the head of the queue before padding is forced, and
+/// before the engine declares itself livelocked (a bug, reported as `Failed`).
+const BLOCKED_FORCE_POLLS: u64 = 64;
+const BLOCKED_FAIL_POLLS: u64 = 200_000;
 
 impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     /// Queues a request; `done` is called exactly once, from a later `poll` (or at once
@@ -189,7 +199,29 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             return Ok(false);
         }
         let mut progress = self.reap(0)?;
-        progress |= self.process_requests()?;
+        let dispatched = self.process_requests()?;
+        progress |= dispatched;
+        if dispatched || !self.user_blocked {
+            self.blocked_polls = 0;
+        } else {
+            self.blocked_polls += 1;
+            if self.blocked_polls.is_multiple_of(BLOCKED_FORCE_POLLS) {
+                // A write has waited long: release whatever partial batches hold.
+                progress |= self.force_background()?;
+            }
+            if self.blocked_polls >= BLOCKED_FAIL_POLLS {
+                return Err(EngineError::Failed {
+                    reason: format!(
+                        "a write waited {} polls for cache space: free chunks {}, free zones {}, pending free {}, staged {}",
+                        self.blocked_polls,
+                        self.regions.free_chunks.len(),
+                        self.regions.free_zones.len(),
+                        self.regions.pending_free.len(),
+                        self.compactor.staged_blocks() + self.cleaner.staged_blocks()
+                    ),
+                });
+            }
+        }
         self.submit_runs()?;
         if self.flush_requested {
             self.durability_point()?;
@@ -345,6 +377,11 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 let r = c.result.map_err(EngineError::cache("user data read", 0));
                 self.on_read_done(op, block, pba, r.map(|_| c.buf))
             }
+            InflightIo::MoverRead { gc, lo } => {
+                c.result
+                    .map_err(EngineError::cache("victim group read", 0))?;
+                self.on_mover_read_done(gc, lo, c.buf)
+            }
             InflightIo::ZonePart { .. } => panic!("zone write completed on the cache device"),
         }
     }
@@ -368,6 +405,11 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                     .map(|_| c.buf)
                     .map_err(EngineError::capacity("user data read", 0));
                 self.on_read_done(op, block, pba, r)
+            }
+            InflightIo::MoverRead { gc, lo } => {
+                c.result
+                    .map_err(EngineError::capacity("victim group read", 0))?;
+                self.on_mover_read_done(gc, lo, c.buf)
             }
             _ => panic!("cache I/O completed on the capacity device"),
         }

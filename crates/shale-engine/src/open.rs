@@ -120,6 +120,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             user_blocked: false,
             compaction_zone_blocked: false,
             stalled_polls: 0,
+            blocked_polls: 0,
             block_scratch: Box::new([0; BLOCK_SIZE]),
             bufs: crate::buffers::BufPool::new(),
             cache,

@@ -316,9 +316,9 @@ fn run_case(ops: &[Op], streams: u32) -> Result<(), TestCaseError> {
             blocks: (cap_blocks * share / 100) as u16,
         })?;
     }
-    // Fill both volumes twice so compaction and GC have live data to move and the
+    // Fill both volumes three times so compaction and GC have live data to move and the
     // capacity device is near its GC threshold when the case starts.
-    for round in 0..2u64 {
+    for round in 0..3u64 {
         for vol in 0..2u8 {
             let v = w.pick(vol).unwrap();
             let size = w.model[&v].len() as u32;
@@ -427,12 +427,14 @@ fn seed() -> u64 {
 
 fn run_model(cases: u32, max_ops: usize, streams: u32, require_gc: bool) {
     let seed = seed();
+    eprintln!("model test starting, SHALE_MODEL_SEED={seed} (streams {streams})");
     let mut bytes = [0u8; 32];
     bytes[..8].copy_from_slice(&seed.to_le_bytes());
     let config = PtConfig {
         cases,
         failure_persistence: None,
         max_shrink_iters: 2000,
+        max_shrink_time: 120_000,
         ..PtConfig::default()
     };
     let mut runner =

@@ -13,7 +13,9 @@
 //! - compaction never takes a zone while free zones <= the GC reserve, so GC can always
 //!   open its zones.
 
-use shale_device::{BlockDevice, ZoneAction, ZoneOp, ZoneRequest, ZonedDevice};
+use shale_device::{
+    BlockDevice, IoBuf, IoOp, IoRequest, ZoneAction, ZoneOp, ZoneRequest, ZonedDevice,
+};
 use shale_format::{
     decode_md_entry, decode_md_header, encode_md, EntryKind, JournalRecord, Lba, MdEntry, MdHeader,
     MdRegionKind, Pba, RegionId, RegionRole, RegionState, Sid, VolumeId, BLOCK_SIZE,
@@ -50,6 +52,8 @@ pub(crate) struct Mover {
     pub streams: Vec<Stream>,
     snapshot: Vec<RegionSnapshot>,
     scratch: Vec<u8>,
+    /// The victim group being read: (victim, group, parts still in flight).
+    pub reading: Option<(RegionId, u32, u32)>,
 }
 
 /// A zone group write in flight.
@@ -73,6 +77,7 @@ impl Mover {
             streams: (0..streams).map(|_| Stream::default()).collect(),
             snapshot: Vec::new(),
             scratch: vec![0u8; shale_format::GROUP_BLOCKS as usize * BLOCK_SIZE],
+            reading: None,
         }
     }
 
@@ -356,6 +361,9 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         {
             return Ok(progress);
         }
+        if self.mover(role).reading.is_some() {
+            return Ok(progress);
+        }
         if self.mover(role).victim.is_none() {
             let snap = self.snapshot(role);
             let now = self.now();
@@ -408,6 +416,8 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         Ok(true)
     }
 
+    /// Submits the reads of one victim group: whole when mostly valid, else md + valid
+    /// runs. The mover waits for them (one group in flight per mover).
     fn read_victim_group(
         &mut self,
         role: RegionRole,
@@ -419,10 +429,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         };
         let len = groups.len(g) as usize;
         let k = groups.data_slots(g) as usize;
-        let mut scratch = std::mem::take(&mut self.mover(role).scratch);
-        let buf = &mut scratch[..len * BLOCK_SIZE];
         let slot0 = groups.start(g);
-        // Mostly-valid groups are read whole; sparse ones as md + valid runs only.
         let base = self.geo.pba(victim, slot0);
         let valid = self.regions.validity.count_range(base, k as u32) as usize;
         let mut ranges: Vec<(usize, usize)> = Vec::new();
@@ -436,40 +443,103 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                     while i < k && self.regions.validity.get(Pba(base.0 + i as u32)) {
                         i += 1;
                     }
-                    ranges.push((s, i));
+                    // Power-of-two pieces keep the buffer pool to a few sizes.
+                    let mut at = s;
+                    while at < i {
+                        let n = 1usize << (usize::BITS - 1 - (i - at).leading_zeros());
+                        ranges.push((at, at + n));
+                        at += n;
+                    }
                 } else {
                     i += 1;
                 }
             }
             ranges.push((k, len));
         }
+        let gc = role == RegionRole::Gc;
         let is_chunk = self.geo.is_chunk(victim);
-        let mut read = Ok(());
         for &(lo, hi) in &ranges {
-            let part = &mut buf[lo * BLOCK_SIZE..hi * BLOCK_SIZE];
-            let bytes = part.len() as u64;
+            let buf = self.bufs.take(hi - lo);
+            let bytes = buf.len() as u64;
             let slot = slot0 + lo as u32;
-            read = if is_chunk {
-                let off = self.geo.chunk_offset(victim, slot);
+            let tag = self.io.insert(InflightIo::MoverRead { gc, lo: lo as u32 });
+            if is_chunk {
+                let offset = self.geo.chunk_offset(victim, slot);
                 self.stats.cache_read_bytes += bytes;
-                self.cache
-                    .read_at(off, part)
-                    .map_err(EngineError::cache("victim group read", off))
+                self.cache.submit(IoRequest {
+                    tag,
+                    op: IoOp::Read { offset, buf },
+                });
             } else {
-                let off = self.geo.zone_offset(victim, slot);
+                let offset = self.geo.zone_offset(victim, slot);
                 self.stats.capacity_read_bytes += bytes;
-                self.capacity
-                    .read_at(off, part)
-                    .map_err(EngineError::capacity("victim group read", off))
-            };
-            if read.is_err() {
-                break;
+                self.capacity.submit(ZoneRequest {
+                    tag,
+                    op: ZoneOp::Read { offset, buf },
+                });
             }
         }
-        if let Err(e) = read {
-            self.mover(role).scratch = scratch;
-            return Err(e);
+        self.mover(role).reading = Some((victim, g, ranges.len() as u32));
+        Ok(())
+    }
+
+    /// One part of a victim group read arrived; the last one stages the group.
+    pub(crate) fn on_mover_read_done(
+        &mut self,
+        gc: bool,
+        lo: u32,
+        buf: Option<IoBuf>,
+    ) -> Result<(), EngineError> {
+        let role = if gc {
+            RegionRole::Gc
+        } else {
+            RegionRole::Compaction
+        };
+        let Some(buf) = buf else {
+            panic!("mover read completed without its buffer")
+        };
+        let lo = lo as usize * BLOCK_SIZE;
+        let m = self.mover(role);
+        m.scratch[lo..lo + buf.len()].copy_from_slice(&buf);
+        self.bufs.give(buf);
+        let m = self.mover(role);
+        let Some((victim, g, left)) = m.reading.as_mut().map(|r| {
+            r.2 -= 1;
+            *r
+        }) else {
+            panic!("mover read completion without a read in flight");
+        };
+        if left > 0 {
+            return Ok(());
         }
+        self.mover(role).reading = None;
+        // The victim may have been emptied by overwrites while the read was in flight.
+        let v = self.regions.get(victim);
+        if v.state != RegionState::Closed || !v.draining || self.mover(role).victim != Some(victim)
+        {
+            return Ok(());
+        }
+        self.stage_victim_group(role, victim, g)?;
+        for s in 0..self.streams as usize {
+            self.write_stream_group(role, s, false)?;
+        }
+        Ok(())
+    }
+
+    fn stage_victim_group(
+        &mut self,
+        role: RegionRole,
+        victim: RegionId,
+        g: u32,
+    ) -> Result<(), EngineError> {
+        let groups = Groups {
+            blocks: self.geo.region_blocks(victim),
+        };
+        let len = groups.len(g) as usize;
+        let k = groups.data_slots(g) as usize;
+        let slot0 = groups.start(g);
+        let scratch = std::mem::take(&mut self.mover(role).scratch);
+        let buf = &scratch[..len * BLOCK_SIZE];
         let md_at = |c: usize| (slot0 as usize + k + c) as u64 * BS;
         let sid = self.regions.get(victim).sid;
         let a = decode_md_header(&buf[k * BLOCK_SIZE..(k + 1) * BLOCK_SIZE], md_at(0));

@@ -63,7 +63,7 @@ pub fn call(e: &mut Eng, req: Request) -> Result<Reply, EngineError> {
     let slot: Arc<Mutex<Option<Result<Reply, EngineError>>>> = Arc::new(Mutex::new(None));
     let s2 = slot.clone();
     e.submit(req, Box::new(move |r| *s2.lock().unwrap() = Some(r)));
-    for _ in 0..1_000_000 {
+    for _ in 0..400_000 {
         if let Some(r) = slot.lock().unwrap().take() {
             return r;
         }
