@@ -321,6 +321,7 @@ fn fio_verify(d: &Daemon, name: &str, extra: &[&str]) {
         "--verify=crc32c",
         "--serialize_overlap=1",
         "--do_verify=1",
+        "--verify_state_save=0",
         "--group_reporting",
     ]);
     cmd.args(extra);
