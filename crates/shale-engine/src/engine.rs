@@ -41,6 +41,10 @@ pub(crate) enum InflightIo {
     ZonePart {
         write: u32,
     },
+    /// Both md copies of a group a user read needs (`key`: PBA of copy A).
+    MdRead {
+        key: u32,
+    },
     /// A part of a mover's victim group read, `lo` its first slot in the group.
     MoverRead {
         gc: bool,
@@ -131,6 +135,10 @@ pub struct Engine<C: BlockDevice, Z: ZonedDevice, K: Clock> {
     pub(crate) compaction_zone_blocked: bool,
     pub(crate) stalled_polls: u32,
     pub(crate) blocked_polls: u64,
+    /// md reads in flight for user reads (PBA of copy A), and data blocks waiting for
+    /// them: (key, read op, block, PBA, data).
+    pub(crate) md_reads: Vec<u32>,
+    pub(crate) parked: Vec<(u32, u32, u32, Pba, shale_device::IoBuf)>,
     pub(crate) block_scratch: Box<[u8; 4096]>,
     pub(crate) bufs: BufPool,
 }
@@ -382,6 +390,11 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                     .map_err(EngineError::cache("victim group read", 0))?;
                 self.on_mover_read_done(gc, lo, c.buf)
             }
+            InflightIo::MdRead { key } => {
+                let r = c.result.map_err(EngineError::cache("md read", 0));
+                self.on_md_read_done(key, r.map(|_| c.buf));
+                Ok(())
+            }
             InflightIo::ZonePart { .. } => panic!("zone write completed on the cache device"),
         }
     }
@@ -410,6 +423,14 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 c.result
                     .map_err(EngineError::capacity("victim group read", 0))?;
                 self.on_mover_read_done(gc, lo, c.buf)
+            }
+            InflightIo::MdRead { key } => {
+                let r = c
+                    .result
+                    .map(|_| c.buf)
+                    .map_err(EngineError::capacity("md read", 0));
+                self.on_md_read_done(key, r);
+                Ok(())
             }
             _ => panic!("cache I/O completed on the capacity device"),
         }

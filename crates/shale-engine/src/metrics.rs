@@ -40,6 +40,10 @@ pub struct Stats {
     pub l2p_cache_pages_max: u64,
     pub md_cache_hits: u64,
     pub md_cache_misses: u64,
+    /// md reads issued with the data read (asynchronous) and on the synchronous
+    /// fallback (read-modify-write, or the md evicted before its data arrived).
+    pub md_reads: u64,
+    pub md_reads_sync: u64,
 
     pub checkpoints: u64,
     pub durability_points: u64,

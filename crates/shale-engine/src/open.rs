@@ -121,6 +121,8 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             compaction_zone_blocked: false,
             stalled_polls: 0,
             blocked_polls: 0,
+            md_reads: Vec::new(),
+            parked: Vec::new(),
             block_scratch: Box::new([0; BLOCK_SIZE]),
             bufs: crate::buffers::BufPool::new(),
             cache,

@@ -219,3 +219,29 @@ fn steady_state_writes_do_not_allocate_io_buffers() {
     );
     assert!(s.io_buffer_allocs < 400, "{}", s.io_buffer_allocs);
 }
+
+/// After a reopen the md cache is empty: each read fetches its md together with the data,
+/// asynchronously, once per group.
+#[test]
+fn reads_fetch_md_asynchronously() {
+    let mut e = tiny_engine();
+    let v = create(&mut e, "a", 4 << 20);
+    for i in 0..1024u64 {
+        write(&mut e, v, i * 4096, &pattern(i, 4096)).unwrap();
+    }
+    let mut e = reopen(e, tiny_config());
+    // Whole-volume reads: many blocks per group, all in flight at once.
+    for chunk in 0..16u64 {
+        let got = read(&mut e, v, chunk * 65536, 65536).unwrap();
+        for b in 0..16u64 {
+            let i = chunk * 16 + b;
+            assert_eq!(
+                &got[(b * 4096) as usize..((b + 1) * 4096) as usize],
+                &pattern(i, 4096)[..]
+            );
+        }
+    }
+    let s = e.stats();
+    assert_eq!(s.md_reads_sync, 0, "{s:?}");
+    assert!(s.md_reads > 0 && s.md_reads <= 1024 / 126 + 16, "{s:?}");
+}

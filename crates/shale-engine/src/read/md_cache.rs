@@ -78,6 +78,11 @@ impl MdCache {
         }
     }
 
+    /// Whether `key` is cached (no LRU update, no counting).
+    pub fn contains(&self, key: u32) -> bool {
+        self.map.contains_key(&key)
+    }
+
     pub fn insert(&mut self, key: u32, block: &[u8]) {
         if let Some(&i) = self.map.get(&key) {
             self.entries[i as usize].block.copy_from_slice(block);

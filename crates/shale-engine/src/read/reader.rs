@@ -2,7 +2,9 @@
 //! entry, assembled into the reply.
 
 use shale_device::{BlockDevice, IoBuf, IoOp, IoRequest, ZoneOp, ZoneRequest, ZonedDevice};
-use shale_format::{decode_md_entry, decode_md_header, EntryKind, Lba, Pba, VolumeId, BLOCK_SIZE};
+use shale_format::{
+    decode_md_entry, decode_md_header, EntryKind, Lba, Pba, RegionId, VolumeId, BLOCK_SIZE,
+};
 
 use crate::engine::InflightIo;
 use crate::layout::{Groups, BS};
@@ -116,6 +118,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 });
                 self.stats.capacity_read_bytes += BS;
             }
+            self.prefetch_md(pba);
         }
         self.reads[op_id as usize] = Some(op);
         self.maybe_finish_read(op_id);
@@ -149,6 +152,25 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         pba: Pba,
         r: Result<Option<IoBuf>, EngineError>,
     ) -> Result<(), EngineError> {
+        let key = self.md_key(pba).3 .0;
+        match r {
+            // Its md is still on the way: wait for it rather than read it synchronously.
+            Ok(Some(buf)) if self.md_reads.contains(&key) && !self.md_cache.contains(key) => {
+                self.parked.push((key, op_id, block, pba, buf));
+            }
+            r => self.finish_block_read(op_id, block, pba, r),
+        }
+        Ok(())
+    }
+
+    /// Verifies one block of a read against its md and copies it into the reply.
+    fn finish_block_read(
+        &mut self,
+        op_id: u32,
+        block: u32,
+        pba: Pba,
+        r: Result<Option<IoBuf>, EngineError>,
+    ) {
         let Some((volume, lba)) = self.reads[op_id as usize]
             .as_ref()
             .map(|o| (o.volume, o.first_lba + u64::from(block)))
@@ -179,7 +201,6 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             }
         }
         self.maybe_finish_read(op_id);
-        Ok(())
     }
 
     /// Reads one block synchronously (read-modify-write of partial blocks).
@@ -265,7 +286,8 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
 
     /// The valid md block of the group holding `pba` (md cache, else read both copies
     /// and take the valid one with the higher generation).
-    pub(crate) fn md_block(&mut self, pba: Pba) -> Result<Box<[u8; BLOCK_SIZE]>, EngineError> {
+    /// (region, group, md slot, key = PBA of md copy A) of the group holding `pba`.
+    pub(crate) fn md_key(&self, pba: Pba) -> (RegionId, u32, u32, Pba) {
         let Some((region, slot)) = self.geo.region_slot(pba) else {
             panic!("md lookup of {pba} outside the data regions");
         };
@@ -274,12 +296,19 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         };
         let (g, _) = groups.locate(slot);
         let md_slot = groups.md_slot(g);
-        let key = self.geo.pba(region, md_slot);
+        (region, g, md_slot, self.geo.pba(region, md_slot))
+    }
+
+    /// The valid md block of the group holding `pba` (md cache, else a synchronous read
+    /// of both copies; only when an asynchronous one was not possible).
+    pub(crate) fn md_block(&mut self, pba: Pba) -> Result<Box<[u8; BLOCK_SIZE]>, EngineError> {
+        let (region, g, md_slot, key) = self.md_key(pba);
         let mut out = Box::new([0u8; BLOCK_SIZE]);
         if let Some(b) = self.md_cache.get(key.0) {
             out.copy_from_slice(b);
             return Ok(out);
         }
+        self.stats.md_reads_sync += 1;
         let mut two = vec![0u8; 2 * BLOCK_SIZE];
         if self.geo.is_chunk(region) {
             let off = self.geo.chunk_offset(region, md_slot);
@@ -294,6 +323,17 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 .map_err(EngineError::capacity("md read", off))?;
             self.stats.capacity_read_bytes += 2 * BS;
         }
+        self.pick_md(region, g, key, &two)
+    }
+
+    /// Takes the valid copy (current SID, higher generation) of md A and B and caches it.
+    fn pick_md(
+        &mut self,
+        region: RegionId,
+        g: u32,
+        key: Pba,
+        two: &[u8],
+    ) -> Result<Box<[u8; BLOCK_SIZE]>, EngineError> {
         // A copy left from an earlier life of the region (other SID) is not valid.
         let sid = self.regions.get(region).sid;
         let stale = |h: shale_format::MdHeader, at: u64| {
@@ -308,10 +348,10 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 })
             }
         };
-        let a = decode_md_header(&two[..BLOCK_SIZE], self.md_offset(key))
-            .and_then(|h| stale(h, self.md_offset(key)));
-        let b = decode_md_header(&two[BLOCK_SIZE..], self.md_offset(key) + BS)
-            .and_then(|h| stale(h, self.md_offset(key) + BS));
+        let at = self.md_offset(key);
+        let a = decode_md_header(&two[..BLOCK_SIZE], at).and_then(|h| stale(h, at));
+        let b = decode_md_header(&two[BLOCK_SIZE..2 * BLOCK_SIZE], at + BS)
+            .and_then(|h| stale(h, at + BS));
         let pick = match (&a, &b) {
             (Ok(ha), Ok(hb)) => usize::from(hb.generation > ha.generation),
             (Ok(_), Err(_)) => 0,
@@ -330,7 +370,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                     pba: key,
                     source: shale_format::FormatError::InvalidField {
                         structure: shale_format::Structure::MdBlock,
-                        at: self.md_offset(key),
+                        at,
                         field: "region/group",
                         reason: format!(
                             "names {} group {}, expected {region} group {g}",
@@ -340,8 +380,9 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 });
             }
         }
+        let mut out = Box::new([0u8; BLOCK_SIZE]);
         out.copy_from_slice(&two[pick * BLOCK_SIZE..(pick + 1) * BLOCK_SIZE]);
-        // Open chunks' partial md must not be cached: it grows.
+        // A group still in memory grows: its md is not final.
         let cacheable = !self
             .writer
             .groups
@@ -351,6 +392,68 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             self.md_cache.insert(key.0, &out[..]);
         }
         Ok(out)
+    }
+
+    /// Starts reading the md of the group holding `pba` unless it is cached or already
+    /// being read, so a data block and its md travel together.
+    fn prefetch_md(&mut self, pba: Pba) {
+        let (region, _, md_slot, key) = self.md_key(pba);
+        if self.md_cache.contains(key.0) || self.md_reads.contains(&key.0) {
+            return;
+        }
+        self.md_reads.push(key.0);
+        self.stats.md_reads += 1;
+        let buf = self.bufs.take(2);
+        let tag = self.io.insert(InflightIo::MdRead { key: key.0 });
+        if self.geo.is_chunk(region) {
+            let offset = self.geo.chunk_offset(region, md_slot);
+            self.stats.cache_read_bytes += 2 * BS;
+            self.cache.submit(IoRequest {
+                tag,
+                op: IoOp::Read { offset, buf },
+            });
+        } else {
+            let offset = self.geo.zone_offset(region, md_slot);
+            self.stats.capacity_read_bytes += 2 * BS;
+            self.capacity.submit(ZoneRequest {
+                tag,
+                op: ZoneOp::Read { offset, buf },
+            });
+        }
+    }
+
+    /// An md read arrived: cache it and verify the data blocks that waited for it. Errors
+    /// fail only the reads that needed it.
+    pub(crate) fn on_md_read_done(&mut self, key: u32, r: Result<Option<IoBuf>, EngineError>) {
+        self.md_reads.retain(|&k| k != key);
+        let (region, g, _, _) = self.md_key(Pba(key));
+        let picked = match r {
+            Ok(Some(buf)) => {
+                let p = self.pick_md(region, g, Pba(key), &buf).map(|_| ());
+                self.bufs.give(buf);
+                p
+            }
+            Ok(None) => panic!("md read completed without its buffer"),
+            Err(e) => Err(e),
+        };
+        let mut i = 0;
+        while i < self.parked.len() {
+            if self.parked[i].0 != key {
+                i += 1;
+                continue;
+            }
+            let (_, op, block, pba, buf) = self.parked.swap_remove(i);
+            let r = match &picked {
+                Ok(()) => Ok(Some(buf)),
+                Err(e) => {
+                    self.bufs.give(buf);
+                    Err(EngineError::Failed {
+                        reason: format!("md read for {pba}: {e}"),
+                    })
+                }
+            };
+            self.finish_block_read(op, block, pba, r);
+        }
     }
 
     fn md_offset(&self, key: Pba) -> u64 {
