@@ -47,7 +47,7 @@ enum Op {
     },
     Resize {
         vol: u8,
-        blocks: u16,
+        pct: u16,
     },
     Delete {
         vol: u8,
@@ -69,7 +69,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => Just(Op::Flush),
         1 => Just(Op::Reopen),
         2 => (16u16..400).prop_map(|blocks| Op::Create { blocks }),
-        1 => (any::<u8>(), 8u16..400).prop_map(|(vol, blocks)| Op::Resize { vol, blocks }),
+        1 => (any::<u8>(), 50u16..150).prop_map(|(vol, pct)| Op::Resize { vol, pct }),
         1 => any::<u8>().prop_map(|vol| Op::Delete { vol }),
     ]
 }
@@ -235,13 +235,14 @@ impl World {
                     r => return Err(TestCaseError::fail(format!("create: {r:?}"))),
                 }
             }
-            Op::Resize { vol, blocks } => {
+            Op::Resize { vol, pct } => {
                 let Some(v) = self.pick(vol) else {
                     return Ok(());
                 };
-                let size = u64::from(blocks) * 4096;
-                let allocated: u64 = self.model.values().map(|m| m.len() as u64).sum();
                 let old = self.model[&v].len() as u64;
+                // Relative sizes keep the live data (and so GC pressure) roughly level.
+                let size = (old / 4096 * u64::from(pct) / 100).max(8) * 4096;
+                let allocated: u64 = self.model.values().map(|m| m.len() as u64).sum();
                 let cap = self.e().user_capacity_bytes();
                 match call(
                     self.e(),
