@@ -8,7 +8,7 @@ use shale_format::VolumeId;
 
 use crate::{EngineError, Stats};
 
-#[derive(Debug)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request {
     Read {
         volume: VolumeId,

@@ -437,3 +437,67 @@ fn engine_thread_serves_concurrent_clients() {
         pattern(300, 4096)
     );
 }
+
+mod arbitrary_requests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn req() -> impl Strategy<Value = Request> {
+        let vol = prop_oneof![0u32..3, any::<u32>()].prop_map(shale_engine::VolumeId);
+        let off = prop_oneof![0u64..(2 << 20), any::<u64>()];
+        let len = prop_oneof![0u64..70_000, any::<u64>()];
+        prop_oneof![
+            (vol.clone(), off.clone(), len.clone()).prop_map(|(volume, offset, len)| {
+                Request::Read {
+                    volume,
+                    offset,
+                    len,
+                }
+            }),
+            (vol.clone(), off.clone(), 0usize..70_000, any::<bool>()).prop_map(
+                |(volume, offset, n, fua)| Request::Write {
+                    volume,
+                    offset,
+                    data: vec![0xA5; n],
+                    fua
+                }
+            ),
+            (vol.clone(), off.clone(), len.clone()).prop_map(|(volume, offset, len)| {
+                Request::Trim {
+                    volume,
+                    offset,
+                    len,
+                }
+            }),
+            (vol.clone(), off, len).prop_map(|(volume, offset, len)| Request::WriteZeroes {
+                volume,
+                offset,
+                len
+            }),
+            Just(Request::Flush),
+            ("[a-z]{0,40}", prop_oneof![0u64..(4 << 20), any::<u64>()])
+                .prop_map(|(name, size_bytes)| Request::CreateVolume { name, size_bytes }),
+            (vol.clone(), prop_oneof![0u64..(4 << 20), any::<u64>()])
+                .prop_map(|(volume, size_bytes)| Request::ResizeVolume { volume, size_bytes }),
+            vol.prop_map(|volume| Request::DeleteVolume { volume }),
+            Just(Request::ListVolumes),
+            Just(Request::Stats),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+        /// Whatever clients send, the engine answers each request (maybe with an error),
+        /// never panics, and keeps its invariants.
+        #[test]
+        fn strangers_requests_never_break_the_engine(reqs in proptest::collection::vec(req(), 1..60)) {
+            let mut e = tiny_engine();
+            create(&mut e, "base", 2 << 20);
+            for r in reqs {
+                let _ = call(&mut e, r);
+            }
+            prop_assert!(e.self_check().is_ok());
+            e.shutdown().unwrap();
+        }
+    }
+}
