@@ -8,6 +8,8 @@
 //! connection threads.
 
 mod negotiation;
+#[cfg(feature = "tls")]
+pub mod tls;
 mod transmission;
 pub mod transport;
 

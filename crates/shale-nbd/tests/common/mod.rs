@@ -212,10 +212,37 @@ impl RawClient {
         Ok(v)
     }
 
-    /// True if the server closed the connection (EOF) rather than sending.
+    /// True if the server closed the connection (EOF or reset) rather than
+    /// sending something or leaving it open until the read timeout.
     pub fn closed(&mut self) -> bool {
         let mut b = [0u8; 1];
-        matches!(self.s.read(&mut b), Ok(0) | Err(_))
+        match self.s.read(&mut b) {
+            Ok(0) => true,
+            Ok(_) => false,
+            Err(e) => !matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ),
+        }
+    }
+
+    /// Reads and discards whatever arrives (e.g. a TLS alert) until EOF;
+    /// false if the connection stays open until the read timeout.
+    pub fn drained_to_close(&mut self) -> bool {
+        let mut b = [0u8; 4096];
+        for _ in 0..1024 {
+            match self.s.read(&mut b) {
+                Ok(0) => return true,
+                Ok(_) => {}
+                Err(e) => {
+                    return !matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    )
+                }
+            }
+        }
+        false
     }
 
     pub fn greeting(&mut self) -> Greeting {
