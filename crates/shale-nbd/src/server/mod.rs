@@ -58,7 +58,8 @@ pub struct ServerLimits {
     pub options_max: u32,
     pub info_requests_max: u16,
     pub meta_queries_max: u32,
-    /// The whole handshake must finish within this time.
+    /// Read timeout during the handshake: a client silent this long while
+    /// negotiating is dropped.
     pub handshake_timeout: Duration,
     /// A reply write blocked this long (client not reading) ends the connection.
     pub write_timeout: Duration,
