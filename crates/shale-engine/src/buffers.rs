@@ -7,8 +7,8 @@
 use shale_device::IoBuf;
 use shale_format::{BLOCK_SIZE, GROUP_BLOCKS};
 
-/// Buffers kept per size.
-const PER_SIZE_MAX: usize = 64;
+/// Bytes kept per size class (small sizes may have many buffers in flight at once).
+const PER_SIZE_BYTES_MAX: usize = 16 << 20;
 
 #[derive(Debug, Default)]
 pub(crate) struct BufPool {
@@ -41,7 +41,7 @@ impl BufPool {
             return;
         }
         if let Some(v) = self.by_blocks.get_mut(buf.len() / BLOCK_SIZE) {
-            if v.len() < PER_SIZE_MAX {
+            if v.len() < (PER_SIZE_BYTES_MAX / buf.len().max(1)).max(8) {
                 v.push(buf);
             }
         }

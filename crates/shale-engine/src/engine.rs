@@ -45,10 +45,11 @@ pub(crate) enum InflightIo {
     MdRead {
         key: u32,
     },
-    /// A part of a mover's victim group read, `lo` its first slot in the group.
+    /// Piece `part` of a mover's victim group read `read`.
     MoverRead {
         gc: bool,
-        lo: u32,
+        read: u16,
+        part: u16,
     },
     Read {
         op: u32,
@@ -385,10 +386,10 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 let r = c.result.map_err(EngineError::cache("user data read", 0));
                 self.on_read_done(op, block, pba, r.map(|_| c.buf))
             }
-            InflightIo::MoverRead { gc, lo } => {
+            InflightIo::MoverRead { gc, read, part } => {
                 c.result
                     .map_err(EngineError::cache("victim group read", 0))?;
-                self.on_mover_read_done(gc, lo, c.buf)
+                self.on_mover_read_done(gc, read, part, c.buf)
             }
             InflightIo::MdRead { key } => {
                 let r = c.result.map_err(EngineError::cache("md read", 0));
@@ -419,10 +420,10 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                     .map_err(EngineError::capacity("user data read", 0));
                 self.on_read_done(op, block, pba, r)
             }
-            InflightIo::MoverRead { gc, lo } => {
+            InflightIo::MoverRead { gc, read, part } => {
                 c.result
                     .map_err(EngineError::capacity("victim group read", 0))?;
-                self.on_mover_read_done(gc, lo, c.buf)
+                self.on_mover_read_done(gc, read, part, c.buf)
             }
             InflightIo::MdRead { key } => {
                 let r = c

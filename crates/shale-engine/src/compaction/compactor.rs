@@ -51,9 +51,26 @@ pub(crate) struct Mover {
     pub cursor: u32,
     pub streams: Vec<Stream>,
     snapshot: Vec<RegionSnapshot>,
-    scratch: Vec<u8>,
-    /// The victim group being read: (victim, group, parts still in flight).
-    pub reading: Option<(RegionId, u32, u32)>,
+    /// Victim group reads in flight (a slab; the index travels in the I/O tag).
+    reads: Vec<Option<GroupRead>>,
+}
+
+/// One victim group being read: its pieces (first slot, buffer once arrived).
+#[derive(Debug)]
+pub(crate) struct GroupRead {
+    victim: RegionId,
+    group: u32,
+    parts: Vec<(usize, Option<IoBuf>)>,
+    left: u32,
+}
+
+/// The block at slot `i` of a group read, if it was read.
+fn slot_data(parts: &[(usize, Option<IoBuf>)], i: usize) -> Option<&[u8]> {
+    parts.iter().find_map(|(lo, b)| {
+        let b = b.as_ref()?;
+        let n = b.len() / BLOCK_SIZE;
+        (i >= *lo && i < lo + n).then(|| &b[(i - lo) * BLOCK_SIZE..(i - lo + 1) * BLOCK_SIZE])
+    })
 }
 
 /// A zone group write in flight.
@@ -76,8 +93,7 @@ impl Mover {
             cursor: 0,
             streams: (0..streams).map(|_| Stream::default()).collect(),
             snapshot: Vec::new(),
-            scratch: vec![0u8; shale_format::GROUP_BLOCKS as usize * BLOCK_SIZE],
-            reading: None,
+            reads: Vec::new(),
         }
     }
 
@@ -85,10 +101,21 @@ impl Mover {
         self.streams.iter().map(|s| s.entries.len()).sum()
     }
 
+    pub fn reads_in_flight(&self) -> usize {
+        self.reads.iter().filter(|r| r.is_some()).count()
+    }
+
+    fn reads_in_flight_for(&self, victim: RegionId) -> bool {
+        self.reads.iter().flatten().any(|r| r.victim == victim)
+    }
+
     pub fn role(&self) -> RegionRole {
         self.role
     }
 }
+
+/// Invalid blocks a sparse victim read reads through rather than split the read.
+const READ_GAP_BLOCKS: usize = 8;
 
 fn stale_md(at: u64) -> shale_format::FormatError {
     shale_format::FormatError::InvalidField {
@@ -361,7 +388,9 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         {
             return Ok(progress);
         }
-        if self.mover(role).reading.is_some() {
+        // Bounded read-ahead: a few victim groups in flight per mover.
+        if self.mover(role).reads_in_flight() >= self.config.background_steps_per_poll_max as usize
+        {
             return Ok(progress);
         }
         if self.mover(role).victim.is_none() {
@@ -391,6 +420,10 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         loop {
             let g = self.mover(role).cursor;
             if g >= groups.count() {
+                // The victim is done once its last group reads have been staged.
+                if self.mover(role).reads_in_flight_for(victim) {
+                    return Ok(progress);
+                }
                 self.mover(role).victim = None;
                 if role == RegionRole::Gc {
                     self.stats.gc_victims += 1;
@@ -436,42 +469,65 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         if valid * 2 >= k {
             ranges.push((0, len));
         } else {
-            let mut i = 0;
-            while i < k {
+            // Valid runs, merged across gaps of up to READ_GAP_BLOCKS (one larger read
+            // beats several small ones), cut into power-of-two pieces so the buffer pool
+            // needs only a few sizes.
+            let mut runs: Vec<(usize, usize)> = Vec::new();
+            for i in 0..k {
                 if self.regions.validity.get(Pba(base.0 + i as u32)) {
-                    let s = i;
-                    while i < k && self.regions.validity.get(Pba(base.0 + i as u32)) {
-                        i += 1;
+                    match runs.last_mut() {
+                        Some(r) if i - r.1 <= READ_GAP_BLOCKS => r.1 = i + 1,
+                        _ => runs.push((i, i + 1)),
                     }
-                    // Power-of-two pieces keep the buffer pool to a few sizes.
-                    let mut at = s;
-                    while at < i {
-                        let n = 1usize << (usize::BITS - 1 - (i - at).leading_zeros());
-                        ranges.push((at, at + n));
-                        at += n;
-                    }
-                } else {
-                    i += 1;
+                }
+            }
+            for (s, e) in runs {
+                let mut at = s;
+                while at < e {
+                    let n = 1usize << (usize::BITS - 1 - (e - at).leading_zeros());
+                    ranges.push((at, at + n));
+                    at += n;
                 }
             }
             ranges.push((k, len));
         }
         let gc = role == RegionRole::Gc;
         let is_chunk = self.geo.is_chunk(victim);
-        for &(lo, hi) in &ranges {
+        let read = GroupRead {
+            victim,
+            group: g,
+            parts: ranges.iter().map(|&(lo, _)| (lo, None)).collect(),
+            left: ranges.len() as u32,
+        };
+        let m = self.mover(role);
+        let slot = match m.reads.iter().position(Option::is_none) {
+            Some(i) => {
+                m.reads[i] = Some(read);
+                i
+            }
+            None => {
+                m.reads.push(Some(read));
+                m.reads.len() - 1
+            }
+        } as u16;
+        for (part, &(lo, hi)) in ranges.iter().enumerate() {
             let buf = self.bufs.take(hi - lo);
             let bytes = buf.len() as u64;
-            let slot = slot0 + lo as u32;
-            let tag = self.io.insert(InflightIo::MoverRead { gc, lo: lo as u32 });
+            let first = slot0 + lo as u32;
+            let tag = self.io.insert(InflightIo::MoverRead {
+                gc,
+                read: slot,
+                part: part as u16,
+            });
             if is_chunk {
-                let offset = self.geo.chunk_offset(victim, slot);
+                let offset = self.geo.chunk_offset(victim, first);
                 self.stats.cache_read_bytes += bytes;
                 self.cache.submit(IoRequest {
                     tag,
                     op: IoOp::Read { offset, buf },
                 });
             } else {
-                let offset = self.geo.zone_offset(victim, slot);
+                let offset = self.geo.zone_offset(victim, first);
                 self.stats.capacity_read_bytes += bytes;
                 self.capacity.submit(ZoneRequest {
                     tag,
@@ -479,15 +535,15 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 });
             }
         }
-        self.mover(role).reading = Some((victim, g, ranges.len() as u32));
         Ok(())
     }
 
-    /// One part of a victim group read arrived; the last one stages the group.
+    /// One piece of a victim group read arrived; the last one stages the group.
     pub(crate) fn on_mover_read_done(
         &mut self,
         gc: bool,
-        lo: u32,
+        read: u16,
+        part: u16,
         buf: Option<IoBuf>,
     ) -> Result<(), EngineError> {
         let role = if gc {
@@ -498,28 +554,29 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         let Some(buf) = buf else {
             panic!("mover read completed without its buffer")
         };
-        let lo = lo as usize * BLOCK_SIZE;
         let m = self.mover(role);
-        m.scratch[lo..lo + buf.len()].copy_from_slice(&buf);
-        self.bufs.give(buf);
-        let m = self.mover(role);
-        let Some((victim, g, left)) = m.reading.as_mut().map(|r| {
-            r.2 -= 1;
-            *r
-        }) else {
-            panic!("mover read completion without a read in flight");
+        let Some(r) = m.reads.get_mut(usize::from(read)).and_then(Option::as_mut) else {
+            panic!("mover read completion for unknown read {read}");
         };
-        if left > 0 {
+        r.parts[usize::from(part)].1 = Some(buf);
+        r.left -= 1;
+        if r.left > 0 {
             return Ok(());
         }
-        self.mover(role).reading = None;
+        let Some(r) = m.reads[usize::from(read)].take() else {
+            unreachable!("checked above")
+        };
         // The victim may have been emptied by overwrites while the read was in flight.
-        let v = self.regions.get(victim);
-        if v.state != RegionState::Closed || !v.draining || self.mover(role).victim != Some(victim)
+        let v = self.regions.get(r.victim);
+        if v.state == RegionState::Closed && v.draining && self.mover(role).victim == Some(r.victim)
         {
-            return Ok(());
+            self.stage_victim_group(role, r.victim, r.group, &r.parts)?;
         }
-        self.stage_victim_group(role, victim, g)?;
+        for (_, b) in r.parts {
+            if let Some(b) = b {
+                self.bufs.give(b);
+            }
+        }
         for s in 0..self.streams as usize {
             self.write_stream_group(role, s, false)?;
         }
@@ -531,6 +588,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         role: RegionRole,
         victim: RegionId,
         g: u32,
+        parts: &[(usize, Option<IoBuf>)],
     ) -> Result<(), EngineError> {
         let groups = Groups {
             blocks: self.geo.region_blocks(victim),
@@ -538,12 +596,14 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         let len = groups.len(g) as usize;
         let k = groups.data_slots(g) as usize;
         let slot0 = groups.start(g);
-        let scratch = std::mem::take(&mut self.mover(role).scratch);
-        let buf = &scratch[..len * BLOCK_SIZE];
+        debug_assert!(len >= k + 2);
         let md_at = |c: usize| (slot0 as usize + k + c) as u64 * BS;
         let sid = self.regions.get(victim).sid;
-        let a = decode_md_header(&buf[k * BLOCK_SIZE..(k + 1) * BLOCK_SIZE], md_at(0));
-        let b = decode_md_header(&buf[(k + 1) * BLOCK_SIZE..(k + 2) * BLOCK_SIZE], md_at(1));
+        let (Some(md_a), Some(md_b)) = (slot_data(parts, k), slot_data(parts, k + 1)) else {
+            panic!("victim group read without its md blocks");
+        };
+        let a = decode_md_header(md_a, md_at(0));
+        let b = decode_md_header(md_b, md_at(1));
         // Copies from an earlier life of the region carry another SID.
         let a = a.and_then(|h| {
             if h.region_sid == sid {
@@ -572,21 +632,23 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             }
         };
         if let Some(c) = pick {
-            let md_off = (k + c) * BLOCK_SIZE;
+            let md = if c == 0 { md_a } else { md_b };
             let streams = self.streams;
             for i in 0..k {
                 let pba = self.geo.pba(victim, slot0 + i as u32);
                 if !self.regions.validity.get(pba) {
                     continue;
                 }
-                let Ok(e) = decode_md_entry(&buf[md_off..md_off + BLOCK_SIZE], i, 0) else {
+                let Ok(e) = decode_md_entry(md, i, 0) else {
                     continue;
                 };
                 if !matches!(e.kind, EntryKind::Data | EntryKind::Relocated) {
                     self.stats.crc_errors += 1;
                     continue;
                 }
-                let data = &buf[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE];
+                let Some(data) = slot_data(parts, i) else {
+                    panic!("valid slot {i} of {victim} group {g} was not read");
+                };
                 if shale_format::block_crc(data) != e.data_crc {
                     self.stats.crc_errors += 1;
                     tracing::warn!(%pba, "relocating a block whose data CRC does not match its md");
@@ -609,7 +671,6 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 self.regions.get_mut(victim).relocations += 1;
             }
         }
-        self.mover(role).scratch = scratch;
         Ok(())
     }
 
