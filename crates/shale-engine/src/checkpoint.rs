@@ -15,6 +15,7 @@ use crate::{Clock, Engine, EngineError};
 impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     pub(crate) fn checkpoint(&mut self, clean: bool) -> Result<(), EngineError> {
         self.make_durable(false)?;
+        self.durable_asn = self.asn_next;
         self.stats.cache_md_write_bytes += self.l2p.write_back_all(&mut self.cache)?;
         self.stats.l2p_page_writes_total = self.l2p.counters.page_writes;
         self.cache.flush().map_err(EngineError::cache("flush", 0))?;

@@ -121,6 +121,8 @@ pub struct Engine<C: BlockDevice, Z: ZonedDevice, K: Clock> {
     pub(crate) io: IoSlab,
     pub(crate) runs: Runs,
     pub(crate) asn_next: u64,
+    /// `asn_next` at the last durability point.
+    pub(crate) durable_asn: u64,
     pub(crate) pending_writes: VecDeque<PendingWrite>,
     pub(crate) durable_waiters: Vec<Completion>,
     pub(crate) flush_requested: bool,

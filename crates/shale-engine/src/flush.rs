@@ -82,11 +82,35 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
 
     /// A full durability point (steps 1-6).
     pub(crate) fn durability_point(&mut self) -> Result<(), EngineError> {
+        self.submit_runs()?;
+        self.drain_io()?;
+        if self.nothing_to_make_durable() {
+            // An idle flush: everything is already durable; skip the journal block and
+            // the device flushes.
+            self.flush_requested = false;
+            self.stats.idle_flushes += 1;
+            self.complete_durable_waiters();
+            return Ok(());
+        }
         self.make_durable(true)?;
+        self.durable_asn = self.asn_next;
         self.release_pending()?;
         self.stats.durability_points += 1;
         self.complete_durable_waiters();
         Ok(())
+    }
+
+    /// True when no write, record, md or freed region happened since the last
+    /// durability point (all I/O has been drained by the caller).
+    fn nothing_to_make_durable(&self) -> bool {
+        self.asn_next == self.durable_asn
+            && !self.capacity_dirty
+            && self.journal.is_empty()
+            && self.regions.pending_free.is_empty()
+            && self.writer.groups.iter().all(|g| {
+                g.filled == g.md_durable_entries
+                    || g.md_state != crate::write::group::MdState::Filling
+            })
     }
 
     pub(crate) fn complete_durable_waiters(&mut self) {

@@ -94,6 +94,10 @@ impl Journal {
         Ok(BS)
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
     pub fn needs_checkpoint(&self) -> bool {
         self.since_checkpoint * 4 >= self.blocks * 3
     }

@@ -47,6 +47,8 @@ pub struct Stats {
 
     pub checkpoints: u64,
     pub durability_points: u64,
+    /// Flushes that found everything already durable (no device I/O).
+    pub idle_flushes: u64,
     /// Data or md checksum failures seen (reads and relocations).
     pub crc_errors: u64,
 

@@ -108,6 +108,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             io: IoSlab::default(),
             runs: Runs::default(),
             asn_next: 0,
+            durable_asn: 0,
             pending_writes: VecDeque::new(),
             durable_waiters: Vec::new(),
             flush_requested: false,

@@ -245,3 +245,30 @@ fn reads_fetch_md_asynchronously() {
     assert_eq!(s.md_reads_sync, 0, "{s:?}");
     assert!(s.md_reads > 0 && s.md_reads <= 1024 / 126 + 16, "{s:?}");
 }
+
+#[test]
+fn a_flush_with_nothing_new_costs_no_io() {
+    let mut e = tiny_engine();
+    let v = create(&mut e, "a", 1 << 20);
+    write(&mut e, v, 0, &pattern(1, 4096)).unwrap();
+    call(&mut e, Request::Flush).unwrap();
+    let before = e.stats();
+    call(&mut e, Request::Flush).unwrap();
+    call(&mut e, Request::Flush).unwrap();
+    let after = e.stats();
+    assert_eq!(after.idle_flushes, before.idle_flushes + 2);
+    assert_eq!(after.durability_points, before.durability_points);
+    assert_eq!(after.cache_md_write_bytes, before.cache_md_write_bytes);
+    // A trim is something new.
+    call(
+        &mut e,
+        Request::Trim {
+            volume: v,
+            offset: 0,
+            len: 4096,
+        },
+    )
+    .unwrap();
+    call(&mut e, Request::Flush).unwrap();
+    assert_eq!(e.stats().durability_points, after.durability_points + 1);
+}
