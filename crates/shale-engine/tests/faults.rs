@@ -1,0 +1,247 @@
+//! The engine over devices that hold completions back (so they arrive late and out of
+//! order) and that fail I/O on request.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use common::{pattern, tiny_config};
+use shale_device::{ErrorRule, FaultController, FaultDevice, Latency, ZoneEmu, ZoneEmuConfig};
+use shale_engine::{Engine, EngineError, ManualClock, Reply, Request, VolumeId};
+
+type FEng = Engine<FaultDevice, ZoneEmu<FaultDevice>, ManualClock>;
+
+fn fault_engine(seed: u64) -> (FEng, FaultController, FaultController) {
+    let cache = FaultDevice::new((128 + 8 * 256) * 4096, 4096, seed).unwrap();
+    let inner = FaultDevice::new(30 * 256 * 4096, 4096, seed + 1).unwrap();
+    let (cc, zc) = (cache.controller(), inner.controller());
+    let mut cfg = ZoneEmuConfig::new(256 * 4096);
+    cfg.zone_count_max = 28;
+    cfg.max_open_zones = 8;
+    cfg.max_active_zones = 8;
+    let cap = ZoneEmu::format(inner, &cfg).unwrap();
+    let e = Engine::format(cache, cap, ManualClock::new(), tiny_config()).unwrap();
+    (e, cc, zc)
+}
+
+fn call(e: &mut FEng, req: Request) -> Result<Reply, EngineError> {
+    let slot: Arc<Mutex<Option<Result<Reply, EngineError>>>> = Arc::new(Mutex::new(None));
+    let s2 = slot.clone();
+    e.submit(req, Box::new(move |r| *s2.lock().unwrap() = Some(r)));
+    for _ in 0..400_000 {
+        if let Some(r) = slot.lock().unwrap().take() {
+            return r;
+        }
+        if !e.poll() {
+            e.wait_io();
+        }
+    }
+    panic!("request never completed");
+}
+
+#[test]
+fn late_and_reordered_completions() {
+    let (mut e, cc, zc) = fault_engine(11);
+    cc.set_latency(Latency::Polls { min: 0, max: 6 });
+    zc.set_latency(Latency::Polls { min: 0, max: 6 });
+    let blocks = e.user_capacity_bytes() / 4096 / 2;
+    let v = match call(
+        &mut e,
+        Request::CreateVolume {
+            name: "a".into(),
+            size_bytes: blocks * 4096,
+        },
+    )
+    .unwrap()
+    {
+        Reply::Volume(v) => v.id,
+        r => panic!("{r:?}"),
+    };
+    let mut model: HashMap<u64, u64> = HashMap::new();
+    let mut x = 17u64;
+    // Keep many requests in flight at once so completions interleave.
+    let done = Arc::new(Mutex::new(0u64));
+    let mut submitted = 0u64;
+    for i in 0..blocks * 5 {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let lba = (x >> 33) % blocks;
+        model.insert(lba, i);
+        let d = done.clone();
+        e.submit(
+            Request::Write {
+                volume: v,
+                offset: lba * 4096,
+                data: pattern(i, 4096),
+                fua: i % 997 == 0,
+            },
+            Box::new(move |r| {
+                r.unwrap();
+                *d.lock().unwrap() += 1;
+            }),
+        );
+        submitted += 1;
+        if i % 32 == 31 {
+            while *done.lock().unwrap() + 16 < submitted {
+                if !e.poll() {
+                    e.wait_io();
+                }
+            }
+        }
+        if i % 1000 == 999 {
+            e.self_check().unwrap();
+        }
+    }
+    e.run_until_idle().unwrap();
+    e.self_check().unwrap();
+    let s = e.stats();
+    assert!(s.gc_victims > 0 && s.compaction_victims > 0, "{s:?}");
+    for (&lba, &i) in model.iter().take(600) {
+        match call(
+            &mut e,
+            Request::Read {
+                volume: v,
+                offset: lba * 4096,
+                len: 4096,
+            },
+        )
+        .unwrap()
+        {
+            Reply::Read(d) => assert_eq!(d, pattern(i, 4096), "lba {lba}"),
+            r => panic!("{r:?}"),
+        }
+    }
+    let (c, z) = e.shutdown().unwrap();
+    let mut e = Engine::open(
+        c,
+        ZoneEmu::open(z.into_inner()).unwrap(),
+        ManualClock::new(),
+        tiny_config(),
+    )
+    .unwrap();
+    e.self_check().unwrap();
+    for (&lba, &i) in model.iter().skip(600).take(600) {
+        match call(
+            &mut e,
+            Request::Read {
+                volume: v,
+                offset: lba * 4096,
+                len: 4096,
+            },
+        )
+        .unwrap()
+        {
+            Reply::Read(d) => assert_eq!(d, pattern(i, 4096), "lba {lba}"),
+            r => panic!("{r:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_read_error_fails_that_read_only() {
+    let (mut e, cc, _zc) = fault_engine(3);
+    let v = VolumeId(0);
+    call(
+        &mut e,
+        Request::CreateVolume {
+            name: "a".into(),
+            size_bytes: 1 << 20,
+        },
+    )
+    .unwrap();
+    for i in 0..200u64 {
+        call(
+            &mut e,
+            Request::Write {
+                volume: v,
+                offset: i * 4096,
+                data: pattern(i, 4096),
+                fua: false,
+            },
+        )
+        .unwrap();
+    }
+    let loc = e.locate(v, shale_engine::Lba(5)).unwrap().unwrap();
+    // Make sure the block is on the device, not only in a group buffer.
+    call(&mut e, Request::Flush).unwrap();
+    cc.add_error_rule(ErrorRule {
+        reads: true,
+        writes: false,
+        offset: loc.offset,
+        len: 4096,
+        remaining: None,
+    });
+    let r = call(
+        &mut e,
+        Request::Read {
+            volume: v,
+            offset: 5 * 4096,
+            len: 4096,
+        },
+    );
+    if loc.in_memory {
+        assert!(r.is_ok());
+    } else {
+        assert!(matches!(r, Err(EngineError::CacheIo { .. })), "{r:?}");
+    }
+    cc.clear_errors();
+    match call(
+        &mut e,
+        Request::Read {
+            volume: v,
+            offset: 4 * 4096,
+            len: 3 * 4096,
+        },
+    )
+    .unwrap()
+    {
+        Reply::Read(d) => assert_eq!(&d[4096..8192], &pattern(5, 4096)[..]),
+        r => panic!("{r:?}"),
+    }
+    e.self_check().unwrap();
+}
+
+#[test]
+fn a_write_error_stops_the_engine_cleanly() {
+    let (mut e, cc, _zc) = fault_engine(5);
+    let v = VolumeId(0);
+    call(
+        &mut e,
+        Request::CreateVolume {
+            name: "a".into(),
+            size_bytes: 1 << 20,
+        },
+    )
+    .unwrap();
+    cc.add_error_rule(ErrorRule {
+        reads: false,
+        writes: true,
+        offset: 0,
+        len: u64::MAX / 2,
+        remaining: None,
+    });
+    let r = call(
+        &mut e,
+        Request::Write {
+            volume: v,
+            offset: 0,
+            data: pattern(1, 4096),
+            fua: false,
+        },
+    );
+    assert!(r.is_err(), "{r:?}");
+    // Everything after a fatal device error fails the same way, without panicking.
+    let r = call(
+        &mut e,
+        Request::Read {
+            volume: v,
+            offset: 0,
+            len: 4096,
+        },
+    );
+    assert!(matches!(r, Err(EngineError::Failed { .. })), "{r:?}");
+    assert!(matches!(e.shutdown(), Err(EngineError::Failed { .. })));
+}
