@@ -50,6 +50,15 @@ pub struct ZoneEmuConfig {
 }
 
 impl ZoneEmuConfig {
+    /// Size an inner device needs for exactly `zone_count` zones of this config (with
+    /// `zone_count_max` set to `zone_count`): the zone metadata, whose end is aligned
+    /// (see `zone_meta`), plus the zones.
+    pub fn device_bytes_for(&self, zone_count: u32) -> Option<u64> {
+        let slot = table_slot_bytes(u64::from(zone_count));
+        data_offset_for(slot, self.zone_size)?
+            .checked_add(self.zone_size.checked_mul(u64::from(zone_count))?)
+    }
+
     /// Zones of `zone_size` bytes, fully writable, no limits.
     pub fn new(zone_size: u64) -> ZoneEmuConfig {
         ZoneEmuConfig {

@@ -62,22 +62,16 @@ pub fn simulated_zoned_device(
             wanted: "a zoned drive",
         });
     }
-    // Room for the emulation's metadata: two copies of a 16-byte-per-zone table and
-    // two geometry blocks, generously rounded.
-    let lbs = u64::from(SIM_LOGICAL_BLOCK_BYTES);
-    let meta = (64 * 1024 + 64 * u64::from(zone_count)).div_ceil(lbs) * lbs;
-    let zones_bytes = zone_size
-        .checked_mul(u64::from(zone_count))
-        .ok_or_else(|| {
-            FlashSimError::Device(shale_device::DeviceError::InvalidGeometry {
-                reason: format!("{zone_count} zones of {zone_size} bytes overflow"),
-            })
-        })?;
-    let inner = backing_device(backing, zones_bytes.saturating_add(meta))?;
     let config = ZoneEmuConfig {
         zone_count_max: zone_count,
         ..ZoneEmuConfig::new(zone_size)
     };
+    let bytes = config.device_bytes_for(zone_count).ok_or_else(|| {
+        FlashSimError::Device(shale_device::DeviceError::InvalidGeometry {
+            reason: format!("{zone_count} zones of {zone_size} bytes overflow"),
+        })
+    })?;
+    let inner = backing_device(backing, bytes)?;
     let emu = ZoneEmu::format(inner, &config)?;
     ZnsSim::from_preset(emu, preset)
 }
