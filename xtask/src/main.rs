@@ -5,6 +5,8 @@
 //! then runs formatting, lints, the whole test suite and short smoke runs of the
 //! fuzzers and benchmarks.
 
+mod bench_nbd;
+
 use std::process::{Command, ExitCode};
 use std::time::Instant;
 
@@ -28,9 +30,13 @@ fn main() -> ExitCode {
         "deps" => deps(),
         "lint" => lint(),
         "test" => test(),
+        "bench-nbd" => bench_nbd::Options::parse(&args[1..]).and_then(|o| {
+            run("cargo", &["build", "--release", "-p", "shale-cli"], &[])?;
+            bench_nbd::run(&o)
+        }),
         _ => {
             eprintln!(
-                "usage: cargo xtask <task>\n\n  ci    deps + lint + test + smoke runs (the README's test command)\n  deps  install missing system packages the tests need (apt-get, as root)\n  lint  cargo fmt --check and cargo clippy -D warnings\n  test  the whole test suite"
+                "usage: cargo xtask <task>\n\n  ci    deps + lint + test + smoke runs (the README's test command)\n  deps  install missing system packages the tests need (apt-get, as root)\n  lint  cargo fmt --check and cargo clippy -D warnings\n  test  the whole test suite\n  bench-nbd [--size 4GiB] [--runtime 10] [--repeat 3] [--jobs 4] [--iodepth 32] [--dir D]\n        fio over NBD against shale serve and against qemu-nbd on a plain file"
             );
             return if task == "help" {
                 ExitCode::SUCCESS

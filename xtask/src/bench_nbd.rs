@@ -1,0 +1,303 @@
+//! `cargo xtask bench-nbd`: the same fio jobs, in one run, against Shale's NBD export
+//! and against `qemu-nbd` exporting a plain file on the same disk. Prints each job's
+//! median IOPS and bandwidth over the repetitions, and Shale's ratio to qemu-nbd.
+//!
+//! Both targets use sparse files under one directory (same filesystem, same disk) and
+//! unix sockets; jobs alternate between the two targets so drift on a noisy machine
+//! hits both alike.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+struct Job {
+    name: &'static str,
+    args: &'static [&'static str],
+}
+
+const JOBS: &[Job] = &[
+    Job {
+        name: "randwrite-4k",
+        args: &["--rw=randwrite", "--bs=4k"],
+    },
+    Job {
+        name: "randwrite-64k",
+        args: &["--rw=randwrite", "--bs=64k"],
+    },
+    Job {
+        name: "zipf1.2-4k",
+        args: &[
+            "--rw=randwrite",
+            "--bs=4k",
+            "--random_distribution=zipf:1.2",
+        ],
+    },
+    Job {
+        name: "randread-4k",
+        args: &["--rw=randread", "--bs=4k"],
+    },
+];
+
+pub struct Options {
+    pub dir: PathBuf,
+    pub size: String,
+    pub runtime_secs: u32,
+    pub repeat: u32,
+    pub jobs: u32,
+    pub iodepth: u32,
+}
+
+impl Options {
+    pub fn parse(args: &[String]) -> Result<Options, String> {
+        let mut o = Options {
+            dir: std::env::temp_dir().join("shale-bench-nbd"),
+            size: "4GiB".into(),
+            runtime_secs: 10,
+            repeat: 3,
+            jobs: 4,
+            iodepth: 32,
+        };
+        let mut it = args.iter();
+        while let Some(a) = it.next() {
+            let mut val = || it.next().cloned().ok_or(format!("{a} needs a value"));
+            match a.as_str() {
+                "--dir" => o.dir = PathBuf::from(val()?),
+                "--size" => o.size = val()?,
+                "--runtime" => {
+                    o.runtime_secs = val()?.parse().map_err(|e| format!("--runtime: {e}"))?
+                }
+                "--repeat" => o.repeat = val()?.parse().map_err(|e| format!("--repeat: {e}"))?,
+                "--jobs" => o.jobs = val()?.parse().map_err(|e| format!("--jobs: {e}"))?,
+                "--iodepth" => o.iodepth = val()?.parse().map_err(|e| format!("--iodepth: {e}"))?,
+                other => {
+                    return Err(format!(
+                        "unknown option {other}; see the top of xtask/src/bench_nbd.rs"
+                    ))
+                }
+            }
+        }
+        if o.repeat == 0 || o.jobs == 0 || o.iodepth == 0 || o.runtime_secs == 0 {
+            return Err("--repeat, --jobs, --iodepth and --runtime must be positive".into());
+        }
+        Ok(o)
+    }
+}
+
+struct Target {
+    name: &'static str,
+    uri: String,
+    child: Child,
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(30) {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn wait_for(path: &Path, child: &mut Child, what: &str) -> Result<(), String> {
+    let start = Instant::now();
+    while !path.exists() {
+        if let Ok(Some(s)) = child.try_wait() {
+            return Err(format!("{what} exited early: {s}"));
+        }
+        if start.elapsed() > Duration::from_secs(60) {
+            return Err(format!("{what} did not create {}", path.display()));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+fn start_shale(o: &Options, volume_bytes: u64) -> Result<Target, String> {
+    let data = o.dir.join("shale-data");
+    let _ = std::fs::remove_dir_all(&data);
+    // Capacity sized so the volume fits beside the default 18% spare and the zones
+    // the engine keeps in reserve (GC threshold plus two open zones per stream);
+    // cache 5% of it, as in the paper configuration.
+    let capacity = (volume_bytes as f64 / 0.80) as u64 / (16 << 20) * (16 << 20) + (1 << 30);
+    let cache = (capacity / 20).max(256 << 20) / (16 << 20) * (16 << 20);
+    let bin = PathBuf::from("target/release/shale");
+    let mut child = Command::new(&bin)
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(&data)
+        .args(["--tcp", "", "--log-level", "warn"])
+        .args(["--cache-size", &format!("{cache}")])
+        .args(["--capacity-size", &format!("{capacity}")])
+        .args(["--zone-size", "16MiB", "--chunk-size", "16MiB"])
+        .args(["--default-volume-size", &format!("{volume_bytes}")])
+        .stdout(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("starting {}: {e}", bin.display()))?;
+    wait_for(&data.join("admin.sock"), &mut child, "shale serve")?;
+    Ok(Target {
+        name: "shale",
+        uri: format!(
+            "nbd+unix:///default?socket={}",
+            data.join("nbd.sock").display()
+        ),
+        child,
+    })
+}
+
+fn start_qemu_nbd(o: &Options, volume_bytes: u64) -> Result<Target, String> {
+    let file = o.dir.join("plain.img");
+    let sock = o.dir.join("qemu-nbd.sock");
+    let _ = std::fs::remove_file(&file);
+    let _ = std::fs::remove_file(&sock);
+    let f = std::fs::File::create(&file).map_err(|e| format!("{}: {e}", file.display()))?;
+    f.set_len(volume_bytes)
+        .map_err(|e| format!("{}: {e}", file.display()))?;
+    let mut child = Command::new("qemu-nbd")
+        .args([
+            "--format=raw",
+            "--cache=none",
+            "--aio=io_uring",
+            "--shared=16",
+            "--persistent",
+            "--discard=unmap",
+        ])
+        .arg(format!("--socket={}", sock.display()))
+        .args(["--export-name=default"])
+        .arg(&file)
+        .stdout(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("starting qemu-nbd: {e}"))?;
+    wait_for(&sock, &mut child, "qemu-nbd")?;
+    Ok(Target {
+        name: "qemu-nbd",
+        uri: format!("nbd+unix:///default?socket={}", sock.display()),
+        child,
+    })
+}
+
+/// Runs one fio job; returns (IOPS, MiB/s) summed over reads and writes.
+fn fio(o: &Options, t: &Target, job: &Job, volume_bytes: u64) -> Result<(f64, f64), String> {
+    let per_job = volume_bytes / u64::from(o.jobs) / (1 << 20) * (1 << 20);
+    let out = Command::new("fio")
+        .args(["--name", job.name, "--ioengine=nbd", "--uri", &t.uri])
+        .args(job.args)
+        .arg(format!("--numjobs={}", o.jobs))
+        .arg(format!("--iodepth={}", o.iodepth))
+        .arg(format!("--size={per_job}"))
+        .arg(format!("--offset_increment={per_job}"))
+        .arg(format!("--runtime={}", o.runtime_secs))
+        .args(["--time_based", "--group_reporting", "--output-format=json"])
+        .output()
+        .map_err(|e| format!("running fio: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "fio {} on {} failed: {}",
+            job.name,
+            t.name,
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    // fio may print notes before its JSON object.
+    let text = String::from_utf8_lossy(&out.stdout);
+    let json = text.find("\n{").map(|i| &text[i + 1..]).unwrap_or(&text);
+    let v: serde_json::Value =
+        serde_json::from_str(json).map_err(|e| format!("fio json: {e}: {text}"))?;
+    let j = &v["jobs"][0];
+    let iops =
+        j["read"]["iops"].as_f64().unwrap_or(0.0) + j["write"]["iops"].as_f64().unwrap_or(0.0);
+    let kib = j["read"]["bw"].as_f64().unwrap_or(0.0) + j["write"]["bw"].as_f64().unwrap_or(0.0);
+    Ok((iops, kib / 1024.0))
+}
+
+/// Fills the whole volume once sequentially so reads hit data and writes overwrite.
+fn precondition(t: &Target, volume_bytes: u64) -> Result<(), String> {
+    let out = Command::new("fio")
+        .args(["--name=fill", "--ioengine=nbd", "--uri", &t.uri])
+        .args(["--rw=write", "--bs=1m", "--iodepth=16"])
+        .arg(format!("--size={volume_bytes}"))
+        .output()
+        .map_err(|e| format!("running fio: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "precondition on {}: {}",
+            t.name,
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim().to_ascii_lowercase();
+    let (num, shift) = match t.trim_end_matches("ib").trim_end_matches('b') {
+        x if x.ends_with('g') => (&x[..x.len() - 1], 30),
+        x if x.ends_with('m') => (&x[..x.len() - 1], 20),
+        x => (x, 0),
+    };
+    num.parse::<u64>()
+        .map(|n| n << shift)
+        .map_err(|e| format!("size {s:?}: {e}"))
+}
+
+pub fn run(o: &Options) -> Result<(), String> {
+    let volume_bytes = parse_size(&o.size)?;
+    std::fs::create_dir_all(&o.dir).map_err(|e| format!("{}: {e}", o.dir.display()))?;
+    let shale = start_shale(o, volume_bytes)?;
+    let qemu = start_qemu_nbd(o, volume_bytes)?;
+    eprintln!("bench-nbd: preconditioning both targets ({})", o.size);
+    precondition(&shale, volume_bytes)?;
+    precondition(&qemu, volume_bytes)?;
+    println!(
+        "{:<14} {:>12} {:>12} {:>10} {:>10} {:>12} {:>12}",
+        "job", "shale IOPS", "qemu IOPS", "shale MiB/s", "qemu MiB/s", "IOPS ratio", "MiB/s ratio"
+    );
+    for job in JOBS {
+        let (mut si, mut sb, mut qi, mut qb) = (vec![], vec![], vec![], vec![]);
+        for r in 0..o.repeat {
+            eprintln!("bench-nbd: {} repetition {}/{}", job.name, r + 1, o.repeat);
+            let (i, b) = fio(o, &shale, job, volume_bytes)?;
+            si.push(i);
+            sb.push(b);
+            let (i, b) = fio(o, &qemu, job, volume_bytes)?;
+            qi.push(i);
+            qb.push(b);
+        }
+        let (si, sb, qi, qb) = (
+            median(&mut si),
+            median(&mut sb),
+            median(&mut qi),
+            median(&mut qb),
+        );
+        println!(
+            "{:<14} {:>12.0} {:>12.0} {:>10.1} {:>10.1} {:>12.2} {:>12.2}",
+            job.name,
+            si,
+            qi,
+            sb,
+            qb,
+            si / qi.max(f64::MIN_POSITIVE),
+            sb / qb.max(f64::MIN_POSITIVE)
+        );
+    }
+    println!(
+        "(medians of {} runs of {} s, {} jobs x QD {}, volume {}; ratio = shale / qemu-nbd)",
+        o.repeat, o.runtime_secs, o.jobs, o.iodepth, o.size
+    );
+    drop(shale);
+    drop(qemu);
+    Ok(())
+}
