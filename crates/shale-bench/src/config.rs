@@ -173,6 +173,10 @@ pub enum SetupError {
     Flash(#[from] shale_flashsim::FlashSimError),
     #[error(transparent)]
     Device(#[from] shale_device::DeviceError),
+    #[error("formatting Shale's devices failed")]
+    EngineFormat(#[from] shale_engine::FormatDeviceError),
+    #[error("{step} failed: {reason}")]
+    EngineAdmin { step: &'static str, reason: String },
 }
 
 #[cfg(test)]

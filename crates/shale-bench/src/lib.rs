@@ -9,10 +9,14 @@
 
 mod config;
 mod dmzoned;
+pub mod experiments;
 mod opencas;
+pub mod plot;
 mod raw;
 mod report;
 mod runner;
+mod shale;
+pub mod suite;
 mod system;
 
 use std::fmt;
@@ -25,12 +29,16 @@ pub use config::{
 pub use dmzoned::{zone_bytes_for, DmZonedConfig, DmZonedModel, DMZONED_ZONES_PER_CAPACITY};
 pub use opencas::{OpenCasConfig, OpenCasModel, OPENCAS_LINE_BYTES, OPENCAS_WAYS};
 pub use raw::{RawConfig, RawSystem, DEFAULT_HOST_SPARE_PCT, PARTITION_ALIGN_BYTES};
-pub use report::{BenchReport, Bytes, DeviceLine, Waf};
-pub use runner::{run, NoProgress, Progress, RunOutcome, RunSpec};
+pub use report::{BenchReport, Bytes, DeviceLine, GroupLine, L2pLine, TrafficLine, Waf};
+pub use runner::{
+    measure, precondition, run, GroupSpec, MixSpec, NoProgress, Progress, RunOutcome, RunSpec,
+    Sample,
+};
+pub use shale::{build_shale, ShaleConfig, ShaleMode, ShaleSystem, SHALE_ZONE_BYTES};
 pub use system::{DeviceReport, DeviceRole, L2pStats, RunError, SystemUnderTest, Traffic};
 
 /// The systems `shale bench run --system` knows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum SystemKind {
     /// Tenants on partitions of the raw capacity drive.
     Raw,
@@ -38,16 +46,41 @@ pub enum SystemKind {
     OpenCasModel,
     /// A model of dm-zoned over a ZNS QLC drive, random zones on the cache drive.
     DmZonedModel,
+    /// Shale over an Optane cache and a ZNS QLC drive (CSAL-ZNS).
+    ShaleZns,
+    /// Shale over an Optane cache and zones emulated on a conventional QLC drive
+    /// (CSAL-BLK).
+    ShaleBlk,
 }
 
 impl SystemKind {
-    pub const NAMES: [&'static str; 3] = ["raw", "opencas-model", "dmzoned-model"];
+    pub const ALL: [SystemKind; 5] = [
+        SystemKind::Raw,
+        SystemKind::OpenCasModel,
+        SystemKind::DmZonedModel,
+        SystemKind::ShaleZns,
+        SystemKind::ShaleBlk,
+    ];
+    pub const NAMES: [&'static str; 5] = [
+        "raw",
+        "opencas-model",
+        "dmzoned-model",
+        "shale-zns",
+        "shale-blk",
+    ];
+
+    /// Every system's name, as `--system` accepts it.
+    pub fn names() -> String {
+        SystemKind::NAMES.join(", ")
+    }
 
     pub fn name(self) -> &'static str {
         match self {
             SystemKind::Raw => "raw",
             SystemKind::OpenCasModel => "opencas-model",
             SystemKind::DmZonedModel => "dmzoned-model",
+            SystemKind::ShaleZns => "shale-zns",
+            SystemKind::ShaleBlk => "shale-blk",
         }
     }
 }
@@ -62,19 +95,13 @@ impl FromStr for SystemKind {
     type Err = SetupError;
     fn from_str(s: &str) -> Result<SystemKind, SetupError> {
         let lower = s.to_ascii_lowercase();
-        SystemKind::NAMES
+        SystemKind::ALL
             .iter()
-            .position(|&n| n == lower)
-            .map(|i| {
-                [
-                    SystemKind::Raw,
-                    SystemKind::OpenCasModel,
-                    SystemKind::DmZonedModel,
-                ][i]
-            })
+            .copied()
+            .find(|k| k.name() == lower)
             .ok_or_else(|| SetupError::UnknownSystem {
                 name: s.into(),
-                valid: SystemKind::NAMES.join(", "),
+                valid: SystemKind::names(),
             })
     }
 }
@@ -84,8 +111,12 @@ impl FromStr for SystemKind {
 pub struct SystemOptions {
     /// Preset of the capacity drive.
     pub drive: String,
-    /// Raw only: percentage of the drive left unpartitioned.
+    /// Baselines: percentage of the drive left out of the volumes.
     pub host_spare_pct: u8,
+    /// Shale: placement streams (8 isolates tenants, 1 mixes them).
+    pub streams: u32,
+    /// Shale: L2P page-cache budget; `None` is 12.5% of the table.
+    pub l2p_cache_bytes: Option<u64>,
 }
 
 impl Default for SystemOptions {
@@ -93,6 +124,8 @@ impl Default for SystemOptions {
         SystemOptions {
             drive: "qlc-p5316".into(),
             host_spare_pct: DEFAULT_HOST_SPARE_PCT,
+            streams: 8,
+            l2p_cache_bytes: None,
         }
     }
 }
@@ -102,7 +135,7 @@ pub fn build_system(
     kind: SystemKind,
     cfg: &BenchConfig,
     opts: &SystemOptions,
-) -> Result<Box<dyn SystemUnderTest>, SetupError> {
+) -> Result<Box<dyn SystemUnderTest + Send>, SetupError> {
     match kind {
         SystemKind::Raw => Ok(Box::new(RawSystem::new(&RawConfig {
             preset: opts.drive.clone(),
@@ -119,6 +152,19 @@ pub fn build_system(
             host_spare_pct: opts.host_spare_pct,
             ..DmZonedConfig::standard(cfg.capacity_bytes, cfg.tenants)
         })?)),
+        SystemKind::ShaleZns | SystemKind::ShaleBlk => {
+            let mode = if kind == SystemKind::ShaleZns {
+                ShaleMode::Zns
+            } else {
+                ShaleMode::Blk
+            };
+            build_shale(&ShaleConfig {
+                queue_depth: cfg.queue_depth,
+                streams: opts.streams,
+                l2p_cache_bytes: opts.l2p_cache_bytes,
+                ..ShaleConfig::standard(mode, cfg.capacity_bytes, cfg.tenants)
+            })
+        }
     }
 }
 

@@ -58,6 +58,34 @@ pub struct DeviceLine {
     pub busy_s: f64,
 }
 
+/// One group of tenants of the measured workload.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GroupLine {
+    pub tenants: u32,
+    pub workload: String,
+    pub bs: u64,
+    pub read_pct: u8,
+}
+
+/// One cause of background traffic.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TrafficLine {
+    pub name: &'static str,
+    pub bytes: u64,
+}
+
+/// L2P page-cache figures (systems with a paged L2P).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct L2pLine {
+    pub hits: u64,
+    pub misses: u64,
+    /// hits / (hits + misses); `None` without lookups.
+    pub hit_rate: Option<f64>,
+    pub page_reads: u64,
+    pub page_writes: u64,
+    pub cache_pages_max: u64,
+}
+
 /// Everything `shale bench run` reports. Field names are the JSON keys.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct BenchReport {
@@ -80,6 +108,14 @@ pub struct BenchReport {
     pub emulated_mib_s: Option<f64>,
     /// `emulated_mib_s` divided over the jobs (the seeds quote per-job figures).
     pub emulated_mib_s_per_job: Option<f64>,
+    /// The written and the read share of `emulated_mib_s`.
+    pub emulated_write_mib_s: Option<f64>,
+    pub emulated_read_mib_s: Option<f64>,
+    /// The tenant groups of the workload (one for a uniform workload).
+    pub groups: Vec<GroupLine>,
+    /// The system's background traffic by cause.
+    pub traffic: Vec<TrafficLine>,
+    pub l2p: Option<L2pLine>,
     pub devices: Vec<DeviceLine>,
     pub precondition_wall_s: f64,
     pub wall_s: f64,
@@ -106,8 +142,9 @@ impl BenchReport {
         let user_written = o.user.write_bytes;
         let user_moved = o.user.write_bytes + o.user.read_bytes;
         let busy_ns_max = o.devices.iter().map(|d| d.stats.busy_ns).max().unwrap_or(0);
-        let emulated_mib_s =
-            (busy_ns_max > 0).then(|| user_moved as f64 / MIB / (busy_ns_max as f64 * 1e-9));
+        let emulated_s = (busy_ns_max > 0).then_some(busy_ns_max as f64 * 1e-9);
+        let emulated_mib_s = emulated_s.map(|t| user_moved as f64 / MIB / t);
+        let primary = o.mix.primary();
         BenchReport {
             system: o.system.clone(),
             drive: o
@@ -117,10 +154,10 @@ impl BenchReport {
                 .map(|d| d.preset.clone())
                 .unwrap_or_default(),
             config: o.config.name.clone(),
-            workload: o.spec.workload.to_string(),
-            bs: o.spec.block_bytes,
-            read_pct: o.spec.read_pct,
-            seed: o.spec.seed,
+            workload: o.mix.name.clone(),
+            bs: primary.map_or(0, |g| g.block_bytes),
+            read_pct: primary.map_or(0, |g| g.read_pct),
+            seed: o.mix.seed,
             tenants: o.volume_count,
             queue_depth: o.config.queue_depth,
             capacity_bytes: o.config.capacity_bytes,
@@ -142,6 +179,35 @@ impl BenchReport {
             },
             emulated_mib_s,
             emulated_mib_s_per_job: emulated_mib_s.map(|v| v / f64::from(o.volume_count.max(1))),
+            emulated_write_mib_s: emulated_s.map(|t| user_written as f64 / MIB / t),
+            emulated_read_mib_s: emulated_s.map(|t| o.user.read_bytes as f64 / MIB / t),
+            groups: o
+                .mix
+                .groups
+                .iter()
+                .map(|g| GroupLine {
+                    tenants: g.tenants,
+                    workload: g.workload.to_string(),
+                    bs: g.block_bytes,
+                    read_pct: g.read_pct,
+                })
+                .collect(),
+            traffic: o
+                .traffic
+                .iter()
+                .map(|t| TrafficLine {
+                    name: t.name,
+                    bytes: t.bytes,
+                })
+                .collect(),
+            l2p: o.l2p.map(|l| L2pLine {
+                hits: l.hits,
+                misses: l.misses,
+                hit_rate: ratio(l.hits, l.hits + l.misses),
+                page_reads: l.page_reads,
+                page_writes: l.page_writes,
+                cache_pages_max: l.cache_pages_max,
+            }),
             devices: o
                 .devices
                 .iter()
@@ -212,6 +278,7 @@ impl BenchReport {
             ("layer WAF", opt(self.waf.layer, 3)),
             ("device WAF", opt(self.waf.device, 3)),
             ("total WAF", opt(self.waf.total, 3)),
+            ("L2P hit rate", opt(self.l2p.and_then(|l| l.hit_rate), 4)),
             ("emulated MiB/s", opt(self.emulated_mib_s, 1)),
             (
                 "emulated MiB/s per job",
@@ -225,6 +292,9 @@ impl BenchReport {
         ];
         for (k, v) in rows {
             let _ = writeln!(s, "  {k:<32} {v:>14}");
+        }
+        for t in &self.traffic {
+            let _ = writeln!(s, "  background: {:<20} {:>14}", t.name, gib(t.bytes));
         }
         for d in &self.devices {
             let _ = writeln!(
@@ -245,7 +315,7 @@ impl BenchReport {
 mod tests {
     use super::*;
     use crate::config::{BenchConfig, Scale};
-    use crate::runner::RunSpec;
+    use crate::runner::{MixSpec, RunSpec};
     use crate::system::DeviceReport;
     use shale_flashsim::FlashStats;
     use shale_workload::{Distribution, StreamProgress};
@@ -255,12 +325,15 @@ mod tests {
         RunOutcome {
             system: "test".into(),
             config: BenchConfig::standard(Scale::Quick),
-            spec: RunSpec {
-                workload: Distribution::Uniform,
-                block_bytes: 4096,
-                read_pct: 0,
-                seed: 1,
-            },
+            mix: MixSpec::single(
+                &RunSpec {
+                    workload: Distribution::Uniform,
+                    block_bytes: 4096,
+                    read_pct: 0,
+                    seed: 1,
+                },
+                2,
+            ),
             volume_count: 2,
             volume_bytes: 1 << 20,
             user: StreamProgress {
@@ -292,6 +365,9 @@ mod tests {
                     },
                 },
             ],
+            traffic: Vec::new(),
+            l2p: None,
+            series: Vec::new(),
             precondition_wall: Duration::from_secs(1),
             measure_wall: Duration::from_secs(2),
         }

@@ -5,6 +5,7 @@ use std::io::IsTerminal;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
+use shale_bench::suite::{run_suite, NoSuiteProgress, SuiteOptions, SuiteProgress};
 use shale_bench::{
     build_system, check_spec, BenchConfig, BenchReport, NoProgress, Progress, RunSpec, Scale,
     SystemKind, SystemOptions, DEFAULT_HOST_SPARE_PCT,
@@ -22,12 +23,45 @@ enum BenchCommand {
     /// Precondition a system, then measure one workload: write amplification and
     /// emulated throughput.
     Run(RunArgs),
+    /// Rerun the seeds' experiments over every system: tables with the published
+    /// figures beside ours, JSON, PNG charts and a markdown report.
+    Suite(SuiteArgs),
+}
+
+#[derive(Debug, Args)]
+struct SuiteArgs {
+    /// quick (512 MiB capacity, CI) or paper (4 GiB).
+    #[arg(value_parser = parse_suite_scale)]
+    scale: Scale,
+    /// Print one JSON object instead of tables.
+    #[arg(long)]
+    json: bool,
+    /// Write report.md, suite.json and the PNG charts into this directory.
+    #[arg(long)]
+    out: Option<std::path::PathBuf>,
+    /// Seed of every random stream; equal seeds give equal counts.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Sessions run at once (default: the number of CPUs).
+    #[arg(long)]
+    jobs: Option<usize>,
+    /// Only these systems (comma-separated labels, e.g. raw-qlc,shale-zns).
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+}
+
+fn parse_suite_scale(s: &str) -> Result<Scale, String> {
+    match s.parse::<Scale>() {
+        Ok(Scale::Tiny) => Err("suites are quick or paper".into()),
+        Ok(scale) => Ok(scale),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 #[derive(Debug, Args)]
 struct RunArgs {
     /// System under test: raw (tenants on partitions of the bare drive), opencas-model,
-    /// dmzoned-model.
+    /// dmzoned-model, shale-zns, shale-blk.
     #[arg(long, value_parser = parse_system)]
     system: SystemKind,
     /// Flash preset of the capacity drive (qlc-p5316, tlc, optane).
@@ -89,6 +123,7 @@ fn parse_capacity(s: &str) -> Result<u64, String> {
 pub fn main(args: BenchArgs) -> anyhow::Result<()> {
     match args.command {
         BenchCommand::Run(run) => run_cmd(run),
+        BenchCommand::Suite(suite) => suite_cmd(suite),
     }
 }
 
@@ -123,6 +158,98 @@ impl Progress for Bar {
     }
 }
 
+/// One bar per running session, under an overall line.
+struct SuiteBars {
+    multi: indicatif::MultiProgress,
+}
+
+impl SuiteProgress for SuiteBars {
+    fn session(&self, name: &str) -> Box<dyn Progress + Send> {
+        Box::new(SessionBar {
+            multi: self.multi.clone(),
+            name: name.to_string(),
+            bar: None,
+        })
+    }
+}
+
+struct SessionBar {
+    multi: indicatif::MultiProgress,
+    name: String,
+    bar: Option<ProgressBar>,
+}
+
+impl Progress for SessionBar {
+    fn phase(&mut self, name: &str, total_bytes: u64) {
+        let bar = self.multi.add(ProgressBar::new(total_bytes));
+        let style = ProgressStyle::with_template(
+            "{prefix:28} {msg:36} [{bar:30}] {bytes}/{total_bytes} eta {eta}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> ");
+        bar.set_style(style);
+        bar.set_prefix(self.name.clone());
+        bar.set_message(name.to_string());
+        self.bar = Some(bar);
+    }
+
+    fn advance(&mut self, bytes: u64) {
+        if let Some(b) = &self.bar {
+            b.inc(bytes);
+        }
+    }
+
+    fn finish_phase(&mut self) {
+        if let Some(b) = self.bar.take() {
+            b.finish_and_clear();
+            self.multi.remove(&b);
+        }
+    }
+}
+
+fn suite_cmd(args: SuiteArgs) -> anyhow::Result<()> {
+    let jobs = args.jobs.unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map(std::num::NonZeroUsize::get)
+            .unwrap_or(1)
+    });
+    let opts = SuiteOptions {
+        scale: args.scale,
+        seed: args.seed,
+        jobs,
+        only: args.only.clone(),
+    };
+    let interactive = !args.json && std::io::stderr().is_terminal();
+    let run = if interactive {
+        let bars = SuiteBars {
+            multi: indicatif::MultiProgress::new(),
+        };
+        run_suite(&opts, &bars)
+    } else {
+        run_suite(&opts, &NoSuiteProgress)
+    }
+    .context("running the suite")?;
+    let mut report = shale_bench::experiments::build(run);
+    if let Some(dir) = &args.out {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        report
+            .draw_plots(dir)
+            .with_context(|| format!("drawing charts into {}", dir.display()))?;
+        let md = dir.join("report.md");
+        std::fs::write(&md, report.to_markdown())
+            .with_context(|| format!("writing {}", md.display()))?;
+        let js = dir.join("suite.json");
+        std::fs::write(&js, report.to_json() + "\n")
+            .with_context(|| format!("writing {}", js.display()))?;
+    }
+    if args.json {
+        println!("{}", report.to_json());
+    } else {
+        print!("{}", report.to_text());
+    }
+    Ok(())
+}
+
 fn run_cmd(args: RunArgs) -> anyhow::Result<()> {
     let mut cfg = BenchConfig::standard(args.config);
     if let Some(c) = args.capacity {
@@ -131,6 +258,7 @@ fn run_cmd(args: RunArgs) -> anyhow::Result<()> {
     let opts = SystemOptions {
         drive: args.drive.clone(),
         host_spare_pct: args.host_spare_pct,
+        ..SystemOptions::default()
     };
     let mut sut = build_system(args.system, &cfg, &opts).with_context(|| {
         format!(
