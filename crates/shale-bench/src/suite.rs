@@ -336,8 +336,8 @@ fn options_for(s: &SuiteSystem, variant: Variant, cfg: &BenchConfig) -> SystemOp
     match variant {
         Variant::Standard => {}
         Variant::IsolationOff => o.streams = 1,
-        // The engine refuses budgets below what a request needs; 64 KiB (16 pages) is
-        // just above that for 1 MiB requests.
+        // A few pages: 64 KiB (16 pages), twice the floor the engine accepts with 1 MiB
+        // requests (8 pages; fewer cannot make progress).
         Variant::L2pMin => o.l2p_cache_bytes = Some(64 * KIB),
         Variant::L2pFull => {
             o.l2p_cache_bytes = Some(crate::ShaleConfig::l2p_table_bytes(cfg.capacity_bytes))
