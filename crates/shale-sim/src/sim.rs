@@ -1,0 +1,1520 @@
+//! The simulator: one seeded run drives a single-threaded `Engine` step by step
+//! (`submit`, `poll`) over fault devices on a power rail, under a seeded workload,
+//! to a chosen crash point; then it crashes the devices, reopens the engine, checks
+//! every block of every volume against the model, and carries on with the recovered
+//! engine for the next generation.
+//!
+//! Everything random comes from the run's seed (workload, crash points, crash modes,
+//! device latencies and errors, engine knobs), and the engine is driven from one
+//! thread with a manual clock, so a seed replays exactly; the run's [`Trace`] hash
+//! says so.
+//!
+//! Modes:
+//! - `Crash`: crash at every crash point. While the engine cannot recover from a
+//!   dirty stop, `Engine::open` answers `NeedsRecovery`: that is counted, and the run
+//!   continues on freshly formatted devices (a new lineage). When recovery exists,
+//!   the same runs verify it with no change here.
+//! - `Live`: at every crash point, check the live engine instead (self-check, and
+//!   every volume read back must be the model's newest content). Crash points after
+//!   and inside a clean shutdown still crash the devices.
+//! - `Errors`: as `Crash`, with I/O errors injected into the fault devices between
+//!   crash points: every error must be a typed error caused by an injected fault, and
+//!   no read may return wrong data.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use shale_device::{
+    ErrorRule, FaultController, FaultDevice, Latency, ZoneEmu, ZoneEmuConfig, ZonedDevice,
+};
+use shale_engine::{
+    Config, Engine, EngineError, ManualClock, OpenError, Reply, Request, Stats, VolumeId,
+    VolumeInfo,
+};
+use shale_format::{CacheLayout, Superblock};
+
+use crate::model::{block_hash, BlockRange, FlushCut, Model, OpId};
+use crate::plan::{self, Moment, Plan};
+use crate::power::{
+    CapacityLayout, DevOp, DevOpKind, Fired, Layouts, PowerRail, Powered, Side, Trigger,
+};
+use crate::report::{Counts, RunReport, Trace, Violation, ViolationKind};
+use crate::workload::{Limits, Mix, Op, Workload};
+
+const BS: u64 = 4096;
+/// Engine clock advance per loop iteration.
+const STEP_NS: u64 = 20_000;
+
+/// The capacity device: zone emulation over a fault device on the rail.
+pub type Cap = ZoneEmu<Powered>;
+/// The engine under test.
+pub type Eng = Engine<Powered, Cap, ManualClock>;
+
+/// What happens at a crash point.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Mode {
+    Crash,
+    Live,
+    Errors,
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Mode::Crash => "crash",
+            Mode::Live => "live",
+            Mode::Errors => "errors",
+        })
+    }
+}
+
+impl std::str::FromStr for Mode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Mode, String> {
+        match s {
+            "crash" => Ok(Mode::Crash),
+            "live" => Ok(Mode::Live),
+            "errors" => Ok(Mode::Errors),
+            _ => Err(format!("unknown mode {s:?} (crash, live, errors)")),
+        }
+    }
+}
+
+/// Everything a run needs besides its seed.
+#[derive(Debug, Clone)]
+pub struct SimConfig {
+    pub mode: Mode,
+    /// Crash points per run.
+    pub generations: u32,
+    /// Cache device size in 4 KiB blocks.
+    pub cache_blocks: u64,
+    /// Zone size in 4 KiB blocks, and data zones on the capacity device.
+    pub zone_blocks: u64,
+    pub zones: u32,
+    /// Engine configuration (format-time and runtime); `streams_max` is drawn from
+    /// `1..=streams_max` per lineage.
+    pub engine: Config,
+    pub mix: Mix,
+    /// Requests in flight at most; drawn from `1..=queue_depth_max` per lineage.
+    pub queue_depth_max: u32,
+    /// Workload iterations before a crash point is armed, at most.
+    pub warmup_steps_max: u32,
+    /// Iterations an armed crash point may wait for its moment.
+    pub deadline_steps: u32,
+    /// A request not completed after this many iterations is stuck.
+    pub request_steps_max: u64,
+    /// Share of the user capacity given to the volumes made at format.
+    pub volume_fill_pct: u32,
+    /// Sequential passes over every volume after the first format of a run (so
+    /// compaction and GC have live data to move from the first crash point on).
+    pub prefill_passes: u32,
+    /// The same after the formats that follow a refused open (a lineage that lives
+    /// one crash point need not pay for a full prefill).
+    pub restart_prefill_passes: u32,
+    /// Fault device completion latency, in polls, at most (drawn per lineage).
+    pub latency_polls_max: u32,
+    /// Only crash points whose name starts with this (`trip:l2p`, `shutdown:`,
+    /// `when:gc`...), for aiming a run at one kind of moment.
+    pub only: Option<String>,
+}
+
+impl SimConfig {
+    /// Tiny devices and tight thresholds: compaction and GC run constantly. A cycle
+    /// takes a few milliseconds in release builds.
+    pub fn fast(mode: Mode) -> SimConfig {
+        SimConfig {
+            mode,
+            generations: 50,
+            // 4 chunks of 2 groups; 24 zones of one group each.
+            cache_blocks: 128 + 4 * 256,
+            zone_blocks: 128,
+            zones: 24,
+            engine: Config {
+                chunk_blocks: 256,
+                volumes_max: 4,
+                spare_factor: 0.05,
+                journal_blocks: 16,
+                compaction_free_chunks_pct: 50,
+                gc_free_zones_min: 8,
+                l2p_cache_bytes_max: Some(16 * 4096),
+                l2p_reserved_pages: 2,
+                md_cache_bytes_max: 8 * 4096,
+                write_buffers_max: 4,
+                request_bytes_max: 64 * 1024,
+                streams_max: 2,
+                requests_per_poll_max: 8,
+                background_steps_per_poll_max: 4,
+                ..Config::default()
+            },
+            mix: Mix::default(),
+            queue_depth_max: 12,
+            warmup_steps_max: 120,
+            deadline_steps: 1500,
+            request_steps_max: 100_000,
+            volume_fill_pct: 92,
+            prefill_passes: 1,
+            restart_prefill_passes: 0,
+            latency_polls_max: 3,
+            only: None,
+        }
+    }
+}
+
+/// Runs one seed. Never panics on an engine failure: the first violation is in the
+/// report, with the seed and the cycle to replay it.
+pub fn run(seed: u64, cfg: &SimConfig) -> RunReport {
+    let start = Instant::now();
+    let mut sim = Sim::new(seed, cfg.clone());
+    let violation = sim.run_all().err();
+    sim.end_engine();
+    sim.trace.mix(u64::from(violation.is_some()));
+    RunReport {
+        seed,
+        mode: cfg.mode,
+        counts: sim.counts,
+        violation,
+        trace: sim.trace,
+        elapsed: start.elapsed(),
+    }
+}
+
+/// A request in flight and what its completion means to the model.
+#[derive(Debug)]
+enum Pending {
+    Write {
+        range: BlockRange,
+        fua: bool,
+    },
+    /// Trim or write-zeroes.
+    Change,
+    Read {
+        volume: VolumeId,
+        offset: u64,
+        expected: Vec<u8>,
+    },
+    /// A read after a crash: each block is checked against its allowed versions.
+    Verify {
+        volume: VolumeId,
+        offset: u64,
+    },
+    Flush {
+        cut: FlushCut,
+    },
+    Admin(Op),
+    List,
+}
+
+impl Pending {
+    fn kind(&self) -> &'static str {
+        match self {
+            Pending::Write { fua: true, .. } => "FUA write",
+            Pending::Write { .. } => "write",
+            Pending::Change => "trim or write-zeroes",
+            Pending::Read { .. } => "read",
+            Pending::Verify { .. } => "verifying read",
+            Pending::Flush { .. } => "flush",
+            Pending::Admin(_) => "volume change",
+            Pending::List => "volume list",
+        }
+    }
+}
+
+#[derive(Debug)]
+struct InFlight {
+    pending: Pending,
+    step: u64,
+}
+
+#[derive(Debug)]
+struct Done {
+    op: OpId,
+    /// Delivered after the power was cut: a completion no client could have seen.
+    after_cut: bool,
+    result: Result<Reply, EngineError>,
+}
+
+type Inbox = Arc<Mutex<Vec<Done>>>;
+
+enum Reached {
+    Moment,
+    Missed,
+    EngineFailed,
+}
+
+enum OpenFail {
+    Zone(shale_device::DeviceError),
+    Engine(OpenError),
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic".into()
+    }
+}
+
+/// Whether an error (or anything it was caused by) is an injected device fault.
+pub fn caused_by_injection(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(x) = cur {
+        if x.to_string().contains("injected") {
+            return true;
+        }
+        cur = x.source();
+    }
+    false
+}
+
+/// Reads the layout from the newest valid durable superblock copy.
+fn cache_layout(ctl: &FaultController) -> Option<CacheLayout> {
+    let mut b = vec![0u8; 2 * BS as usize];
+    ctl.read_durable(0, &mut b).ok()?;
+    let a = Superblock::decode(&b[..BS as usize], 0).ok();
+    let c = Superblock::decode(&b[BS as usize..], BS).ok();
+    [a, c]
+        .into_iter()
+        .flatten()
+        .max_by_key(|s| s.generation)
+        .map(|s| s.layout)
+}
+
+struct Sim {
+    cfg: SimConfig,
+    seed: u64,
+    rng: ChaCha8Rng,
+    workload: Workload,
+    clock: ManualClock,
+    rail: PowerRail,
+    cache_ctl: Option<FaultController>,
+    cap_ctl: Option<FaultController>,
+    engine: Option<Eng>,
+    engine_config: Config,
+    model: Model,
+    inbox: Inbox,
+    inflight: BTreeMap<OpId, InFlight>,
+    next_op: OpId,
+    queue_depth: u32,
+    admin_waiting: Option<Op>,
+    admin_inflight: bool,
+    /// A volume change whose outcome a crash or an error left open.
+    admin_uncertain: Option<Op>,
+    listed: Option<Vec<VolumeInfo>>,
+    /// A volume change failed on an injected error: list the volumes (as a client
+    /// would) and adopt whichever outcome the engine reports.
+    relist: bool,
+    reconcile_on_list: bool,
+    errors_on: bool,
+    engine_failed: bool,
+    trace: Trace,
+    counts: Counts,
+    cycle: u64,
+    lineage: u64,
+    generation: u64,
+    step: u64,
+}
+
+impl Sim {
+    fn new(seed: u64, cfg: SimConfig) -> Sim {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let wl_rng = ChaCha8Rng::seed_from_u64(rng.gen());
+        let limits = Limits {
+            request_bytes_max: cfg.engine.request_bytes_max,
+            user_capacity_blocks: 0,
+            volumes_max: cfg.engine.volumes_max,
+        };
+        Sim {
+            workload: Workload::new(wl_rng, cfg.mix.clone(), limits),
+            engine_config: cfg.engine.clone(),
+            cfg,
+            seed,
+            rng,
+            clock: ManualClock::new(),
+            rail: PowerRail::new(),
+            cache_ctl: None,
+            cap_ctl: None,
+            engine: None,
+            model: Model::new(),
+            inbox: Arc::new(Mutex::new(Vec::new())),
+            inflight: BTreeMap::new(),
+            next_op: 1,
+            queue_depth: 1,
+            admin_waiting: None,
+            admin_inflight: false,
+            admin_uncertain: None,
+            listed: None,
+            relist: false,
+            reconcile_on_list: false,
+            errors_on: false,
+            engine_failed: false,
+            trace: Trace::default(),
+            counts: Counts::default(),
+            cycle: 0,
+            lineage: 0,
+            generation: 0,
+            step: 0,
+        }
+    }
+
+    fn violation(&self, kind: ViolationKind, detail: String) -> Violation {
+        Violation {
+            kind,
+            seed: self.seed,
+            mode: self.cfg.mode,
+            generations: self.cfg.generations,
+            only: self.cfg.only.clone(),
+            cycle: self.cycle,
+            lineage: self.lineage,
+            generation: self.generation,
+            step: self.step,
+            detail,
+        }
+    }
+
+    fn harness(&self, detail: String) -> Violation {
+        self.violation(ViolationKind::Harness, detail)
+    }
+
+    fn run_all(&mut self) -> Result<(), Violation> {
+        self.new_lineage()?;
+        for c in 0..u64::from(self.cfg.generations) {
+            self.cycle = c;
+            self.one_cycle()?;
+        }
+        Ok(())
+    }
+
+    // ---------------------------------------------------------------- lineages
+
+    /// Fresh devices, a fresh format, volumes, a prefill.
+    fn new_lineage(&mut self) -> Result<(), Violation> {
+        self.end_engine();
+        self.counts.lineages += 1;
+        self.lineage += 1;
+        self.generation = 0;
+        self.model = Model::new();
+        self.inflight.clear();
+        lock(&self.inbox).clear();
+        self.admin_waiting = None;
+        self.admin_inflight = false;
+        self.admin_uncertain = None;
+        self.relist = false;
+        self.reconcile_on_list = false;
+        self.errors_on = false;
+        self.engine_failed = false;
+        self.rail.restore();
+        self.rail.set_layouts(Layouts::default());
+
+        let mut config = self.cfg.engine.clone();
+        config.streams_max = self.rng.gen_range(1..=self.cfg.engine.streams_max.max(1));
+        self.queue_depth = self.rng.gen_range(1..=self.cfg.queue_depth_max.max(1));
+        let lbs = |rng: &mut ChaCha8Rng| if rng.gen_bool(0.5) { 512 } else { 4096 };
+        let cache_lbs = lbs(&mut self.rng);
+        let cap_lbs = lbs(&mut self.rng);
+        let cache = FaultDevice::new(self.cfg.cache_blocks * BS, cache_lbs, self.rng.gen())
+            .map_err(|e| self.harness(format!("cache device: {e}")))?;
+        let cap_bytes = (u64::from(self.cfg.zones) + 2) * self.cfg.zone_blocks * BS;
+        let cap = FaultDevice::new(cap_bytes, cap_lbs, self.rng.gen())
+            .map_err(|e| self.harness(format!("capacity device: {e}")))?;
+        for d in [&cache, &cap] {
+            let max = self.rng.gen_range(0..=self.cfg.latency_polls_max);
+            d.controller().set_latency(Latency::Polls { min: 0, max });
+        }
+        self.cache_ctl = Some(cache.controller());
+        self.cap_ctl = Some(cap.controller());
+        let mut zc = ZoneEmuConfig::new(self.cfg.zone_blocks * BS);
+        zc.zone_count_max = self.cfg.zones;
+        zc.max_open_zones = 8;
+        zc.max_active_zones = 8;
+        let cap = ZoneEmu::format(Powered::new(cap, Side::Capacity, self.rail.clone()), &zc)
+            .map_err(|e| self.harness(format!("zone emulation format: {e}")))?;
+        let capacity = CapacityLayout {
+            data_offset: cap.data_offset(),
+            zone_size: cap.geometry().zone_size,
+            zone_capacity: cap.geometry().zone_capacity,
+        };
+        let cache = Powered::new(cache, Side::Cache, self.rail.clone());
+        let engine = Engine::format(cache, cap, self.clock.clone(), config.clone())
+            .map_err(|e| self.harness(format!("engine format: {e}")))?;
+        let user_blocks = engine.user_capacity_bytes() / BS;
+        self.engine = Some(engine);
+        self.engine_config = config;
+        let cache_layout = self.cache_ctl.as_ref().and_then(cache_layout);
+        self.rail.set_layouts(Layouts {
+            cache: cache_layout,
+            capacity: Some(capacity),
+        });
+        self.workload = Workload::new(
+            ChaCha8Rng::seed_from_u64(self.rng.gen()),
+            self.cfg.mix.clone(),
+            Limits {
+                request_bytes_max: self.cfg.engine.request_bytes_max,
+                user_capacity_blocks: user_blocks,
+                volumes_max: self.cfg.engine.volumes_max,
+            },
+        );
+        self.trace.mix(0x1111);
+        self.trace.mix(user_blocks);
+        self.trace.mix(u64::from(self.queue_depth));
+
+        // Two or three volumes sharing most of the user capacity.
+        let n = self
+            .rng
+            .gen_range(2..=3u64.min(u64::from(self.cfg.engine.volumes_max)));
+        let mut left = user_blocks * u64::from(self.cfg.volume_fill_pct) / 100;
+        for i in 0..n {
+            let size = if i + 1 == n {
+                left
+            } else {
+                left * self.rng.gen_range(30..=60) / 100
+            };
+            left -= size;
+            if size >= 8 {
+                let name = self.workload.name();
+                self.submit(Op::Create {
+                    name,
+                    size_blocks: size,
+                });
+                self.settle()?;
+            }
+        }
+        // Prefill: sequential writes over every volume, then a flush.
+        let max = self.cfg.engine.request_bytes_max;
+        let passes = if self.lineage == 1 {
+            self.cfg.prefill_passes
+        } else {
+            self.cfg.restart_prefill_passes
+        };
+        for _ in 0..passes {
+            let vols: Vec<(VolumeId, u64)> = self
+                .model
+                .volumes()
+                .iter()
+                .map(|(&id, v)| (id, v.size_bytes()))
+                .collect();
+            for (volume, size) in vols {
+                let mut off = 0;
+                while off < size {
+                    let len = max.min(size - off);
+                    while self.inflight.len() as u32 >= self.queue_depth {
+                        self.step(false)?;
+                    }
+                    let data = self.workload.data(len as usize);
+                    self.submit(Op::Write {
+                        volume,
+                        offset: off,
+                        data,
+                        fua: false,
+                    });
+                    off += len;
+                }
+            }
+        }
+        self.submit(Op::Flush);
+        self.settle()?;
+        if self.cfg.mode == Mode::Errors {
+            self.inject_errors();
+        }
+        Ok(())
+    }
+
+    /// Drops the engine (no shutdown) and adds up its counters.
+    fn end_engine(&mut self) {
+        if let Some(e) = self.engine.take() {
+            let s = e.stats();
+            self.add_stats(&s);
+            drop(e.abandon());
+        }
+    }
+
+    fn add_stats(&mut self, s: &Stats) {
+        let c = &mut self.counts;
+        c.compaction_victims += s.compaction_victims;
+        c.gc_victims += s.gc_victims;
+        c.checkpoints += s.checkpoints;
+        c.durability_points += s.durability_points;
+        c.zone_resets += s.zone_resets;
+        c.chunk_frees += s.chunk_frees;
+        c.relocated_blocks += s.relocated_blocks;
+        for x in [
+            s.user_write_bytes,
+            s.capacity_compaction_write_bytes,
+            s.capacity_gc_write_bytes,
+            s.checkpoints,
+            s.zone_resets,
+        ] {
+            self.trace.mix(x);
+        }
+    }
+
+    /// Errors mode: one kind of fault per lineage segment, on one device.
+    fn inject_errors(&mut self) {
+        let on_cache = self.rng.gen_bool(0.6);
+        let ctl = if on_cache {
+            self.cache_ctl.clone()
+        } else {
+            self.cap_ctl.clone()
+        };
+        let Some(ctl) = ctl else { return };
+        let size = if on_cache {
+            self.cfg.cache_blocks * BS
+        } else {
+            (u64::from(self.cfg.zones) + 2) * self.cfg.zone_blocks * BS
+        };
+        let kind = self.rng.gen_range(0..6);
+        match kind {
+            0 => ctl.set_error_rate(self.rng.gen_range(100..=3000), 0),
+            1 => ctl.set_error_rate(0, self.rng.gen_range(50..=1000)),
+            2 | 3 => {
+                let blocks = self.rng.gen_range(1..=64u64);
+                let offset = self.rng.gen_range(0..size / BS) * BS;
+                ctl.add_error_rule(ErrorRule {
+                    reads: kind == 2,
+                    writes: kind == 3,
+                    offset,
+                    len: blocks * BS,
+                    remaining: Some(self.rng.gen_range(1..=3)),
+                });
+            }
+            4 => ctl.fail_flushes(self.rng.gen_range(0..=30), 1),
+            _ => ctl.set_error_rate(self.rng.gen_range(50..=500), self.rng.gen_range(50..=500)),
+        }
+        self.trace.mix(0xE000 + kind);
+        self.errors_on = true;
+    }
+
+    fn clear_errors(&mut self) {
+        for c in [&self.cache_ctl, &self.cap_ctl].into_iter().flatten() {
+            c.clear_errors();
+        }
+        self.errors_on = false;
+    }
+
+    // ---------------------------------------------------------------- cycles
+
+    fn one_cycle(&mut self) -> Result<(), Violation> {
+        let warmup = self.cfg.warmup_steps_max;
+        let mut plan = plan::choose(&mut self.rng, warmup, self.cfg.deadline_steps);
+        if let Some(only) = &self.cfg.only {
+            for _ in 0..10_000 {
+                if plan.moment.name().starts_with(only.as_str()) {
+                    break;
+                }
+                plan = plan::choose(&mut self.rng, warmup, self.cfg.deadline_steps);
+            }
+        }
+        self.counts.cycles += 1;
+        self.trace.mix_str(&format!("{plan:?}"));
+        self.drive(plan.warmup_steps)?;
+        if self.engine_failed {
+            self.counts.moment("engine-failed");
+            return self.crash_and_recover(&plan);
+        }
+        match plan.moment {
+            Moment::AfterShutdown => {
+                self.counts.moment("after-shutdown");
+                self.shutdown_cycle(None, &plan)
+            }
+            Moment::DuringShutdown(t) => self.shutdown_cycle(Some(t), &plan),
+            _ => {
+                let reached = self.drive_to(&plan)?;
+                let name = plan.moment.name();
+                match reached {
+                    Reached::Moment => self.counts.moment(&name),
+                    Reached::Missed => self.counts.moment(&format!("{name}:missed")),
+                    Reached::EngineFailed => self.counts.moment("engine-failed"),
+                }
+                if self.cfg.mode == Mode::Live && !self.engine_failed {
+                    self.rail.restore();
+                    self.live_check()
+                } else {
+                    self.crash_and_recover(&plan)
+                }
+            }
+        }
+    }
+
+    /// Runs `steps` workload iterations (fewer if the engine fails).
+    fn drive(&mut self, steps: u32) -> Result<(), Violation> {
+        for _ in 0..steps {
+            if self.engine_failed {
+                break;
+            }
+            self.step(true)?;
+        }
+        Ok(())
+    }
+
+    /// Runs the workload until the plan's moment.
+    fn drive_to(&mut self, plan: &Plan) -> Result<Reached, Violation> {
+        let observe = self.cfg.mode == Mode::Live;
+        match plan.moment {
+            Moment::Step { steps } => {
+                self.drive(steps)?;
+                Ok(if self.engine_failed {
+                    Reached::EngineFailed
+                } else {
+                    Reached::Moment
+                })
+            }
+            Moment::When { cond, mut skip } => {
+                let mut before = self.stats();
+                for _ in 0..plan.deadline_steps {
+                    self.step(true)?;
+                    if self.engine_failed {
+                        return Ok(Reached::EngineFailed);
+                    }
+                    let now = self.stats();
+                    if cond.holds(&before, &now) {
+                        if skip == 0 {
+                            return Ok(Reached::Moment);
+                        }
+                        skip -= 1;
+                    }
+                    before = now;
+                }
+                Ok(Reached::Missed)
+            }
+            Moment::Trip(mut t) => {
+                t.observe_only = observe;
+                self.rail.arm(t);
+                for _ in 0..plan.deadline_steps {
+                    self.step(true)?;
+                    if self.rail.fired().is_some() {
+                        return Ok(Reached::Moment);
+                    }
+                    if self.engine_failed {
+                        return Ok(Reached::EngineFailed);
+                    }
+                }
+                self.rail.disarm();
+                Ok(Reached::Missed)
+            }
+            Moment::AfterShutdown | Moment::DuringShutdown(_) => Ok(Reached::Moment),
+        }
+    }
+
+    fn stats(&self) -> Stats {
+        self.engine.as_ref().map(|e| e.stats()).unwrap_or_default()
+    }
+
+    /// Settles requests, shuts down cleanly (or crashes inside the shutdown), then
+    /// crashes the devices and reopens. After a clean shutdown nothing may be lost.
+    fn shutdown_cycle(&mut self, trigger: Option<Trigger>, plan: &Plan) -> Result<(), Violation> {
+        self.settle()?;
+        if self.engine_failed {
+            self.counts.moment("engine-failed");
+            return self.crash_and_recover(plan);
+        }
+        if let Some(mut t) = trigger {
+            t.observe_only = self.cfg.mode == Mode::Live;
+            self.rail.arm(t);
+        }
+        let Some(e) = self.engine.take() else {
+            return Err(self.harness("no engine to shut down".into()));
+        };
+        let s = e.stats();
+        self.add_stats(&s);
+        let r = catch_unwind(AssertUnwindSafe(move || e.shutdown()));
+        let fired = self.rail.fired().is_some();
+        if let Some(t) = trigger {
+            let name = format!("shutdown:{}", plan::target_name(t.target));
+            if fired {
+                self.counts.moment(&name);
+            } else {
+                self.counts.moment(&format!("{name}:missed"));
+            }
+        }
+        self.rail.disarm();
+        let cut = !self.rail.is_on();
+        let clean = match r {
+            Err(p) => {
+                return Err(self.violation(
+                    ViolationKind::Panic,
+                    format!("engine panicked in shutdown: {}", panic_message(&*p)),
+                ))
+            }
+            Ok(Ok(devices)) => {
+                drop(devices);
+                !cut
+            }
+            Ok(Err(e)) => {
+                let injected = self.errors_on && caused_by_injection(&e);
+                if !cut && !injected {
+                    return Err(self.violation(
+                        ViolationKind::ShutdownFailed,
+                        format!("clean shutdown failed: {e}"),
+                    ));
+                }
+                false
+            }
+        };
+        self.drain()?;
+        self.trace.mix(u64::from(clean));
+        if clean {
+            self.model.all_durable();
+            let layouts = self.rail.layouts();
+            for (side, c) in [
+                (Side::Cache, &self.cache_ctl),
+                (Side::Capacity, &self.cap_ctl),
+            ] {
+                let Some(c) = c else { continue };
+                for p in c.pending_writes().iter().filter(|p| !p.durable) {
+                    let op = DevOp {
+                        side,
+                        kind: if p.discard {
+                            DevOpKind::Discard
+                        } else {
+                            DevOpKind::Write
+                        },
+                        offset: p.offset,
+                        len: p.len,
+                    };
+                    let key = format!("{:?}", layouts.place(&op));
+                    *self.counts.pending_after_shutdown.entry(key).or_default() += 1;
+                }
+            }
+        } else {
+            self.counts.crashes_in_shutdown += 1;
+        }
+        self.clear_errors();
+        self.counts.crashes += 1;
+        self.rail.cut();
+        let fired = self.rail.take_fired();
+        self.note_lost_requests();
+        let devices = self.crash_devices(fired.as_ref())?;
+        self.recover(devices, plan.crash_open, clean)
+    }
+
+    /// Cuts the power where the engine is, crashes both devices, reopens.
+    fn crash_and_recover(&mut self, plan: &Plan) -> Result<(), Violation> {
+        self.counts.crashes += 1;
+        self.rail.cut();
+        self.clear_errors();
+        let fired = self.rail.take_fired();
+        if let Some(f) = &fired {
+            self.trace.mix_str(&format!("{f:?}"));
+        }
+        self.end_engine();
+        self.note_lost_requests();
+        let devices = self.crash_devices(fired.as_ref())?;
+        self.recover(devices, plan.crash_open, false)
+    }
+
+    /// Requests in flight at a crash never complete; their versions stay allowed.
+    fn note_lost_requests(&mut self) {
+        for f in std::mem::take(&mut self.inflight).into_values() {
+            if let Pending::Admin(op) = f.pending {
+                self.admin_uncertain = Some(op);
+            }
+        }
+        lock(&self.inbox).clear();
+        self.admin_waiting = None;
+        self.admin_inflight = false;
+        self.relist = false;
+        self.reconcile_on_list = false;
+        self.engine_failed = false;
+    }
+
+    /// Crashes both fault devices; returns the restarted ones.
+    fn crash_devices(
+        &mut self,
+        fired: Option<&Fired>,
+    ) -> Result<(FaultDevice, FaultDevice), Violation> {
+        let mut out = Vec::with_capacity(2);
+        for (side, ctl) in [
+            (Side::Cache, self.cache_ctl.clone()),
+            (Side::Capacity, self.cap_ctl.clone()),
+        ] {
+            let Some(ctl) = ctl else {
+                return Err(self.harness("no device to crash".into()));
+            };
+            let pending = ctl.pending_writes();
+            let write = fired.filter(|f| f.op.side == side).and_then(|f| f.write);
+            let (mode, name) = plan::crash_mode(&mut self.rng, &pending, write);
+            let side_name = match side {
+                Side::Cache => "cache",
+                Side::Capacity => "capacity",
+            };
+            self.counts.crash_mode(&format!("{side_name}:{name}"));
+            let (report, dev) = ctl
+                .crash(&mode)
+                .map_err(|e| self.harness(format!("crash {side_name} with {mode:?}: {e}")))?;
+            self.counts.torn_writes += u64::from(report.torn.is_some());
+            self.counts.pending_kept += report.applied.len() as u64;
+            self.counts.pending_dropped += report.dropped.len() as u64;
+            self.trace.mix(report.applied.len() as u64);
+            self.trace.mix(report.dropped.len() as u64);
+            self.trace
+                .mix(report.torn.map_or(0, |(id, b)| id.0 ^ (b << 40)));
+            out.push(dev);
+        }
+        let cap = out.pop();
+        let cache = out.pop();
+        match (cache, cap) {
+            (Some(c), Some(z)) => Ok((c, z)),
+            _ => Err(self.harness("crash lost a device".into())),
+        }
+    }
+
+    /// Opens the engine on crashed devices (possibly crashing again during the open),
+    /// then verifies every volume; a refused open starts a new lineage.
+    fn recover(
+        &mut self,
+        devices: (FaultDevice, FaultDevice),
+        crash_open: Option<Trigger>,
+        clean: bool,
+    ) -> Result<(), Violation> {
+        let (mut cache_dev, mut cap_dev) = devices;
+        let mut arm = if self.cfg.mode == Mode::Live {
+            None
+        } else {
+            crash_open
+        };
+        let mut expect_clean = clean;
+        for _ in 0..4 {
+            self.rail.restore();
+            if let Some(t) = arm.take() {
+                self.rail.arm(t);
+            }
+            let cache = Powered::new(cache_dev, Side::Cache, self.rail.clone());
+            let inner = Powered::new(cap_dev, Side::Capacity, self.rail.clone());
+            let clock = self.clock.clone();
+            let config = self.engine_config.clone();
+            let opened = catch_unwind(AssertUnwindSafe(move || -> Result<Eng, OpenFail> {
+                let cap = ZoneEmu::open(inner).map_err(OpenFail::Zone)?;
+                Engine::open(cache, cap, clock, config).map_err(OpenFail::Engine)
+            }));
+            let opened = match opened {
+                Ok(o) => o,
+                Err(p) => {
+                    return Err(self.violation(
+                        ViolationKind::Panic,
+                        format!("panic while opening after a crash: {}", panic_message(&*p)),
+                    ))
+                }
+            };
+            let powered = self.rail.is_on();
+            self.rail.disarm();
+            if !powered {
+                // A crash during the open: crash the devices again and retry.
+                let fired = self.rail.take_fired();
+                self.counts.crashes_in_open += 1;
+                self.counts.moment("open:any-update");
+                if let Ok(e) = opened {
+                    drop(e.abandon());
+                }
+                expect_clean = false;
+                let d = self.crash_devices(fired.as_ref())?;
+                (cache_dev, cap_dev) = d;
+                continue;
+            }
+            self.rail.restore();
+            return match opened {
+                Ok(e) => {
+                    self.trace.mix(0x0BE4);
+                    self.engine = Some(e);
+                    self.verify_reopened(expect_clean)
+                }
+                Err(OpenFail::Engine(OpenError::NeedsRecovery)) if !expect_clean => {
+                    self.trace.mix(0x4EED);
+                    self.counts.needs_recovery += 1;
+                    self.new_lineage()
+                }
+                Err(OpenFail::Engine(e)) => Err(self.violation(
+                    ViolationKind::OpenFailed,
+                    format!(
+                        "open after {}: {e}",
+                        if expect_clean {
+                            "a clean shutdown and a crash"
+                        } else {
+                            "a crash"
+                        }
+                    ),
+                )),
+                Err(OpenFail::Zone(e)) => Err(self.violation(
+                    ViolationKind::ZoneEmulationOpen,
+                    format!("zone emulation would not reopen after a crash: {e}"),
+                )),
+            };
+        }
+        Err(self.harness("the open crashed four times in a row".into()))
+    }
+
+    /// After a successful open: self-check, the volume set, then every block of every
+    /// volume against the model. What was read becomes the model's durable content.
+    fn verify_reopened(&mut self, clean: bool) -> Result<(), Violation> {
+        if clean {
+            self.counts.clean_reopens += 1;
+        } else {
+            self.counts.recovered += 1;
+        }
+        self.self_check("after reopen")?;
+        self.listed = None;
+        self.submit_request(Request::ListVolumes, Pending::List);
+        self.settle()?;
+        let Some(listed) = self.listed.take() else {
+            return Err(self.harness("volume list never came back".into()));
+        };
+        self.reconcile_volumes(&listed)?;
+        let max = self.cfg.engine.request_bytes_max;
+        let vols: Vec<(VolumeId, u64)> = self
+            .model
+            .volumes()
+            .iter()
+            .map(|(&id, v)| (id, v.size_bytes()))
+            .collect();
+        for (volume, size) in vols {
+            let mut off = 0;
+            while off < size {
+                let len = max.min(size - off);
+                self.submit_request(
+                    Request::Read {
+                        volume,
+                        offset: off,
+                        len,
+                    },
+                    Pending::Verify {
+                        volume,
+                        offset: off,
+                    },
+                );
+                off += len;
+                if self.inflight.len() as u32 >= self.queue_depth.max(4) {
+                    self.settle()?;
+                }
+            }
+        }
+        self.settle()?;
+        self.model.forget_requests();
+        self.generation += 1;
+        self.trace.mix(0x7E41F1ED);
+        if self.cfg.mode == Mode::Errors {
+            self.inject_errors();
+        }
+        Ok(())
+    }
+
+    fn reconcile_volumes(&mut self, listed: &[VolumeInfo]) -> Result<(), Violation> {
+        let view = |m: &Model| -> Vec<(u32, String, u64)> {
+            m.volumes()
+                .iter()
+                .map(|(id, v)| (id.0, v.name.clone(), v.size_bytes()))
+                .collect()
+        };
+        let mut got: Vec<(u32, String, u64)> = listed
+            .iter()
+            .map(|i| (i.id.0, i.name.clone(), i.size_bytes))
+            .collect();
+        got.sort();
+        let uncertain = self.admin_uncertain.take();
+        if got == view(&self.model) {
+            return Ok(());
+        }
+        if let Some(op) = uncertain {
+            let mut m = self.model.clone();
+            match &op {
+                Op::Create { name, size_blocks } => {
+                    if let Some(i) = listed.iter().find(|i| &i.name == name) {
+                        m.create(i.id, name, *size_blocks);
+                    }
+                }
+                Op::Resize {
+                    volume,
+                    size_blocks,
+                } => m.resize(*volume, *size_blocks),
+                Op::Delete { volume } => m.delete(*volume),
+                _ => {}
+            }
+            if view(&m) == got {
+                self.model = m;
+                return Ok(());
+            }
+        }
+        Err(self.violation(
+            ViolationKind::VolumeSet,
+            format!(
+                "after reopen the engine has volumes {got:?}, the model {:?}",
+                view(&self.model)
+            ),
+        ))
+    }
+
+    fn self_check(&mut self, when: &str) -> Result<(), Violation> {
+        let Some(e) = self.engine.as_mut() else {
+            return Err(self.harness("no engine".into()));
+        };
+        match catch_unwind(AssertUnwindSafe(|| e.self_check())) {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(err)) => Err(self.violation(
+                ViolationKind::SelfCheck,
+                format!("self-check {when}: {err}"),
+            )),
+            Err(p) => Err(self.violation(
+                ViolationKind::Panic,
+                format!("self-check {when} panicked: {}", panic_message(&*p)),
+            )),
+        }
+    }
+
+    /// Live mode: the engine as it runs must pass its self-check and read back the
+    /// model's newest content everywhere.
+    fn live_check(&mut self) -> Result<(), Violation> {
+        self.counts.live_checks += 1;
+        self.self_check("at a crash point")?;
+        let max = self.cfg.engine.request_bytes_max;
+        let vols: Vec<(VolumeId, u64)> = self
+            .model
+            .volumes()
+            .iter()
+            .map(|(&id, v)| (id, v.size_bytes()))
+            .collect();
+        for (volume, size) in vols {
+            let mut off = 0;
+            while off < size {
+                let len = max.min(size - off);
+                self.submit(Op::Read {
+                    volume,
+                    offset: off,
+                    len,
+                });
+                off += len;
+            }
+        }
+        self.settle()
+    }
+
+    // ---------------------------------------------------------------- driving
+
+    /// One engine loop iteration, with new requests first if `feed`.
+    fn step(&mut self, feed: bool) -> Result<(), Violation> {
+        if feed && !self.engine_failed {
+            self.feed();
+        }
+        let Some(e) = self.engine.as_mut() else {
+            return Err(self.harness("no engine to poll".into()));
+        };
+        let powered = self.rail.is_on();
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            let progress = e.poll();
+            if !progress && powered {
+                e.wait_io();
+            }
+        }));
+        if let Err(p) = r {
+            return Err(self.violation(
+                ViolationKind::Panic,
+                format!(
+                    "engine panicked in poll{}: {}",
+                    if self.rail.is_on() {
+                        ""
+                    } else {
+                        " after the power was cut"
+                    },
+                    panic_message(&*p)
+                ),
+            ));
+        }
+        self.clock.advance_ns(STEP_NS);
+        self.step += 1;
+        self.drain()?;
+        if let Some((&op, f)) = self.inflight.iter().next() {
+            if self.step - f.step > self.cfg.request_steps_max && self.rail.is_on() {
+                return Err(self.violation(
+                    ViolationKind::Stuck,
+                    format!(
+                        "request {op} ({}) not completed after {} iterations",
+                        f.pending.kind(),
+                        self.step - f.step
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Polls without new work until nothing is in flight.
+    fn settle(&mut self) -> Result<(), Violation> {
+        let mut n = 0u64;
+        while !self.inflight.is_empty() || self.admin_waiting.is_some() || self.relist {
+            if !self.rail.is_on() || self.engine_failed {
+                break;
+            }
+            // A waiting volume change goes out once the queue is empty.
+            let feed = (self.admin_waiting.is_some() || self.relist) && self.inflight.is_empty();
+            if feed {
+                self.feed();
+            }
+            self.step(false)?;
+            n += 1;
+            if n > self.cfg.request_steps_max {
+                return Err(self.violation(
+                    ViolationKind::Stuck,
+                    format!("{} requests still in flight", self.inflight.len()),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Submits new workload requests, keeping the queue depth; volume changes go out
+    /// alone.
+    fn feed(&mut self) {
+        if self.relist {
+            if self.inflight.is_empty() {
+                self.relist = false;
+                self.reconcile_on_list = true;
+                self.submit_request(Request::ListVolumes, Pending::List);
+            }
+            return;
+        }
+        if self.reconcile_on_list {
+            return;
+        }
+        if let Some(op) = self.admin_waiting.take() {
+            if self.inflight.is_empty() {
+                self.admin_inflight = true;
+                self.submit(op);
+            } else {
+                self.admin_waiting = Some(op);
+            }
+            return;
+        }
+        if self.admin_inflight {
+            return;
+        }
+        let room = self.queue_depth.saturating_sub(self.inflight.len() as u32);
+        if room == 0 {
+            return;
+        }
+        let n = self.rng.gen_range(0..=room.min(4));
+        for _ in 0..n {
+            match self.workload.next(&self.model) {
+                Some(op) if op.is_admin() => {
+                    self.admin_waiting = Some(op);
+                    break;
+                }
+                Some(op) => self.submit(op),
+                None => {}
+            }
+        }
+    }
+
+    /// Updates the model for a request and submits it.
+    fn submit(&mut self, op: Op) {
+        let id = self.next_op;
+        let (req, pending) = match op {
+            Op::Write {
+                volume,
+                offset,
+                data,
+                fua,
+            } => {
+                self.counts.bytes_written += data.len() as u64;
+                self.trace.mix(block_hash(&data));
+                let range = self.model.write(id, volume, offset, &data);
+                (
+                    Request::Write {
+                        volume,
+                        offset,
+                        data,
+                        fua,
+                    },
+                    Pending::Write { range, fua },
+                )
+            }
+            Op::Read {
+                volume,
+                offset,
+                len,
+            } => {
+                let expected = self.model.newest(volume, offset, len).unwrap_or_default();
+                (
+                    Request::Read {
+                        volume,
+                        offset,
+                        len,
+                    },
+                    Pending::Read {
+                        volume,
+                        offset,
+                        expected,
+                    },
+                )
+            }
+            Op::Trim {
+                volume,
+                offset,
+                len,
+            } => {
+                // Advisory for partial blocks: only whole blocks inside are unmapped.
+                let lo = offset.div_ceil(BS) * BS;
+                let hi = (offset + len) / BS * BS;
+                if lo < hi {
+                    self.model.zero(id, volume, lo, hi - lo);
+                } else {
+                    self.model.submitted(id);
+                }
+                (
+                    Request::Trim {
+                        volume,
+                        offset,
+                        len,
+                    },
+                    Pending::Change,
+                )
+            }
+            Op::WriteZeroes {
+                volume,
+                offset,
+                len,
+            } => {
+                self.model.zero(id, volume, offset, len);
+                (
+                    Request::WriteZeroes {
+                        volume,
+                        offset,
+                        len,
+                    },
+                    Pending::Change,
+                )
+            }
+            Op::Flush => {
+                let cut = self.model.cut();
+                self.model.submitted(id);
+                (Request::Flush, Pending::Flush { cut })
+            }
+            Op::Create {
+                ref name,
+                size_blocks,
+            } => (
+                Request::CreateVolume {
+                    name: name.clone(),
+                    size_bytes: size_blocks * BS,
+                },
+                Pending::Admin(op),
+            ),
+            Op::Resize {
+                volume,
+                size_blocks,
+            } => (
+                Request::ResizeVolume {
+                    volume,
+                    size_bytes: size_blocks * BS,
+                },
+                Pending::Admin(op),
+            ),
+            Op::Delete { volume } => (Request::DeleteVolume { volume }, Pending::Admin(op)),
+        };
+        self.submit_request(req, pending);
+    }
+
+    fn submit_request(&mut self, req: Request, pending: Pending) {
+        let id = self.next_op;
+        self.next_op += 1;
+        self.counts.requests += 1;
+        self.trace.mix(id);
+        self.trace.mix_str(request_kind(&req));
+        self.inflight.insert(
+            id,
+            InFlight {
+                pending,
+                step: self.step,
+            },
+        );
+        let inbox = Arc::clone(&self.inbox);
+        let rail = self.rail.clone();
+        let done = Box::new(move |result: Result<Reply, EngineError>| {
+            let after_cut = !rail.is_on();
+            lock(&inbox).push(Done {
+                op: id,
+                after_cut,
+                result,
+            });
+        });
+        if let Some(e) = self.engine.as_mut() {
+            e.submit(req, done);
+        }
+    }
+
+    /// Applies completions to the model and checks them.
+    fn drain(&mut self) -> Result<(), Violation> {
+        let done = std::mem::take(&mut *lock(&self.inbox));
+        for d in done {
+            let Some(f) = self.inflight.remove(&d.op) else {
+                return Err(self.harness(format!("completion for unknown request {}", d.op)));
+            };
+            self.trace.mix(d.op);
+            if d.after_cut {
+                // Nobody saw it: the request stays in flight as far as the model knows.
+                self.trace.mix(0xC07);
+                if let Pending::Admin(op) = f.pending {
+                    self.admin_uncertain = Some(op);
+                    self.admin_inflight = false;
+                }
+                continue;
+            }
+            match d.result {
+                Ok(reply) => self.on_ok(d.op, f.pending, reply)?,
+                Err(e) => self.on_err(d.op, f.pending, e)?,
+            }
+        }
+        Ok(())
+    }
+
+    fn on_ok(&mut self, op: OpId, pending: Pending, reply: Reply) -> Result<(), Violation> {
+        match pending {
+            Pending::Write { range, fua } => {
+                self.model.completed(op);
+                if fua {
+                    self.model.durable(op, range);
+                }
+            }
+            Pending::Change => self.model.completed(op),
+            Pending::Flush { cut } => {
+                self.model.completed(op);
+                self.model.flushed(&cut);
+            }
+            Pending::Read {
+                volume,
+                offset,
+                expected,
+            } => {
+                let Reply::Read(data) = reply else {
+                    return Err(self.harness(format!("read {op} got {reply:?}")));
+                };
+                self.trace.mix(block_hash(&data));
+                self.counts.blocks_verified += (data.len() as u64).div_ceil(BS);
+                if data != expected {
+                    let at = data
+                        .iter()
+                        .zip(&expected)
+                        .position(|(a, b)| a != b)
+                        .unwrap_or(data.len().min(expected.len()));
+                    let byte = offset + at as u64;
+                    return Err(self.violation(
+                        ViolationKind::WrongData,
+                        format!(
+                            "read {op} of {volume} {offset}+{} returned {} bytes differing from the newest content first at byte {byte} (block {})",
+                            expected.len(),
+                            data.len(),
+                            byte / BS
+                        ),
+                    ));
+                }
+            }
+            Pending::Verify { volume, offset } => {
+                let Reply::Read(data) = reply else {
+                    return Err(self.harness(format!("read {op} got {reply:?}")));
+                };
+                self.trace.mix(block_hash(&data));
+                for (i, b) in data.chunks(BS as usize).enumerate() {
+                    let lba = offset / BS + i as u64;
+                    if let Err(m) = self.model.check(volume, lba, b) {
+                        return Err(self.violation(
+                            ViolationKind::WrongDataAfterCrash,
+                            format!("after the crash: {m}"),
+                        ));
+                    }
+                    let newest = self
+                        .model
+                        .allowed(volume, lba)
+                        .and_then(|a| a.last())
+                        .map(|&(_, h)| h);
+                    if newest != Some(block_hash(b)) {
+                        self.counts.blocks_older += 1;
+                    }
+                    self.model.observe(volume, lba, b);
+                    self.counts.blocks_verified += 1;
+                }
+            }
+            Pending::Admin(a) => {
+                self.admin_inflight = false;
+                match (&a, reply) {
+                    (Op::Create { name, size_blocks }, Reply::Volume(info)) => {
+                        self.trace.mix(u64::from(info.id.0));
+                        self.model.create(info.id, name, *size_blocks);
+                    }
+                    (
+                        Op::Resize {
+                            volume,
+                            size_blocks,
+                        },
+                        Reply::Volume(_),
+                    ) => self.model.resize(*volume, *size_blocks),
+                    (Op::Delete { volume }, Reply::Done) => self.model.delete(*volume),
+                    (a, r) => {
+                        return Err(self.harness(format!("{a:?} got {r:?}")));
+                    }
+                }
+            }
+            Pending::List => {
+                let Reply::Volumes(v) = reply else {
+                    return Err(self.harness(format!("list got {reply:?}")));
+                };
+                if self.reconcile_on_list {
+                    self.reconcile_on_list = false;
+                    self.reconcile_volumes(&v)?;
+                } else {
+                    self.listed = Some(v);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn on_err(&mut self, op: OpId, pending: Pending, e: EngineError) -> Result<(), Violation> {
+        self.trace.mix_str(&e.to_string());
+        if let Pending::Admin(a) = &pending {
+            self.admin_inflight = false;
+            self.admin_uncertain = Some(a.clone());
+        }
+        if self.errors_on && caused_by_injection(&e) {
+            self.counts.injected_errors_surfaced += 1;
+            if matches!(pending, Pending::Admin(_)) {
+                self.relist = true;
+            }
+            if matches!(e, EngineError::Failed { .. }) && !self.engine_failed {
+                self.engine_failed = true;
+                self.counts.engine_failures_injected += 1;
+            }
+            return Ok(());
+        }
+        let kind = if self.errors_on {
+            ViolationKind::UnexplainedError
+        } else {
+            ViolationKind::RequestFailed
+        };
+        Err(self.violation(
+            kind,
+            format!("request {op} ({}) failed: {e}", pending.kind()),
+        ))
+    }
+}
+
+fn request_kind(r: &Request) -> &'static str {
+    match r {
+        Request::Read { .. } => "read",
+        Request::Write { .. } => "write",
+        Request::Trim { .. } => "trim",
+        Request::WriteZeroes { .. } => "zeroes",
+        Request::Flush => "flush",
+        Request::CreateVolume { .. } => "create",
+        Request::ResizeVolume { .. } => "resize",
+        Request::DeleteVolume { .. } => "delete",
+        Request::ListVolumes => "list",
+        Request::Stats => "stats",
+        Request::SelfCheck => "self-check",
+    }
+}

@@ -1,0 +1,229 @@
+//! The crash simulator's CI runs: fast configurations of every mode, the replay
+//! guarantee, and the longer runs behind `#[ignore]`.
+//!
+//! Seeds are fixed so CI is stable; `SHALE_SIM_SEED=<n>` moves every run to other
+//! seeds. A failure prints each violation with the command that replays it.
+#![allow(clippy::unwrap_used)]
+
+use std::time::Instant;
+
+use shale_sim::{run, Counts, Mode, RunReport, SimConfig, Violation};
+
+fn base_seed(default: u64) -> u64 {
+    std::env::var("SHALE_SIM_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Runs `runs` seeds from `seed` on two threads; returns the totals, the
+/// violations and the reports.
+fn run_seeds(cfg: &SimConfig, seed: u64, runs: u64) -> (Counts, Vec<Violation>, Vec<RunReport>) {
+    let threads = 2u64;
+    let mut reports: Vec<RunReport> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads)
+            .map(|t| {
+                let cfg = cfg.clone();
+                s.spawn(move || {
+                    (0..runs)
+                        .filter(|k| k % threads == t)
+                        .map(|k| run(seed + k, &cfg))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        hs.into_iter().flat_map(|h| h.join().unwrap()).collect()
+    });
+    reports.sort_by_key(|r| r.seed);
+    let mut total = Counts::default();
+    for r in &reports {
+        total.add(&r.counts);
+    }
+    let v = reports.iter().filter_map(|r| r.violation.clone()).collect();
+    (total, v, reports)
+}
+
+fn assert_clean(what: &str, seed: u64, total: &Counts, violations: &[Violation], secs: f64) {
+    eprintln!("{what}: seeds from {seed}, {secs:.1}s\n{total}");
+    if !violations.is_empty() {
+        for v in violations {
+            eprintln!("{v}");
+        }
+        panic!(
+            "{what}: {} violation(s), first: {}",
+            violations.len(),
+            violations[0]
+        );
+    }
+}
+
+/// Release builds (CI) run the full count; debug builds a fifth of it.
+fn scaled(cycles: u64) -> u64 {
+    if cfg!(debug_assertions) {
+        cycles / 5
+    } else {
+        cycles
+    }
+}
+
+#[test]
+fn a_seed_replays_exactly() {
+    let mut cfg = SimConfig::fast(Mode::Crash);
+    cfg.generations = 12;
+    let seed = base_seed(7);
+    let a = run(seed, &cfg);
+    let b = run(seed, &cfg);
+    assert_eq!(a.trace, b.trace, "seed {seed}: traces differ");
+    assert_eq!(a.counts, b.counts, "seed {seed}: counts differ");
+    assert_eq!(a.violation, b.violation);
+    let c = run(seed + 1, &cfg);
+    assert_ne!(
+        a.trace,
+        c.trace,
+        "seeds {seed} and {} gave one trace",
+        seed + 1
+    );
+    // The same holds with the power cut inside device operations and in live mode.
+    let mut live = SimConfig::fast(Mode::Live);
+    live.generations = 8;
+    assert_eq!(run(seed, &live).trace, run(seed, &live).trace);
+}
+
+/// The CI configuration: at least 2,000 crash points (release), each followed by a
+/// crash, a reopen and a check of every block when the open succeeds.
+#[test]
+fn crash_cycles() {
+    let mut cfg = SimConfig::fast(Mode::Crash);
+    cfg.generations = 50;
+    let cycles = scaled(2000);
+    let runs = cycles.div_ceil(u64::from(cfg.generations));
+    let seed = base_seed(1_000);
+    let t = Instant::now();
+    let (total, violations, _) = run_seeds(&cfg, seed, runs);
+    assert_clean(
+        "crash",
+        seed,
+        &total,
+        &violations,
+        t.elapsed().as_secs_f64(),
+    );
+    assert!(total.cycles >= cycles, "{total}");
+    assert_eq!(
+        total.crashes, total.cycles,
+        "every crash point crashes: {total}"
+    );
+    assert_eq!(
+        total.recovered + total.needs_recovery + total.clean_reopens,
+        total.crashes,
+        "every crash ends in a verified open or a refused one: {total}"
+    );
+    assert!(
+        total.clean_reopens > 0 && total.blocks_verified > 0,
+        "{total}"
+    );
+    assert!(
+        total.torn_writes > 0 && total.crashes_in_shutdown > 0,
+        "{total}"
+    );
+    // The bias reaches the dangerous moments.
+    for m in [
+        "when:compaction",
+        "when:gc",
+        "trip:checkpoint",
+        "trip:l2p",
+        "trip:journal",
+        "trip:chunk-close",
+        "trip:zone-close",
+        "trip:zone-write",
+        "shutdown:superblock",
+        "after-shutdown",
+    ] {
+        assert!(
+            total.moments.get(m).copied().unwrap_or(0) > 0,
+            "crash point {m} never reached: {total}"
+        );
+    }
+    assert!(
+        total.gc_victims > 0 && total.compaction_victims > 0,
+        "{total}"
+    );
+}
+
+/// Live mode: at every crash point the running engine passes its self-check and
+/// reads back the model's newest content everywhere.
+#[test]
+fn live_checks_at_crash_points() {
+    let mut cfg = SimConfig::fast(Mode::Live);
+    cfg.generations = 50;
+    let runs = scaled(400).div_ceil(50);
+    let seed = base_seed(2_000);
+    let t = Instant::now();
+    let (total, violations, _) = run_seeds(&cfg, seed, runs);
+    assert_clean("live", seed, &total, &violations, t.elapsed().as_secs_f64());
+    assert!(total.live_checks > 0 && total.clean_reopens > 0, "{total}");
+    assert!(total.gc_victims > 0 && total.zone_resets > 0, "{total}");
+}
+
+/// Injected I/O errors surface as typed errors caused by the injection, never as
+/// wrong data; the engine then crashes and reopens like after a power loss.
+#[test]
+fn injected_errors_are_typed() {
+    let mut cfg = SimConfig::fast(Mode::Errors);
+    cfg.generations = 50;
+    let runs = scaled(400).div_ceil(50);
+    let seed = base_seed(3_000);
+    let t = Instant::now();
+    let (total, violations, _) = run_seeds(&cfg, seed, runs);
+    assert_clean(
+        "errors",
+        seed,
+        &total,
+        &violations,
+        t.elapsed().as_secs_f64(),
+    );
+    assert!(
+        total.injected_errors_surfaced > 0 && total.engine_failures_injected > 0,
+        "{total}"
+    );
+}
+
+/// Long validation: 50,000 crash points over many seeds in every mode.
+/// `cargo test -p shale-sim --release -- --ignored long`
+#[test]
+#[ignore]
+fn long_crash_runs() {
+    for (mode, seed) in [
+        (Mode::Crash, 10_000),
+        (Mode::Live, 20_000),
+        (Mode::Errors, 30_000),
+    ] {
+        let mut cfg = SimConfig::fast(mode);
+        cfg.generations = 100;
+        let seed = base_seed(seed);
+        let t = Instant::now();
+        let (total, violations, _) = run_seeds(&cfg, seed, 500);
+        assert_clean(
+            &format!("long {mode}"),
+            seed,
+            &total,
+            &violations,
+            t.elapsed().as_secs_f64(),
+        );
+    }
+}
+
+/// Regression (found by this simulator): the clean-shutdown checkpoint records zones
+/// freed since the last durability point as Free, and resets them only after the
+/// clean superblock is written. Power lost between the two leaves zones that are
+/// Free in the checkpoint but still full on the device; the reopened engine fails
+/// at its first group write into one ("zone is full"). Fails until the engine
+/// resets such zones (at open, or before the checkpoint names them Free).
+#[test]
+#[ignore = "engine bug: zones freed at a clean shutdown are reset after the clean superblock"]
+fn zones_freed_at_shutdown_survive_a_crash_after_the_clean_superblock() {
+    let mut cfg = SimConfig::fast(Mode::Crash);
+    cfg.generations = 18;
+    cfg.only = Some("shutdown:superblock".into());
+    let r = run(9, &cfg);
+    assert!(r.violation.is_none(), "{}", r.violation.unwrap());
+}
