@@ -128,7 +128,11 @@ fn lint() -> Result<(), String> {
 fn test() -> Result<(), String> {
     // Release mode: the simulators and end-to-end tests move gigabytes; debug would
     // take longer than compiling twice.
-    run("cargo", &["test", "--workspace", "--release", "--no-fail-fast"], &[])
+    run(
+        "cargo",
+        &["test", "--workspace", "--release", "--no-fail-fast"],
+        &[],
+    )
 }
 
 /// Short fuzzing runs of the parsers strangers feed. cargo-fuzz needs a nightly
