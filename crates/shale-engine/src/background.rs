@@ -3,7 +3,9 @@
 //!
 //! Each mover step reads at most one victim group and writes at most one group per
 //! stream. Below a threshold the number of steps grows with the deficit; with no free
-//! chunk (user writes waiting) the maximum runs every iteration.
+//! chunk (user writes waiting) the maximum runs every iteration. Checkpoints start by
+//! bytes written, journal use or SIDs handed out, and write a bounded number of L2P
+//! pages per iteration (`checkpoint.rs`).
 
 use shale_device::{BlockDevice, ZonedDevice};
 use shale_format::RegionRole;
@@ -69,10 +71,11 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             self.durability_point()?;
             progress = true;
         }
-        if self.journal.needs_checkpoint() {
-            self.checkpoint(false)?;
+        if self.checkpoint_due() {
+            self.checkpoint_begin()?;
             progress = true;
         }
+        progress |= self.checkpoint_step()?;
         Ok(progress)
     }
 

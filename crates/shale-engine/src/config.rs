@@ -40,6 +40,16 @@ pub struct Config {
     pub requests_per_poll_max: u32,
     /// Background steps run per loop iteration at most (each moves <= one group).
     pub background_steps_per_poll_max: u32,
+    /// User bytes written between periodic checkpoints; `None` = 1/16 of the user
+    /// capacity.
+    pub checkpoint_interval_bytes: Option<u64>,
+    /// L2P pages a checkpoint writes per loop iteration (bounding the stall it adds to
+    /// user I/O); 0 takes periodic checkpoints synchronously.
+    pub checkpoint_pages_per_poll: u32,
+    /// Recover after an unclean stop; when false, open refuses with `NeedsRecovery`.
+    pub recover: bool,
+    /// Run the O(mapped blocks) self-check at the end of open.
+    pub open_self_check: bool,
 }
 
 impl Default for Config {
@@ -61,6 +71,10 @@ impl Default for Config {
             gc_policy: GcPolicyKind::Greedy,
             requests_per_poll_max: 256,
             background_steps_per_poll_max: 4,
+            checkpoint_interval_bytes: None,
+            checkpoint_pages_per_poll: 16,
+            recover: true,
+            open_self_check: true,
         }
     }
 }
@@ -89,8 +103,14 @@ impl Config {
                 format!("{} not in [0, 0.9)", self.spare_factor),
             );
         }
-        if self.journal_blocks < 8 {
-            return bad("journal_blocks", format!("{} < 8", self.journal_blocks));
+        if self.journal_blocks < 8 || !self.journal_blocks.is_multiple_of(2) {
+            return bad(
+                "journal_blocks",
+                format!(
+                    "{} is not an even number >= 8 (entries are mirrored block pairs)",
+                    self.journal_blocks
+                ),
+            );
         }
         if self.compaction_free_chunks_pct > 90 {
             return bad(

@@ -144,6 +144,14 @@ pub struct Engine<C: BlockDevice, Z: ZonedDevice, K: Clock> {
     pub(crate) parked: Vec<(u32, u32, u32, Pba, shale_device::IoBuf)>,
     pub(crate) block_scratch: Box<[u8; 4096]>,
     pub(crate) bufs: BufPool,
+    /// The incremental checkpoint in progress, if any.
+    pub(crate) ckpt: Option<crate::checkpoint::CheckpointInProgress>,
+    /// `stats.user_write_bytes` when the latest checkpoint began.
+    pub(crate) ckpt_user_bytes: u64,
+    /// `sid_next` recorded by the committed checkpoint (the SID lease base).
+    pub(crate) ckpt_sid_base: u64,
+    /// What the open (and recovery) did.
+    pub(crate) open_report: crate::recovery::OpenReport,
 }
 
 impl<C: BlockDevice, Z: ZonedDevice, K: Clock> std::fmt::Debug for Engine<C, Z, K> {

@@ -168,8 +168,10 @@ pub enum OpenError {
     },
     #[error("checkpoint inconsistent: {reason}")]
     InconsistentCheckpoint { reason: String },
-    #[error("not shut down cleanly: needs recovery (dirty recovery is not implemented yet)")]
+    #[error("not shut down cleanly: needs recovery, and the configuration says not to recover")]
     NeedsRecovery,
+    #[error("recovery: {0}")]
+    Recovery(#[from] RecoveryError),
     #[error("census after load: {region} records {recorded} valid blocks, the L2P maps {counted}")]
     CensusMismatch {
         region: RegionId,
@@ -178,6 +180,37 @@ pub enum OpenError {
     },
     #[error(transparent)]
     Engine(#[from] EngineError),
+}
+
+/// Why recovery after a crash could not rebuild a consistent state. Each names the
+/// step and the place; none is a crash artifact (those are handled), all mean damaged
+/// or foreign metadata.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RecoveryError {
+    #[error("md scan: {region} group {group}: the journal proves {need} entries durable, the md holds {have} ({reason})")]
+    MdLost {
+        region: RegionId,
+        group: u32,
+        have: u32,
+        need: u32,
+        reason: String,
+    },
+    #[error("census: {volume} {lba} maps to {pba} in {region}, which is {state}")]
+    MappedIntoUnusedRegion {
+        volume: VolumeId,
+        lba: Lba,
+        pba: Pba,
+        region: RegionId,
+        state: String,
+    },
+    #[error("census: {volume} {lba} maps to {pba} in {region} at or past the zone's write pointer (slot {wp})")]
+    MappedPastWritePointer {
+        volume: VolumeId,
+        lba: Lba,
+        pba: Pba,
+        region: RegionId,
+        wp: u32,
+    },
 }
 
 /// A broken invariant found by the self-check.

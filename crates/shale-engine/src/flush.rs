@@ -64,15 +64,8 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             self.capacity_dirty = false;
         }
         if journal {
-            let open: Vec<_> = (0..self.geo.region_count())
-                .map(shale_format::RegionId)
-                .filter(|&r| self.regions.get(r).state == RegionState::Open)
-                .map(|r| (r, self.regions.get(r).wp))
-                .collect();
-            for part in open.chunks(FLUSH_POINT_REGIONS_MAX) {
-                self.journal.append(JournalRecord::FlushPoint {
-                    regions: part.to_vec(),
-                });
+            for r in self.flush_point_records() {
+                self.journal.append(r);
             }
             self.stats.cache_md_write_bytes += self.journal.write_pending(&mut self.cache)?;
         }
@@ -80,7 +73,23 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         Ok(())
     }
 
-    /// A full durability point (steps 1-6).
+    /// FlushPoint records: the write pointers of the open regions.
+    pub(crate) fn flush_point_records(&self) -> Vec<JournalRecord> {
+        let open: Vec<_> = (0..self.geo.region_count())
+            .map(shale_format::RegionId)
+            .filter(|&r| self.regions.get(r).state == RegionState::Open)
+            .map(|r| (r, self.regions.get(r).wp))
+            .collect();
+        open.chunks(FLUSH_POINT_REGIONS_MAX)
+            .map(|part| JournalRecord::FlushPoint {
+                regions: part.to_vec(),
+            })
+            .collect()
+    }
+
+    /// A full durability point (steps 1-6). When the journal cannot take its records
+    /// without overwriting entries recovery needs, it is a checkpoint instead (which
+    /// makes the same writes durable without the journal).
     pub(crate) fn durability_point(&mut self) -> Result<(), EngineError> {
         self.submit_runs()?;
         self.drain_io()?;
@@ -91,6 +100,14 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             self.stats.idle_flushes += 1;
             self.complete_durable_waiters();
             return Ok(());
+        }
+        let lens: Vec<usize> = self
+            .flush_point_records()
+            .iter()
+            .map(JournalRecord::encoded_len)
+            .collect();
+        if !self.journal.fits(self.journal.entries_needed(&lens), 0) {
+            return self.checkpoint(false);
         }
         self.make_durable(true)?;
         self.durable_asn = self.asn_next;

@@ -32,6 +32,7 @@ mod layout;
 mod metrics;
 mod open;
 mod read;
+mod recovery;
 mod request;
 mod selfcheck;
 mod space;
@@ -43,9 +44,12 @@ pub use clock::{Clock, ManualClock, MonotonicClock};
 pub use compaction::policy::{CompactionPolicyKind, RegionSnapshot, VictimPolicy};
 pub use config::Config;
 pub use engine::{Engine, Location, Tier};
-pub use error::{ConfigError, EngineError, FormatDeviceError, OpenError, SelfCheckError};
+pub use error::{
+    ConfigError, EngineError, FormatDeviceError, OpenError, RecoveryError, SelfCheckError,
+};
 pub use gc::policy::GcPolicyKind;
 pub use metrics::Stats;
+pub use recovery::{OpenReport, ReplayCounts, StepReport};
 pub use request::{Completion, Reply, Request, VolumeInfo};
 pub use thread::EngineThread;
 

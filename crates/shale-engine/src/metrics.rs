@@ -45,7 +45,11 @@ pub struct Stats {
     pub md_reads: u64,
     pub md_reads_sync: u64,
 
+    /// Checkpoints committed (synchronous and incremental).
     pub checkpoints: u64,
+    /// Incremental checkpoints started, and the L2P pages they wrote in the background.
+    pub checkpoints_started: u64,
+    pub checkpoint_page_writes: u64,
     pub durability_points: u64,
     /// Flushes that found everything already durable (no device I/O).
     pub idle_flushes: u64,

@@ -1,19 +1,23 @@
 //! Format and open: laying out fresh devices, and bringing an engine back from its
-//! last checkpoint after a clean shutdown.
+//! last checkpoint, after a clean shutdown or (with replay) after a crash.
 //!
-//! Open steps, in order: superblock (newest valid copy), capacity label (UUID and
-//! geometry), checkpoint (region table, volume table, L2P directories), census
-//! (validity rebuilt from the L2P and checked against recorded counts), open regions
-//! resumed at group boundaries, superblock rewritten with clean = 0.
+//! Open steps, in order (`recovery/` has the details and docs/recovery.md the why):
+//! superblock, capacity label, checkpoint, volume table, journal, L2P directories;
+//! then after a clean shutdown: census (validity rebuilt from the L2P and checked
+//! against the recorded counts), resume (open regions continue at their next group
+//! boundary), superblock rewritten with clean = 0 in both copies; after a crash:
+//! replay plan, md scan, resolve, census, regions (replayed regions closed, stray zones
+//! reset), checkpoint. Both end with the self-check.
 
 use std::collections::VecDeque;
 
 use shale_device::{BlockDevice, ZoneAction, ZoneState, ZonedDevice};
 use shale_format::{
-    CapacityGeometry, CapacityLabel, Checkpoint, RegionId, RegionRole, RegionState, Superblock,
-    VolumeTable, BLOCK_SIZE,
+    CapacityGeometry, CapacityLabel, RegionId, RegionRole, RegionState, Superblock, VolumeTable,
+    BLOCK_SIZE,
 };
 
+use crate::checkpoint::SID_LEASE;
 use crate::compaction::compactor::Mover;
 use crate::engine::IoSlab;
 use crate::gc::cleaner::zone_cleaner;
@@ -21,11 +25,15 @@ use crate::journal::Journal;
 use crate::l2p::{L2p, VolumeMap};
 use crate::layout::{plan, Geometry, Groups, BS};
 use crate::read::md_cache::MdCache;
+use crate::recovery::{journal_scan, load, replay, OpenReport, Steps};
 use crate::space::Regions;
 use crate::volume::Volumes;
 use crate::write::chunk_writer::ChunkWriter;
 use crate::write::runs::Runs;
-use crate::{Clock, Config, ConfigError, Engine, EngineError, FormatDeviceError, OpenError, Stats};
+use crate::{
+    Clock, Config, ConfigError, Engine, EngineError, FormatDeviceError, OpenError, RecoveryError,
+    Stats,
+};
 
 fn streams_for(config: &Config, z: &shale_device::ZoneGeometry) -> Result<u32, String> {
     let mut streams = config.streams_max.min(config.volumes_max);
@@ -126,6 +134,10 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             parked: Vec::new(),
             block_scratch: Box::new([0; BLOCK_SIZE]),
             bufs: crate::buffers::BufPool::new(),
+            ckpt: None,
+            ckpt_user_bytes: 0,
+            ckpt_sid_base: sid_next,
+            open_report: crate::recovery::OpenReport::default(),
             cache,
             capacity,
             clock,
@@ -218,8 +230,13 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             uuid: sb.uuid,
             geometry: cap,
         };
+        let one = label.encode();
+        let mut copies = vec![0u8; shale_format::LABEL_COPIES * BLOCK_SIZE];
+        for c in copies.chunks_exact_mut(BLOCK_SIZE) {
+            c.copy_from_slice(&one);
+        }
         capacity
-            .write_at(0, &label.encode())
+            .write_at(0, &copies)
             .map_err(cap_err("label write", 0))?;
         capacity
             .manage(0, ZoneAction::Finish)
@@ -272,12 +289,18 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         Ok(e)
     }
 
+    /// Clears the clean flag in both superblock copies: were only the newest written,
+    /// a damaged newest copy would bring back the older clean one, and an open would
+    /// then trust a checkpoint the running engine has moved past.
     fn write_superblock_dirty(&mut self) -> Result<(), EngineError> {
         self.sb.clean = false;
+        self.write_superblock()?;
         self.write_superblock()
     }
 
-    /// Opens devices shut down cleanly.
+    /// Opens formatted devices: after a clean shutdown it loads the checkpoint; after a
+    /// crash it recovers (replays everything since the checkpoint) and takes a new
+    /// checkpoint before returning. `open_report()` says what it did.
     pub fn open(
         mut cache: C,
         mut capacity: Z,
@@ -285,36 +308,25 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         mut config: Config,
     ) -> Result<Self, OpenError> {
         config.validate()?;
-        let mut b = vec![0u8; 2 * BLOCK_SIZE];
-        cache
-            .read_at(0, &mut b)
-            .map_err(|e| OpenError::Engine(EngineError::cache("superblock read", 0)(e)))?;
-        let a = Superblock::decode(&b[..BLOCK_SIZE], 0);
-        let bb = Superblock::decode(&b[BLOCK_SIZE..], BS);
-        let sb = match (a, bb) {
-            (Ok(x), Ok(y)) => {
-                if y.generation > x.generation {
-                    y
-                } else {
-                    x
-                }
-            }
-            (Ok(x), Err(_)) | (Err(_), Ok(x)) => x,
-            (Err(a), Err(b)) => return Err(OpenError::NoSuperblock { a, b }),
-        };
-        if !sb.clean {
-            return Err(OpenError::NeedsRecovery);
-        }
+        let mut report = OpenReport::default();
+        let mut steps = Steps::new(9);
+
+        steps.begin(&clock, "superblock");
+        let mut sb = load::superblock(&mut cache, &mut report)?;
         if sb.cache_size_blocks > cache.info().size_bytes / BS {
             return Err(OpenError::GeometryMismatch {
                 reason: format!("cache device shrank below {} blocks", sb.cache_size_blocks),
             });
         }
-        let mut lb = vec![0u8; BLOCK_SIZE];
-        capacity
-            .read_at(0, &mut lb)
-            .map_err(|source| OpenError::LabelUnreadable { source })?;
-        let label = CapacityLabel::decode(&lb, 0).map_err(OpenError::BadLabel)?;
+        steps.end(
+            &clock,
+            &mut report,
+            2 * BS,
+            format!("generation {}, clean flag {}", sb.generation, sb.clean),
+        );
+
+        steps.begin(&clock, "capacity label");
+        let label = load::label(&mut capacity, &mut report)?;
         if label.uuid != sb.uuid {
             return Err(OpenError::ForeignCapacity);
         }
@@ -334,15 +346,18 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         config.journal_blocks = sb.layout.journal_blocks;
         let streams =
             streams_for(&config, &zg).map_err(|reason| OpenError::GeometryMismatch { reason })?;
+        steps.end(
+            &clock,
+            &mut report,
+            2 * BS,
+            format!("{} zones", cap.zone_count),
+        );
 
-        let area = sb.active_checkpoint;
-        let off = sb.layout.checkpoint_start(area) * BS;
-        let mut cb = vec![0u8; sb.layout.checkpoint_blocks as usize * BLOCK_SIZE];
-        cache
-            .read_at(off, &mut cb)
-            .map_err(|e| OpenError::Engine(EngineError::cache("checkpoint read", off)(e)))?;
-        let ck = Checkpoint::decode(&cb, off)
-            .map_err(|source| OpenError::BadCheckpoint { area, source })?;
+        steps.begin(&clock, "checkpoint");
+        let mut bytes = 0;
+        let named = sb.active_checkpoint;
+        let (ck, area) = load::checkpoint(&mut cache, &sb, &mut report, &mut bytes)?;
+        sb.active_checkpoint = area;
         let geo = Geometry::new(&sb.layout, &sb.capacity);
         let inconsistent = |reason: String| OpenError::InconsistentCheckpoint { reason };
         if ck.regions.len() != geo.region_count() as usize {
@@ -352,7 +367,60 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 geo.region_count()
             )));
         }
-        let mut regions = Regions::from_entries(&geo, &ck.regions);
+        steps.end(
+            &clock,
+            &mut report,
+            bytes,
+            format!("area {area}, generation {}", ck.header.generation),
+        );
+
+        steps.begin(&clock, "volume table");
+        let mut bytes = 0;
+        load::volume_tables(&mut cache, &sb, &ck, &mut report, &mut bytes)?;
+        steps.end(
+            &clock,
+            &mut report,
+            bytes,
+            format!("{} volumes", ck.volumes.entries.len()),
+        );
+
+        steps.begin(&clock, "journal");
+        let mut bytes = 0;
+        let log = journal_scan::read(
+            &mut cache,
+            &sb,
+            ck.header.generation,
+            ck.header.journal_next_block,
+            ck.header.journal_sequence,
+            &mut report,
+            &mut bytes,
+        )?;
+        let clean = sb.clean && log.blocks.is_empty() && area == named;
+        if sb.clean && !clean {
+            report.warn(format!(
+                "the clean flag is set but {} journal entries follow the checkpoint{}: recovering",
+                log.blocks.len(),
+                if area == named {
+                    ""
+                } else {
+                    " (and a newer checkpoint exists)"
+                }
+            ));
+        }
+        steps.end(
+            &clock,
+            &mut report,
+            bytes,
+            format!("{} entries since the checkpoint", log.blocks.len()),
+        );
+        if !clean && !config.recover {
+            return Err(OpenError::NeedsRecovery);
+        }
+        report.clean = clean;
+        steps.set_total(if clean { 9 } else { 13 });
+
+        steps.begin(&clock, "L2P directories");
+        let regions = Regions::from_entries(&geo, &ck.regions);
         let table_pages = sb
             .user_capacity_blocks
             .div_ceil(shale_format::L2P_ENTRIES_PER_PAGE);
@@ -398,57 +466,24 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         }
         l2p.rebuild_pool(sb.layout.l2p_pool_pages)
             .map_err(inconsistent)?;
-
-        // Census: rebuild validity from the L2P and check the recorded counts.
-        let mut counted = vec![0u32; geo.region_count() as usize];
-        let mut census_err = None;
-        regions.validity.clear_all();
-        {
-            let validity = &mut regions.validity;
-            l2p.for_each_mapped(&mut cache, |v, lba, pba| match geo.region_slot(pba) {
-                Some((r, slot))
-                    if Groups {
-                        blocks: geo.region_blocks(r),
-                    }
-                    .is_data_slot(slot) =>
-                {
-                    if validity.set(pba) {
-                        census_err.get_or_insert(format!("{pba} mapped twice ({v} {lba})"));
-                    }
-                    counted[r.0 as usize] += 1;
-                }
-                _ => {
-                    census_err.get_or_insert(format!("{v} {lba} maps to {pba}, not a data slot"));
-                }
-            })?;
-        }
-        if let Some(r) = census_err {
-            return Err(inconsistent(r));
-        }
-        for (i, reg) in regions.regions.iter().enumerate() {
-            if reg.valid != counted[i] {
-                return Err(OpenError::CensusMismatch {
-                    region: RegionId(i as u32),
-                    recorded: reg.valid,
-                    counted: counted[i],
-                });
-            }
-        }
-
         let volumes = Volumes {
             table: ck.volumes.clone(),
             user_capacity_blocks: sb.user_capacity_blocks,
             volumes_max: sb.volumes_max,
         };
-        let mut journal = Journal::new(
+        let generation = ck.header.generation;
+        // After a crash the new checkpoint's generation must exceed every epoch the
+        // crashed run could have written (at most generation + 1).
+        let epoch = if clean { generation } else { generation + 1 };
+        let journal = Journal::new(
             sb.layout.journal_start,
             sb.layout.journal_blocks,
-            ck.header.journal_next_block % sb.layout.journal_blocks,
-            ck.header.journal_sequence,
-            ck.header.generation,
+            log.next,
+            log.sequence,
+            epoch,
         );
-        journal.since_checkpoint = 0;
         let now = clock.now_ns();
+        let dirs = ck.directories.len();
         let mut e = Self::assemble(
             cache,
             capacity,
@@ -462,9 +497,208 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             ck.header.sid_next,
             streams,
         );
-        e.resume_open_regions(now)?;
-        e.write_superblock_dirty()?;
+        steps.end(&e.clock, &mut report, 0, format!("{dirs} volumes"));
+
+        if clean {
+            steps.begin(&e.clock, "census");
+            let zone_wps = e.zone_write_pointers()?;
+            let bytes = e.census(true, &zone_wps)?;
+            steps.end(&e.clock, &mut report, bytes, e.census_detail());
+
+            steps.begin(&e.clock, "resume");
+            e.resume_open_regions(now)?;
+            e.write_superblock_dirty()?;
+            steps.end(&e.clock, &mut report, 0, "open regions resumed".into());
+        } else {
+            steps.begin(&e.clock, "replay plan");
+            let mut rp = replay::plan(&e.geo, &e.regions, &log.blocks, &mut report.warnings);
+            let detail = format!(
+                "{} regions to scan, {} trims",
+                rp.plans.len(),
+                rp.trims.len()
+            );
+            steps.end(&e.clock, &mut report, 0, detail);
+
+            steps.begin(&e.clock, "md scan");
+            let zone_wps = e.zone_write_pointers()?;
+            let bytes = e.scan_md(&mut rp, &mut report.warnings)?;
+            let detail = format!(
+                "{} md groups, {} entries, {} data blocks checked, {} torn",
+                rp.counts.md_groups_read,
+                rp.counts.entries_seen,
+                rp.counts.data_blocks_checked,
+                rp.counts.torn_blocks
+            );
+            steps.end(&e.clock, &mut report, bytes, detail);
+
+            steps.begin(&e.clock, "resolve");
+            let bytes = e.apply_replay(&mut rp)?;
+            let detail = format!(
+                "{} versions mapped, {} superseded",
+                rp.counts.entries_applied, rp.counts.entries_superseded
+            );
+            steps.end(&e.clock, &mut report, bytes, detail);
+
+            steps.begin(&e.clock, "census");
+            e.close_replayed(&rp, now)?;
+            let bytes = e.census(false, &zone_wps)?;
+            steps.end(&e.clock, &mut report, bytes, e.census_detail());
+
+            steps.begin(&e.clock, "regions");
+            rp.counts.stray_zones_reset = e.reset_stray_zones()?;
+            for i in 0..e.geo.region_count() {
+                e.regions.maybe_pending_free(RegionId(i));
+            }
+            e.sid_next = (e.sid_next + SID_LEASE).max(rp.max_sid + 1);
+            let detail = format!(
+                "{} regions closed, {} pending free, {} stray zones reset",
+                rp.plans.len(),
+                e.regions.pending_free.len(),
+                rp.counts.stray_zones_reset
+            );
+            steps.end(&e.clock, &mut report, 0, detail);
+
+            steps.begin(&e.clock, "checkpoint");
+            e.checkpoint(false).map_err(OpenError::Engine)?;
+            steps.end(
+                &e.clock,
+                &mut report,
+                0,
+                format!("generation {}", e.journal.epoch),
+            );
+            report.replay = rp.counts;
+        }
+
+        if e.config.open_self_check {
+            steps.begin(&e.clock, "self-check");
+            let reads0 = e.l2p.counters.page_reads;
+            e.self_check()
+                .map_err(|err| OpenError::Engine(EngineError::SelfCheck(err)))?;
+            let bytes = (e.l2p.counters.page_reads - reads0) * BS;
+            steps.end(&e.clock, &mut report, bytes, "ok".into());
+        }
+        steps.finish();
+        e.open_report = report;
         Ok(e)
+    }
+
+    /// What the last open did: its steps (name, time, bytes read), warnings about
+    /// damaged metadata it worked around, and what replay found.
+    pub fn open_report(&self) -> &OpenReport {
+        &self.open_report
+    }
+
+    /// Each zone's device write pointer in blocks (its capacity when full).
+    fn zone_write_pointers(&self) -> Result<Vec<u32>, OpenError> {
+        let mut zones = Vec::new();
+        self.capacity
+            .report_zones(0, self.geo.zone_count, &mut zones)
+            .map_err(|e| OpenError::Engine(EngineError::capacity("zone report", 0)(e)))?;
+        Ok(zones
+            .iter()
+            .map(|z| match z.state {
+                ZoneState::Full => self.geo.zone_cap_blocks,
+                _ => ((z.write_pointer - z.start) / BS) as u32,
+            })
+            .collect())
+    }
+
+    fn census_detail(&self) -> String {
+        let valid: u64 = self
+            .regions
+            .regions
+            .iter()
+            .map(|r| u64::from(r.valid))
+            .sum();
+        format!("{valid} mapped blocks")
+    }
+
+    /// Rebuilds validity from the L2P. With `check_counts` the recorded counts must
+    /// match (a clean shutdown recorded them exactly); otherwise they are set. Every
+    /// mapped PBA must be a data slot of an open or closed region, below the write
+    /// pointer its zone had on the device when the open began. Returns bytes read.
+    fn census(&mut self, check_counts: bool, zone_wps: &[u32]) -> Result<u64, OpenError> {
+        let reads0 = self.l2p.counters.page_reads;
+        let geo = self.geo.clone();
+        let mut counted = vec![0u32; geo.region_count() as usize];
+        let mut err: Option<OpenError> = None;
+        self.regions.validity.clear_all();
+        {
+            let validity = &mut self.regions.validity;
+            let regions = &self.regions.regions;
+            self.l2p
+                .for_each_mapped(&mut self.cache, |volume, lba, pba| {
+                    if err.is_some() {
+                        return;
+                    }
+                    let Some((r, slot)) = geo.region_slot(pba).filter(|&(r, slot)| {
+                        Groups {
+                            blocks: geo.region_blocks(r),
+                        }
+                        .is_data_slot(slot)
+                    }) else {
+                        err = Some(OpenError::InconsistentCheckpoint {
+                            reason: format!("{volume} {lba} maps to {pba}, not a data slot"),
+                        });
+                        return;
+                    };
+                    let state = regions[r.0 as usize].state;
+                    if !matches!(state, RegionState::Open | RegionState::Closed) {
+                        err = Some(
+                            RecoveryError::MappedIntoUnusedRegion {
+                                volume,
+                                lba,
+                                pba,
+                                region: r,
+                                state: format!("{state:?}"),
+                            }
+                            .into(),
+                        );
+                        return;
+                    }
+                    if !geo.is_chunk(r) {
+                        let wp = zone_wps
+                            .get(geo.zone_of(r).0 as usize)
+                            .copied()
+                            .unwrap_or(0);
+                        if slot >= wp {
+                            err = Some(
+                                RecoveryError::MappedPastWritePointer {
+                                    volume,
+                                    lba,
+                                    pba,
+                                    region: r,
+                                    wp,
+                                }
+                                .into(),
+                            );
+                            return;
+                        }
+                    }
+                    if validity.set(pba) {
+                        err = Some(OpenError::InconsistentCheckpoint {
+                            reason: format!("{pba} mapped twice ({volume} {lba})"),
+                        });
+                        return;
+                    }
+                    counted[r.0 as usize] += 1;
+                })
+                .map_err(OpenError::Engine)?;
+        }
+        if let Some(e) = err {
+            return Err(e);
+        }
+        for (i, reg) in self.regions.regions.iter_mut().enumerate() {
+            if check_counts && reg.valid != counted[i] {
+                return Err(OpenError::CensusMismatch {
+                    region: RegionId(i as u32),
+                    recorded: reg.valid,
+                    counted: counted[i],
+                });
+            }
+            reg.valid = counted[i];
+        }
+        Ok((self.l2p.counters.page_reads - reads0) * BS)
     }
 
     /// Open regions continue at their next group boundary (the partial group's md was
@@ -572,6 +806,31 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         }
         for r in self.regions.regions.iter_mut() {
             r.draining = false;
+        }
+        // The next open resumes open chunks at their next group boundary; record that
+        // now, so every slot below a recorded write pointer past the checkpoint was
+        // written (recovery relies on it to prove md entries durable).
+        let now = self.now();
+        for c in 0..self.geo.chunk_count {
+            let r = RegionId(c);
+            let reg = self.regions.get(r);
+            if reg.state != RegionState::Open {
+                continue;
+            }
+            let groups = Groups {
+                blocks: self.geo.chunk_blocks,
+            };
+            let (g, idx) = groups.locate(reg.wp);
+            if idx != 0 && reg.wp < groups.end() {
+                self.regions.get_mut(r).wp = if g + 1 < groups.count() {
+                    groups.start(g + 1)
+                } else {
+                    groups.end()
+                };
+            }
+            if self.regions.try_close(&self.geo, r, false, now) && self.writer.open == Some(r) {
+                self.writer.open = None;
+            }
         }
         self.checkpoint(true)?;
         Ok((self.cache, self.capacity))

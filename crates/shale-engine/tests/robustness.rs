@@ -159,7 +159,7 @@ fn corrupt_superblocks_labels_and_foreign_devices() {
 }
 
 #[test]
-fn foreign_capacity_and_unclean_stop_are_refused() {
+fn foreign_capacity_is_refused_and_unclean_stop_recovers() {
     let mut e = tiny_engine();
     create(&mut e, "a", 1 << 20);
     let (c, _z) = e.shutdown().unwrap();
@@ -171,9 +171,31 @@ fn foreign_capacity_and_unclean_stop_are_refused() {
     let mut e = tiny_engine();
     let v = create(&mut e, "a", 1 << 20);
     write(&mut e, v, 0, &[1; 4096]).unwrap();
+    call(&mut e, Request::Flush).unwrap();
+    write(&mut e, v, 4096, &[2; 4096]).unwrap();
     let (c, z) = e.abandon();
-    let r = Engine::open(c, z, ManualClock::new(), tiny_config());
+    let (mut c, mut z) = (c, z.into_inner());
+    // Told not to recover, open refuses; by default it recovers.
+    let no = Config {
+        recover: false,
+        ..tiny_config()
+    };
+    let r = Engine::open(
+        copy_mem(&mut c),
+        ZoneEmu::open(copy_mem(&mut z)).unwrap(),
+        ManualClock::new(),
+        no,
+    );
     assert!(matches!(r, Err(OpenError::NeedsRecovery)), "{r:?}");
+    let mut e = open_raw(c, z).unwrap();
+    assert!(!e.open_report().clean);
+    assert_eq!(
+        read(&mut e, v, 0, 4096).unwrap(),
+        vec![1; 4096],
+        "flushed data survives"
+    );
+    let unflushed = read(&mut e, v, 4096, 4096).unwrap();
+    assert!(unflushed == vec![2; 4096] || unflushed == vec![0; 4096]);
 
     // A capacity device that was never formatted for Shale.
     let (c, _) = tiny_engine().shutdown().unwrap();

@@ -1,9 +1,13 @@
 //! Journal blocks: the records made durable at each flush between checkpoints.
 //!
-//! Blocks are written to a ring, each once (never rewritten in place, so a torn write
-//! can only lose the block being written). A block belongs to the checkpoint epoch it
-//! follows; recovery reads blocks from the checkpoint's journal position while the epoch
-//! matches and the sequence numbers are consecutive.
+//! The journal area is a ring of entries; entry `i` is a mirrored pair of identical
+//! blocks (area blocks `2i` and `2i + 1`) written together, each entry once per lap
+//! (never rewritten in place, so a torn write can only lose the entry being written,
+//! and a corrupt copy is caught by its CRC while the other copy still reads). A block
+//! carries the checkpoint epoch it follows and a sequence number that never repeats;
+//! recovery reads entries from the checkpoint's journal position while the sequence
+//! numbers are consecutive and the epoch is the checkpoint's or the next one (the
+//! epoch of a checkpoint still being taken).
 
 use crate::codec::{check_crc, check_header, seal, Reader, Writer};
 use crate::{FormatError, Lba, RegionId, Sid, Structure, VolumeId, BLOCK_SIZE};
@@ -15,6 +19,11 @@ pub const JOURNAL_HEADER_LEN: usize = 32;
 pub const JOURNAL_PAYLOAD_MAX: usize = BLOCK_SIZE - JOURNAL_HEADER_LEN;
 /// Region write pointers one FlushPoint record can carry.
 pub const FLUSH_POINT_REGIONS_MAX: usize = (JOURNAL_PAYLOAD_MAX - 3) / 8;
+
+/// Ring entries of a journal area of `journal_blocks` blocks (two blocks per entry).
+pub const fn journal_ring_entries(journal_blocks: u32) -> u32 {
+    journal_blocks / 2
+}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum JournalRecord {

@@ -1,6 +1,7 @@
-//! The capacity label, at byte 0 of zone 0 of the capacity device. It binds the capacity
-//! device to its cache device (same UUID as the superblock) and records the geometry
-//! the format assumed.
+//! The capacity label, in blocks 0 and 1 of zone 0 of the capacity device (two
+//! identical copies: a corrupt copy is caught by its CRC and the other one read). It
+//! binds the capacity device to its cache device (same UUID as the superblock) and
+//! records the geometry the format assumed.
 
 use crate::codec::{check_crc, check_header, seal, Reader, Writer};
 use crate::{CapacityGeometry, FormatError, Structure, BLOCK_SIZE};
@@ -8,6 +9,8 @@ use crate::{CapacityGeometry, FormatError, Structure, BLOCK_SIZE};
 pub const LABEL_MAGIC: u32 = u32::from_le_bytes(*b"SHCL");
 pub const LABEL_VERSION: u16 = 1;
 pub const LABEL_LEN: usize = 48;
+/// Copies of the label at the start of zone 0, one per block.
+pub const LABEL_COPIES: usize = 2;
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct CapacityLabel {

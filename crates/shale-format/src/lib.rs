@@ -27,11 +27,11 @@ pub use checkpoint::{
 pub use error::{FormatError, Structure};
 pub use ids::{ChunkId, Lba, Pba, RegionId, Sid, VolumeId, ZoneId};
 pub use journal::{
-    JournalBlock, JournalRecord, FLUSH_POINT_REGIONS_MAX, JOURNAL_HEADER_LEN, JOURNAL_MAGIC,
-    JOURNAL_PAYLOAD_MAX, JOURNAL_VERSION,
+    journal_ring_entries, JournalBlock, JournalRecord, FLUSH_POINT_REGIONS_MAX, JOURNAL_HEADER_LEN,
+    JOURNAL_MAGIC, JOURNAL_PAYLOAD_MAX, JOURNAL_VERSION,
 };
 pub use l2p_dir::{L2pDirectory, PageDesc, L2P_DIR_HEADER_LEN, L2P_DIR_MAGIC, L2P_SLOT_NONE};
-pub use label::{CapacityLabel, LABEL_MAGIC, LABEL_VERSION};
+pub use label::{CapacityLabel, LABEL_COPIES, LABEL_MAGIC, LABEL_VERSION};
 pub use md::{
     decode_md, decode_md_entry, decode_md_header, encode_md, seal_md, write_md_entry, EntryKind,
     MdEntry, MdHeader, MdRegionKind, MD_ENTRY_LEN, MD_HEADER_LEN, MD_MAGIC, MD_VERSION,

@@ -182,6 +182,15 @@ impl Superblock {
                 ),
             ));
         }
+        if l.journal_blocks < 4 || !l.journal_blocks.is_multiple_of(2) {
+            return Err((
+                "journal_blocks",
+                format!(
+                    "{} is not an even number >= 4 (ring entries are mirrored block pairs)",
+                    l.journal_blocks
+                ),
+            ));
+        }
         let areas = [
             ("volume_table_start", l.volume_table_start, 2u64),
             (

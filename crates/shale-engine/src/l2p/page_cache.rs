@@ -15,6 +15,8 @@ struct Frame {
     volume: u32,
     page: u32,
     dirty: bool,
+    /// Dirty when the checkpoint in progress began: must be written before it commits.
+    ckpt_pending: bool,
     prev: u32,
     next: u32,
     data: Box<[u32; EPP]>,
@@ -42,6 +44,9 @@ pub(crate) struct L2p {
     area_start: u64,
     scratch: Box<[u8; 4096]>,
     pub counters: L2pCounters,
+    /// Frames marked `ckpt_pending`, and where the next search for one starts.
+    pending: usize,
+    pending_cursor: usize,
 }
 
 fn page_bytes(data: &[u32; EPP], out: &mut [u8; 4096]) {
@@ -99,6 +104,8 @@ impl L2p {
             area_start,
             scratch: Box::new([0; 4096]),
             counters: L2pCounters::default(),
+            pending: 0,
+            pending_cursor: 0,
         }
     }
 
@@ -172,6 +179,9 @@ impl L2p {
             (fr.volume as usize, fr.page as usize)
         };
         let Some(Some(m)) = self.vols.get(v) else {
+            // A page of a deleted volume: nothing to keep.
+            self.frames[f as usize].dirty = false;
+            self.unmark(f);
             return Ok(0);
         };
         let ck = m.ckpt_slot[p];
@@ -199,7 +209,16 @@ impl L2p {
             };
         }
         self.frames[f as usize].dirty = false;
+        self.unmark(f);
         Ok(BS)
+    }
+
+    fn unmark(&mut self, f: u32) {
+        let fr = &mut self.frames[f as usize];
+        if fr.ckpt_pending {
+            fr.ckpt_pending = false;
+            self.pending -= 1;
+        }
     }
 
     fn read_page<C: BlockDevice>(
@@ -251,6 +270,7 @@ impl L2p {
                 volume: v.0,
                 page: p as u32,
                 dirty: false,
+                ckpt_pending: false,
                 prev: FRAME_NONE,
                 next: FRAME_NONE,
                 data: Box::new([Pba::NONE.0; EPP]),
@@ -286,6 +306,7 @@ impl L2p {
             &mut self.counters,
         );
         {
+            self.unmark(f);
             let fr = &mut self.frames[f as usize];
             fr.volume = v.0;
             fr.page = p as u32;
@@ -364,6 +385,60 @@ impl L2p {
         Ok(n)
     }
 
+    /// An incremental checkpoint begins: every page dirty now must be written before it
+    /// commits.
+    pub fn mark_checkpoint_pending(&mut self) {
+        self.clear_checkpoint_pending();
+        for fr in self.frames.iter_mut() {
+            if fr.dirty && fr.volume != u32::MAX {
+                fr.ckpt_pending = true;
+                self.pending += 1;
+            }
+        }
+        self.pending_cursor = 0;
+    }
+
+    /// The checkpoint in progress was abandoned.
+    pub fn clear_checkpoint_pending(&mut self) {
+        for fr in self.frames.iter_mut() {
+            fr.ckpt_pending = false;
+        }
+        self.pending = 0;
+    }
+
+    /// Pages still to write for the checkpoint in progress.
+    pub fn pending_pages(&self) -> usize {
+        self.pending
+    }
+
+    /// Writes back up to `max` pages marked for the checkpoint in progress. Returns
+    /// bytes written.
+    pub fn write_back_pending<C: BlockDevice>(
+        &mut self,
+        dev: &mut C,
+        max: usize,
+    ) -> Result<u64, EngineError> {
+        let mut n = 0;
+        let mut bytes = 0;
+        while n < max && self.pending > 0 && self.pending_cursor < self.frames.len() {
+            let f = self.pending_cursor as u32;
+            if self.frames[f as usize].ckpt_pending {
+                bytes += self.write_back(dev, f)?;
+                n += 1;
+            }
+            self.pending_cursor += 1;
+        }
+        if self.pending_cursor >= self.frames.len() && self.pending > 0 {
+            // Marks only clear (write-back) and frames only grow, so a full pass
+            // cannot leave one behind.
+            panic!(
+                "{} L2P pages marked for the checkpoint were not found",
+                self.pending
+            );
+        }
+        Ok(bytes)
+    }
+
     /// After a durable checkpoint: its directories are now the reference copies.
     pub fn checkpoint_committed(&mut self) {
         for m in self.vols.iter_mut().flatten() {
@@ -390,6 +465,7 @@ impl L2p {
             if f != FRAME_NONE {
                 self.frames[f as usize].volume = u32::MAX;
                 self.frames[f as usize].dirty = false;
+                self.unmark(f);
             }
         }
     }

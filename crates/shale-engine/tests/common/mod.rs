@@ -134,3 +134,23 @@ pub fn reopen(e: Eng, config: Config) -> Eng {
     let z = ZoneEmu::open(z.into_inner()).unwrap();
     Engine::open(c, z, ManualClock::new(), config).unwrap()
 }
+
+/// A copy of a memory device (for opening the same image twice).
+pub fn copy_mem(d: &mut MemDevice) -> MemDevice {
+    use shale_device::BlockDevice;
+    let size = d.info().size_bytes;
+    let mut out = MemDevice::new(size, d.info().logical_block_size)
+        .unwrap()
+        .with_name(d.info().name.clone());
+    let mut buf = vec![0u8; 1 << 20];
+    let mut at = 0;
+    while at < size {
+        let n = (size - at).min(buf.len() as u64) as usize;
+        d.read_at(at, &mut buf[..n]).unwrap();
+        if buf[..n].iter().any(|&b| b != 0) {
+            out.write_at(at, &buf[..n]).unwrap();
+        }
+        at += n as u64;
+    }
+    out
+}

@@ -1,0 +1,126 @@
+//! Reading the journal written since the checkpoint.
+//!
+//! Entries are taken from the checkpoint's ring position while their sequence numbers
+//! are consecutive and their epoch is the checkpoint's generation or the next one (an
+//! incremental checkpoint that had begun but not committed), never decreasing. Each
+//! entry is a pair of identical blocks: one damaged copy is reported and the other
+//! used. The first entry with no usable copy ends the journal: a durability point
+//! writes its entries and then flushes, so only the entries of the last one (whose
+//! flush did not complete) can be missing or torn, and they were never acknowledged.
+//! Valid entries found after that point are that same interrupted batch: reported and
+//! ignored.
+
+use shale_device::BlockDevice;
+use shale_format::{journal_ring_entries, JournalBlock, Superblock, BLOCK_SIZE};
+
+use super::OpenReport;
+use crate::layout::BS;
+use crate::{EngineError, OpenError};
+
+/// The entries since the checkpoint, in order.
+#[derive(Debug, Default)]
+pub(crate) struct JournalLog {
+    pub blocks: Vec<JournalBlock>,
+    /// Ring index after the last entry taken.
+    pub next: u32,
+    /// Sequence number after the last entry taken.
+    pub sequence: u64,
+    /// Highest epoch seen among the entries taken.
+    pub max_epoch: u64,
+}
+
+/// Reads the whole ring (it is small) and takes the entries since the checkpoint.
+pub(crate) fn read<C: BlockDevice>(
+    cache: &mut C,
+    sb: &Superblock,
+    epoch: u64,
+    start: u32,
+    sequence: u64,
+    report: &mut OpenReport,
+    bytes: &mut u64,
+) -> Result<JournalLog, OpenError> {
+    let entries = journal_ring_entries(sb.layout.journal_blocks).max(1);
+    let off = sb.layout.journal_start * BS;
+    let mut ring = vec![0u8; 2 * entries as usize * BLOCK_SIZE];
+    cache
+        .read_at(off, &mut ring)
+        .map_err(|e| OpenError::Engine(EngineError::cache("journal read", off)(e)))?;
+    *bytes += ring.len() as u64;
+    let decode = |i: u32, copy: u32| {
+        let b = (2 * i + copy) as usize;
+        let at = off + b as u64 * BS;
+        JournalBlock::decode(&ring[b * BLOCK_SIZE..(b + 1) * BLOCK_SIZE], at)
+    };
+    let fits = |blk: &JournalBlock, seq: u64, min_epoch: u64| {
+        blk.sequence == seq && blk.epoch >= min_epoch && blk.epoch <= epoch + 1
+    };
+    let mut log = JournalLog {
+        next: start % entries,
+        sequence,
+        max_epoch: epoch,
+        ..Default::default()
+    };
+    let mut min_epoch = epoch;
+    for _ in 0..entries {
+        let i = log.next;
+        let a = decode(i, 0);
+        let b = decode(i, 1);
+        let pick = match (&a, &b) {
+            (Ok(x), _) if fits(x, log.sequence, min_epoch) => {
+                if let Ok(y) = &b {
+                    if y != x && fits(y, log.sequence, min_epoch) {
+                        report.warn(format!(
+                            "journal entry {i} (sequence {}): the two copies differ; copy A used",
+                            log.sequence
+                        ));
+                    }
+                } else if let Err(e) = &b {
+                    report.warn(format!(
+                        "journal entry {i} (sequence {}): copy B damaged ({e}); copy A used",
+                        log.sequence
+                    ));
+                }
+                Some(x.clone())
+            }
+            (_, Ok(y)) if fits(y, log.sequence, min_epoch) => {
+                match &a {
+                    Err(e) => report.warn(format!(
+                        "journal entry {i} (sequence {}): copy A damaged ({e}); copy B used",
+                        log.sequence
+                    )),
+                    Ok(_) => report.warn(format!(
+                        "journal entry {i} (sequence {}): copy A is stale (a torn write); copy B used",
+                        log.sequence
+                    )),
+                }
+                Some(y.clone())
+            }
+            _ => None,
+        };
+        let Some(blk) = pick else { break };
+        min_epoch = blk.epoch;
+        log.max_epoch = log.max_epoch.max(blk.epoch);
+        log.blocks.push(blk);
+        log.next = (log.next + 1) % entries;
+        log.sequence += 1;
+    }
+    // Anything valid further on belongs to the batch the crash interrupted.
+    let taken = log.blocks.len() as u32;
+    for k in 1..entries.saturating_sub(taken) {
+        let i = (log.next + k) % entries;
+        let later = [decode(i, 0), decode(i, 1)]
+            .into_iter()
+            .flatten()
+            .find(|blk| {
+                blk.sequence > log.sequence && blk.epoch >= min_epoch && blk.epoch <= epoch + 1
+            });
+        if let Some(blk) = later {
+            report.warn(format!(
+                "journal entry {i} (sequence {}) follows a missing entry (sequence {}): the unflushed end of an interrupted durability point; ignored",
+                blk.sequence, log.sequence
+            ));
+            break;
+        }
+    }
+    Ok(log)
+}

@@ -1,0 +1,193 @@
+//! Loading the mirrored and double-buffered structures: the superblock (A/B by
+//! generation), the capacity label (two identical copies), the checkpoint areas (A/B
+//! by generation) and the volume table copies. A damaged copy is reported and the
+//! other one used when that is safe; when it is not, the open fails with the copy's
+//! decoding error.
+
+use shale_device::{BlockDevice, ZonedDevice};
+use shale_format::{
+    CapacityLabel, Checkpoint, FormatError, Superblock, VolumeTable, BLOCK_SIZE, LABEL_COPIES,
+};
+
+use super::OpenReport;
+use crate::layout::BS;
+use crate::{EngineError, OpenError};
+
+/// The superblock copy with the higher generation among the valid ones.
+pub(crate) fn superblock<C: BlockDevice>(
+    cache: &mut C,
+    report: &mut OpenReport,
+) -> Result<Superblock, OpenError> {
+    let mut b = vec![0u8; 2 * BLOCK_SIZE];
+    cache
+        .read_at(0, &mut b)
+        .map_err(|e| OpenError::Engine(EngineError::cache("superblock read", 0)(e)))?;
+    let a = Superblock::decode(&b[..BLOCK_SIZE], 0);
+    let bb = Superblock::decode(&b[BLOCK_SIZE..], BS);
+    Ok(match (a, bb) {
+        (Ok(x), Ok(y)) => {
+            if x.uuid != y.uuid {
+                report.warn(format!(
+                    "superblock copies name different devices (generations {} and {}): an interrupted format? using the newer",
+                    x.generation, y.generation
+                ));
+            }
+            if y.generation > x.generation {
+                y
+            } else {
+                x
+            }
+        }
+        (Ok(x), Err(e)) | (Err(e), Ok(x)) => {
+            report.warn(format!(
+                "superblock copy damaged ({e}); using the other copy (generation {})",
+                x.generation
+            ));
+            x
+        }
+        (Err(a), Err(b)) => return Err(OpenError::NoSuperblock { a, b }),
+    })
+}
+
+/// The capacity label (both copies must agree when both are valid).
+pub(crate) fn label<Z: ZonedDevice>(
+    capacity: &mut Z,
+    report: &mut OpenReport,
+) -> Result<CapacityLabel, OpenError> {
+    let mut b = vec![0u8; LABEL_COPIES * BLOCK_SIZE];
+    capacity
+        .read_at(0, &mut b)
+        .map_err(|source| OpenError::LabelUnreadable { source })?;
+    let a = CapacityLabel::decode(&b[..BLOCK_SIZE], 0);
+    let bb = CapacityLabel::decode(&b[BLOCK_SIZE..2 * BLOCK_SIZE], BS);
+    match (a, bb) {
+        (Ok(x), Ok(y)) => {
+            if x != y {
+                return Err(OpenError::BadLabel(FormatError::InvalidField {
+                    structure: shale_format::Structure::CapacityLabel,
+                    at: BS,
+                    field: "copy",
+                    reason: "the two label copies differ".into(),
+                }));
+            }
+            Ok(x)
+        }
+        (Ok(x), Err(e)) | (Err(e), Ok(x)) => {
+            report.warn(format!(
+                "capacity label copy damaged ({e}); using the other copy"
+            ));
+            Ok(x)
+        }
+        (Err(a), Err(_)) => Err(OpenError::BadLabel(a)),
+    }
+}
+
+/// The checkpoint to load and its area.
+///
+/// The area the superblock names must be valid: it was durable before the superblock
+/// was written, so damage to it is corruption, never a crash. The other area is taken
+/// instead when it holds a valid checkpoint of a higher generation: it was complete and
+/// its L2P pages durable before it was written, whether the crash came before the
+/// superblock naming it, or that superblock copy is the damaged one.
+pub(crate) fn checkpoint<C: BlockDevice>(
+    cache: &mut C,
+    sb: &Superblock,
+    report: &mut OpenReport,
+    bytes: &mut u64,
+) -> Result<(Checkpoint, u8), OpenError> {
+    let named = sb.active_checkpoint;
+    let read = |cache: &mut C,
+                area: u8,
+                bytes: &mut u64|
+     -> Result<Result<Checkpoint, FormatError>, OpenError> {
+        let off = sb.layout.checkpoint_start(area) * BS;
+        let mut cb = vec![0u8; sb.layout.checkpoint_blocks as usize * BLOCK_SIZE];
+        // Read the header first: an unwritten area need not be read in full.
+        cache
+            .read_at(off, &mut cb[..BLOCK_SIZE])
+            .map_err(|e| OpenError::Engine(EngineError::cache("checkpoint read", off)(e)))?;
+        *bytes += BS;
+        let payload_blocks = match shale_format::CheckpointHeader::decode(&cb[..BLOCK_SIZE], off) {
+            Ok(h) => h
+                .payload_bytes
+                .div_ceil(BS)
+                .min(u64::from(sb.layout.checkpoint_blocks) - 1),
+            Err(e) => return Ok(Err(e)),
+        };
+        let end = (1 + payload_blocks as usize) * BLOCK_SIZE;
+        cache
+            .read_at(off + BS, &mut cb[BLOCK_SIZE..end])
+            .map_err(|e| OpenError::Engine(EngineError::cache("checkpoint read", off)(e)))?;
+        *bytes += payload_blocks * BS;
+        Ok(Checkpoint::decode(&cb, off))
+    };
+    let a = read(cache, named, bytes)?;
+    let b = read(cache, 1 - named, bytes)?;
+    match (a, b) {
+        (Ok(x), Ok(y)) if y.header.generation > x.header.generation => {
+            report.warn(format!(
+                "checkpoint area {} (generation {}) is newer than the one the superblock names (generation {}): the crash came before the superblock write, or that superblock copy is damaged; using the newer",
+                1 - named,
+                y.header.generation,
+                x.header.generation
+            ));
+            Ok((y, 1 - named))
+        }
+        (Ok(x), Ok(_)) => Ok((x, named)),
+        (Ok(x), Err(_)) => Ok((x, named)),
+        (Err(source), _) => Err(OpenError::BadCheckpoint {
+            area: named,
+            source,
+        }),
+    }
+}
+
+/// Checks the standalone volume table copies against the checkpoint's (which is the
+/// one in force: a volume change is complete when its checkpoint is).
+pub(crate) fn volume_tables<C: BlockDevice>(
+    cache: &mut C,
+    sb: &Superblock,
+    ck: &Checkpoint,
+    report: &mut OpenReport,
+    bytes: &mut u64,
+) -> Result<(), OpenError> {
+    let off = sb.layout.volume_table_start * BS;
+    let mut b = vec![0u8; 2 * BLOCK_SIZE];
+    cache
+        .read_at(off, &mut b)
+        .map_err(|e| OpenError::Engine(EngineError::cache("volume table read", off)(e)))?;
+    *bytes += 2 * BS;
+    let copies = [
+        VolumeTable::decode(&b[..BLOCK_SIZE], off),
+        VolumeTable::decode(&b[BLOCK_SIZE..], off + BS),
+    ];
+    let mut newest: Option<&VolumeTable> = None;
+    for (i, c) in copies.iter().enumerate() {
+        match c {
+            Ok(t) => {
+                if newest.is_none_or(|n| t.generation > n.generation) {
+                    newest = Some(t);
+                }
+            }
+            Err(e) => report.warn(format!(
+                "volume table copy {i} damaged ({e}); the checkpoint's copy is used"
+            )),
+        }
+    }
+    let ckg = ck.volumes.generation;
+    match newest {
+        Some(t) if t.generation > ckg => report.warn(format!(
+            "volume table copy generation {} is newer than the checkpoint's ({ckg}): a volume change the crash interrupted; it did not take effect",
+            t.generation
+        )),
+        Some(t) if t.generation == ckg && *t != ck.volumes => report.warn(format!(
+            "volume table copy generation {ckg} differs from the checkpoint's copy; the checkpoint's is used"
+        )),
+        Some(t) if t.generation < ckg => report.warn(format!(
+            "volume table copies (newest generation {}) are older than the checkpoint's ({ckg}); the checkpoint's is used",
+            t.generation
+        )),
+        _ => {}
+    }
+    Ok(())
+}

@@ -1,0 +1,161 @@
+//! Open and recovery as an ordered list of named steps (docs/recovery.md).
+//!
+//! Every open runs: superblock, capacity label, checkpoint, volume table, journal,
+//! L2P directories; after a clean shutdown then census and resume; after a crash
+//! (dirty) replay plan, md scan, resolve, census, regions and a new checkpoint; both
+//! end with the self-check. Each step logs its name, duration and the bytes it read
+//! (tracing), and a progress bar shows them when stderr is a terminal.
+//!
+//! - `load`: the superblock, label, checkpoint and volume table copies, choosing the
+//!   valid copies and reporting the others;
+//! - `journal_scan`: the journal entries written since the checkpoint;
+//! - `replay`: which regions to scan and how far, the md scan, conflict resolution
+//!   with the SID rules, and applying the result to the L2P.
+
+pub(crate) mod journal_scan;
+pub(crate) mod load;
+pub(crate) mod replay;
+
+use std::io::IsTerminal;
+
+use crate::Clock;
+
+/// One step of an open.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepReport {
+    pub name: &'static str,
+    /// Engine clock time the step took.
+    pub duration_ns: u64,
+    /// Bytes the step read from either device.
+    pub bytes_read: u64,
+    /// A short summary of what it found.
+    pub detail: String,
+}
+
+/// What replay found (all zero after a clean shutdown).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReplayCounts {
+    /// Journal entries read since the checkpoint.
+    pub journal_entries: u64,
+    pub trims: u64,
+    pub regions_scanned: u64,
+    /// Regions whose logged life was found reused by a newer, unlogged one (skipped).
+    pub regions_reused: u64,
+    pub md_groups_read: u64,
+    /// md entries of scanned regions that name a block.
+    pub entries_seen: u64,
+    /// Of those, entries that won their LBA and were mapped.
+    pub entries_applied: u64,
+    /// Entries that lost to a newer write or trim.
+    pub entries_superseded: u64,
+    /// Entries past the last proven flush whose data did not match its CRC (a write
+    /// the crash cut short): treated as never written.
+    pub torn_blocks: u64,
+    /// Entries of deleted volumes, out of range, or otherwise not mappable.
+    pub entries_ignored: u64,
+    /// Data blocks read to check entries past the last proven flush.
+    pub data_blocks_checked: u64,
+    /// Zones with writes nothing recorded (the crash lost their opening), reset.
+    pub stray_zones_reset: u64,
+}
+
+/// What `Engine::open` did: the steps, warnings about damaged copies it did not use,
+/// and replay counts.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OpenReport {
+    /// The devices had been shut down cleanly (no replay).
+    pub clean: bool,
+    pub steps: Vec<StepReport>,
+    /// Damaged or surprising metadata found and worked around (a corrupt mirror copy,
+    /// a torn md or journal write, a newer checkpoint than the superblock names...).
+    pub warnings: Vec<String>,
+    pub replay: ReplayCounts,
+}
+
+impl OpenReport {
+    pub fn duration_ns(&self) -> u64 {
+        self.steps.iter().map(|s| s.duration_ns).sum()
+    }
+
+    pub fn bytes_read(&self) -> u64 {
+        self.steps.iter().map(|s| s.bytes_read).sum()
+    }
+
+    pub(crate) fn warn(&mut self, msg: String) {
+        tracing::warn!(problem = %msg, "open");
+        self.warnings.push(msg);
+    }
+}
+
+/// Times the steps with the engine clock, logs them and drives the progress bar.
+pub(crate) struct Steps {
+    bar: Option<indicatif::ProgressBar>,
+    started: u64,
+    name: &'static str,
+}
+
+impl Steps {
+    pub fn new(total: u64) -> Steps {
+        let bar = std::io::stderr().is_terminal().then(|| {
+            let b = indicatif::ProgressBar::new(total);
+            if let Ok(style) = indicatif::ProgressStyle::with_template(
+                "{spinner} open [{bar:24}] {pos}/{len} {msg} ({elapsed})",
+            ) {
+                b.set_style(style.progress_chars("=> "));
+            }
+            b
+        });
+        Steps {
+            bar,
+            started: 0,
+            name: "",
+        }
+    }
+
+    /// The number of steps changed once the open knew whether it must replay.
+    pub fn set_total(&self, total: u64) {
+        if let Some(b) = &self.bar {
+            b.set_length(total);
+        }
+    }
+
+    pub fn begin<K: Clock>(&mut self, clock: &K, name: &'static str) {
+        self.name = name;
+        self.started = clock.now_ns();
+        if let Some(b) = &self.bar {
+            b.set_message(name);
+        }
+    }
+
+    pub fn end<K: Clock>(
+        &mut self,
+        clock: &K,
+        report: &mut OpenReport,
+        bytes_read: u64,
+        detail: String,
+    ) {
+        let duration_ns = clock.now_ns().saturating_sub(self.started);
+        tracing::info!(
+            step = self.name,
+            duration_ms = duration_ns as f64 / 1e6,
+            bytes_read,
+            detail = %detail,
+            "open step"
+        );
+        report.steps.push(StepReport {
+            name: self.name,
+            duration_ns,
+            bytes_read,
+            detail,
+        });
+        if let Some(b) = &self.bar {
+            b.inc(1);
+        }
+    }
+
+    pub fn finish(&self) {
+        if let Some(b) = &self.bar {
+            b.finish_and_clear();
+        }
+    }
+}

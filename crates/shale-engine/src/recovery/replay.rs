@@ -1,0 +1,673 @@
+//! Replay after a crash: what happened since the checkpoint, rebuilt from the journal
+//! and the md (P2L) of the regions written since.
+//!
+//! Every block version is ranked by its *key*:
+//! - a user write at slot `p` of the chunk whose SID is `s`: `(s, p)` (one user chunk
+//!   is open at a time and SIDs grow as regions open, so keys follow write order);
+//! - a relocated copy (compaction, GC) carrying SID `s`: `(s, MAX)`. Relocation keeps
+//!   the SID, and only moves a block still valid after its chunk closed, so a copy
+//!   with SID `s` holds the *last* write of its LBA in chunk `s`: it ranks above every
+//!   write of chunk `s` and below every later one. Two copies with the same SID hold
+//!   the same data;
+//! - a trim: the user write position when it ran, `(open chunk SID, write pointer)`;
+//!   writes at or after that position win over it.
+//!
+//! Rules: for each LBA the replayed version with the highest key wins (a trim wins
+//! by unmapping); the checkpoint's L2P entry is kept only when nothing was replayed
+//! for the LBA, since every replayed event happened after the checkpoint began.
+//!
+//! What is read, per region: a region open at the checkpoint is scanned from the
+//! checkpoint's write pointer; a region the journal says was opened since, from slot 0
+//! with the SID of its latest `RegionOpened`. The scan ends at the write pointer the
+//! last FlushPoint (or `RegionClosed`) claims; for zones also at the device's write
+//! pointer. A FlushPoint is *proven* when a later journal entry exists (that entry was
+//! written after the flush completed); zone writes are flushed before the journal is
+//! written, so every FlushPoint proves its zones. Chunk md entries past the proven
+//! point are checked against their data's CRC (a torn or missing block is treated as
+//! never written); entries before it are trusted, and a proven entry the md no longer
+//! holds is an error (`MdLost`), never a silent rollback. A region whose md shows a
+//! *newer* SID was freed and reused after its logged life (the reuse was never
+//! flushed): its logged life is skipped, since freeing it required every live block
+//! in it to be relocated or overwritten durably first.
+
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{BuildHasherDefault, Hasher};
+
+use shale_device::{BlockDevice, ZoneState, ZonedDevice};
+use shale_format::{
+    decode_md_entry, decode_md_header, EntryKind, JournalBlock, JournalRecord, Lba, MdHeader,
+    MdRegionKind, Pba, RegionId, RegionRole, RegionState, Sid, VolumeId, BLOCK_SIZE,
+    L2P_ENTRIES_PER_PAGE,
+};
+
+use super::ReplayCounts;
+use crate::layout::{Groups, BS};
+use crate::{Clock, Engine, EngineError, OpenError, RecoveryError};
+
+/// Position in the order of user writes (see the module docs).
+pub(crate) type Key = (u64, u32);
+
+/// The key of relocated copies of SID `s`.
+const RELOCATED_POS: u32 = u32::MAX;
+
+/// How far to scan one region, and what it is.
+#[derive(Debug, Clone)]
+pub(crate) struct RegionPlan {
+    pub sid: Sid,
+    /// First slot written since the checkpoint began.
+    pub start: u32,
+    /// Slots below this are known durable (their flush completed).
+    pub proven: u32,
+    /// Slots below this were claimed by a flush point or close (maybe unflushed).
+    pub claimed: u32,
+    /// Open at the checkpoint with this SID (its role and stream come from there).
+    pub from_checkpoint: bool,
+    /// Its md showed a newer SID: the logged life was reused.
+    pub reused: bool,
+}
+
+/// A trim replayed from the journal.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Trim {
+    pub volume: VolumeId,
+    pub lba: u64,
+    pub count: u64,
+    pub key: Key,
+}
+
+/// A fast hasher for packed (volume, LBA) keys (one multiply; the keys are not
+/// adversarial: they come from our own md).
+#[derive(Default)]
+pub(crate) struct PackedHasher(u64);
+
+impl Hasher for PackedHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (v ^ (v >> 29)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        self.0 ^= self.0 >> 32;
+    }
+}
+
+fn pack(v: VolumeId, lba: u64) -> u64 {
+    (u64::from(v.0) << 58) | lba
+}
+
+fn unpack(k: u64) -> (VolumeId, u64) {
+    (VolumeId((k >> 58) as u32), k & ((1 << 58) - 1))
+}
+
+/// The winning replayed version of each LBA touched since the checkpoint.
+pub(crate) type Overlay = HashMap<u64, (Key, Pba), BuildHasherDefault<PackedHasher>>;
+
+/// Everything replay collects before it touches the L2P.
+#[derive(Debug, Default)]
+pub(crate) struct Replay {
+    pub plans: BTreeMap<u32, RegionPlan>,
+    pub trims: Vec<Trim>,
+    pub overlay: Overlay,
+    pub max_sid: u64,
+    pub counts: ReplayCounts,
+}
+
+/// Builds the per-region scan plan and the trim list from the checkpoint's region
+/// table and the journal.
+pub(crate) fn plan(
+    geo: &crate::layout::Geometry,
+    regions: &crate::space::Regions,
+    blocks: &[JournalBlock],
+    warnings: &mut Vec<String>,
+) -> Replay {
+    let mut r = Replay::default();
+    for (i, reg) in regions.regions.iter().enumerate() {
+        if reg.state == RegionState::Open {
+            r.plans.insert(
+                i as u32,
+                RegionPlan {
+                    sid: reg.sid,
+                    start: reg.wp,
+                    proven: reg.wp,
+                    claimed: reg.wp,
+                    from_checkpoint: true,
+                    reused: false,
+                },
+            );
+        }
+        r.max_sid = r.max_sid.max(reg.sid.0);
+    }
+    let last = blocks.len().saturating_sub(1);
+    for (bi, blk) in blocks.iter().enumerate() {
+        let proven_entry = bi < last;
+        for rec in &blk.records {
+            match rec {
+                JournalRecord::RegionOpened { region, sid } => {
+                    if region.0 >= geo.region_count() || region.0 == geo.chunk_count {
+                        warnings.push(format!(
+                            "journal: RegionOpened names {region}, not a data region; ignored"
+                        ));
+                        continue;
+                    }
+                    r.max_sid = r.max_sid.max(sid.0);
+                    r.plans.insert(
+                        region.0,
+                        RegionPlan {
+                            sid: *sid,
+                            start: 0,
+                            proven: 0,
+                            claimed: 0,
+                            from_checkpoint: false,
+                            reused: false,
+                        },
+                    );
+                }
+                JournalRecord::RegionClosed { region } => {
+                    let Some(p) = r.plans.get_mut(&region.0) else {
+                        continue;
+                    };
+                    let end = Groups {
+                        blocks: geo.region_blocks(*region),
+                    }
+                    .end();
+                    p.claimed = end;
+                    if proven_entry || !geo.is_chunk(*region) {
+                        p.proven = end;
+                    }
+                }
+                JournalRecord::FlushPoint { regions: wps } => {
+                    for &(region, wp) in wps {
+                        let Some(p) = r.plans.get_mut(&region.0) else {
+                            continue;
+                        };
+                        let end = Groups {
+                            blocks: geo.region_blocks(region),
+                        }
+                        .end();
+                        let wp = if wp > end {
+                            warnings.push(format!(
+                                "journal: FlushPoint puts {region} at {wp}, past its end {end}; clamped"
+                            ));
+                            end
+                        } else {
+                            wp
+                        };
+                        p.claimed = p.claimed.max(wp);
+                        if proven_entry || !geo.is_chunk(region) {
+                            p.proven = p.proven.max(wp);
+                        }
+                    }
+                }
+                JournalRecord::Trim {
+                    volume,
+                    lba,
+                    count,
+                    key_sid,
+                    key_pos,
+                } => r.trims.push(Trim {
+                    volume: *volume,
+                    lba: lba.0,
+                    count: *count,
+                    key: (key_sid.0, *key_pos),
+                }),
+                // Volume changes take a checkpoint; their records never reach the
+                // journal of a later one.
+                JournalRecord::VolumeChanged { .. } => {}
+            }
+        }
+    }
+    for p in r.plans.values_mut() {
+        p.proven = p.proven.min(p.claimed);
+    }
+    r.counts.journal_entries = blocks.len() as u64;
+    r.counts.trims = r.trims.len() as u64;
+    r
+}
+
+/// One md copy as found: its header if it decodes and names this group.
+fn md_copy(
+    buf: &[u8],
+    at: u64,
+    region: RegionId,
+    group: u32,
+    kind: MdRegionKind,
+) -> Result<MdHeader, String> {
+    let h = decode_md_header(buf, at).map_err(|e| e.to_string())?;
+    if h.region != region || h.group != group || h.region_kind != kind {
+        return Err(format!(
+            "md block at byte {at} names {} group {} ({:?}), expected {region} group {group}",
+            h.region, h.group, h.region_kind
+        ));
+    }
+    Ok(h)
+}
+
+impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
+    /// Scans the md of every planned region; collects the winning version per LBA.
+    /// Returns bytes read.
+    pub(crate) fn scan_md(
+        &mut self,
+        rp: &mut Replay,
+        warnings: &mut Vec<String>,
+    ) -> Result<u64, OpenError> {
+        let mut bytes = 0;
+        let ids: Vec<u32> = rp.plans.keys().copied().collect();
+        let mut found: Vec<(u64, Key, Pba)> = Vec::new();
+        for id in ids {
+            let r = RegionId(id);
+            let Some(mut p) = rp.plans.get(&id).cloned() else {
+                continue;
+            };
+            found.clear();
+            bytes += self.scan_region(r, &mut p, &mut found, &mut rp.counts, warnings)?;
+            if p.reused {
+                rp.counts.entries_ignored += found.len() as u64;
+            } else {
+                for &(k, key, pba) in &found {
+                    rp.max_sid = rp.max_sid.max(key.0);
+                    match rp.overlay.get(&k) {
+                        Some(&(old, _)) if old >= key => {}
+                        _ => {
+                            rp.overlay.insert(k, (key, pba));
+                        }
+                    }
+                }
+            }
+            rp.plans.insert(id, p);
+        }
+        Ok(bytes)
+    }
+
+    /// Scans one region's md from the plan's start to its claimed end.
+    fn scan_region(
+        &mut self,
+        r: RegionId,
+        p: &mut RegionPlan,
+        found: &mut Vec<(u64, Key, Pba)>,
+        counts: &mut ReplayCounts,
+        warnings: &mut Vec<String>,
+    ) -> Result<u64, OpenError> {
+        let chunk = self.geo.is_chunk(r);
+        let groups = Groups {
+            blocks: self.geo.region_blocks(r),
+        };
+        let mut end = p.claimed.min(groups.end());
+        if !chunk {
+            let z = self.geo.zone_of(r).0;
+            let info = self
+                .capacity
+                .zone_info(z)
+                .map_err(|e| OpenError::Engine(EngineError::capacity("zone report", 0)(e)))?;
+            let wp = ((info.write_pointer - info.start) / BS) as u32;
+            let wp = if info.state == ZoneState::Full {
+                groups.end()
+            } else {
+                wp
+            };
+            end = end.min(wp);
+        }
+        if end <= p.start {
+            return Ok(0);
+        }
+        counts.regions_scanned += 1;
+        let kind = if chunk {
+            MdRegionKind::Chunk
+        } else {
+            MdRegionKind::Zone
+        };
+        let mut bytes = 0;
+        let mut two = vec![0u8; 2 * BLOCK_SIZE];
+        let mut data: Vec<u8> = Vec::new();
+        let (g0, _) = groups.locate(p.start);
+        for g in g0..groups.count() {
+            let gstart = groups.start(g);
+            if gstart >= end {
+                break;
+            }
+            let k = groups.data_slots(g);
+            let md_slot = groups.md_slot(g);
+            let at = self.read_region(r, md_slot, &mut two)?;
+            bytes += 2 * BS;
+            counts.md_groups_read += 1;
+            let copies = [
+                md_copy(&two[..BLOCK_SIZE], at, r, g, kind),
+                md_copy(&two[BLOCK_SIZE..], at + BS, r, g, kind),
+            ];
+            let mut best: Option<(usize, &MdHeader)> = None;
+            for (c, h) in copies.iter().enumerate() {
+                match h {
+                    Ok(h) if h.region_sid == p.sid => {
+                        if best.is_none_or(|(_, b)| h.generation > b.generation) {
+                            best = Some((c, h));
+                        }
+                    }
+                    Ok(h) if h.region_sid > p.sid => {
+                        // A newer life of the region: the logged one was freed.
+                        p.reused = true;
+                        counts.regions_reused += 1;
+                        warnings.push(format!(
+                            "{r}: md of group {g} has {} (newer than the logged {}): reused after its last flush; its logged life is skipped",
+                            h.region_sid, p.sid
+                        ));
+                        return Ok(bytes);
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        let never_written = two[c * BLOCK_SIZE..(c + 1) * BLOCK_SIZE]
+                            .iter()
+                            .all(|&b| b == 0);
+                        if !never_written && (!chunk || gstart + k <= p.proven) {
+                            warnings.push(format!("{r} group {g} md copy {}: {e}", ["A", "B"][c]));
+                        }
+                    }
+                }
+            }
+            // Data slots of this group known durable.
+            let proven_n = p.proven.saturating_sub(gstart).min(k);
+            let have = best.map_or(0, |(_, h)| u32::from(h.entry_count));
+            if have < proven_n {
+                return Err(RecoveryError::MdLost {
+                    region: r,
+                    group: g,
+                    have,
+                    need: proven_n,
+                    reason: match (&copies[0], &copies[1]) {
+                        (Err(a), Err(b)) => format!("copy A: {a}; copy B: {b}"),
+                        _ => "the newest valid copy holds fewer entries than a completed flush made durable".into(),
+                    },
+                }
+                .into());
+            }
+            let Some((c, h)) = best else { continue };
+            let md = &two[c * BLOCK_SIZE..(c + 1) * BLOCK_SIZE];
+            let n = u32::from(h.entry_count).min(k);
+            // Entries past the proven point: their data must match.
+            let lo = p.start.max(gstart).max(p.proven);
+            let hi = end.min(gstart + n);
+            let check_data = chunk && lo < hi;
+            if check_data {
+                data.resize(((hi - lo) as usize) * BLOCK_SIZE, 0);
+                self.read_region(r, lo, &mut data)?;
+                bytes += u64::from(hi - lo) * BS;
+                counts.data_blocks_checked += u64::from(hi - lo);
+            }
+            for i in 0..n {
+                let slot = gstart + i;
+                if slot < p.start || slot >= end {
+                    continue;
+                }
+                let Ok(e) = decode_md_entry(md, i as usize, at + (c as u64) * BS) else {
+                    continue;
+                };
+                let key = match (e.kind, chunk) {
+                    (EntryKind::Data, true) if e.sid == p.sid => (e.sid.0, slot),
+                    (EntryKind::Relocated, false) => (e.sid.0, RELOCATED_POS),
+                    (EntryKind::Empty | EntryKind::Pad, _) => continue,
+                    _ => {
+                        counts.entries_ignored += 1;
+                        warnings.push(format!(
+                            "{r} slot {slot}: md entry of kind {:?} with {} does not belong in this region; ignored",
+                            e.kind, e.sid
+                        ));
+                        continue;
+                    }
+                };
+                counts.entries_seen += 1;
+                if !self.mappable(e.volume, e.lba, key) {
+                    counts.entries_ignored += 1;
+                    continue;
+                }
+                if check_data && slot >= lo {
+                    let o = ((slot - lo) as usize) * BLOCK_SIZE;
+                    if shale_format::block_crc(&data[o..o + BLOCK_SIZE]) != e.data_crc {
+                        counts.torn_blocks += 1;
+                        continue;
+                    }
+                }
+                found.push((pack(e.volume, e.lba.0), key, self.geo.pba(r, slot)));
+            }
+        }
+        Ok(bytes)
+    }
+
+    /// Reads `buf.len()` bytes of region `r` from `slot`; returns the byte offset.
+    fn read_region(&mut self, r: RegionId, slot: u32, buf: &mut [u8]) -> Result<u64, OpenError> {
+        if self.geo.is_chunk(r) {
+            let off = self.geo.chunk_offset(r, slot);
+            self.cache
+                .read_at(off, buf)
+                .map_err(|e| OpenError::Engine(EngineError::cache("md scan read", off)(e)))?;
+            Ok(off)
+        } else {
+            let off = self.geo.zone_offset(r, slot);
+            self.capacity
+                .read_at(off, buf)
+                .map_err(|e| OpenError::Engine(EngineError::capacity("md scan read", off)(e)))?;
+            Ok(off)
+        }
+    }
+
+    /// An md entry can be mapped: its volume is live, the LBA inside it, and the
+    /// entry not older than the volume (an earlier volume with the same id).
+    fn mappable(&self, v: VolumeId, lba: Lba, key: Key) -> bool {
+        let Some(vol) = self.volumes.get(v) else {
+            return false;
+        };
+        if lba.0 >= vol.size_blocks || lba.0 >= 1 << 58 {
+            return false;
+        }
+        let created = (vol.created_sid.0, vol.created_pos);
+        if key.1 == RELOCATED_POS {
+            key.0 >= created.0
+        } else {
+            key >= created
+        }
+    }
+
+    /// Applies trims, then the winning versions, to the L2P. Returns the L2P bytes read.
+    pub(crate) fn apply_replay(&mut self, rp: &mut Replay) -> Result<u64, OpenError> {
+        let reads0 = self.l2p.counters.page_reads;
+        // Later trims paint over earlier ones: per volume, disjoint ranges with the key
+        // of the last trim covering them.
+        let mut painted: Vec<BTreeMap<u64, (u64, Key)>> =
+            vec![BTreeMap::new(); self.volumes.volumes_max as usize];
+        for t in &rp.trims {
+            let Some(size) = self.l2p.volume_size(t.volume) else {
+                continue;
+            };
+            let lo = t.lba.min(size);
+            let hi = t.lba.saturating_add(t.count).min(size);
+            if lo >= hi {
+                continue;
+            }
+            self.unmap_replayed(t.volume, lo, hi)?;
+            if let Some(m) = painted.get_mut(t.volume.0 as usize) {
+                paint(m, lo, hi, t.key);
+            }
+        }
+        let mut entries: Vec<(u64, Key, Pba)> = rp
+            .overlay
+            .drain()
+            .map(|(k, (key, p))| (k, key, p))
+            .collect();
+        entries.sort_unstable_by_key(|e| e.0);
+        for (k, key, pba) in entries {
+            let (v, lba) = unpack(k);
+            let trimmed = painted
+                .get(v.0 as usize)
+                .and_then(|m| m.range(..=lba).next_back())
+                .is_some_and(|(_, &(end, tkey))| lba < end && tkey > key);
+            if trimmed {
+                continue;
+            }
+            self.l2p
+                .set(&mut self.cache, v, Lba(lba), pba)
+                .map_err(OpenError::Engine)?;
+            rp.counts.entries_applied += 1;
+        }
+        // Everything seen that was not ignored, torn or mapped lost to a newer
+        // version (another copy, a later write, or a trim).
+        let c = &mut rp.counts;
+        c.entries_superseded = c
+            .entries_seen
+            .saturating_sub(c.entries_ignored + c.torn_blocks + c.entries_applied);
+        Ok((self.l2p.counters.page_reads - reads0) * BS)
+    }
+
+    /// Unmaps `lo..hi` of `v` in the L2P only (validity is rebuilt afterwards).
+    fn unmap_replayed(&mut self, v: VolumeId, lo: u64, hi: u64) -> Result<(), OpenError> {
+        let mut lba = lo;
+        while lba < hi {
+            let page = (lba / L2P_ENTRIES_PER_PAGE) as usize;
+            let page_end = ((page as u64 + 1) * L2P_ENTRIES_PER_PAGE).min(hi);
+            if self.l2p.page_is_empty(v, page) {
+                lba = page_end;
+                continue;
+            }
+            while lba < page_end {
+                self.l2p
+                    .set(&mut self.cache, v, Lba(lba), Pba::NONE)
+                    .map_err(OpenError::Engine)?;
+                lba += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// After replay: the scanned regions are closed as they are (a life is never
+    /// continued after a crash), zones finished on the device. Their role and stream
+    /// come from the checkpoint when they were open there.
+    pub(crate) fn close_replayed(&mut self, rp: &Replay, now: u64) -> Result<(), OpenError> {
+        for (&id, p) in &rp.plans {
+            let r = RegionId(id);
+            let groups = Groups {
+                blocks: self.geo.region_blocks(r),
+            };
+            let (role, stream) = if p.from_checkpoint {
+                let reg = self.regions.get(r);
+                (reg.role, reg.stream)
+            } else if self.geo.is_chunk(r) {
+                (RegionRole::User, 0)
+            } else {
+                (RegionRole::Compaction, 0)
+            };
+            let reg = self.regions.get_mut(r);
+            reg.state = RegionState::Closed;
+            reg.sid = p.sid;
+            reg.role = role;
+            reg.stream = stream;
+            reg.wp = groups.end();
+            reg.valid = 0;
+            reg.close_time = now;
+            if !self.geo.is_chunk(r) {
+                let z = self.geo.zone_of(r).0;
+                let info = self
+                    .capacity
+                    .zone_info(z)
+                    .map_err(|e| OpenError::Engine(EngineError::capacity("zone report", 0)(e)))?;
+                if info.write_pointer > info.start && info.state != ZoneState::Full {
+                    self.capacity
+                        .manage(z, shale_device::ZoneAction::Finish)
+                        .map_err(|e| {
+                            OpenError::Engine(EngineError::capacity("zone finish", info.start)(e))
+                        })?;
+                }
+            }
+        }
+        self.regions
+            .free_chunks
+            .retain(|r| !rp.plans.contains_key(&r.0));
+        self.regions
+            .free_zones
+            .retain(|r| !rp.plans.contains_key(&r.0));
+        Ok(())
+    }
+
+    /// Zones recorded Free must be empty on the device: writes to a zone whose opening
+    /// was never made durable are discarded. Returns how many zones were reset.
+    pub(crate) fn reset_stray_zones(&mut self) -> Result<u64, OpenError> {
+        let mut n = 0;
+        let free: Vec<RegionId> = self.regions.free_zones.iter().copied().collect();
+        for r in free {
+            let z = self.geo.zone_of(r).0;
+            let info = self
+                .capacity
+                .zone_info(z)
+                .map_err(|e| OpenError::Engine(EngineError::capacity("zone report", 0)(e)))?;
+            if info.state != ZoneState::Empty {
+                self.capacity
+                    .manage(z, shale_device::ZoneAction::Reset)
+                    .map_err(|e| {
+                        OpenError::Engine(EngineError::capacity("zone reset", info.start)(e))
+                    })?;
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+}
+
+/// Paints `[lo, hi)` with `key` over disjoint ranges.
+fn paint(m: &mut BTreeMap<u64, (u64, Key)>, lo: u64, hi: u64, key: Key) {
+    // A range starting before `lo` and reaching into it is cut at `lo` (and its tail
+    // past `hi` kept).
+    if let Some((&s, &(e, k))) = m.range(..lo).next_back() {
+        if e > lo {
+            m.insert(s, (lo, k));
+            if e > hi {
+                m.insert(hi, (e, k));
+            }
+        }
+    }
+    let inside: Vec<u64> = m.range(lo..hi).map(|(&s, _)| s).collect();
+    for s in inside {
+        if let Some((e, k)) = m.remove(&s) {
+            if e > hi {
+                m.insert(hi, (e, k));
+            }
+        }
+    }
+    m.insert(lo, (hi, key));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn covering(m: &BTreeMap<u64, (u64, Key)>, lba: u64) -> Option<Key> {
+        m.range(..=lba)
+            .next_back()
+            .filter(|(_, &(e, _))| lba < e)
+            .map(|(_, &(_, k))| k)
+    }
+
+    #[test]
+    fn later_trims_paint_over_earlier_ones() {
+        let mut m = BTreeMap::new();
+        paint(&mut m, 10, 20, (1, 0));
+        paint(&mut m, 15, 30, (2, 0));
+        paint(&mut m, 0, 12, (3, 0));
+        paint(&mut m, 16, 18, (4, 0));
+        let want = |l| match l {
+            0..=11 => Some((3, 0)),
+            12..=14 => Some((1, 0)),
+            16 | 17 => Some((4, 0)),
+            15 | 18..=29 => Some((2, 0)),
+            _ => None,
+        };
+        for l in 0..40 {
+            assert_eq!(covering(&m, l), want(l), "lba {l}");
+        }
+    }
+
+    #[test]
+    fn packed_keys_roundtrip() {
+        for (v, l) in [(0u32, 0u64), (62, (1 << 58) - 1), (7, 123_456_789)] {
+            assert_eq!(unpack(pack(VolumeId(v), l)), (VolumeId(v), l));
+        }
+    }
+}
