@@ -883,6 +883,13 @@ impl Sim {
             crash_open
         };
         let mut expect_clean = clean;
+        // Runtime knobs may change across a restart; the stream count decides which
+        // open zones the engine keeps using and which it finishes at open.
+        if self.rng.gen_bool(0.3) {
+            self.engine_config.streams_max =
+                self.rng.gen_range(1..=self.cfg.engine.streams_max.max(1));
+            self.trace.mix(u64::from(self.engine_config.streams_max));
+        }
         for _ in 0..4 {
             self.rail.restore();
             if let Some(t) = arm.take() {
