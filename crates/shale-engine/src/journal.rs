@@ -153,10 +153,10 @@ impl Journal {
         self.since_start * 2 >= self.entries
     }
 
-    /// Three quarters of the ring hold entries recovery may need: a checkpoint in
-    /// progress must finish now.
-    pub fn nearly_full(&self) -> bool {
-        self.since_committed * 4 >= self.entries * 3
+    /// Entries that may still be written before three quarters of the ring hold
+    /// entries recovery may need (when a checkpoint in progress must be finished).
+    pub fn entries_before_full(&self) -> u32 {
+        (self.entries * 3 / 4).saturating_sub(self.since_committed)
     }
 
     /// Too many records waiting in memory: make them durable.

@@ -12,12 +12,15 @@
 //! - `compaction/`, `gc/`: victim policies (pure) and the Mover that relocates.
 //! - `background`: pacing of compaction, GC, durability points, checkpoints.
 //! - `journal`, `checkpoint`, `open`: persistence; `volume`: volume admin.
+//! - `recovery/`: open and recovery after a crash as named steps ([`OpenReport`]).
 //! - `metrics` ([`Stats`]), `selfcheck`, `thread` ([`EngineThread`]).
+//! - `check`: the offline checker behind `shale check` ([`check()`]).
 #![forbid(unsafe_code)]
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 mod background;
 mod buffers;
+pub mod check;
 mod checkpoint;
 mod clock;
 pub mod compaction;
@@ -40,6 +43,7 @@ mod thread;
 mod volume;
 mod write;
 
+pub use check::{check, CheckCounts, CheckOptions, CheckReport, Finding, Severity};
 pub use clock::{Clock, ManualClock, MonotonicClock};
 pub use compaction::policy::{CompactionPolicyKind, RegionSnapshot, VictimPolicy};
 pub use config::Config;

@@ -497,6 +497,13 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             ck.header.sid_next,
             streams,
         );
+        if area != named {
+            // The next checkpoint goes to the area the on-disk superblock names: name
+            // the loaded one first, or a crash during that write would leave the
+            // superblock naming a torn area.
+            e.sb.clean = false;
+            e.write_superblock().map_err(OpenError::Engine)?;
+        }
         steps.end(&e.clock, &mut report, 0, format!("{dirs} volumes"));
 
         if clean {

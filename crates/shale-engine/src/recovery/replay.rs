@@ -360,8 +360,11 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                         let never_written = two[c * BLOCK_SIZE..(c + 1) * BLOCK_SIZE]
                             .iter()
                             .all(|&b| b == 0);
-                        if !never_written && (!chunk || gstart + k <= p.proven) {
-                            warnings.push(format!("{r} group {g} md copy {}: {e}", ["A", "B"][c]));
+                        if !never_written {
+                            warnings.push(format!(
+                                "{r} group {g} md copy {}: {e} (torn by the crash, or damaged; not used)",
+                                ["A", "B"][c]
+                            ));
                         }
                     }
                 }

@@ -1,6 +1,8 @@
 //! Test harness: tiny devices and synchronous calls over the engine.
 #![allow(dead_code, clippy::unwrap_used)]
 
+pub mod rig;
+
 use std::sync::{Arc, Mutex};
 
 use shale_device::{MemDevice, ZoneEmu, ZoneEmuConfig};

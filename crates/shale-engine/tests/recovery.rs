@@ -1,0 +1,766 @@
+//! Crash recovery, one test per rule of docs/recovery.md: the engine runs over fault
+//! devices behind a power switch, is crashed at the dangerous moments (deterministic
+//! triggers on the writes that matter), reopened, and every block checked against a
+//! model that allows the flushed content, or for unflushed writes old or new.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::rig::{Rig, Side, Trigger, BS};
+use common::tiny_config;
+use shale_device::{CrashMode, TearUnit, WriteId};
+use shale_engine::{Config, Lba, Request, Tier, VolumeId};
+
+const V: VolumeId = VolumeId(0);
+
+fn modes(seed: u64) -> Vec<CrashMode> {
+    vec![
+        CrashMode::DropAll,
+        CrashMode::KeepAll,
+        CrashMode::KeepRandomSubset { seed },
+        CrashMode::Tear {
+            seed,
+            unit: TearUnit::Sector512,
+        },
+        CrashMode::Tear {
+            seed: seed + 1,
+            unit: TearUnit::Block4096,
+        },
+    ]
+}
+
+fn tier(r: &mut Rig, lba: u64) -> Option<(Tier, u32)> {
+    r.e()
+        .locate(V, Lba(lba))
+        .unwrap()
+        .map(|l| (l.tier, l.pba.0))
+}
+
+/// Rule: flushed data survives; unflushed data reads old or new, whatever the crash
+/// kept, tore or dropped.
+#[test]
+fn flushed_data_survives_and_unflushed_is_old_or_new() {
+    for (i, mode) in modes(7).into_iter().enumerate() {
+        let mut r = Rig::new(i as u64);
+        for l in 0..180 {
+            r.write(l);
+        }
+        r.flush();
+        for l in 90..240 {
+            r.write(l);
+        }
+        r.crash(mode.clone(), mode.clone());
+        r.verify();
+        // The recovered engine carries on, and recovers again.
+        for l in 0..60 {
+            r.write(l * 3);
+        }
+        r.flush();
+        r.write(5);
+        r.crash(mode.clone(), CrashMode::DropAll);
+        r.verify();
+    }
+}
+
+/// Rule: a flushed trim stays trimmed, also when the trimmed data had been relocated
+/// to a zone (the relocated copy carries the trimmed version's SID).
+#[test]
+fn flushed_trims_stay_trimmed_even_after_relocation() {
+    let mut r = Rig::new(11);
+    for l in 0..64 {
+        r.write(l);
+    }
+    r.flush();
+    let mut rng = 0x1234_5678;
+    // Overwrite other blocks until the first ones were compacted into a zone.
+    let moved = r.churn_until(&mut rng, 64, 200, 20_000, |e| {
+        e.locate(V, Lba(3))
+            .unwrap()
+            .is_some_and(|l| l.tier == Tier::Capacity)
+    });
+    assert!(moved, "block 3 was never compacted");
+    r.trim(0, 64);
+    r.flush();
+    for mode in [CrashMode::KeepAll, CrashMode::KeepRandomSubset { seed: 3 }] {
+        r.write(500);
+        r.crash(mode.clone(), mode);
+        r.verify();
+        for l in 0..64 {
+            assert_eq!(r.model.allowed(V, l), vec![0], "lba {l}");
+        }
+    }
+}
+
+/// Rule: within one chunk the later position wins (two writes of one LBA in the same
+/// chunk, both in the md the scan reads).
+#[test]
+fn within_a_chunk_the_later_position_wins() {
+    let mut r = Rig::new(12);
+    r.write(7);
+    r.write(8);
+    r.write(7);
+    r.flush();
+    let a = tier(&mut r, 7);
+    r.crash(CrashMode::DropAll, CrashMode::DropAll);
+    r.verify();
+    assert!(a.is_some_and(|(t, _)| t == Tier::Cache));
+}
+
+/// Rule: the higher SID wins: a newer write in a later chunk beats the older copy
+/// compaction moved to a zone, whichever region the scan reads first.
+#[test]
+fn the_higher_sid_wins() {
+    let mut r = Rig::new(13);
+    r.write(3);
+    r.flush();
+    let mut rng = 77;
+    assert!(r.churn_until(&mut rng, 10, 150, 20_000, |e| {
+        e.locate(V, Lba(3))
+            .unwrap()
+            .is_some_and(|l| l.tier == Tier::Capacity)
+    }));
+    // A newer version in the cache, flushed; then another one, not flushed.
+    r.write(3);
+    r.flush();
+    r.write(3);
+    r.crash(CrashMode::DropAll, CrashMode::KeepAll);
+    r.verify();
+}
+
+/// Rule: relocated copies keep their SID, and equal SIDs hold the same data: a block
+/// compacted, then moved again by GC, with its first chunk reused, reads its content.
+#[test]
+fn relocated_copies_keep_their_sid() {
+    let mut r = Rig::new(14);
+    for l in 0..40 {
+        r.write(l);
+    }
+    r.flush();
+    let mut rng = 99;
+    let mut first_zone = None;
+    let mut moved_twice = false;
+    for _ in 0..200 {
+        r.churn_until(&mut rng, 40, 3000, 100, |_| false);
+        let Some((t, p)) = tier(&mut r, 5) else { break };
+        if t == Tier::Capacity {
+            match first_zone {
+                None => first_zone = Some(p),
+                Some(p0) if p0 != p => {
+                    moved_twice = true;
+                    break;
+                }
+                _ => {}
+            }
+        }
+    }
+    assert!(moved_twice, "block 5 was not moved by GC");
+    assert!(r.e().stats().chunk_frees > 0 && r.e().stats().gc_victims > 0);
+    r.flush();
+    for mode in modes(5) {
+        r.crash(mode.clone(), mode);
+        r.verify();
+    }
+}
+
+/// Rule: trims apply at their key: a write after a trim wins, a trim after a write
+/// wins, also once the surviving write has been relocated.
+#[test]
+fn trims_apply_at_their_keys() {
+    let mut r = Rig::new(15);
+    r.write(10); // a
+    r.trim(10, 1);
+    r.write(10); // b wins over the trim
+    r.write(11);
+    r.write(11);
+    r.trim(11, 1); // the trim wins over both writes
+    r.flush();
+    r.crash(CrashMode::DropAll, CrashMode::DropAll);
+    r.verify();
+    assert_eq!(r.model.allowed(V, 11), vec![0]);
+    assert_ne!(r.model.allowed(V, 10), vec![0]);
+    let mut rng = 5;
+    assert!(r.churn_until(&mut rng, 20, 200, 20_000, |e| {
+        e.locate(V, Lba(10))
+            .unwrap()
+            .is_some_and(|l| l.tier == Tier::Capacity)
+    }));
+    r.flush();
+    r.crash(CrashMode::KeepRandomSubset { seed: 9 }, CrashMode::DropAll);
+    r.verify();
+}
+
+/// Rule (deferred free): a chunk emptied by compaction is reused only after the
+/// relocations that emptied it are durable. Crashing after every chunk has been
+/// recycled, with nothing flushed by the user since, loses nothing flushed.
+#[test]
+fn freed_space_is_reused_only_after_relocations_are_durable() {
+    for (i, mode) in modes(21).into_iter().enumerate() {
+        let mut r = Rig::new(30 + i as u64);
+        for l in 0..120 {
+            r.write(l);
+        }
+        r.flush();
+        let chunks = 8;
+        let mut rng = 0xDEAD + i as u64;
+        // Only blocks 200.. are overwritten: 0..120 must be relocated, never lost.
+        let mut n = 0;
+        while r.e().stats().chunk_frees < 2 * chunks && n < 60_000 {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            r.write(200 + rng % 120);
+            n += 1;
+        }
+        assert!(r.e().stats().chunk_frees >= 2 * chunks);
+        r.crash(mode.clone(), mode);
+        r.verify();
+    }
+}
+
+/// Rule (torn metadata): the superblock fits in its first 512-byte sector, so a torn
+/// superblock write is either the old or the new copy; when the new one never lands,
+/// the checkpoint area it would have named is newer than the one the surviving copy
+/// names, and is used.
+#[test]
+fn a_lost_superblock_write_leaves_a_newer_checkpoint_that_is_used() {
+    for keep_bytes in [0, 512, 2048] {
+        let mut r = Rig::new(40);
+        for l in 0..50 {
+            r.write(l);
+        }
+        r.flush();
+        let (lo, hi) = r.superblock_range();
+        r.sw.arm(Trigger {
+            side: Side::Cache,
+            lo,
+            hi,
+            skip: 0,
+            after: true,
+        });
+        // A volume change checkpoints: area write, flush, superblock write (cut after).
+        let _ = r.try_call(Request::CreateVolume {
+            name: "b".into(),
+            size_bytes: 1 << 16,
+        });
+        assert!(r.sw.fired());
+        let torn = last_write_in(&r.cache_ctl, lo, hi);
+        let keep = pending_ids(&r.cache_ctl, torn);
+        let rep = r
+            .crash(
+                CrashMode::TearWrite {
+                    keep,
+                    id: torn,
+                    keep_bytes,
+                },
+                CrashMode::DropAll,
+            )
+            .clone();
+        if keep_bytes == 0 {
+            assert!(
+                rep.warnings
+                    .iter()
+                    .any(|w| w.contains("newer than the one the superblock names")),
+                "{:?}",
+                rep.warnings
+            );
+        }
+        r.verify();
+    }
+}
+
+/// Rule (torn metadata): a torn checkpoint area leaves the previous checkpoint in
+/// force (the superblock is written only after the area), and the journal since it
+/// replays.
+#[test]
+fn torn_checkpoint_falls_back_to_the_previous_one() {
+    for keep_bytes in [512, 4096, 8192] {
+        let mut r = Rig::new(41);
+        for l in 0..80 {
+            r.write(l);
+        }
+        r.flush();
+        for l in 40..100 {
+            r.write(l);
+        }
+        r.flush();
+        let (lo, hi) = r.checkpoint_range();
+        r.sw.arm(Trigger {
+            side: Side::Cache,
+            lo,
+            hi,
+            skip: 0,
+            after: true,
+        });
+        let _ = r.try_call(Request::CreateVolume {
+            name: "b".into(),
+            size_bytes: 1 << 16,
+        });
+        assert!(r.sw.fired());
+        let torn = last_write_in(&r.cache_ctl, lo, hi);
+        let keep = pending_ids(&r.cache_ctl, torn);
+        r.crash(
+            CrashMode::TearWrite {
+                keep,
+                id: torn,
+                keep_bytes,
+            },
+            CrashMode::KeepAll,
+        );
+        r.verify();
+    }
+}
+
+/// Rule (torn metadata): a torn journal entry is the end of the journal; only the
+/// interrupted flush (never acknowledged) is lost.
+#[test]
+fn torn_journal_entry_ends_the_journal() {
+    for (keep_bytes, skip) in [(512u64, 0u32), (4096, 0), (4608, 1)] {
+        let mut r = Rig::new(42);
+        for l in 0..60 {
+            r.write(l);
+        }
+        r.flush();
+        for l in 30..90 {
+            r.write(l);
+        }
+        let (lo, hi) = r.journal_range();
+        r.sw.arm(Trigger {
+            side: Side::Cache,
+            lo,
+            hi,
+            skip,
+            after: true,
+        });
+        r.flush();
+        r.trim(0, 8);
+        r.flush();
+        assert!(r.sw.fired());
+        let torn = last_write_in(&r.cache_ctl, lo, hi);
+        let keep = pending_ids(&r.cache_ctl, torn);
+        r.crash(
+            CrashMode::TearWrite {
+                keep,
+                id: torn,
+                keep_bytes,
+            },
+            CrashMode::KeepAll,
+        );
+        r.verify();
+    }
+}
+
+/// Rule (torn md): a torn partial md rewrite falls back to the copy an earlier flush
+/// made durable; the entries of the interrupted flush are lost, nothing else.
+#[test]
+fn torn_md_falls_back_to_the_older_copy() {
+    let mut r = Rig::new(43);
+    for l in 0..20 {
+        r.write(l);
+    }
+    r.flush();
+    for l in 20..40 {
+        r.write(l);
+    }
+    // The md slots of the group holding block 39.
+    let pba = r.e().locate(V, Lba(39)).unwrap().unwrap();
+    let md_a = {
+        let group_start = pba.offset - (pba.offset / BS - r.layout.data_start) % 128 * BS;
+        group_start + 126 * BS
+    };
+    r.sw.arm(Trigger {
+        side: Side::Cache,
+        lo: md_a,
+        hi: md_a + 2 * BS,
+        skip: 0,
+        after: true,
+    });
+    r.flush();
+    assert!(r.sw.fired());
+    let torn = last_write_in(&r.cache_ctl, md_a, md_a + 2 * BS);
+    let keep = pending_ids(&r.cache_ctl, torn);
+    r.crash(
+        CrashMode::TearWrite {
+            keep,
+            id: torn,
+            keep_bytes: 1024,
+        },
+        CrashMode::KeepAll,
+    );
+    r.verify();
+}
+
+/// Rule (torn metadata): a torn volume table copy leaves the checkpoint's copy in
+/// force (a volume change is complete when its checkpoint is).
+#[test]
+fn torn_volume_table_copy_is_not_used() {
+    let mut r = Rig::new(44);
+    r.write(1);
+    r.flush();
+    let (lo, hi) = r.volume_table_range();
+    r.sw.arm(Trigger {
+        side: Side::Cache,
+        lo,
+        hi,
+        skip: 0,
+        after: true,
+    });
+    let _ = r.try_call(Request::CreateVolume {
+        name: "b".into(),
+        size_bytes: 1 << 16,
+    });
+    let torn = last_write_in(&r.cache_ctl, lo, hi);
+    let keep = pending_ids(&r.cache_ctl, torn);
+    let rep = r
+        .crash(
+            CrashMode::TearWrite {
+                keep,
+                id: torn,
+                keep_bytes: 512,
+            },
+            CrashMode::DropAll,
+        )
+        .clone();
+    assert!(
+        rep.warnings.iter().any(|w| w.contains("volume table")),
+        "{:?}",
+        rep.warnings
+    );
+    r.verify();
+    match r.call(Request::ListVolumes).unwrap() {
+        shale_engine::Reply::Volumes(v) => assert_eq!(v.len(), 1),
+        x => panic!("{x:?}"),
+    }
+}
+
+/// Rule: a crash during recovery (here in its checkpoint) is recovered from again.
+#[test]
+fn a_crash_during_recovery_recovers_again() {
+    for at in 0..3 {
+        let mut r = Rig::new(45);
+        for l in 0..100 {
+            r.write(l);
+        }
+        r.flush();
+        for l in 50..150 {
+            r.write(l);
+        }
+        // Cut during the open's L2P page write-back, its checkpoint area, or its
+        // superblock write.
+        let ((lo, hi), skip) = match at {
+            0 => (r.l2p_range(), 0),
+            1 => (r.checkpoint_range(), 0),
+            _ => (r.superblock_range(), 0),
+        };
+        r.sw.cut();
+        let e = r.e.take().unwrap();
+        drop(e.abandon());
+        let (_, cache) = r
+            .cache_ctl
+            .crash(&CrashMode::KeepRandomSubset { seed: 8 })
+            .unwrap();
+        let (_, inner) = r.cap_ctl.crash(&CrashMode::KeepAll).unwrap();
+        r.sw.restore();
+        r.sw.arm(Trigger {
+            side: Side::Cache,
+            lo,
+            hi,
+            skip,
+            after: true,
+        });
+        assert!(
+            r.reopen(cache, inner).is_err(),
+            "the open should have been cut ({at})"
+        );
+        r.crash(CrashMode::KeepRandomSubset { seed: 9 }, CrashMode::KeepAll);
+        r.verify();
+    }
+}
+
+/// Rule: the clean flag skips replay; a clean flag contradicted by journal entries
+/// is not trusted.
+#[test]
+fn the_clean_flag_skips_replay_unless_the_journal_says_otherwise() {
+    let mut r = Rig::new(46);
+    for l in 0..30 {
+        r.write(l);
+    }
+    let e = r.e.take().unwrap();
+    let (c, z) = e.shutdown().unwrap();
+    r.model.flushed();
+    r.reopen(c.into_dev(), z.into_inner().into_dev()).unwrap();
+    assert!(r.e().open_report().clean);
+    assert!(r
+        .e()
+        .open_report()
+        .steps
+        .iter()
+        .all(|s| s.name != "md scan"));
+    r.verify();
+    // Writes and a flush after the clean open, then a superblock claiming clean.
+    for l in 0..30 {
+        r.write(l + 10);
+    }
+    r.flush();
+    r.sw.cut();
+    let e = r.e.take().unwrap();
+    drop(e.abandon());
+    let (_, mut cache) = r.cache_ctl.crash(&CrashMode::DropAll).unwrap();
+    let (_, inner) = r.cap_ctl.crash(&CrashMode::DropAll).unwrap();
+    forge_clean_superblock(&mut cache);
+    r.sw.restore();
+    r.reopen(cache, inner).unwrap();
+    let rep = r.e().open_report().clone();
+    assert!(!rep.clean);
+    assert!(
+        rep.warnings.iter().any(|w| w.contains("clean flag")),
+        "{:?}",
+        rep.warnings
+    );
+    r.verify();
+}
+
+/// Rule: SIDs restart above anything on media. Writes after the last flush fill a
+/// group (its md reaches media), the crash loses their chunk's opening; the chunk is
+/// reused after recovery and must not mistake the lost life's md for its own.
+#[test]
+fn sids_restart_above_everything_on_media() {
+    let mut r = Rig::new(47);
+    r.write(1);
+    r.flush();
+    for l in 0..260 {
+        r.write(400 + l);
+    }
+    r.crash(CrashMode::KeepAll, CrashMode::KeepAll);
+    r.verify();
+    // New, different blocks into the recycled chunks; flush; crash again.
+    for l in 0..40 {
+        r.write(100 + l);
+    }
+    r.flush();
+    r.crash(CrashMode::DropAll, CrashMode::DropAll);
+    r.verify();
+}
+
+/// Rule: md entries a completed flush made durable must still be there; if the md
+/// holding them is damaged, open fails with a clear error rather than roll back.
+#[test]
+fn damaged_md_of_proven_entries_is_an_error() {
+    let mut r = Rig::new(48);
+    // A whole group written with no flush in between: its final md is its only copy.
+    for l in 0..126 {
+        r.write(l);
+    }
+    r.flush();
+    r.write(200);
+    r.flush();
+    r.write(201);
+    r.flush();
+    let (newest, group_md, cache, inner) = md_of(&mut r, 0);
+    damage(cache, group_md + newest * BS, inner, &mut r);
+    let err = r.reopen_parts().unwrap_err();
+    assert!(
+        matches!(
+            err,
+            shale_engine::OpenError::Recovery(shale_engine::RecoveryError::MdLost { .. })
+        ),
+        "{err}"
+    );
+}
+
+/// Rule: with double-buffered md a damaged newest copy can only hide the entries of
+/// the last flush (the older copy holds everything an earlier, proven flush made
+/// durable): open falls back to the older copy and reports the damaged one.
+#[test]
+fn a_damaged_newest_md_copy_falls_back_and_is_reported() {
+    let mut r = Rig::new(52);
+    for l in 0..30 {
+        r.write(l);
+    }
+    r.flush();
+    r.write(31);
+    r.flush();
+    let (newest, group_md, cache, inner) = md_of(&mut r, 0);
+    damage(cache, group_md + newest * BS, inner, &mut r);
+    r.reopen_parts().unwrap();
+    let rep = r.e().open_report().clone();
+    assert!(
+        rep.warnings.iter().any(|w| w.contains("md copy")),
+        "{:?}",
+        rep.warnings
+    );
+    // Everything but the last flush's entry reads as flushed.
+    for l in 0..30 {
+        let d = r.e_read(l);
+        assert!(r
+            .model
+            .allowed(V, l)
+            .iter()
+            .any(|&s| common::rig::block_of(s) == d));
+    }
+}
+
+/// Rule: a region open at the crash is closed by recovery, never continued (its tail
+/// may hold md of writes recovery dropped).
+#[test]
+fn regions_open_at_a_crash_are_closed() {
+    let mut r = Rig::new(49);
+    for l in 0..10 {
+        r.write(l);
+    }
+    r.flush();
+    let before = r.e().locate(V, Lba(9)).unwrap().unwrap().pba.0 / 256;
+    r.crash(CrashMode::DropAll, CrashMode::DropAll);
+    r.write(50);
+    r.flush();
+    let after = r.e().locate(V, Lba(50)).unwrap().unwrap().pba.0 / 256;
+    assert_ne!(before, after, "a new chunk takes the writes after recovery");
+    r.verify();
+}
+
+/// Rule: incremental checkpoints write a bounded number of L2P pages per loop
+/// iteration, and a crash anywhere inside one recovers from the previous checkpoint.
+#[test]
+fn incremental_checkpoints_are_bounded_and_crash_safe() {
+    let config = Config {
+        checkpoint_pages_per_poll: 1,
+        checkpoint_interval_bytes: Some(40 * BS),
+        l2p_cache_bytes_max: Some(64 * 4096),
+        ..tiny_config()
+    };
+    // 90 zones: a volume of 16 L2P pages.
+    let mut r = Rig::build(50, config.clone(), 90, 15 * 1024);
+    let mut max_step = 0;
+    for i in 0..300u64 {
+        let before = r.e().stats().checkpoint_page_writes;
+        r.write((i * 1031) % 15_000);
+        let after = r.e().stats().checkpoint_page_writes;
+        max_step = max_step.max(after - before);
+    }
+    let s = r.e().stats();
+    assert!(
+        s.checkpoints_started > 0 && s.checkpoint_page_writes > 0,
+        "{s:?}"
+    );
+    // One write is a few loop iterations; each writes at most one page.
+    assert!(max_step <= 8, "{max_step} pages in one write");
+    r.flush();
+    // Crash at each of the first L2P page writes of the next checkpoint.
+    let (lo, hi) = r.l2p_range();
+    for skip in 0..4 {
+        r.sw.arm(Trigger {
+            side: Side::Cache,
+            lo,
+            hi,
+            skip,
+            after: true,
+        });
+        for i in 0..200u64 {
+            if !r.write((i * 577 + skip as u64) % 15_000) {
+                break;
+            }
+            if i % 50 == 49 && !r.flush() {
+                break;
+            }
+        }
+        r.crash(
+            CrashMode::KeepRandomSubset { seed: skip as u64 },
+            CrashMode::KeepAll,
+        );
+        r.verify();
+    }
+}
+
+/// Rule: a full journal forces a checkpoint (flush-heavy load: one entry per flush).
+#[test]
+fn a_full_journal_forces_a_checkpoint() {
+    let mut r = Rig::new(51);
+    for l in 0..100 {
+        r.write(l % 20);
+        r.flush();
+    }
+    let s = r.e().stats();
+    assert!(s.checkpoints >= 10, "{s:?}");
+    r.write(3);
+    r.crash(CrashMode::KeepRandomSubset { seed: 2 }, CrashMode::KeepAll);
+    r.verify();
+}
+
+/// Crashes with everything durable; returns the md copy holding the most entries of
+/// the group of `lba`, that group's md byte offset, and the restarted devices.
+fn md_of(
+    r: &mut Rig,
+    lba: u64,
+) -> (
+    u64,
+    u64,
+    shale_device::FaultDevice,
+    shale_device::FaultDevice,
+) {
+    use shale_device::BlockDevice;
+    let pba = r.e().locate(V, Lba(lba)).unwrap().unwrap();
+    let group_md = pba.offset - (pba.offset / BS - r.layout.data_start) % 128 * BS + 126 * BS;
+    r.sw.cut();
+    let e = r.e.take().unwrap();
+    drop(e.abandon());
+    let (_, mut cache) = r.cache_ctl.crash(&CrashMode::DropAll).unwrap();
+    let (_, inner) = r.cap_ctl.crash(&CrashMode::DropAll).unwrap();
+    let mut two = vec![0u8; 8192];
+    cache.read_at(group_md, &mut two).unwrap();
+    let n: Vec<u16> = (0..2)
+        .map(|c| {
+            shale_format::decode_md_header(&two[c * 4096..(c + 1) * 4096], 0)
+                .map_or(0, |h| h.entry_count)
+        })
+        .collect();
+    (u64::from(n[1] > n[0]), group_md, cache, inner)
+}
+
+/// Flips one byte of the block at `at` and parks the devices in the rig for
+/// `reopen_parts`.
+fn damage(
+    mut cache: shale_device::FaultDevice,
+    at: u64,
+    inner: shale_device::FaultDevice,
+    r: &mut Rig,
+) {
+    use shale_device::BlockDevice;
+    let mut b = vec![0u8; 4096];
+    cache.read_at(at, &mut b).unwrap();
+    b[300] ^= 0x40;
+    cache.write_at(at, &b).unwrap();
+    r.sw.restore();
+    r.parked = Some((cache, inner));
+}
+
+fn last_write_in(ctl: &shale_device::FaultController, lo: u64, hi: u64) -> WriteId {
+    ctl.pending_writes()
+        .iter()
+        .rev()
+        .find(|p| !p.discard && p.offset < hi && p.offset + p.len > lo && !p.durable)
+        .map(|p| p.id)
+        .expect("no pending write in range")
+}
+
+/// Every non-durable pending write except `but`.
+fn pending_ids(ctl: &shale_device::FaultController, but: WriteId) -> Vec<WriteId> {
+    ctl.pending_writes()
+        .iter()
+        .filter(|p| !p.durable && p.id != but)
+        .map(|p| p.id)
+        .collect()
+}
+
+/// Rewrites the newest superblock copy with the clean flag set (as if the flag were
+/// wrong): open must see the journal entries after the checkpoint and recover.
+fn forge_clean_superblock(cache: &mut shale_device::FaultDevice) {
+    use shale_device::BlockDevice;
+    let mut b = vec![0u8; 8192];
+    cache.read_at(0, &mut b).unwrap();
+    let a = shale_format::Superblock::decode(&b[..4096], 0).unwrap();
+    let bb = shale_format::Superblock::decode(&b[4096..], 4096).unwrap();
+    let mut sb = if a.generation > bb.generation { a } else { bb };
+    sb.clean = true;
+    sb.generation += 1;
+    let copy = sb.generation % 2;
+    cache.write_at(copy * 4096, &sb.encode()).unwrap();
+}
