@@ -24,9 +24,9 @@ use shale_device::{
     ZoneCompletion, ZoneError, ZoneGeometry, ZoneInfo, ZoneOp, ZoneRequest, ZoneState, ZonedDevice,
 };
 use shale_format::{
-    decode_md_entry, decode_md_header, journal_ring_entries, CapacityLabel, Checkpoint,
-    CheckpointHeader, EntryKind, JournalBlock, MdRegionKind, Pba, RegionId, RegionState,
-    Superblock, VolumeTable, BLOCK_SIZE, LABEL_COPIES,
+    decode_md_entry, decode_md_header, journal_ring_entries, CapacityLabel, CheckpointHeader,
+    EntryKind, JournalBlock, MdRegionKind, Pba, RegionId, RegionState, Superblock, VolumeTable,
+    BLOCK_SIZE, LABEL_COPIES,
 };
 
 use crate::layout::{Groups, BS};
@@ -163,8 +163,8 @@ pub fn check<C: BlockDevice, Z: ZonedDevice>(
             Severity::Warning,
             "shutdown",
             format!(
-                "not shut down cleanly: the next open recovers ({} journal entries, {} md groups replayed, {} torn blocks dropped)",
-                report.replay.journal_entries, report.replay.md_groups_read, report.replay.torn_blocks
+                "not shut down cleanly: the next open recovers ({} journal entries, {} md groups replayed)",
+                report.replay.journal_entries, report.replay.md_groups_read
             ),
         );
     }
@@ -284,7 +284,7 @@ fn raw_structures<C: BlockDevice, Z: ZonedDevice>(
             rep.add(sev, "checkpoint", format!("area {area} payload unreadable"));
             continue;
         }
-        if let Err(e) = Checkpoint::decode(&all, off) {
+        if let Err(e) = crate::recovery::load::decode_area(&all, off) {
             rep.add(sev, "checkpoint", format!("area {area}: {e}"));
         }
     }

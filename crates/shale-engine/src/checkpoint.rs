@@ -176,9 +176,10 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         self.cache.flush().map_err(EngineError::cache("flush", 0))?;
         self.stats.cache_md_write_bytes += bytes.len() as u64;
 
-        self.sb.active_checkpoint = area;
-        self.sb.clean = clean;
-        self.write_superblock()?;
+        let mut sb = self.sb.clone();
+        sb.active_checkpoint = area;
+        sb.clean = clean;
+        self.write_superblock_as(sb)?;
         self.l2p.checkpoint_committed();
         self.stats.checkpoints += 1;
         Ok(())
@@ -291,14 +292,21 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
 
     /// Writes the superblock with generation + 1 to the copy that generation selects.
     pub(crate) fn write_superblock(&mut self) -> Result<(), EngineError> {
-        self.sb.generation += 1;
-        let copy = self.sb.generation % 2;
+        self.write_superblock_as(self.sb.clone())
+    }
+
+    /// Writes `sb` (generation + 1) and makes it the engine's superblock once it is
+    /// durable: after a failed write the engine still describes what is on media.
+    fn write_superblock_as(&mut self, mut sb: shale_format::Superblock) -> Result<(), EngineError> {
+        sb.generation = self.sb.generation + 1;
+        let copy = sb.generation % 2;
         let off = copy * BS;
         self.cache
-            .write_at(off, &self.sb.encode())
+            .write_at(off, &sb.encode())
             .map_err(EngineError::cache("superblock write", off))?;
         self.cache.flush().map_err(EngineError::cache("flush", 0))?;
         self.stats.cache_md_write_bytes += BS;
+        self.sb = sb;
         Ok(())
     }
 }

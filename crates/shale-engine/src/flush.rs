@@ -5,15 +5,21 @@
 //! 1. submits every appended block and waits for all device I/O in flight;
 //! 2. writes the partial md of each unsettled group to the md copy not holding the
 //!    newest valid one (generation + 1);
-//! 3. flushes the capacity device if it has unflushed writes;
+//! 3. flushes the capacity device if it has unflushed writes, then the cache device:
+//!    every data and md block written so far is durable;
 //! 4. appends a FlushPoint (open regions' write pointers) and writes the journal;
-//! 5. flushes the cache device;
+//! 5. flushes the cache device again;
 //! 6. releases PendingFree regions (zones are reset) and completes flush/FUA waiters.
 //!
-//! Cost: a FUA write or flush pays one journal block write and two device flushes, and
-//! drains the pipeline. Invariant (deferred free): a region emptied by relocations or
-//! overwrites is reused only after step 5 made those writes and their mappings'
-//! journal records durable.
+//! The journal is written only after the flush in step 3, so a FlushPoint found on
+//! media proves that what it claims is durable (even when its own flush in step 5 was
+//! cut short): recovery never has to guess whether the last flush completed, and md
+//! a FlushPoint claims that is missing or damaged is an error, not a torn write.
+//!
+//! Cost: a FUA write or flush pays one journal entry write, a capacity flush when
+//! zones were written, and two cache flushes, and drains the pipeline. Invariant
+//! (deferred free): a region emptied by relocations or overwrites is reused only
+//! after step 5 made those writes and their mappings' journal records durable.
 
 use shale_device::{BlockDevice, ZoneAction, ZonedDevice};
 use shale_format::{JournalRecord, RegionState, BLOCK_SIZE, FLUSH_POINT_REGIONS_MAX};
@@ -31,7 +37,8 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         Ok(())
     }
 
-    /// Steps 1-5; with `journal == false` (checkpoints) no journal block is written.
+    /// Steps 1-5; with `journal == false` (checkpoints) no journal entry is written and
+    /// one cache flush suffices.
     pub(crate) fn make_durable(&mut self, journal: bool) -> Result<(), EngineError> {
         self.flush_requested = false;
         self.submit_runs()?;
@@ -63,13 +70,14 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 .map_err(EngineError::capacity("flush", 0))?;
             self.capacity_dirty = false;
         }
+        self.cache.flush().map_err(EngineError::cache("flush", 0))?;
         if journal {
             for r in self.flush_point_records() {
                 self.journal.append(r);
             }
             self.stats.cache_md_write_bytes += self.journal.write_pending(&mut self.cache)?;
+            self.cache.flush().map_err(EngineError::cache("flush", 0))?;
         }
-        self.cache.flush().map_err(EngineError::cache("flush", 0))?;
         Ok(())
     }
 

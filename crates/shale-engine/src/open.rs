@@ -530,11 +530,8 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             let zone_wps = e.zone_write_pointers()?;
             let bytes = e.scan_md(&mut rp, &mut report.warnings)?;
             let detail = format!(
-                "{} md groups, {} entries, {} data blocks checked, {} torn",
-                rp.counts.md_groups_read,
-                rp.counts.entries_seen,
-                rp.counts.data_blocks_checked,
-                rp.counts.torn_blocks
+                "{} md groups, {} entries",
+                rp.counts.md_groups_read, rp.counts.entries_seen
             );
             steps.end(&e.clock, &mut report, bytes, detail);
 

@@ -134,7 +134,23 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         self.volume_changed(id, 0, false)
     }
 
+    /// Persists a volume change made in memory. If that fails, what is on media no
+    /// longer matches the engine, so it stops rather than carry on from there.
     fn volume_changed(
+        &mut self,
+        id: VolumeId,
+        size_blocks: u64,
+        live: bool,
+    ) -> Result<(), EngineError> {
+        self.persist_volume_change(id, size_blocks, live)
+            .inspect_err(|e| {
+                self.fail(EngineError::Failed {
+                    reason: format!("persisting a volume change: {e}"),
+                })
+            })
+    }
+
+    fn persist_volume_change(
         &mut self,
         id: VolumeId,
         size_blocks: u64,

@@ -104,6 +104,30 @@ pub(crate) fn read<C: BlockDevice>(
         log.next = (log.next + 1) % entries;
         log.sequence += 1;
     }
+    // Entries outside the replayed window are not used, but a damaged copy there is
+    // still damage.
+    let taken_end = log.blocks.len() as u32;
+    for k in 0..entries {
+        let i = (start % entries + k) % entries;
+        if k < taken_end {
+            continue;
+        }
+        let b = |c: u32| {
+            let j = (2 * i + c) as usize;
+            &ring[j * BLOCK_SIZE..(j + 1) * BLOCK_SIZE]
+        };
+        let d = [decode(i, 0), decode(i, 1)];
+        let zero = |c: u32| b(c).iter().all(|&x| x == 0);
+        match (&d[0], &d[1]) {
+            (Ok(_), Err(e)) if !zero(1) => report.warn(format!(
+                "journal entry {i} (not replayed): copy B damaged ({e})"
+            )),
+            (Err(e), Ok(_)) if !zero(0) => report.warn(format!(
+                "journal entry {i} (not replayed): copy A damaged ({e})"
+            )),
+            _ => {}
+        }
+    }
     // Anything valid further on belongs to the batch the crash interrupted.
     let taken = log.blocks.len() as u32;
     for k in 1..entries.saturating_sub(taken) {

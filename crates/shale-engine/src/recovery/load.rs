@@ -119,7 +119,7 @@ pub(crate) fn checkpoint<C: BlockDevice>(
             .read_at(off + BS, &mut cb[BLOCK_SIZE..end])
             .map_err(|e| OpenError::Engine(EngineError::cache("checkpoint read", off)(e)))?;
         *bytes += payload_blocks * BS;
-        Ok(Checkpoint::decode(&cb, off))
+        Ok(decode_area(&cb[..end], off))
     };
     let a = read(cache, named, bytes)?;
     let b = read(cache, 1 - named, bytes)?;
@@ -134,12 +134,36 @@ pub(crate) fn checkpoint<C: BlockDevice>(
             Ok((y, 1 - named))
         }
         (Ok(x), Ok(_)) => Ok((x, named)),
-        (Ok(x), Err(_)) => Ok((x, named)),
+        (Ok(x), Err(e)) => {
+            // Torn by a crash during a checkpoint, or damaged: not in use either way.
+            report.warn(format!(
+                "checkpoint area {} (not in use) does not decode: {e}",
+                1 - named
+            ));
+            Ok((x, named))
+        }
         (Err(source), _) => Err(OpenError::BadCheckpoint {
             area: named,
             source,
         }),
     }
+}
+
+/// Decodes a checkpoint area read up to the end of its payload's last block. That
+/// block is zero past the payload: anything else there is damage the payload CRC
+/// does not cover.
+pub(crate) fn decode_area(cb: &[u8], off: u64) -> Result<Checkpoint, FormatError> {
+    let c = Checkpoint::decode(cb, off)?;
+    let used = BLOCK_SIZE + c.header.payload_bytes as usize;
+    if let Some(i) = cb[used.min(cb.len())..].iter().position(|&x| x != 0) {
+        return Err(FormatError::InvalidField {
+            structure: shale_format::Structure::CheckpointHeader,
+            at: off + (used + i) as u64,
+            field: "padding",
+            reason: "non-zero byte after the payload".into(),
+        });
+    }
+    Ok(c)
 }
 
 /// Checks the standalone volume table copies against the checkpoint's (which is the

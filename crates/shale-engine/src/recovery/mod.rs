@@ -48,13 +48,8 @@ pub struct ReplayCounts {
     pub entries_applied: u64,
     /// Entries that lost to a newer write or trim.
     pub entries_superseded: u64,
-    /// Entries past the last proven flush whose data did not match its CRC (a write
-    /// the crash cut short): treated as never written.
-    pub torn_blocks: u64,
     /// Entries of deleted volumes, out of range, or otherwise not mappable.
     pub entries_ignored: u64,
-    /// Data blocks read to check entries past the last proven flush.
-    pub data_blocks_checked: u64,
     /// Zones with writes nothing recorded (the crash lost their opening), reset.
     pub stray_zones_reset: u64,
 }

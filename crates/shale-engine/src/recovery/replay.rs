@@ -19,16 +19,14 @@
 //! What is read, per region: a region open at the checkpoint is scanned from the
 //! checkpoint's write pointer; a region the journal says was opened since, from slot 0
 //! with the SID of its latest `RegionOpened`. The scan ends at the write pointer the
-//! last FlushPoint (or `RegionClosed`) claims; for zones also at the device's write
-//! pointer. A FlushPoint is *proven* when a later journal entry exists (that entry was
-//! written after the flush completed); zone writes are flushed before the journal is
-//! written, so every FlushPoint proves its zones. Chunk md entries past the proven
-//! point are checked against their data's CRC (a torn or missing block is treated as
-//! never written); entries before it are trusted, and a proven entry the md no longer
-//! holds is an error (`MdLost`), never a silent rollback. A region whose md shows a
-//! *newer* SID was freed and reused after its logged life (the reuse was never
-//! flushed): its logged life is skipped, since freeing it required every live block
-//! in it to be relocated or overwritten durably first.
+//! last FlushPoint (or `RegionClosed`) claims, for zones also at the device's write
+//! pointer. The journal is written only after a flush made the data and md it claims
+//! durable (`flush.rs`), so every claimed entry must be in the md: one the md no longer
+//! holds is an error (`MdLost`), never a silent rollback. Writes past the last claim
+//! were never flushed and are ignored. A region whose md shows a *newer* SID was freed
+//! and reused after its logged life (the reuse was never flushed): its logged life is
+//! skipped, since freeing it required every live block in it to be relocated or
+//! overwritten durably first.
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
@@ -56,9 +54,7 @@ pub(crate) struct RegionPlan {
     pub sid: Sid,
     /// First slot written since the checkpoint began.
     pub start: u32,
-    /// Slots below this are known durable (their flush completed).
-    pub proven: u32,
-    /// Slots below this were claimed by a flush point or close (maybe unflushed).
+    /// Slots below this are durable: a flush point or close in the journal says so.
     pub claimed: u32,
     /// Open at the checkpoint with this SID (its role and stream come from there).
     pub from_checkpoint: bool,
@@ -132,7 +128,6 @@ pub(crate) fn plan(
                 RegionPlan {
                     sid: reg.sid,
                     start: reg.wp,
-                    proven: reg.wp,
                     claimed: reg.wp,
                     from_checkpoint: true,
                     reused: false,
@@ -141,9 +136,7 @@ pub(crate) fn plan(
         }
         r.max_sid = r.max_sid.max(reg.sid.0);
     }
-    let last = blocks.len().saturating_sub(1);
-    for (bi, blk) in blocks.iter().enumerate() {
-        let proven_entry = bi < last;
+    for blk in blocks {
         for rec in &blk.records {
             match rec {
                 JournalRecord::RegionOpened { region, sid } => {
@@ -159,7 +152,6 @@ pub(crate) fn plan(
                         RegionPlan {
                             sid: *sid,
                             start: 0,
-                            proven: 0,
                             claimed: 0,
                             from_checkpoint: false,
                             reused: false,
@@ -175,9 +167,6 @@ pub(crate) fn plan(
                     }
                     .end();
                     p.claimed = end;
-                    if proven_entry || !geo.is_chunk(*region) {
-                        p.proven = end;
-                    }
                 }
                 JournalRecord::FlushPoint { regions: wps } => {
                     for &(region, wp) in wps {
@@ -197,9 +186,6 @@ pub(crate) fn plan(
                             wp
                         };
                         p.claimed = p.claimed.max(wp);
-                        if proven_entry || !geo.is_chunk(region) {
-                            p.proven = p.proven.max(wp);
-                        }
                     }
                 }
                 JournalRecord::Trim {
@@ -219,9 +205,6 @@ pub(crate) fn plan(
                 JournalRecord::VolumeChanged { .. } => {}
             }
         }
-    }
-    for p in r.plans.values_mut() {
-        p.proven = p.proven.min(p.claimed);
     }
     r.counts.journal_entries = blocks.len() as u64;
     r.counts.trims = r.trims.len() as u64;
@@ -321,7 +304,6 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         };
         let mut bytes = 0;
         let mut two = vec![0u8; 2 * BLOCK_SIZE];
-        let mut data: Vec<u8> = Vec::new();
         let (g0, _) = groups.locate(p.start);
         for g in g0..groups.count() {
             let gstart = groups.start(g);
@@ -369,8 +351,8 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                     }
                 }
             }
-            // Data slots of this group known durable.
-            let proven_n = p.proven.saturating_sub(gstart).min(k);
+            // Data slots of this group the journal says are durable.
+            let proven_n = end.saturating_sub(gstart).min(k);
             let have = best.map_or(0, |(_, h)| u32::from(h.entry_count));
             if have < proven_n {
                 return Err(RecoveryError::MdLost {
@@ -380,7 +362,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                     need: proven_n,
                     reason: match (&copies[0], &copies[1]) {
                         (Err(a), Err(b)) => format!("copy A: {a}; copy B: {b}"),
-                        _ => "the newest valid copy holds fewer entries than a completed flush made durable".into(),
+                        _ => "the newest valid copy holds fewer entries than a completed flush made durable (the newer copy is damaged)".into(),
                     },
                 }
                 .into());
@@ -388,16 +370,6 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             let Some((c, h)) = best else { continue };
             let md = &two[c * BLOCK_SIZE..(c + 1) * BLOCK_SIZE];
             let n = u32::from(h.entry_count).min(k);
-            // Entries past the proven point: their data must match.
-            let lo = p.start.max(gstart).max(p.proven);
-            let hi = end.min(gstart + n);
-            let check_data = chunk && lo < hi;
-            if check_data {
-                data.resize(((hi - lo) as usize) * BLOCK_SIZE, 0);
-                self.read_region(r, lo, &mut data)?;
-                bytes += u64::from(hi - lo) * BS;
-                counts.data_blocks_checked += u64::from(hi - lo);
-            }
             for i in 0..n {
                 let slot = gstart + i;
                 if slot < p.start || slot >= end {
@@ -423,13 +395,6 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 if !self.mappable(e.volume, e.lba, key) {
                     counts.entries_ignored += 1;
                     continue;
-                }
-                if check_data && slot >= lo {
-                    let o = ((slot - lo) as usize) * BLOCK_SIZE;
-                    if shale_format::block_crc(&data[o..o + BLOCK_SIZE]) != e.data_crc {
-                        counts.torn_blocks += 1;
-                        continue;
-                    }
                 }
                 found.push((pack(e.volume, e.lba.0), key, self.geo.pba(r, slot)));
             }
@@ -517,7 +482,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         let c = &mut rp.counts;
         c.entries_superseded = c
             .entries_seen
-            .saturating_sub(c.entries_ignored + c.torn_blocks + c.entries_applied);
+            .saturating_sub(c.entries_ignored + c.entries_applied);
         Ok((self.l2p.counters.page_reads - reads0) * BS)
     }
 
