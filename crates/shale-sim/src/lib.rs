@@ -29,6 +29,6 @@ pub mod sim;
 pub mod workload;
 
 pub use model::{Mismatch, Model};
-pub use power::{PowerRail, Powered};
+pub use power::{PowerRail, Powered, Side};
 pub use report::{Counts, RunReport, Trace, Violation, ViolationKind};
 pub use sim::{run, Mode, SimConfig};

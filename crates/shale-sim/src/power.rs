@@ -282,6 +282,17 @@ struct RailState {
     fired: Option<Fired>,
     /// Operations that went through since the rail was made.
     ops: u64,
+    /// Flushes on this device succeed without reaching it (a harness self-test: a
+    /// device that lies about durability must be caught by the oracle).
+    lying: Option<Side>,
+    /// Device calls since the last [`PowerRail::mark`], and the most allowed: an
+    /// engine that spins inside one `poll` (waiting for a completion that will never
+    /// come) is stopped by cutting the power instead of hanging the simulation.
+    calls: u64,
+    calls_max: Option<u64>,
+    spun: bool,
+    /// Print every update (write, discard, flush) to stderr, for diagnosing a replay.
+    log_updates: bool,
 }
 
 /// The shared switch both devices hang off. Cloning shares it.
@@ -336,6 +347,8 @@ impl PowerRail {
         s.trigger = None;
         s.seen = 0;
         s.fired = None;
+        s.calls = 0;
+        s.spun = false;
     }
 
     pub fn set_layouts(&self, layouts: Layouts) {
@@ -375,12 +388,70 @@ impl PowerRail {
         self.lock().ops
     }
 
+    /// Makes synchronous flushes on `side` report success without reaching the
+    /// device (`None`: honest devices).
+    pub fn set_lying_flushes(&self, side: Option<Side>) {
+        self.lock().lying = side;
+    }
+
+    fn lies(&self, side: Side) -> bool {
+        self.lock().lying == Some(side)
+    }
+
+    /// Prints every update to stderr while on (diagnosing a replay).
+    pub fn set_log_updates(&self, on: bool) {
+        self.lock().log_updates = on;
+    }
+
+    /// Limits device calls between two marks (`None`: no limit).
+    pub fn set_calls_max(&self, max: Option<u64>) {
+        self.lock().calls_max = max;
+    }
+
+    /// Starts a new count of device calls (the harness marks before each engine poll).
+    pub fn mark(&self) {
+        self.lock().calls = 0;
+    }
+
+    /// Whether the call limit cut the power (the engine spun in one poll).
+    pub fn spun(&self) -> bool {
+        self.lock().spun
+    }
+
+    /// Counts a device call; false if the power is (now) off.
+    fn call(s: &mut RailState) -> bool {
+        if !s.on {
+            return false;
+        }
+        s.calls += 1;
+        if s.calls_max.is_some_and(|m| s.calls > m) {
+            s.on = false;
+            s.spun = true;
+            return false;
+        }
+        true
+    }
+
+    fn poll_allowed(&self) -> bool {
+        Self::call(&mut self.lock())
+    }
+
     fn gate(&self, op: &DevOp) -> Gate {
         let mut s = self.lock();
-        if !s.on {
+        if !Self::call(&mut s) {
             return Gate::Off;
         }
         s.ops += 1;
+        if s.log_updates && op.kind != DevOpKind::Read {
+            eprintln!(
+                "    {:?} {:?} {}+{} {:?}",
+                op.side,
+                op.kind,
+                op.offset,
+                op.len,
+                s.layouts.place(op)
+            );
+        }
         let Some(t) = s.trigger else {
             return Gate::Pass;
         };
@@ -508,7 +579,7 @@ impl BlockDevice for Powered {
         out: &mut Vec<IoCompletion>,
         min_complete: usize,
     ) -> Result<usize, DeviceError> {
-        if !self.rail.is_on() {
+        if !self.rail.poll_allowed() {
             return Err(Self::crashed(IoOpKind::Submit));
         }
         self.inner.poll(out, min_complete)
@@ -557,6 +628,7 @@ impl BlockDevice for Powered {
         let op = self.op(DevOpKind::Flush, 0, 0);
         match self.rail.gate(&op) {
             Gate::Off => Err(Self::crashed(IoOpKind::Flush)),
+            Gate::Pass if self.rail.lies(self.side) => Ok(()),
             Gate::Pass => self.inner.flush(),
             Gate::PassThenFire(t) => {
                 let r = self.inner.flush();
@@ -729,6 +801,23 @@ mod tests {
         assert_eq!(ctl.counters().flushes, 0);
         rail.restore();
         assert!(rail.is_on() && rail.fired().is_none());
+    }
+
+    #[test]
+    fn a_spinning_caller_is_stopped() {
+        let rail = PowerRail::new();
+        rail.set_calls_max(Some(100));
+        let mut d = dev(&rail);
+        let mut out = Vec::new();
+        let mut n = 0;
+        while d.poll(&mut out, 0).is_ok() {
+            n += 1;
+            assert!(n <= 100, "not stopped");
+        }
+        assert!(rail.spun() && !rail.is_on());
+        rail.restore();
+        rail.mark();
+        assert!(d.poll(&mut out, 0).is_ok() && !rail.spun());
     }
 
     #[test]

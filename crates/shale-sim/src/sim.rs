@@ -49,6 +49,8 @@ use crate::workload::{Limits, Mix, Op, Workload};
 const BS: u64 = 4096;
 /// Engine clock advance per loop iteration.
 const STEP_NS: u64 = 20_000;
+/// Device calls one engine loop iteration may make; more means it spins.
+const DEVICE_CALLS_PER_POLL_MAX: u64 = 2_000_000;
 
 /// The capacity device: zone emulation over a fault device on the rail.
 pub type Cap = ZoneEmu<Powered>;
@@ -121,6 +123,15 @@ pub struct SimConfig {
     /// Only crash points whose name starts with this (`trip:l2p`, `shutdown:`,
     /// `when:gc`...), for aiming a run at one kind of moment.
     pub only: Option<String>,
+    /// Harness self-test: this device acknowledges flushes without making anything
+    /// durable. Runs must then report violations.
+    pub lying_flushes: Option<Side>,
+    /// Harness self-test: the simulator acknowledges flush requests itself without
+    /// sending them to the engine, so the model believes in durability the engine
+    /// never promised. Runs must then report lost data.
+    pub phantom_flushes: bool,
+    /// Print every crash point, crash and reopen to stderr (for diagnosing a replay).
+    pub log: bool,
 }
 
 impl SimConfig {
@@ -161,6 +172,9 @@ impl SimConfig {
             restart_prefill_passes: 0,
             latency_polls_max: 3,
             only: None,
+            lying_flushes: None,
+            phantom_flushes: false,
+            log: false,
         }
     }
 }
@@ -317,6 +331,11 @@ struct Sim {
     reconcile_on_list: bool,
     errors_on: bool,
     engine_failed: bool,
+    /// The lineage's format and prefill are done (self-test sabotage starts here).
+    lineage_prefilled: bool,
+    /// The last request error an injected fault explained, and the faults injected.
+    last_injected: Option<String>,
+    injection: Option<String>,
     trace: Trace,
     counts: Counts,
     cycle: u64,
@@ -341,7 +360,11 @@ impl Sim {
             seed,
             rng,
             clock: ManualClock::new(),
-            rail: PowerRail::new(),
+            rail: {
+                let rail = PowerRail::new();
+                rail.set_calls_max(Some(DEVICE_CALLS_PER_POLL_MAX));
+                rail
+            },
             cache_ctl: None,
             cap_ctl: None,
             engine: None,
@@ -358,6 +381,9 @@ impl Sim {
             reconcile_on_list: false,
             errors_on: false,
             engine_failed: false,
+            lineage_prefilled: false,
+            last_injected: None,
+            injection: None,
             trace: Trace::default(),
             counts: Counts::default(),
             cycle: 0,
@@ -379,6 +405,18 @@ impl Sim {
             generation: self.generation,
             step: self.step,
             detail,
+        }
+    }
+
+    fn log(&self, line: impl FnOnce() -> String) {
+        if self.cfg.log {
+            eprintln!(
+                "[seed {} cycle {} step {}] {}",
+                self.seed,
+                self.cycle,
+                self.step,
+                line()
+            );
         }
     }
 
@@ -415,6 +453,8 @@ impl Sim {
         self.engine_failed = false;
         self.rail.restore();
         self.rail.set_layouts(Layouts::default());
+        self.rail.set_lying_flushes(None);
+        self.lineage_prefilled = false;
 
         let mut config = self.cfg.engine.clone();
         config.streams_max = self.rng.gen_range(1..=self.cfg.engine.streams_max.max(1));
@@ -523,6 +563,8 @@ impl Sim {
         }
         self.submit(Op::Flush);
         self.settle()?;
+        self.rail.set_lying_flushes(self.cfg.lying_flushes);
+        self.lineage_prefilled = true;
         if self.cfg.mode == Mode::Errors {
             self.inject_errors();
         }
@@ -573,23 +615,47 @@ impl Sim {
             (u64::from(self.cfg.zones) + 2) * self.cfg.zone_blocks * BS
         };
         let kind = self.rng.gen_range(0..6);
-        match kind {
-            0 => ctl.set_error_rate(self.rng.gen_range(100..=3000), 0),
-            1 => ctl.set_error_rate(0, self.rng.gen_range(50..=1000)),
+        let device = if on_cache { "cache" } else { "capacity" };
+        let what = match kind {
+            0 => {
+                let ppm = self.rng.gen_range(100..=3000);
+                ctl.set_error_rate(ppm, 0);
+                format!("{device} read errors at {ppm} ppm")
+            }
+            1 => {
+                let ppm = self.rng.gen_range(50..=1000);
+                ctl.set_error_rate(0, ppm);
+                format!("{device} write errors at {ppm} ppm")
+            }
             2 | 3 => {
                 let blocks = self.rng.gen_range(1..=64u64);
                 let offset = self.rng.gen_range(0..size / BS) * BS;
+                let remaining = self.rng.gen_range(1..=3);
                 ctl.add_error_rule(ErrorRule {
                     reads: kind == 2,
                     writes: kind == 3,
                     offset,
                     len: blocks * BS,
-                    remaining: Some(self.rng.gen_range(1..=3)),
+                    remaining: Some(remaining),
                 });
+                format!(
+                    "{device} {} errors for {remaining} requests at {offset}+{}",
+                    if kind == 2 { "read" } else { "write" },
+                    blocks * BS
+                )
             }
-            4 => ctl.fail_flushes(self.rng.gen_range(0..=30), 1),
-            _ => ctl.set_error_rate(self.rng.gen_range(50..=500), self.rng.gen_range(50..=500)),
-        }
+            4 => {
+                let skip = self.rng.gen_range(0..=30);
+                ctl.fail_flushes(skip, 1);
+                format!("{device} flush {} fails", skip + 1)
+            }
+            _ => {
+                let (r, w) = (self.rng.gen_range(50..=500), self.rng.gen_range(50..=500));
+                ctl.set_error_rate(r, w);
+                format!("{device} read errors at {r} ppm, write errors at {w} ppm")
+            }
+        };
+        self.injection = Some(what);
         self.trace.mix(0xE000 + kind);
         self.errors_on = true;
     }
@@ -599,6 +665,7 @@ impl Sim {
             c.clear_errors();
         }
         self.errors_on = false;
+        self.injection = None;
     }
 
     // ---------------------------------------------------------------- cycles
@@ -616,6 +683,7 @@ impl Sim {
         }
         self.counts.cycles += 1;
         self.trace.mix_str(&format!("{plan:?}"));
+        self.log(|| format!("plan {plan:?}"));
         self.drive(plan.warmup_steps)?;
         if self.engine_failed {
             self.counts.moment("engine-failed");
@@ -726,7 +794,10 @@ impl Sim {
         };
         let s = e.stats();
         self.add_stats(&s);
+        self.log(|| "shutdown".into());
+        self.rail.set_log_updates(self.cfg.log);
         let r = catch_unwind(AssertUnwindSafe(move || e.shutdown()));
+        self.rail.set_log_updates(false);
         let fired = self.rail.fired().is_some();
         if let Some(t) = trigger {
             let name = format!("shutdown:{}", plan::target_name(t.target));
@@ -825,6 +896,7 @@ impl Sim {
         self.relist = false;
         self.reconcile_on_list = false;
         self.engine_failed = false;
+        self.last_injected = None;
     }
 
     /// Crashes both fault devices; returns the restarted ones.
@@ -843,6 +915,14 @@ impl Sim {
             let pending = ctl.pending_writes();
             let write = fired.filter(|f| f.op.side == side).and_then(|f| f.write);
             let (mode, name) = plan::crash_mode(&mut self.rng, &pending, write);
+            self.log(|| {
+                format!(
+                    "crash {side:?}: {} pending ({} durable), fired {:?}: {mode:?}",
+                    pending.len(),
+                    pending.iter().filter(|p| p.durable).count(),
+                    fired.map(|f| (f.place, f.phase, f.op.offset, f.op.len)),
+                )
+            });
             let side_name = match side {
                 Side::Cache => "cache",
                 Side::Capacity => "capacity",
@@ -897,6 +977,7 @@ impl Sim {
             }
             let cache = Powered::new(cache_dev, Side::Cache, self.rail.clone());
             let inner = Powered::new(cap_dev, Side::Capacity, self.rail.clone());
+            self.rail.set_log_updates(self.cfg.log);
             let clock = self.clock.clone();
             let config = self.engine_config.clone();
             let opened = catch_unwind(AssertUnwindSafe(move || -> Result<Eng, OpenFail> {
@@ -914,6 +995,18 @@ impl Sim {
             };
             let powered = self.rail.is_on();
             self.rail.disarm();
+            self.rail.set_log_updates(false);
+            self.log(|| {
+                format!(
+                    "open (power {}): {}",
+                    if powered { "on" } else { "cut" },
+                    match &opened {
+                        Ok(_) => "ok".to_string(),
+                        Err(OpenFail::Zone(e)) => format!("zone emulation: {e}"),
+                        Err(OpenFail::Engine(e)) => format!("{e}"),
+                    }
+                )
+            });
             if !powered {
                 // A crash during the open: crash the devices again and retry.
                 let fired = self.rail.take_fired();
@@ -1113,12 +1206,34 @@ impl Sim {
             return Err(self.harness("no engine to poll".into()));
         };
         let powered = self.rail.is_on();
+        self.rail.mark();
         let r = catch_unwind(AssertUnwindSafe(|| {
             let progress = e.poll();
             if !progress && powered {
                 e.wait_io();
             }
         }));
+        if self.rail.spun() {
+            let s = e.stats();
+            return Err(self.violation(
+                ViolationKind::Stuck,
+                format!(
+                    "the engine spun inside one poll ({DEVICE_CALLS_PER_POLL_MAX} device calls without returning; stopped by cutting the power){}{}; stats: free chunks {}, free zones {}, staged {}, durability points {}",
+                    self.injection
+                        .as_ref()
+                        .map(|m| format!(" with {m} injected"))
+                        .unwrap_or_default(),
+                    self.last_injected
+                        .as_ref()
+                        .map(|m| format!(", after the request error \"{m}\""))
+                        .unwrap_or_default(),
+                    s.free_chunks,
+                    s.free_zones,
+                    s.staged_blocks,
+                    s.durability_points
+                ),
+            ));
+        }
         if let Err(p) = r {
             return Err(self.violation(
                 ViolationKind::Panic,
@@ -1296,6 +1411,12 @@ impl Sim {
                     },
                     Pending::Change,
                 )
+            }
+            Op::Flush if self.cfg.phantom_flushes && self.lineage_prefilled => {
+                self.next_op += 1;
+                let cut = self.model.cut();
+                self.model.flushed(&cut);
+                return;
             }
             Op::Flush => {
                 let cut = self.model.cut();
@@ -1489,6 +1610,7 @@ impl Sim {
         }
         if self.errors_on && caused_by_injection(&e) {
             self.counts.injected_errors_surfaced += 1;
+            self.last_injected = Some(e.to_string());
             if matches!(pending, Pending::Admin(_)) {
                 self.relist = true;
             }

@@ -48,6 +48,9 @@ struct Args {
     /// `when:gc`, `after-shutdown`).
     #[arg(long)]
     only: Option<String>,
+    /// Print every crash point, crash and reopen (for diagnosing a replay).
+    #[arg(long)]
+    log: bool,
 }
 
 fn modes(s: &str) -> Result<Vec<Mode>> {
@@ -70,6 +73,7 @@ fn run_mode(args: &Args, mode: Mode) -> (Counts, Vec<RunReport>, f64) {
         cfg.volume_fill_pct = p.clamp(1, 100);
     }
     cfg.only = args.only.clone();
+    cfg.log = args.log;
     if let Some(w) = args.warmup_steps {
         cfg.warmup_steps_max = w;
     }
