@@ -220,6 +220,12 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         let mut progress = self.reap(0)?;
         let dispatched = self.process_requests()?;
         progress |= dispatched;
+        if self.fatal.is_some() {
+            // A request failed the engine (e.g. a volume change that could not be
+            // persisted): nothing more may reach the devices.
+            self.fail_queued();
+            return Ok(true);
+        }
         if dispatched || !self.user_blocked {
             self.blocked_polls = 0;
         } else {

@@ -562,7 +562,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             );
             steps.end(&e.clock, &mut report, 0, detail);
 
-            steps.begin(&e.clock, "checkpoint");
+            steps.begin(&e.clock, "new checkpoint");
             e.checkpoint(false).map_err(OpenError::Engine)?;
             steps.end(
                 &e.clock,

@@ -31,4 +31,4 @@ pub mod workload;
 pub use model::{Mismatch, Model};
 pub use power::{PowerRail, Powered, Side};
 pub use report::{Counts, RunReport, Trace, Violation, ViolationKind};
-pub use sim::{run, Mode, SimConfig};
+pub use sim::{run, Geometry, Mode, SimConfig};

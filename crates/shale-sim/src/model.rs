@@ -71,6 +71,13 @@ pub fn block_hash(b: &[u8]) -> u64 {
     h ^ (h >> 32)
 }
 
+/// True when every byte is zero (a fast path: most blocks of a sparse volume).
+pub fn is_zero(b: &[u8]) -> bool {
+    // Fixed-size chunks OR-folded without an early exit vectorize well.
+    b.chunks(256)
+        .all(|c| c.iter().fold(0u8, |acc, &x| acc | x) == 0)
+}
+
 fn zero_hash() -> u64 {
     block_hash(&[0u8; BS])
 }
@@ -411,6 +418,9 @@ impl Model {
 
     /// Checks a block read after a crash against its allowed versions.
     pub fn check(&self, id: VolumeId, lba: u64, data: &[u8]) -> Result<(), Mismatch> {
+        if self.zero_only(id, lba) && is_zero(data) {
+            return Ok(());
+        }
         let got = block_hash(data);
         let Some(allowed) = self.allowed(id, lba) else {
             return Err(Mismatch {
@@ -481,8 +491,18 @@ impl Model {
         "garbage: no version of any block the model knows".into()
     }
 
+    /// The block's only allowed content is zeros (never written, or trimmed and
+    /// flushed).
+    fn zero_only(&self, id: VolumeId, lba: u64) -> bool {
+        self.allowed(id, lba)
+            .is_some_and(|a| a.len() == 1 && a[0].1 == self.zero)
+    }
+
     /// What recovery returned for a block becomes its floor and newest content.
     pub fn observe(&mut self, id: VolumeId, lba: u64, data: &[u8]) {
+        if self.zero_only(id, lba) && is_zero(data) {
+            return;
+        }
         let Some(v) = self.vols.get_mut(&id) else {
             return;
         };
@@ -493,6 +513,51 @@ impl Model {
         let b = lba as usize * BS;
         v.image[b..b + BS].copy_from_slice(data);
         self.dirty.remove(&(id, lba));
+    }
+
+    /// Puts a deleted volume back as `before` had it (`None`: removes the volume): a
+    /// volume change that failed, showed in the live engine, and was undone by a
+    /// crash. Every block may also read as zeros (the change unmapped it in memory).
+    pub fn restore(&mut self, id: VolumeId, before: Option<VolModel>) {
+        self.dirty.retain(|&(v, _)| v != id);
+        let Some(v) = before else {
+            self.vols.remove(&id);
+            return;
+        };
+        self.vols.insert(id, v);
+        self.allow_zeros_from(id, 0);
+    }
+
+    /// Undoes a shrink a crash took back: blocks from the shrunk size on come back
+    /// from `before` and may also read as zeros; the blocks kept keep their newer
+    /// history.
+    pub fn unshrink(&mut self, id: VolumeId, before: &VolModel) {
+        let Some(v) = self.vols.get_mut(&id) else {
+            return;
+        };
+        let from = v.size_blocks as usize;
+        if before.size_blocks as usize <= from {
+            return;
+        }
+        v.image.extend_from_slice(&before.image[from * BS..]);
+        v.hist.extend_from_slice(&before.hist[from..]);
+        v.size_blocks = before.size_blocks;
+        self.allow_zeros_from(id, from as u64);
+    }
+
+    fn allow_zeros_from(&mut self, id: VolumeId, from: u64) {
+        let zero = self.zero;
+        let Some(v) = self.vols.get_mut(&id) else {
+            return;
+        };
+        for (lba, h) in v.hist.iter_mut().enumerate().skip(from as usize) {
+            if !h.versions.iter().any(|&(_, x)| x == zero) {
+                h.versions.push((ORIGIN, zero));
+            }
+            if h.versions.len() > 1 {
+                self.dirty.insert((id, lba as u64));
+            }
+        }
     }
 
     /// After a crash and a complete verification: no request is in flight any more.
@@ -621,6 +686,29 @@ mod tests {
         m.write(2, VolumeId(1), 0, &block(9));
         let e = m.check(V, 0, &block(9)).unwrap_err();
         assert!(e.diagnosis.starts_with("misdirected"), "{e}");
+    }
+
+    #[test]
+    fn an_undone_shrink_brings_back_old_blocks_or_zeros_and_keeps_new_writes() {
+        let mut m = Model::new();
+        m.create(V, "a", 4);
+        m.write(1, V, 3 * BS as u64, &block(3));
+        m.completed(1);
+        m.flushed(&m.cut());
+        let before = m.volume(V).cloned().unwrap();
+        m.resize(V, 2);
+        m.write(2, V, 0, &block(7));
+        m.unshrink(V, &before);
+        assert_eq!(m.volume(V).unwrap().size_blocks, 4);
+        assert!(
+            m.check(V, 0, &block(7)).is_ok(),
+            "newer writes stay allowed"
+        );
+        assert!(m.check(V, 3, &block(3)).is_ok());
+        assert!(m.check(V, 3, &block(0)).is_ok());
+        assert!(m.check(V, 3, &block(9)).is_err());
+        m.restore(V, None);
+        assert!(m.volume(V).is_none());
     }
 
     #[derive(Debug, Clone)]

@@ -92,6 +92,8 @@ pub struct Counts {
     pub zone_resets: u64,
     pub chunk_frees: u64,
     pub relocated_blocks: u64,
+    pub l2p_page_reads: u64,
+    pub l2p_page_writes: u64,
 }
 
 impl Counts {
@@ -130,6 +132,8 @@ impl Counts {
         self.zone_resets += o.zone_resets;
         self.chunk_frees += o.chunk_frees;
         self.relocated_blocks += o.relocated_blocks;
+        self.l2p_page_reads += o.l2p_page_reads;
+        self.l2p_page_writes += o.l2p_page_writes;
     }
 
     pub fn moment(&mut self, key: &str) {
@@ -176,14 +180,16 @@ impl fmt::Display for Counts {
         )?;
         writeln!(
             f,
-            "engine: compaction victims {}  GC victims {}  relocated blocks {}  checkpoints {}  durability points {}  zone resets {}  chunk frees {}",
+            "engine: compaction victims {}  GC victims {}  relocated blocks {}  checkpoints {}  durability points {}  zone resets {}  chunk frees {}  L2P page reads/writes {}/{}",
             self.compaction_victims,
             self.gc_victims,
             self.relocated_blocks,
             self.checkpoints,
             self.durability_points,
             self.zone_resets,
-            self.chunk_frees
+            self.chunk_frees,
+            self.l2p_page_reads,
+            self.l2p_page_writes
         )?;
         let moments: Vec<String> = self
             .moments

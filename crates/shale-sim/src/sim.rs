@@ -38,7 +38,7 @@ use shale_engine::{
 };
 use shale_format::{CacheLayout, Superblock};
 
-use crate::model::{block_hash, BlockRange, FlushCut, Model, OpId};
+use crate::model::{block_hash, BlockRange, FlushCut, Model, OpId, VolModel};
 use crate::plan::{self, Moment, Plan};
 use crate::power::{
     CapacityLayout, DevOp, DevOpKind, Fired, Layouts, PowerRail, Powered, Side, Trigger,
@@ -93,11 +93,8 @@ pub struct SimConfig {
     pub mode: Mode,
     /// Crash points per run.
     pub generations: u32,
-    /// Cache device size in 4 KiB blocks.
-    pub cache_blocks: u64,
-    /// Zone size in 4 KiB blocks, and data zones on the capacity device.
-    pub zone_blocks: u64,
-    pub zones: u32,
+    /// Device geometries; each run draws one by weight.
+    pub geometries: Vec<Geometry>,
     /// Engine configuration (format-time and runtime); `streams_max` is drawn from
     /// `1..=streams_max` per lineage.
     pub engine: Config,
@@ -110,12 +107,7 @@ pub struct SimConfig {
     pub deadline_steps: u32,
     /// A request not completed after this many iterations is stuck.
     pub request_steps_max: u64,
-    /// Share of the user capacity given to the volumes made at format.
-    pub volume_fill_pct: u32,
-    /// Sequential passes over every volume after the first format of a run (so
-    /// compaction and GC have live data to move from the first crash point on).
-    pub prefill_passes: u32,
-    /// The same after the formats that follow a refused open (a lineage that lives
+    /// Prefill passes (see [`Geometry::prefill_passes`]) after the formats that follow a refused open (a lineage that lives
     /// one crash point need not pay for a full prefill).
     pub restart_prefill_passes: u32,
     /// Fault device completion latency, in polls, at most (drawn per lineage).
@@ -134,17 +126,70 @@ pub struct SimConfig {
     pub log: bool,
 }
 
+/// The devices of a run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Geometry {
+    pub name: &'static str,
+    /// Relative chance that a run uses it.
+    pub weight: u32,
+    /// Cache device size in 4 KiB blocks.
+    pub cache_blocks: u64,
+    /// Zone size in 4 KiB blocks, and data zones on the capacity device.
+    pub zone_blocks: u64,
+    pub zones: u32,
+    /// Share of the user capacity given to the volumes made at format.
+    pub volume_fill_pct: u32,
+    /// Sequential passes over every volume after the first format of a run (so
+    /// compaction and GC have live data to move from the first crash point on).
+    pub prefill_passes: u32,
+    /// L2P cache budget in pages, overriding the engine configuration's.
+    pub l2p_cache_pages: Option<u64>,
+}
+
+impl Geometry {
+    /// 4 chunks of 2 groups, 24 zones of one group: compaction and GC never stop.
+    pub fn tiny() -> Geometry {
+        Geometry {
+            name: "tiny",
+            weight: 3,
+            cache_blocks: 128 + 4 * 256,
+            zone_blocks: 128,
+            zones: 24,
+            volume_fill_pct: 92,
+            prefill_passes: 1,
+            l2p_cache_pages: None,
+        }
+    }
+
+    /// The same cache, 40 zones of 4 MiB, volumes of ~80 MiB written sparsely, and
+    /// the smallest L2P cache the engine accepts: L2P pages are evicted and written
+    /// back all the time (the tiny geometry's table fits in its cache).
+    pub fn wide() -> Geometry {
+        Geometry {
+            name: "wide",
+            weight: 1,
+            cache_blocks: 256 + 4 * 256,
+            zone_blocks: 1024,
+            zones: 40,
+            volume_fill_pct: 60,
+            prefill_passes: 0,
+            l2p_cache_pages: Some(6),
+        }
+    }
+
+    pub fn capacity_bytes(&self) -> u64 {
+        (u64::from(self.zones) + 2) * self.zone_blocks * BS
+    }
+}
+
 impl SimConfig {
-    /// Tiny devices and tight thresholds: compaction and GC run constantly. A cycle
-    /// takes a few milliseconds in release builds.
+    /// Tiny devices and tight thresholds: compaction, GC, checkpoints and L2P
+    /// write-back run constantly. A cycle takes a few milliseconds in release builds.
     pub fn fast(mode: Mode) -> SimConfig {
         SimConfig {
             mode,
             generations: 50,
-            // 4 chunks of 2 groups; 24 zones of one group each.
-            cache_blocks: 128 + 4 * 256,
-            zone_blocks: 128,
-            zones: 24,
+            geometries: vec![Geometry::tiny(), Geometry::wide()],
             engine: Config {
                 chunk_blocks: 256,
                 volumes_max: 4,
@@ -167,8 +212,6 @@ impl SimConfig {
             warmup_steps_max: 120,
             deadline_steps: 1500,
             request_steps_max: 100_000,
-            volume_fill_pct: 92,
-            prefill_passes: 1,
             restart_prefill_passes: 0,
             latency_polls_max: 3,
             only: None,
@@ -254,6 +297,17 @@ struct Done {
 
 type Inbox = Arc<Mutex<Vec<Done>>>;
 
+/// A volume change that may or may not have taken effect.
+#[derive(Debug, Clone)]
+struct Uncertain {
+    op: Op,
+    /// The model reflects it (it failed, yet the live engine showed it done); a crash
+    /// may still undo it, since a failed change promised no durability.
+    applied: bool,
+    /// The volume before the change (`None`: it did not exist, or not needed).
+    before: Option<VolModel>,
+}
+
 enum Reached {
     Moment,
     Missed,
@@ -306,6 +360,7 @@ fn cache_layout(ctl: &FaultController) -> Option<CacheLayout> {
 
 struct Sim {
     cfg: SimConfig,
+    geo: Geometry,
     seed: u64,
     rng: ChaCha8Rng,
     workload: Workload,
@@ -323,7 +378,7 @@ struct Sim {
     admin_waiting: Option<Op>,
     admin_inflight: bool,
     /// A volume change whose outcome a crash or an error left open.
-    admin_uncertain: Option<Op>,
+    admin_uncertain: Option<Uncertain>,
     listed: Option<Vec<VolumeInfo>>,
     /// A volume change failed on an injected error: list the volumes (as a client
     /// would) and adopt whichever outcome the engine reports.
@@ -348,12 +403,30 @@ impl Sim {
     fn new(seed: u64, cfg: SimConfig) -> Sim {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let wl_rng = ChaCha8Rng::seed_from_u64(rng.gen());
+        let geo = {
+            let total: u32 = cfg.geometries.iter().map(|g| g.weight).sum();
+            let mut r = rng.gen_range(0..total.max(1));
+            let mut pick = cfg
+                .geometries
+                .first()
+                .cloned()
+                .unwrap_or_else(Geometry::tiny);
+            for g in &cfg.geometries {
+                if r < g.weight {
+                    pick = g.clone();
+                    break;
+                }
+                r -= g.weight;
+            }
+            pick
+        };
         let limits = Limits {
             request_bytes_max: cfg.engine.request_bytes_max,
             user_capacity_blocks: 0,
             volumes_max: cfg.engine.volumes_max,
         };
         Sim {
+            geo,
             workload: Workload::new(wl_rng, cfg.mix.clone(), limits),
             engine_config: cfg.engine.clone(),
             cfg,
@@ -458,13 +531,18 @@ impl Sim {
 
         let mut config = self.cfg.engine.clone();
         config.streams_max = self.rng.gen_range(1..=self.cfg.engine.streams_max.max(1));
+        if let Some(pages) = self.geo.l2p_cache_pages {
+            config.l2p_cache_bytes_max = Some(pages * BS);
+        }
+        // Periodic checkpoints: synchronous, or incremental at 1 or 16 pages a poll.
+        config.checkpoint_pages_per_poll = [0, 1, 16][self.rng.gen_range(0..3)];
         self.queue_depth = self.rng.gen_range(1..=self.cfg.queue_depth_max.max(1));
         let lbs = |rng: &mut ChaCha8Rng| if rng.gen_bool(0.5) { 512 } else { 4096 };
         let cache_lbs = lbs(&mut self.rng);
         let cap_lbs = lbs(&mut self.rng);
-        let cache = FaultDevice::new(self.cfg.cache_blocks * BS, cache_lbs, self.rng.gen())
+        let cache = FaultDevice::new(self.geo.cache_blocks * BS, cache_lbs, self.rng.gen())
             .map_err(|e| self.harness(format!("cache device: {e}")))?;
-        let cap_bytes = (u64::from(self.cfg.zones) + 2) * self.cfg.zone_blocks * BS;
+        let cap_bytes = self.geo.capacity_bytes();
         let cap = FaultDevice::new(cap_bytes, cap_lbs, self.rng.gen())
             .map_err(|e| self.harness(format!("capacity device: {e}")))?;
         for d in [&cache, &cap] {
@@ -473,8 +551,8 @@ impl Sim {
         }
         self.cache_ctl = Some(cache.controller());
         self.cap_ctl = Some(cap.controller());
-        let mut zc = ZoneEmuConfig::new(self.cfg.zone_blocks * BS);
-        zc.zone_count_max = self.cfg.zones;
+        let mut zc = ZoneEmuConfig::new(self.geo.zone_blocks * BS);
+        zc.zone_count_max = self.geo.zones;
         zc.max_open_zones = 8;
         zc.max_active_zones = 8;
         let cap = ZoneEmu::format(Powered::new(cap, Side::Capacity, self.rail.clone()), &zc)
@@ -512,7 +590,7 @@ impl Sim {
         let n = self
             .rng
             .gen_range(2..=3u64.min(u64::from(self.cfg.engine.volumes_max)));
-        let mut left = user_blocks * u64::from(self.cfg.volume_fill_pct) / 100;
+        let mut left = user_blocks * u64::from(self.geo.volume_fill_pct) / 100;
         for i in 0..n {
             let size = if i + 1 == n {
                 left
@@ -532,7 +610,7 @@ impl Sim {
         // Prefill: sequential writes over every volume, then a flush.
         let max = self.cfg.engine.request_bytes_max;
         let passes = if self.lineage == 1 {
-            self.cfg.prefill_passes
+            self.geo.prefill_passes
         } else {
             self.cfg.restart_prefill_passes
         };
@@ -589,6 +667,8 @@ impl Sim {
         c.zone_resets += s.zone_resets;
         c.chunk_frees += s.chunk_frees;
         c.relocated_blocks += s.relocated_blocks;
+        c.l2p_page_reads += s.l2p_page_reads;
+        c.l2p_page_writes += s.l2p_page_writes;
         for x in [
             s.user_write_bytes,
             s.capacity_compaction_write_bytes,
@@ -610,9 +690,9 @@ impl Sim {
         };
         let Some(ctl) = ctl else { return };
         let size = if on_cache {
-            self.cfg.cache_blocks * BS
+            self.geo.cache_blocks * BS
         } else {
-            (u64::from(self.cfg.zones) + 2) * self.cfg.zone_blocks * BS
+            self.geo.capacity_bytes()
         };
         let kind = self.rng.gen_range(0..6);
         let device = if on_cache { "cache" } else { "capacity" };
@@ -835,6 +915,7 @@ impl Sim {
         self.trace.mix(u64::from(clean));
         if clean {
             self.model.all_durable();
+            self.admin_uncertain = None;
             let layouts = self.rail.layouts();
             for (side, c) in [
                 (Side::Cache, &self.cache_ctl),
@@ -887,7 +968,11 @@ impl Sim {
     fn note_lost_requests(&mut self) {
         for f in std::mem::take(&mut self.inflight).into_values() {
             if let Pending::Admin(op) = f.pending {
-                self.admin_uncertain = Some(op);
+                self.admin_uncertain = Some(Uncertain {
+                    op,
+                    applied: false,
+                    before: None,
+                });
             }
         }
         lock(&self.inbox).clear();
@@ -931,6 +1016,27 @@ impl Sim {
             let (report, dev) = ctl
                 .crash(&mode)
                 .map_err(|e| self.harness(format!("crash {side_name} with {mode:?}: {e}")))?;
+            if self.cfg.log {
+                let desc = |ids: &[shale_device::WriteId]| -> Vec<String> {
+                    ids.iter()
+                        .filter_map(|id| pending.iter().find(|p| p.id == *id))
+                        .map(|p| {
+                            format!(
+                                "{}{}+{}",
+                                if p.discard { "discard " } else { "" },
+                                p.offset,
+                                p.len
+                            )
+                        })
+                        .collect()
+                };
+                eprintln!(
+                    "    {side_name}: kept {:?} dropped {:?} torn {:?}",
+                    desc(&report.applied),
+                    desc(&report.dropped),
+                    report.torn
+                );
+            }
             self.counts.torn_writes += u64::from(report.torn.is_some());
             self.counts.pending_kept += report.applied.len() as u64;
             self.counts.pending_dropped += report.dropped.len() as u64;
@@ -980,8 +1086,21 @@ impl Sim {
             self.rail.set_log_updates(self.cfg.log);
             let clock = self.clock.clone();
             let config = self.engine_config.clone();
+            let log = self.cfg.log;
             let opened = catch_unwind(AssertUnwindSafe(move || -> Result<Eng, OpenFail> {
                 let cap = ZoneEmu::open(inner).map_err(OpenFail::Zone)?;
+                if log {
+                    let mut zones = Vec::new();
+                    let _ = cap.report_zones(0, cap.geometry().zone_count, &mut zones);
+                    let line: Vec<String> = zones
+                        .iter()
+                        .map(|z| {
+                            let wp = (z.write_pointer - z.start) / BS;
+                            format!("{}:{:?}@{wp}", z.index, z.state)
+                        })
+                        .collect();
+                    eprintln!("    zones at open: {}", line.join(" "));
+                }
                 Engine::open(cache, cap, clock, config).map_err(OpenFail::Engine)
             }));
             let opened = match opened {
@@ -1067,7 +1186,7 @@ impl Sim {
         let Some(listed) = self.listed.take() else {
             return Err(self.harness("volume list never came back".into()));
         };
-        self.reconcile_volumes(&listed)?;
+        self.reconcile_volumes(&listed, false)?;
         let max = self.cfg.engine.request_bytes_max;
         let vols: Vec<(VolumeId, u64)> = self
             .model
@@ -1106,7 +1225,11 @@ impl Sim {
         Ok(())
     }
 
-    fn reconcile_volumes(&mut self, listed: &[VolumeInfo]) -> Result<(), Violation> {
+    /// Matches the engine's volumes with the model's, settling an uncertain volume
+    /// change either way. `live`: listed from the running engine after the change
+    /// failed (then a change it shows done stays uncertain until a crash or a clean
+    /// shutdown decides it); otherwise listed after a reopen.
+    fn reconcile_volumes(&mut self, listed: &[VolumeInfo], live: bool) -> Result<(), Violation> {
         let view = |m: &Model| -> Vec<(u32, String, u64)> {
             m.volumes()
                 .iter()
@@ -1119,33 +1242,77 @@ impl Sim {
             .collect();
         got.sort();
         let uncertain = self.admin_uncertain.take();
+        self.log(|| format!("volumes {got:?}, uncertain change {uncertain:?}"));
         if got == view(&self.model) {
+            if live {
+                // Not done in memory either: nothing of it can become durable.
+                self.admin_uncertain = None;
+            } else if let Some(u) = uncertain.filter(|u| u.applied) {
+                // Done and kept: durable now (recovery took a checkpoint).
+                self.log(|| format!("kept: {:?}", u.op));
+            }
             return Ok(());
         }
-        if let Some(op) = uncertain {
+        if let Some(mut u) = uncertain {
             let mut m = self.model.clone();
-            match &op {
-                Op::Create { name, size_blocks } => {
-                    if let Some(i) = listed.iter().find(|i| &i.name == name) {
-                        m.create(i.id, name, *size_blocks);
+            if !u.applied {
+                match &u.op {
+                    Op::Create { name, size_blocks } => {
+                        if let Some(i) = listed.iter().find(|i| &i.name == name) {
+                            m.create(i.id, name, *size_blocks);
+                        }
                     }
+                    Op::Resize {
+                        volume,
+                        size_blocks,
+                    } => m.resize(*volume, *size_blocks),
+                    Op::Delete { volume } => m.delete(*volume),
+                    _ => {}
                 }
-                Op::Resize {
-                    volume,
-                    size_blocks,
-                } => m.resize(*volume, *size_blocks),
-                Op::Delete { volume } => m.delete(*volume),
-                _ => {}
+            } else {
+                // Undone by the crash: the volume as it was before.
+                match &u.op {
+                    Op::Create { name, .. } => {
+                        let id = m
+                            .volumes()
+                            .iter()
+                            .find(|(_, v)| &v.name == name)
+                            .map(|(&id, _)| id);
+                        if let Some(id) = id {
+                            m.restore(id, None);
+                        }
+                    }
+                    Op::Resize { volume, .. } => match &u.before {
+                        Some(b)
+                            if b.size_blocks > m.volume(*volume).map_or(0, |v| v.size_blocks) =>
+                        {
+                            m.unshrink(*volume, b)
+                        }
+                        Some(b) => m.resize(*volume, b.size_blocks),
+                        None => {}
+                    },
+                    Op::Delete { volume } => m.restore(*volume, u.before.clone()),
+                    _ => {}
+                }
             }
             if view(&m) == got {
                 self.model = m;
+                if live {
+                    u.applied = true;
+                    self.admin_uncertain = Some(u);
+                }
                 return Ok(());
             }
         }
         Err(self.violation(
             ViolationKind::VolumeSet,
             format!(
-                "after reopen the engine has volumes {got:?}, the model {:?}",
+                "{} the engine has volumes {got:?}, the model {:?}",
+                if live {
+                    "after a failed volume change"
+                } else {
+                    "after reopen"
+                },
                 view(&self.model)
             ),
         ))
@@ -1323,6 +1490,8 @@ impl Sim {
         let n = self.rng.gen_range(0..=room.min(4));
         for _ in 0..n {
             match self.workload.next(&self.model) {
+                // One undecided volume change at a time.
+                Some(op) if op.is_admin() && self.admin_uncertain.is_some() => {}
                 Some(op) if op.is_admin() => {
                     self.admin_waiting = Some(op);
                     break;
@@ -1488,7 +1657,11 @@ impl Sim {
                 // Nobody saw it: the request stays in flight as far as the model knows.
                 self.trace.mix(0xC07);
                 if let Pending::Admin(op) = f.pending {
-                    self.admin_uncertain = Some(op);
+                    self.admin_uncertain = Some(Uncertain {
+                        op,
+                        applied: false,
+                        before: None,
+                    });
                     self.admin_inflight = false;
                 }
                 continue;
@@ -1522,7 +1695,7 @@ impl Sim {
                 let Reply::Read(data) = reply else {
                     return Err(self.harness(format!("read {op} got {reply:?}")));
                 };
-                self.trace.mix(block_hash(&data));
+                self.trace.mix(u64::from(shale_format::crc32c(&data)));
                 self.counts.blocks_verified += (data.len() as u64).div_ceil(BS);
                 if data != expected {
                     let at = data
@@ -1546,7 +1719,7 @@ impl Sim {
                 let Reply::Read(data) = reply else {
                     return Err(self.harness(format!("read {op} got {reply:?}")));
                 };
-                self.trace.mix(block_hash(&data));
+                self.trace.mix(u64::from(shale_format::crc32c(&data)));
                 for (i, b) in data.chunks(BS as usize).enumerate() {
                     let lba = offset / BS + i as u64;
                     if let Err(m) = self.model.check(volume, lba, b) {
@@ -1555,12 +1728,11 @@ impl Sim {
                             format!("after the crash: {m}"),
                         ));
                     }
-                    let newest = self
+                    let older = self
                         .model
                         .allowed(volume, lba)
-                        .and_then(|a| a.last())
-                        .map(|&(_, h)| h);
-                    if newest != Some(block_hash(b)) {
+                        .is_some_and(|a| a.len() > 1 && a[a.len() - 1].1 != block_hash(b));
+                    if older {
                         self.counts.blocks_older += 1;
                     }
                     self.model.observe(volume, lba, b);
@@ -1568,6 +1740,7 @@ impl Sim {
                 }
             }
             Pending::Admin(a) => {
+                self.log(|| format!("volume change done: {a:?}"));
                 self.admin_inflight = false;
                 match (&a, reply) {
                     (Op::Create { name, size_blocks }, Reply::Volume(info)) => {
@@ -1593,7 +1766,7 @@ impl Sim {
                 };
                 if self.reconcile_on_list {
                     self.reconcile_on_list = false;
-                    self.reconcile_volumes(&v)?;
+                    self.reconcile_volumes(&v, true)?;
                 } else {
                     self.listed = Some(v);
                 }
@@ -1604,9 +1777,20 @@ impl Sim {
 
     fn on_err(&mut self, op: OpId, pending: Pending, e: EngineError) -> Result<(), Violation> {
         self.trace.mix_str(&e.to_string());
+        self.log(|| format!("request {op} ({}) failed: {e}", pending.kind()));
         if let Pending::Admin(a) = &pending {
             self.admin_inflight = false;
-            self.admin_uncertain = Some(a.clone());
+            let before = match a {
+                Op::Resize { volume, .. } | Op::Delete { volume } => {
+                    self.model.volume(*volume).cloned()
+                }
+                _ => None,
+            };
+            self.admin_uncertain = Some(Uncertain {
+                op: a.clone(),
+                applied: false,
+                before,
+            });
         }
         if self.errors_on && caused_by_injection(&e) {
             self.counts.injected_errors_surfaced += 1;

@@ -204,8 +204,24 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         }
     }
 
-    /// Unmaps `count` LBAs from `first`, skipping pages never written.
+    /// Unmaps `count` LBAs from `first`, skipping pages never written. A failure part
+    /// way stops the engine: the unmaps done so far have no journal record (the trim's
+    /// is written only once it is complete), so space they emptied must never be
+    /// reused on the strength of them.
     pub(crate) fn unmap_range(
+        &mut self,
+        volume: VolumeId,
+        first: u64,
+        count: u64,
+    ) -> Result<(), EngineError> {
+        self.unmap_range_inner(volume, first, count).inspect_err(|e| {
+            self.fail(EngineError::Failed {
+                reason: format!("unmapping {volume} {first}+{count}: {e}"),
+            })
+        })
+    }
+
+    fn unmap_range_inner(
         &mut self,
         volume: VolumeId,
         first: u64,

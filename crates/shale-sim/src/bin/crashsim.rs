@@ -38,6 +38,9 @@ struct Args {
     /// Sequential passes over every volume after each format.
     #[arg(long)]
     prefill_passes: Option<u32>,
+    /// Only this device geometry (tiny, wide).
+    #[arg(long)]
+    geometry: Option<String>,
     /// Percent of the user capacity given to the volumes made at format.
     #[arg(long)]
     fill_pct: Option<u32>,
@@ -67,10 +70,17 @@ fn run_mode(args: &Args, mode: Mode) -> (Counts, Vec<RunReport>, f64) {
     let mut cfg = SimConfig::fast(mode);
     cfg.generations = args.generations.max(1);
     if let Some(p) = args.prefill_passes {
-        cfg.prefill_passes = p;
+        for g in cfg.geometries.iter_mut() {
+            g.prefill_passes = p;
+        }
+    }
+    if let Some(name) = &args.geometry {
+        cfg.geometries.retain(|g| g.name == name);
     }
     if let Some(p) = args.fill_pct {
-        cfg.volume_fill_pct = p.clamp(1, 100);
+        for g in cfg.geometries.iter_mut() {
+            g.volume_fill_pct = p.clamp(1, 100);
+        }
     }
     cfg.only = args.only.clone();
     cfg.log = args.log;
