@@ -552,6 +552,14 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 done(r.map(|_| Reply::Done));
             }
             Request::ListVolumes => done(Ok(Reply::Volumes(self.volume_list()))),
+            Request::Allocation {
+                volume,
+                offset,
+                len,
+            } => {
+                let r = self.allocation(volume, offset, len);
+                done(r.map(Reply::Allocation));
+            }
             Request::Stats => done(Ok(Reply::Stats(Box::new(self.stats())))),
             Request::SelfCheck => {
                 let r = self.self_check();

@@ -54,7 +54,7 @@ pub use error::{
 pub use gc::policy::GcPolicyKind;
 pub use metrics::Stats;
 pub use recovery::{OpenReport, ReplayCounts, StepReport};
-pub use request::{Completion, Reply, Request, VolumeInfo};
+pub use request::{Completion, Extent, Reply, Request, VolumeInfo, ALLOCATION_QUERY_BYTES_MAX};
 pub use thread::EngineThread;
 
 pub use shale_format::{Lba, Pba, Sid, VolumeId};

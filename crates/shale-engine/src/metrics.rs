@@ -53,6 +53,8 @@ pub struct Stats {
     pub durability_points: u64,
     /// Flushes that found everything already durable (no device I/O).
     pub idle_flushes: u64,
+    /// Allocation (block status) queries answered.
+    pub allocation_queries: u64,
     /// Data or md checksum failures seen (reads and relocations).
     pub crc_errors: u64,
 

@@ -46,6 +46,15 @@ pub enum Request {
         volume: VolumeId,
     },
     ListVolumes,
+    /// Which bytes of `[offset, offset + len)` are mapped (NBD BLOCK_STATUS
+    /// `base:allocation`): answered by [`Reply::Allocation`]. `len` is at most
+    /// [`ALLOCATION_QUERY_BYTES_MAX`] (larger is refused with `TooLarge`; NBD lets a
+    /// server answer a prefix, so front-ends clamp). Any alignment.
+    Allocation {
+        volume: VolumeId,
+        offset: u64,
+        len: u64,
+    },
     Stats,
     /// Runs the O(n) self-check (L2P vs validity vs counts, region states, free lists).
     SelfCheck,
@@ -64,7 +73,25 @@ pub enum Reply {
     Read(Vec<u8>),
     Volume(VolumeInfo),
     Volumes(Vec<VolumeInfo>),
+    /// Extents in order, covering exactly the requested range; neighbours differ in
+    /// `mapped`.
+    Allocation(Vec<Extent>),
     Stats(Box<Stats>),
+}
+
+/// Largest range one `Request::Allocation` may ask about: 256 L2P pages, so at most
+/// 256 page reads and 262,144 extents.
+pub const ALLOCATION_QUERY_BYTES_MAX: u64 = 1 << 30;
+
+/// A stretch of bytes that is all mapped or all unmapped.
+///
+/// Mapped: the 4 KiB block holding these bytes has an L2P entry (written, not trimmed
+/// since). Unmapped bytes read as zeros. Write-zeroes unmaps whole blocks, so they are
+/// unmapped afterwards; partial blocks it zeroes are written, so they stay mapped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Extent {
+    pub len: u64,
+    pub mapped: bool,
 }
 
 /// Called exactly once when a request finishes.

@@ -374,6 +374,31 @@ impl L2p {
         })
     }
 
+    /// Copies page `p` of `v` into `out` without touching the LRU order or the hit
+    /// counters: from its frame if cached, else read from the device (CRC-checked).
+    /// Returns false, with no I/O, when the page was never written (all unmapped).
+    /// For queries that scan wide ranges, which must not evict the working set.
+    pub fn peek_page<C: BlockDevice>(
+        &mut self,
+        dev: &mut C,
+        v: VolumeId,
+        p: usize,
+        out: &mut [u32; EPP],
+    ) -> Result<bool, EngineError> {
+        if self.page_is_empty(v, p) {
+            return Ok(false);
+        }
+        let f = self.vols[v.0 as usize]
+            .as_ref()
+            .map_or(FRAME_NONE, |m| m.frame[p]);
+        if f != FRAME_NONE {
+            out.copy_from_slice(&self.frames[f as usize].data[..]);
+        } else {
+            self.read_page(dev, v, p, out)?;
+        }
+        Ok(true)
+    }
+
     /// Writes back every dirty page. Returns bytes written.
     pub fn write_back_all<C: BlockDevice>(&mut self, dev: &mut C) -> Result<u64, EngineError> {
         let mut n = 0;

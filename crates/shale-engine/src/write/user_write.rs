@@ -214,11 +214,12 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         first: u64,
         count: u64,
     ) -> Result<(), EngineError> {
-        self.unmap_range_inner(volume, first, count).inspect_err(|e| {
-            self.fail(EngineError::Failed {
-                reason: format!("unmapping {volume} {first}+{count}: {e}"),
+        self.unmap_range_inner(volume, first, count)
+            .inspect_err(|e| {
+                self.fail(EngineError::Failed {
+                    reason: format!("unmapping {volume} {first}+{count}: {e}"),
+                })
             })
-        })
     }
 
     fn unmap_range_inner(
