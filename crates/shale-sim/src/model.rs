@@ -208,6 +208,13 @@ pub struct Model {
     dirty: BTreeSet<(VolumeId, u64)>,
     /// Requests submitted and not (successfully) completed.
     unsettled: BTreeSet<OpId>,
+    /// Blocks a failed request may or may not have changed: the engine answers a
+    /// failed multi-block request per block, old or new, and says nothing of which.
+    unknown: BTreeSet<(VolumeId, u64)>,
+    /// Blocks whose newer versions were computed over a failed request's content (a
+    /// sub-block write patches whichever content the engine holds, which the model no
+    /// longer knows): reads of them cannot be checked until the next crash settles it.
+    unverifiable: BTreeSet<(VolumeId, u64)>,
     zero: u64,
 }
 
@@ -224,6 +231,8 @@ impl Model {
             incarnations: 0,
             dirty: BTreeSet::new(),
             unsettled: BTreeSet::new(),
+            unknown: BTreeSet::new(),
+            unverifiable: BTreeSet::new(),
             zero: zero_hash(),
         }
     }
@@ -344,6 +353,44 @@ impl Model {
         self.unsettled.remove(&op);
     }
 
+    /// Request `op` failed without failing the engine: each block it touched now
+    /// holds its old or its new content. Its version stays allowed after a crash (it
+    /// may have reached the media, as any unacknowledged write) and stays unsettled,
+    /// so no flush makes it the floor. Blocks with versions submitted after it are
+    /// marked unverifiable (see [`Model::unverifiable`]).
+    pub fn failed(&mut self, op: OpId) {
+        for &(id, lba) in &self.dirty {
+            let Some(h) = self.vols.get(&id).and_then(|v| v.hist.get(lba as usize)) else {
+                continue;
+            };
+            let Some(i) = h.versions.iter().position(|&(o, _)| o == op) else {
+                continue;
+            };
+            if i + 1 < h.versions.len() {
+                self.unverifiable.insert((id, lba));
+            } else {
+                self.unknown.insert((id, lba));
+            }
+        }
+    }
+
+    /// A read of a block a failed request touched: old or new content are both
+    /// right (checked like a read after a crash).
+    pub fn is_unknown(&self, id: VolumeId, lba: u64) -> bool {
+        self.unknown.contains(&(id, lba))
+    }
+
+    /// See the field's docs: such a block cannot be checked before the next crash.
+    pub fn is_unverifiable(&self, id: VolumeId, lba: u64) -> bool {
+        self.unverifiable.contains(&(id, lba))
+    }
+
+    /// Whether a failed request left blocks the model cannot follow exactly: the
+    /// simulator then crashes before submitting anything new.
+    pub fn has_unknown(&self) -> bool {
+        !self.unknown.is_empty() || !self.unverifiable.is_empty()
+    }
+
     /// A FUA write completed: its blocks' floors move to its versions.
     pub fn durable(&mut self, op: OpId, r: BlockRange) {
         let Some(v) = self.vols.get_mut(&r.volume) else {
@@ -399,14 +446,22 @@ impl Model {
 
     /// After a clean shutdown every request has completed and everything is durable.
     pub fn all_durable(&mut self) {
-        for (_, v) in self.vols.iter_mut() {
-            for h in v.hist.iter_mut() {
+        for (&id, v) in self.vols.iter_mut() {
+            for (lba, h) in v.hist.iter_mut().enumerate() {
+                let key = (id, lba as u64);
+                if self.unknown.contains(&key) || self.unverifiable.contains(&key) {
+                    // Which version the engine holds is unknown: a clean shutdown
+                    // must not pick one (the simulator crashes instead).
+                    continue;
+                }
                 if let Some(&(op, _)) = h.versions.last() {
                     h.advance_to(op);
                 }
             }
         }
-        self.dirty.clear();
+        let (unknown, unverifiable) = (&self.unknown, &self.unverifiable);
+        self.dirty
+            .retain(|k| unknown.contains(k) || unverifiable.contains(k));
         self.unsettled.clear();
     }
 
@@ -563,6 +618,8 @@ impl Model {
     /// After a crash and a complete verification: no request is in flight any more.
     pub fn forget_requests(&mut self) {
         self.unsettled.clear();
+        self.unknown.clear();
+        self.unverifiable.clear();
     }
 }
 
@@ -709,6 +766,34 @@ mod tests {
         assert!(m.check(V, 3, &block(9)).is_err());
         m.restore(V, None);
         assert!(m.volume(V).is_none());
+    }
+
+    #[test]
+    fn a_failed_request_leaves_old_or_new_and_taints_what_follows_it() {
+        let mut m = Model::new();
+        m.create(V, "a", 4);
+        m.write(1, V, 0, &block(1));
+        m.write(1, V, BS as u64, &block(1));
+        m.completed(1);
+        m.flushed(&m.cut());
+        m.write(2, V, 0, &[7u8; 2 * BS]);
+        m.write(3, V, BS as u64, &[9u8; 100]);
+        m.failed(2);
+        assert!(m.has_unknown());
+        assert!(m.is_unknown(V, 0) && !m.is_unverifiable(V, 0));
+        assert!(
+            m.is_unverifiable(V, 1),
+            "a later write patched content the model lost"
+        );
+        assert!(m.check(V, 0, &block(1)).is_ok() && m.check(V, 0, &[7u8; BS]).is_ok());
+        assert!(m.check(V, 0, &block(5)).is_err());
+        let cut = m.cut();
+        assert!(
+            cut.points.iter().all(|&(_, _, _, op)| op != 2),
+            "a failed request never becomes a floor"
+        );
+        m.forget_requests();
+        assert!(!m.has_unknown());
     }
 
     #[derive(Debug, Clone)]

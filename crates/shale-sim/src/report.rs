@@ -80,6 +80,9 @@ pub struct Counts {
     pub blocks_verified: u64,
     /// Blocks that read back as an older allowed version (not the newest) after a crash.
     pub blocks_older: u64,
+    /// Blocks read back that the model could not check: content a failed request
+    /// left unknown (see `Model::failed`).
+    pub blocks_unverifiable: u64,
     /// Errors injected into the devices that surfaced as typed request errors.
     pub injected_errors_surfaced: u64,
     /// Engine failures (fatal) caused by injected errors.
@@ -123,6 +126,7 @@ impl Counts {
         self.bytes_written += o.bytes_written;
         self.blocks_verified += o.blocks_verified;
         self.blocks_older += o.blocks_older;
+        self.blocks_unverifiable += o.blocks_unverifiable;
         self.injected_errors_surfaced += o.injected_errors_surfaced;
         self.engine_failures_injected += o.engine_failures_injected;
         self.compaction_victims += o.compaction_victims;
@@ -170,11 +174,12 @@ impl fmt::Display for Counts {
         )?;
         writeln!(
             f,
-            "requests {}  MiB written {}  blocks verified {} (older allowed version {})  injected errors surfaced {} (engine failures {})",
+            "requests {}  MiB written {}  blocks verified {} (older allowed version {}, unverifiable after a failed request {})  injected errors surfaced {} (engine failures {})",
             self.requests,
             self.bytes_written >> 20,
             self.blocks_verified,
             self.blocks_older,
+            self.blocks_unverifiable,
             self.injected_errors_surfaced,
             self.engine_failures_injected
         )?;
