@@ -265,8 +265,42 @@ pub fn open(spec: &DeviceSpec) -> Result<Engine, DaemonError> {
     let engine_config = spec.engine_config()?;
     let cache: CacheDevice = Box::new(open_file("cache device", &spec.cache)?);
     let capacity = capacity_device(spec, false)?;
+    let started = std::time::Instant::now();
     let engine = shale_engine::Engine::open(cache, capacity, MonotonicClock::new(), engine_config)?;
+    log_open(engine.open_report(), started.elapsed());
     EngineThread::spawn(engine, ENGINE_QUEUE_DEPTH).map_err(DaemonError::Spawn)
+}
+
+/// One line saying whether the open was clean or a recovery, and what it cost; the
+/// engine has already logged each step.
+fn log_open(r: &shale_engine::OpenReport, wall: Duration) {
+    let wall_ms = wall.as_secs_f64() * 1e3;
+    let steps_ms = r.duration_ns() as f64 / 1e6;
+    if r.clean {
+        tracing::info!(
+            wall_ms,
+            steps_ms,
+            bytes_read = r.bytes_read(),
+            warnings = r.warnings.len(),
+            "opened after a clean shutdown"
+        );
+    } else {
+        let c = &r.replay;
+        tracing::warn!(
+            wall_ms,
+            steps_ms,
+            bytes_read = r.bytes_read(),
+            journal_entries = c.journal_entries,
+            regions_scanned = c.regions_scanned,
+            md_groups_read = c.md_groups_read,
+            entries_applied = c.entries_applied,
+            entries_superseded = c.entries_superseded,
+            trims = c.trims,
+            stray_zones_reset = c.stray_zones_reset,
+            warnings = r.warnings.len(),
+            "dirty recovery: the devices were not shut down cleanly; replayed the journal and open regions"
+        );
+    }
 }
 
 /// The running daemon's parts; [`Daemon::stop`] shuts them down in order.
@@ -444,6 +478,7 @@ pub fn run(config: &Config, stop: &AtomicBool) -> Result<(), DaemonError> {
             tracing::info!(addr = %a, "serving NBD on TCP");
         }
     }
+    tracing::info!("ready");
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(50));
     }

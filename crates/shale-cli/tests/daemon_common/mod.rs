@@ -1,0 +1,300 @@
+//! Shared harness of the `daemon_*` end-to-end tests: the real `shale serve` binary on a
+//! temp data directory, and the real client tools. A missing client binary fails the
+//! test with the package to install (`cargo xtask ci` installs them); nothing is skipped.
+#![allow(dead_code)] // each test binary uses a different part of the harness
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+pub const MIB: u64 = 1 << 20;
+pub const BLOCK: usize = 4096;
+
+/// Log line the daemon prints once every listener is up.
+const READY: &str = "shale_daemon::serve: ready";
+
+pub fn shale() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_shale"))
+}
+
+/// Fails (never skips) when a client tool is missing.
+pub fn require(tool: &str, package: &str) {
+    let found = Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    assert!(
+        found,
+        "{tool} is missing: install the {package} package (cargo xtask ci does)"
+    );
+}
+
+pub fn output(cmd: &mut Command) -> Output {
+    cmd.stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("running {cmd:?}: {e}"))
+}
+
+pub fn run(cmd: &mut Command) -> Output {
+    let out = output(cmd);
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}\nstdout: {}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+pub fn stdout(cmd: &mut Command) -> String {
+    String::from_utf8_lossy(&run(cmd).stdout).into_owned()
+}
+
+/// Deterministic, incompressible-looking bytes.
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+pub fn write_file(path: &Path, data: &[u8]) {
+    std::fs::write(path, data).expect("write file");
+}
+
+/// Small sparse devices: a 256 MiB cache of 4 MiB chunks in front of 2 GiB of 16 MiB
+/// zones, so compaction starts after ~200 MiB of writes.
+pub const SMALL_DEVICES: &[&str] = &[
+    "--cache-size",
+    "256MiB",
+    "--capacity-size",
+    "2GiB",
+    "--chunk-size",
+    "4MiB",
+    "--zone-size",
+    "16MiB",
+    "--default-volume-size",
+    "512MiB",
+];
+
+/// A daemon on a temp data directory, started and restarted with the same flags.
+pub struct Daemon {
+    pub dir: tempfile::TempDir,
+    child: Option<Child>,
+    args: Vec<String>,
+    /// Starts so far; the n-th start is ready when the log holds n ready lines.
+    starts: usize,
+    /// Wall time of the last start, from spawn to ready.
+    pub last_start: Duration,
+}
+
+impl Daemon {
+    /// Unix socket only, small devices.
+    pub fn start() -> Daemon {
+        let mut args: Vec<String> = vec!["--tcp".into(), String::new()];
+        args.extend(SMALL_DEVICES.iter().map(|s| s.to_string()));
+        Daemon::start_with(args)
+    }
+
+    pub fn start_with(args: Vec<String>) -> Daemon {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut d = Daemon {
+            dir,
+            child: None,
+            args,
+            starts: 0,
+            last_start: Duration::ZERO,
+        };
+        d.spawn();
+        d
+    }
+
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Starts the daemon and waits for its ready line (stale sockets of a killed
+    /// daemon may still be on disk, so their presence proves nothing).
+    pub fn spawn(&mut self) {
+        assert!(self.child.is_none(), "daemon already running");
+        let data = self.data_dir();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("serve.log"))
+            .expect("log file");
+        let started = Instant::now();
+        let child = shale()
+            .arg("serve")
+            .arg("--data-dir")
+            .arg(&data)
+            .args(&self.args)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn shale serve");
+        self.child = Some(child);
+        self.starts += 1;
+        while self.log().matches(READY).count() < self.starts {
+            if let Some(c) = self.child.as_mut() {
+                if let Ok(Some(status)) = c.try_wait() {
+                    panic!("shale serve exited early ({status}): {}", self.log());
+                }
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "daemon did not start: {}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        self.last_start = started.elapsed();
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("serve.log")).unwrap_or_default()
+    }
+
+    /// The log from the end of the previous start's ready line: everything the
+    /// current start printed (and the previous run's shutdown lines).
+    pub fn last_log(&self) -> String {
+        let log = self.log();
+        let cut = log
+            .match_indices(READY)
+            .nth(self.starts.saturating_sub(2))
+            .filter(|_| self.starts >= 2)
+            .map_or(0, |(pos, _)| pos + READY.len());
+        log[cut..].to_string()
+    }
+
+    /// The TCP address the current start listens on (the daemon logs the bound
+    /// address, so `127.0.0.1:0` works).
+    pub fn tcp_addr(&self) -> String {
+        let log = self.last_log();
+        let line = log
+            .lines()
+            .rev()
+            .find(|l| l.contains("serving NBD on TCP"))
+            .unwrap_or_else(|| panic!("no TCP listener in the log: {log}"));
+        let addr = line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("addr="))
+            .unwrap_or_else(|| panic!("no addr= in {line:?}"));
+        addr.to_string()
+    }
+
+    pub fn socket(&self) -> PathBuf {
+        self.data_dir().join("nbd.sock")
+    }
+
+    pub fn uri(&self, export: &str) -> String {
+        format!("nbd+unix:///{export}?socket={}", self.socket().display())
+    }
+
+    pub fn admin(&self, args: &[&str]) -> String {
+        stdout(shale().args(args).arg("--data-dir").arg(self.data_dir()))
+    }
+
+    pub fn stats(&self) -> serde_json::Value {
+        let s = self.admin(&["stats", "--json"]);
+        serde_json::from_str(&s).unwrap_or_else(|e| panic!("stats json {e}: {s}"))
+    }
+
+    /// SIGTERM and wait: the daemon must exit 0 after a clean shutdown.
+    pub fn stop(&mut self) {
+        let Some(mut c) = self.child.take() else {
+            return;
+        };
+        let pid = c.id().to_string();
+        run(Command::new("kill").args(["-TERM", &pid]));
+        let start = Instant::now();
+        loop {
+            if let Some(status) = c.try_wait().expect("wait") {
+                assert!(status.success(), "exit {status}: {}", self.log());
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "daemon did not stop: {}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(self.log().contains("clean shutdown"), "{}", self.log());
+    }
+
+    /// SIGKILL: no drain, no checkpoint, no clean flag.
+    pub fn kill9(&mut self) {
+        let Some(mut c) = self.child.take() else {
+            return;
+        };
+        c.kill().expect("SIGKILL");
+        let status = c.wait().expect("wait");
+        assert!(!status.success(), "daemon survived SIGKILL: {status}");
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// A client process running in the background, killed when dropped.
+pub struct Background {
+    pub child: Child,
+}
+
+impl Background {
+    pub fn spawn(cmd: &mut Command) -> Background {
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawning {cmd:?}: {e}"));
+        Background { child }
+    }
+
+    pub fn still_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Reads a whole export into memory with nbdcopy.
+pub fn read_export(uri: &str, scratch: &Path) -> Vec<u8> {
+    let _ = std::fs::remove_file(scratch);
+    run(Command::new("nbdcopy").arg(uri).arg(scratch));
+    std::fs::read(scratch).expect("read copy")
+}
+
+/// The first 4 KiB block where `got` and `want` differ, if any.
+pub fn first_difference(got: &[u8], want: &[u8]) -> Option<usize> {
+    if got.len() != want.len() {
+        return Some(got.len().min(want.len()) / BLOCK);
+    }
+    got.chunks(BLOCK)
+        .zip(want.chunks(BLOCK))
+        .position(|(a, b)| a != b)
+}
