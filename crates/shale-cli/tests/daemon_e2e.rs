@@ -213,3 +213,127 @@ fn sigterm_restart_keeps_every_byte() {
     assert!(list.contains("\"keep\""), "{list}");
     d.stop();
 }
+
+/// Merges `(offset, length, mapped)` runs of equal state, checking they tile
+/// `[0, size)` in order.
+fn merged_runs(runs: &[(u64, u64, bool)], size: u64, tool: &str) -> Vec<(u64, u64, bool)> {
+    let mut out: Vec<(u64, u64, bool)> = Vec::new();
+    let mut next = 0;
+    for &(off, len, mapped) in runs {
+        assert_eq!(
+            off, next,
+            "{tool}: extents not contiguous at {off}: {runs:?}"
+        );
+        assert!(len > 0, "{tool}: empty extent at {off}");
+        next = off + len;
+        match out.last_mut() {
+            Some(last) if last.2 == mapped => last.1 += len,
+            _ => out.push((off, len, mapped)),
+        }
+    }
+    assert_eq!(next, size, "{tool}: extents end at {next}, not {size}");
+    out
+}
+
+#[test]
+fn block_status_reports_written_trimmed_zeroed_and_never_written_ranges() {
+    require("nbdinfo", "libnbd-bin");
+    require("qemu-img", "qemu-utils");
+    require("qemu-io", "qemu-utils");
+    let d = Daemon::start();
+    d.admin(&["volume", "create", "map", "16MiB"]);
+    let uri = d.uri("map");
+    let k = 1024u64;
+    run(Command::new("qemu-io").args([
+        "-f",
+        "raw",
+        "-c",
+        "write -P 0x11 0 1M",
+        "-c",
+        "write -P 0x22 4M 2M",
+        "-c",
+        "discard 4608k 512k",
+        "-c",
+        "write -P 0x33 8M 2M",
+        "-c",
+        "write -z 9M 1M",
+        // One unaligned sector: its whole 4 KiB block becomes mapped.
+        "-c",
+        "write -P 0x44 12583424 512",
+        "-c",
+        "flush",
+        &uri,
+    ]));
+    let m = MIB;
+    let want = vec![
+        (0, m, true),
+        (m, 3 * m, false),
+        (4 * m, 512 * k, true),
+        (4608 * k, 512 * k, false),
+        (5 * m, m, true),
+        (6 * m, 2 * m, false),
+        (8 * m, m, true),
+        (9 * m, 3 * m, false),
+        (12 * m, 4 * k, true),
+        (12 * m + 4 * k, 4 * m - 4 * k, false),
+    ];
+
+    // libnbd asks for the whole export at once (no REQ_ONE).
+    let out = stdout(Command::new("nbdinfo").args(["--map", "--json", &uri]));
+    let v: serde_json::Value = serde_json::from_str(&out).expect("nbdinfo json");
+    let runs: Vec<(u64, u64, bool)> = v
+        .as_array()
+        .expect("array")
+        .iter()
+        .map(|e| {
+            let kind = e["type"].as_u64().expect("type");
+            assert!(kind == 0 || kind == 3, "unexpected state {kind}: {out}");
+            (
+                e["offset"].as_u64().expect("offset"),
+                e["length"].as_u64().expect("length"),
+                kind == 0,
+            )
+        })
+        .collect();
+    assert_eq!(merged_runs(&runs, 16 * m, "nbdinfo"), want, "{out}");
+
+    // qemu asks one extent at a time (REQ_ONE).
+    let out = stdout(Command::new("qemu-img").args(["map", "--output=json", "-f", "raw", &uri]));
+    let v: serde_json::Value = serde_json::from_str(&out).expect("qemu-img json");
+    let runs: Vec<(u64, u64, bool)> = v
+        .as_array()
+        .expect("array")
+        .iter()
+        .map(|e| {
+            let data = e["data"].as_bool().expect("data");
+            let zero = e["zero"].as_bool().expect("zero");
+            assert!(data != zero, "data and zero flags agree: {out}");
+            (
+                e["start"].as_u64().expect("start"),
+                e["length"].as_u64().expect("length"),
+                data,
+            )
+        })
+        .collect();
+    assert_eq!(merged_runs(&runs, 16 * m, "qemu-img map"), want, "{out}");
+
+    // Holes read as zeros and data reads back.
+    let out = stdout(Command::new("qemu-io").args([
+        "-f",
+        "raw",
+        "-c",
+        "read -P 0 1M 3M",
+        "-c",
+        "read -P 0 4608k 512k",
+        "-c",
+        "read -P 0 9M 1M",
+        "-c",
+        "read -P 0x22 5M 1M",
+        "-c",
+        "read -P 0x44 12583424 512",
+        "-c",
+        "read -P 0 12M 512",
+        &uri,
+    ]));
+    assert!(!out.contains("failed"), "{out}");
+}

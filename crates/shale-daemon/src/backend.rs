@@ -7,11 +7,14 @@
 use std::sync::{Arc, RwLock};
 
 use shale_device::{BlockDevice, ZonedDevice};
-use shale_engine::{EngineError, EngineThread, Reply, Request, VolumeId, VolumeInfo};
+use shale_engine::{
+    EngineError, EngineThread, Reply, Request, VolumeId, VolumeInfo, ALLOCATION_QUERY_BYTES_MAX,
+};
 use shale_nbd::backend::{
     Backend, BackendError, BackendReply, BackendRequest, BlockSizes, Completion, ExportCaps,
     ExportId, ExportInfo,
 };
+use shale_nbd::proto::consts::{STATE_HOLE, STATE_ZERO};
 use shale_nbd::proto::reply::Extent;
 
 pub type CacheDevice = Box<dyn BlockDevice + Send>;
@@ -169,15 +172,17 @@ impl Backend for EngineBackend {
                 offset,
                 fua,
             ),
-            BackendRequest::BlockStatus { len, .. } => {
-                // Reporting everything as data is always correct (base:allocation
-                // flags are hints); the engine does not yet expose allocation.
-                done(Ok(BackendReply::Extents(vec![Extent {
-                    length: len,
-                    flags: 0,
-                }])));
-                return;
-            }
+            BackendRequest::BlockStatus { offset, len } => (
+                // NBD lets a server describe a prefix of the range; the client asks
+                // again from where the reply ended.
+                Request::Allocation {
+                    volume,
+                    offset,
+                    len: u64::from(len).min(ALLOCATION_QUERY_BYTES_MAX),
+                },
+                offset,
+                false,
+            ),
         };
         let done = OnceCompletion::new(done);
         if then_flush {
@@ -223,6 +228,9 @@ impl Backend for EngineBackend {
             Box::new(move |r| {
                 done2.call(match r {
                     Ok(Reply::Read(data)) => Ok(BackendReply::Data(data)),
+                    Ok(Reply::Allocation(extents)) => Ok(BackendReply::Extents(
+                        extents.iter().filter_map(allocation_extent).collect(),
+                    )),
                     Ok(_) => Ok(BackendReply::Done),
                     Err(e) => Err(backend_error(offset, e)),
                 })
@@ -234,6 +242,16 @@ impl Backend for EngineBackend {
             done.call(Err(backend_error(offset, e)));
         }
     }
+}
+
+/// `base:allocation` flags (`NBD_STATE_HOLE`, `NBD_STATE_ZERO`) for one engine extent: unmapped blocks are holes that read
+/// as zeros; mapped ones are data. `None` for a length NBD cannot carry (the engine
+/// answers at most `ALLOCATION_QUERY_BYTES_MAX`, well inside `u32`).
+fn allocation_extent(e: &shale_engine::Extent) -> Option<Extent> {
+    Some(Extent {
+        length: u32::try_from(e.len).ok()?,
+        flags: if e.mapped { 0 } else { STATE_HOLE | STATE_ZERO },
+    })
 }
 
 /// A completion that can be reached from two places (the engine's callback, or the
