@@ -97,15 +97,18 @@ pub fn have(bin: &str) -> bool {
         .unwrap_or(false)
 }
 
-/// Skips the test (loudly) when a client binary is missing.
+/// Fails the test when a client binary is missing: a test that cannot run must not
+/// pass (`cargo xtask ci` installs the clients).
 #[macro_export]
 macro_rules! require {
     ($($bin:expr),+) => {
         $(
-            if !common::have($bin) {
-                eprintln!("SKIPPED: `{}` is not installed; {}", $bin, common::INSTALL_HINT);
-                return;
-            }
+            assert!(
+                common::have($bin),
+                "`{}` is not installed; {}",
+                $bin,
+                common::INSTALL_HINT
+            );
         )+
     };
 }
