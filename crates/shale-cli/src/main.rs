@@ -2,6 +2,7 @@
 #![forbid(unsafe_code)]
 
 mod bench;
+mod check;
 mod logging;
 mod serve;
 mod volume;
@@ -34,6 +35,8 @@ enum Command {
     Stats(volume::AdminArgs),
     /// Run benchmarks against Shale and its baselines on simulated drives.
     Bench(bench::BenchArgs),
+    /// Verify a cache and capacity device pair offline (never writes to them).
+    Check(check::CheckArgs),
 }
 
 fn main() -> ExitCode {
@@ -44,6 +47,7 @@ fn main() -> ExitCode {
         Command::Volume(args) => volume::volume(args),
         Command::Stats(args) => volume::stats(args),
         Command::Bench(args) => bench::main(args),
+        Command::Check(args) => check::main(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

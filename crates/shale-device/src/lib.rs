@@ -47,7 +47,7 @@ pub use mem::{MemDevice, MEM_MAX_IO_BYTES, MEM_QUEUE_DEPTH};
 pub use null::NullDevice;
 pub use sparse::{SparseImage, SPARSE_PAGE_BYTES};
 pub use stats::{DeviceStats, StatsDevice, StatsHandle};
-pub use zone_emu::{ZoneEmu, ZoneEmuConfig, ZoneFault};
+pub use zone_emu::{MetaProblem, ZoneEmu, ZoneEmuConfig, ZoneFault};
 pub use zoned::{
     ZoneAction, ZoneCompletion, ZoneGeometry, ZoneInfo, ZoneOp, ZoneRequest, ZoneState, ZonedDevice,
 };

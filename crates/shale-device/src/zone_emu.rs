@@ -35,6 +35,30 @@ use crate::{
     ZoneCompletion, ZoneError, ZoneGeometry, ZoneInfo, ZoneOp, ZoneRequest, ZoneState, ZonedDevice,
 };
 
+/// A problem [`ZoneEmu::verify_metadata`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetaProblem {
+    /// The device does not open (no valid copy of something it needs).
+    pub fatal: bool,
+    pub message: String,
+}
+
+impl MetaProblem {
+    fn fatal(message: String) -> MetaProblem {
+        MetaProblem {
+            fatal: true,
+            message,
+        }
+    }
+
+    fn survivable(message: String) -> MetaProblem {
+        MetaProblem {
+            fatal: false,
+            message,
+        }
+    }
+}
+
 /// How to lay zones over the inner device.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ZoneEmuConfig {
@@ -334,6 +358,67 @@ impl<D: BlockDevice> ZoneEmu<D> {
             });
         }
         Ok(emu)
+    }
+
+    /// Checks the zone emulation metadata at the start of `inner` without opening
+    /// it or writing anything: both geometry copies, both zone table slots and their
+    /// unused bytes. Returns every problem found; the device opens unless one of them
+    /// is fatal (a damaged copy is survivable while the other one is valid).
+    pub fn verify_metadata(inner: &mut D) -> Result<Vec<MetaProblem>, DeviceError> {
+        let mut problems = Vec::new();
+        let size = inner.info().size_bytes;
+        if size < TABLE_SLOT0_OFFSET {
+            problems.push(MetaProblem::fatal(format!(
+                "device of {size} bytes is too small for zone emulation metadata"
+            )));
+            return Ok(problems);
+        }
+        let mut copies = [
+            vec![0u8; META_BLOCK_BYTES as usize],
+            vec![0u8; META_BLOCK_BYTES as usize],
+        ];
+        let mut meta = None;
+        for (i, block) in copies.iter_mut().enumerate() {
+            inner.read_at(i as u64 * META_BLOCK_BYTES, block)?;
+            match decode_geometry(block) {
+                Ok(g) => meta = meta.or(Some(g)),
+                Err(e) => problems.push(MetaProblem::survivable(format!("geometry copy {i}: {e}"))),
+            }
+        }
+        let Some(meta) = meta else {
+            problems.push(MetaProblem::fatal("no valid geometry copy".into()));
+            return Ok(problems);
+        };
+        if problems.is_empty() && copies[0] != copies[1] {
+            problems.push(MetaProblem::fatal(
+                "the two valid geometry copies differ".into(),
+            ));
+        }
+        let slot_bytes = usize::try_from(meta.table_slot_bytes).unwrap_or(usize::MAX);
+        if TABLE_SLOT0_OFFSET
+            .checked_add(2 * meta.table_slot_bytes)
+            .is_none_or(|end| end > size)
+        {
+            problems.push(MetaProblem::fatal(format!(
+                "zone table slots of {slot_bytes} bytes do not fit in the device"
+            )));
+            return Ok(problems);
+        }
+        let mut slot = vec![0u8; slot_bytes];
+        let mut valid = 0;
+        for i in 0..2u64 {
+            inner.read_at(TABLE_SLOT0_OFFSET + i * meta.table_slot_bytes, &mut slot)?;
+            match decode_table(&meta, &slot) {
+                Ok(_) => valid += 1,
+                Err(e) => {
+                    problems.push(MetaProblem::survivable(format!("zone table slot {i}: {e}")))
+                }
+            }
+        }
+        if valid == 0 {
+            problems.push(MetaProblem::fatal("no valid zone table slot".into()));
+        }
+        Ok(problems)
     }
 
     fn assemble(

@@ -169,6 +169,13 @@ pub(crate) fn decode_geometry(block: &[u8]) -> Result<MetaGeometry, DeviceError>
             "geometry block checksum mismatch: stored {stored:#010x}, computed {computed:#010x}"
         )));
     }
+    // The CRC covers the used bytes only: unused bytes must be zero, so that a flip
+    // anywhere in the block is noticed.
+    if block[GEOMETRY_BYTES_USED..].iter().any(|&b| b != 0) {
+        return Err(corrupt(
+            "geometry block: non-zero bytes after the used area".into(),
+        ));
+    }
     let g = MetaGeometry {
         logical_block_size: le_u32(block, 12),
         zone_size: le_u64(block, 16),
@@ -268,6 +275,12 @@ pub(crate) fn decode_table(
         return Err(corrupt(format!(
             "zone table checksum mismatch: stored {stored:#010x}, computed {computed:#010x}"
         )));
+    }
+    // Bytes after the entries are outside the CRC: they must be zero (see above).
+    if slot[body_end..].iter().any(|&b| b != 0) {
+        return Err(corrupt(
+            "zone table slot: non-zero bytes after the entries".into(),
+        ));
     }
     let generation = le_u64(slot, 16);
     let format_id = le_u64(slot, 24);

@@ -35,6 +35,8 @@ use crate::{Config, Engine, ManualClock, OpenReport};
 /// How bad a finding is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Severity {
+    /// Not a problem: what an open will do (recover after an unclean stop).
+    Info,
     /// Worked around (a good twin exists) or a normal trace of a crash.
     Warning,
     /// The engine cannot use this, or data is lost or wrong.
@@ -160,7 +162,7 @@ pub fn check<C: BlockDevice, Z: ZonedDevice>(
     }
     if sb.as_ref().is_some_and(|s| !s.clean) || !report.clean {
         rep.add(
-            Severity::Warning,
+            Severity::Info,
             "shutdown",
             format!(
                 "not shut down cleanly: the next open recovers ({} journal entries, {} md groups replayed)",
