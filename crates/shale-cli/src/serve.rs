@@ -1,13 +1,15 @@
 //! `shale serve` and `shale format`.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 use shale_daemon::config::{CapacityMode, Config, Size, TlsConfig};
-use shale_daemon::serve::{self, DeviceSpec};
+use shale_daemon::serve::{self, DeviceSpec, FormatProgress};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum Mode {
@@ -235,7 +237,19 @@ pub fn format(args: FormatArgs) -> Result<()> {
     if volumes.is_empty() {
         volumes.push((serve::DEFAULT_VOLUME.to_string(), None));
     }
-    let created = serve::format(&spec, args.force, &volumes).context("shale format")?;
+    // A bar on a terminal (the step log lines would only interleave with it);
+    // otherwise one log line per step.
+    let terminal = std::io::stderr().is_terminal();
+    crate::logging::init("text", if terminal { "warn" } else { "info" })?;
+    let created = if terminal {
+        let mut bar = BarProgress::new();
+        let r = serve::format(&spec, args.force, &volumes, &mut bar);
+        bar.finish();
+        r
+    } else {
+        serve::format(&spec, args.force, &volumes, &mut serve::LogOnly)
+    }
+    .context("shale format")?;
     if args.json {
         let v: Vec<_> = created
             .iter()
@@ -256,4 +270,44 @@ pub fn format(args: FormatArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The steps of a format as a progress bar; the spinner keeps turning while a long
+/// step (a discard of a whole drive) runs, and each finished step stays printed.
+struct BarProgress {
+    bar: indicatif::ProgressBar,
+}
+
+impl BarProgress {
+    fn new() -> BarProgress {
+        let bar = indicatif::ProgressBar::new(1);
+        if let Ok(style) = indicatif::ProgressStyle::with_template(
+            "{spinner} format [{bar:24}] {pos}/{len} {msg} ({elapsed})",
+        ) {
+            bar.set_style(style.progress_chars("=> "));
+        }
+        bar.enable_steady_tick(Duration::from_millis(100));
+        BarProgress { bar }
+    }
+
+    fn finish(&self) {
+        self.bar.finish_and_clear();
+    }
+}
+
+impl FormatProgress for BarProgress {
+    fn begin(&mut self, index: usize, total: usize, step: &str) {
+        self.bar.set_length(total as u64);
+        self.bar.set_position(index as u64);
+        self.bar.set_message(step.to_string());
+    }
+
+    fn end(&mut self, step: &str, elapsed: Duration, detail: &str) {
+        self.bar.inc(1);
+        let sep = if detail.is_empty() { "" } else { ": " };
+        self.bar.println(format!(
+            "  {step}{sep}{detail} ({:.2} s)",
+            elapsed.as_secs_f64()
+        ));
+    }
 }

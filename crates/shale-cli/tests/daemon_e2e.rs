@@ -337,3 +337,45 @@ fn block_status_reports_written_trimmed_zeroed_and_never_written_ranges() {
     ]));
     assert!(!out.contains("failed"), "{out}");
 }
+
+#[test]
+fn format_logs_its_steps_and_refuses_to_overwrite_without_force() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let format = |extra: &[&str]| {
+        let mut cmd = shale();
+        cmd.args(["format", "--data-dir"])
+            .arg(dir.path())
+            .args(["--cache-size", "128MiB", "--capacity-size", "1GiB"])
+            .args(["--chunk-size", "4MiB", "--zone-size", "16MiB"])
+            .args(["--volume", "a:64MiB", "--volume", "b", "--json"])
+            .args(extra);
+        output(&mut cmd)
+    };
+    let first = format(&[]);
+    assert!(first.status.success(), "{first:?}");
+    let v: serde_json::Value = serde_json::from_slice(&first.stdout).expect("json");
+    assert_eq!(v["volumes"][0]["name"], "a");
+    assert_eq!(v["volumes"][0]["size_bytes"], 64 * MIB);
+    assert_eq!(v["volumes"][1]["name"], "b");
+    // Off a terminal, one log line per step instead of a bar.
+    let log = String::from_utf8_lossy(&first.stderr);
+    for step in [
+        "create sparse files",
+        "capacity: zone emulation, discard",
+        "cache: superblock, journal, checkpoint",
+        "volumes",
+        "checkpoint, clean flag",
+    ] {
+        assert!(log.contains(&format!("step=\"{step}\"")), "{step}: {log}");
+    }
+    let again = format(&[]);
+    assert!(!again.status.success());
+    assert!(
+        String::from_utf8_lossy(&again.stderr).contains("--force"),
+        "{again:?}"
+    );
+    let forced = format(&["--force"]);
+    assert!(forced.status.success(), "{forced:?}");
+    let log = String::from_utf8_lossy(&forced.stderr);
+    assert!(!log.contains("create sparse files"), "{log}");
+}

@@ -203,30 +203,103 @@ pub fn has_shale_superblock(path: &Path) -> Result<bool, DaemonError> {
         || shale_format::Superblock::decode(&b[4096..], 4096).is_ok())
 }
 
+/// Watches the steps of a format: the CLI draws a progress bar on a terminal. Every
+/// step is also logged (tracing) with its duration, bar or not.
+pub trait FormatProgress {
+    /// Step `index` (0-based) of `total` starts.
+    fn begin(&mut self, index: usize, total: usize, step: &str);
+    /// The step ended; `detail` says what it did.
+    fn end(&mut self, step: &str, elapsed: Duration, detail: &str);
+}
+
+/// Progress that only logs.
+#[derive(Debug, Default)]
+pub struct LogOnly;
+
+impl FormatProgress for LogOnly {
+    fn begin(&mut self, _: usize, _: usize, _: &str) {}
+    fn end(&mut self, _: &str, _: Duration, _: &str) {}
+}
+
+/// Runs the steps of a format in order, timing and logging each.
+struct FormatSteps<'a> {
+    progress: &'a mut dyn FormatProgress,
+    index: usize,
+    total: usize,
+}
+
+impl FormatSteps<'_> {
+    fn step<T>(
+        &mut self,
+        name: &str,
+        f: impl FnOnce() -> Result<(T, String), DaemonError>,
+    ) -> Result<T, DaemonError> {
+        self.progress.begin(self.index, self.total, name);
+        let started = std::time::Instant::now();
+        let (value, detail) = f()?;
+        let elapsed = started.elapsed();
+        tracing::info!(
+            step = name,
+            duration_ms = elapsed.as_secs_f64() * 1e3,
+            detail = %detail,
+            "format step"
+        );
+        self.progress.end(name, elapsed, &detail);
+        self.index += 1;
+        Ok(value)
+    }
+}
+
+fn gib(bytes: u64) -> String {
+    format!("{:.1} GiB", bytes as f64 / (1u64 << 30) as f64)
+}
+
 /// Formats the devices named by `spec` (creating sparse files where they do not
 /// exist) and creates one volume per `(name, bytes)`; `None` bytes = the rest.
+///
+/// Steps: create files (if any is missing), zone emulation on the capacity device
+/// (which discards its whole data area: instant on a sparse file, slow on some
+/// drives), cache metadata (superblock, journal, first checkpoint), volumes, and a
+/// final checkpoint with the clean flag.
 pub fn format(
     spec: &DeviceSpec,
     force: bool,
     volumes: &[(String, Option<u64>)],
+    progress: &mut dyn FormatProgress,
 ) -> Result<Vec<shale_engine::VolumeInfo>, DaemonError> {
-    for (path, size) in [
+    let missing: Vec<(&PathBuf, u64)> = [
         (&spec.cache, spec.cache_size),
         (&spec.capacity, spec.capacity_size),
-    ] {
-        if !path.exists() {
-            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                std::fs::create_dir_all(dir).map_err(|e| DaemonError::Setup {
-                    path: dir.to_path_buf(),
-                    reason: e.to_string(),
+    ]
+    .into_iter()
+    .filter(|(p, _)| !p.exists())
+    .collect();
+    let mut steps = FormatSteps {
+        progress,
+        index: 0,
+        total: 4 + usize::from(!missing.is_empty()),
+    };
+    if !missing.is_empty() {
+        steps.step("create sparse files", || {
+            for &(path, size) in &missing {
+                if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                    std::fs::create_dir_all(dir).map_err(|e| DaemonError::Setup {
+                        path: dir.to_path_buf(),
+                        reason: e.to_string(),
+                    })?;
+                }
+                FileDevice::create_sparse(path, size).map_err(|source| DaemonError::Device {
+                    what: "creating",
+                    path: path.clone(),
+                    source,
                 })?;
             }
-            FileDevice::create_sparse(path, size).map_err(|source| DaemonError::Device {
-                what: "creating",
-                path: path.clone(),
-                source,
-            })?;
-        }
+            let names: Vec<String> = missing
+                .iter()
+                .map(|(p, size)| format!("{} ({})", p.display(), gib(*size)))
+                .collect();
+            Ok(((), names.join(", ")))
+        })?;
     }
     if !force && has_shale_superblock(&spec.cache)? {
         return Err(DaemonError::Setup {
@@ -235,28 +308,49 @@ pub fn format(
         });
     }
     let engine_config = spec.engine_config()?;
-    let cache: CacheDevice = Box::new(open_file("cache device", &spec.cache)?);
-    let capacity = capacity_device(spec, true)?;
-    let mut engine =
-        shale_engine::Engine::format(cache, capacity, MonotonicClock::new(), engine_config)?;
-    let mut created = Vec::new();
-    let user = engine.user_capacity_bytes();
-    let mut used = 0u64;
-    for (name, size) in volumes {
-        let bytes = size.unwrap_or(user.saturating_sub(used)) / 4096 * 4096;
-        let reply = call_direct(
-            &mut engine,
-            Request::CreateVolume {
-                name: name.clone(),
-                size_bytes: bytes,
-            },
-        )?;
-        if let Reply::Volume(info) = reply {
-            used += info.size_bytes;
-            created.push(info);
+    let capacity = steps.step("capacity: zone emulation, discard", || {
+        let capacity = capacity_device(spec, true)?;
+        let g = capacity.geometry();
+        let detail = format!(
+            "{} zones of {} MiB, {} discarded",
+            g.zone_count,
+            g.zone_size >> 20,
+            gib(u64::from(g.zone_count) * g.zone_size)
+        );
+        Ok((capacity, detail))
+    })?;
+    let mut engine = steps.step("cache: superblock, journal, checkpoint", || {
+        let cache: CacheDevice = Box::new(open_file("cache device", &spec.cache)?);
+        let engine =
+            shale_engine::Engine::format(cache, capacity, MonotonicClock::new(), engine_config)?;
+        let detail = format!("{} of user capacity", gib(engine.user_capacity_bytes()));
+        Ok((engine, detail))
+    })?;
+    let created = steps.step("volumes", || {
+        let mut created = Vec::new();
+        let user = engine.user_capacity_bytes();
+        let mut used = 0u64;
+        for (name, size) in volumes {
+            let bytes = size.unwrap_or(user.saturating_sub(used)) / 4096 * 4096;
+            let reply = call_direct(
+                &mut engine,
+                Request::CreateVolume {
+                    name: name.clone(),
+                    size_bytes: bytes,
+                },
+            )?;
+            if let Reply::Volume(info) = reply {
+                used += info.size_bytes;
+                created.push(info);
+            }
         }
-    }
-    engine.shutdown()?;
+        let detail = format!("{} created", created.len());
+        Ok((created, detail))
+    })?;
+    steps.step("checkpoint, clean flag", || {
+        engine.shutdown()?;
+        Ok(((), "devices marked clean".to_string()))
+    })?;
     Ok(created)
 }
 
@@ -332,7 +426,12 @@ impl Daemon {
                     Some(s) => Some(s.bytes("devices.default_volume_size")?),
                     None => None,
                 };
-                let vols = format(&spec, false, &[(DEFAULT_VOLUME.to_string(), size)])?;
+                let vols = format(
+                    &spec,
+                    false,
+                    &[(DEFAULT_VOLUME.to_string(), size)],
+                    &mut LogOnly,
+                )?;
                 for v in vols {
                     tracing::info!(volume = %v.name, size_bytes = v.size_bytes, "volume created");
                 }
