@@ -148,11 +148,20 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             volumes: self.volumes.table.clone(),
             directories: self.directories(),
         };
-        self.commit_checkpoint(&ck, clean)?;
+        // The checkpoint records freed zones as Free before their resets: the clean
+        // flag goes down only once they are reset, so a clean image never has a Free
+        // zone with data in it (open resets such zones anyway, after a crash here).
+        let resets_pending = clean && !self.regions.pending_free.is_empty();
+        self.commit_checkpoint(&ck, clean && !resets_pending)?;
         self.journal.after_checkpoint(generation);
         self.ckpt_sid_base = self.sid_next;
         self.ckpt_user_bytes = self.stats.user_write_bytes;
         self.release_pending()?;
+        if resets_pending {
+            let mut sb = self.sb.clone();
+            sb.clean = true;
+            self.write_superblock_as(sb)?;
+        }
         self.complete_durable_waiters();
         Ok(())
     }

@@ -106,7 +106,9 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 config.compaction_policy.policy(),
                 streams,
             ),
-            cleaner: zone_cleaner(config.gc_policy, streams),
+            cleaner: zone_cleaner(config.gc_policy, if std::env::var_os("SHALE_GCX").is_some() { 2 * streams } else { streams }),
+            gc_age_med: 64,
+            gc_age_cut: 0,
             zone_writes: Vec::new(),
             streams,
             journal,
@@ -513,9 +515,19 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             steps.end(&e.clock, &mut report, bytes, e.census_detail());
 
             steps.begin(&e.clock, "resume");
+            // Free zones must be empty on the device before reuse, after a clean stop
+            // too: a checkpoint records zones freed since the last durability point
+            // as Free before their resets, and a crash can come between the two (then
+            // a later clean shutdown carries the Free state forward).
+            let stray = e.reset_stray_zones()?;
             e.resume_open_regions(now)?;
             e.write_superblock_dirty()?;
-            steps.end(&e.clock, &mut report, 0, "open regions resumed".into());
+            steps.end(
+                &e.clock,
+                &mut report,
+                0,
+                format!("open regions resumed, {stray} stray zones reset"),
+            );
         } else {
             steps.begin(&e.clock, "replay plan");
             let mut rp = replay::plan(&e.geo, &e.regions, &log.blocks, &mut report.warnings);
