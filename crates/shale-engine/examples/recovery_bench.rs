@@ -9,7 +9,10 @@
 //! everything written is in the files); time the open, which recovers. Then a clean
 //! shutdown and a clean open for comparison.
 //!
-//! cargo run --release -p shale-engine --example recovery_bench -- [table|rss|stall] [dir]
+//! `kill`: a real kill -9 of a process writing randomly to a 6 GiB cache and a 24 GiB
+//! capacity, then the recovery timed (`SECS`, `RUNS` in the environment).
+//!
+//! cargo run --release -p shale-engine --example recovery_bench -- [table|rss|stall|kill] [dir]
 #![allow(clippy::unwrap_used)]
 
 use std::path::{Path, PathBuf};
@@ -356,6 +359,109 @@ fn stall(dir: &Path) {
     }
 }
 
+/// The kill -9 case: a child process formats a 6 GiB cache and a 24 GiB capacity
+/// (sparse files, default settings), then writes random 4 KiB blocks at queue depth 32
+/// (a flush every 64 MiB, as a file system would) until this process kills it with
+/// SIGKILL after `secs` seconds; then the recovery is timed. Repeated `runs` times.
+fn kill(dir: &Path, secs: u64, runs: u32) {
+    println!("kill -9 during random 4 KiB writes (QD 32, a flush per 64 MiB): 6 GiB cache, 24 GiB capacity, sparse files, default settings");
+    println!(
+        "{:>3} {:>9} {:>9} {:>10} | {:>9} {:>10} {:>8} {:>8} {:>8} | steps",
+        "run", "written", "ckpts", "MiB/s", "recov ms", "read MiB", "regions", "md grps", "entries"
+    );
+    for run in 0..runs {
+        let exe = std::env::current_exe().unwrap();
+        let status = dir.join("child.status");
+        let _ = std::fs::remove_file(&status);
+        let mut child = std::process::Command::new(exe)
+            .arg("kill-child")
+            .arg(dir)
+            .spawn()
+            .unwrap();
+        // Let it format and write; it reports its progress through a file.
+        std::thread::sleep(Duration::from_secs(secs));
+        let progress = std::fs::read_to_string(&status).unwrap_or_default();
+        // Child::kill sends SIGKILL on Unix: no shutdown, no flush.
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let (mut e, took) = open(dir, Config::default());
+        let rep = e.open_report().clone();
+        assert!(!rep.clean, "the killed run left a clean image");
+        let steps: Vec<String> = rep
+            .steps
+            .iter()
+            .map(|s| format!("{} {:.1}", s.name, s.duration_ns as f64 / 1e6))
+            .collect();
+        let mut f = progress.split_whitespace();
+        let written: u64 = f.next().and_then(|x| x.parse().ok()).unwrap_or(0);
+        let ckpts: u64 = f.next().and_then(|x| x.parse().ok()).unwrap_or(0);
+        let rate: f64 = f.next().and_then(|x| x.parse().ok()).unwrap_or(0.0);
+        println!(
+            "{:>3} {:>8}M {:>9} {:>10.1} | {:>9.1} {:>10.1} {:>8} {:>8} {:>8} | {}",
+            run,
+            written >> 20,
+            ckpts,
+            rate,
+            took.as_secs_f64() * 1e3,
+            rep.bytes_read() as f64 / MIB as f64,
+            rep.replay.regions_scanned,
+            rep.replay.md_groups_read,
+            rep.replay.entries_applied,
+            steps.join(", ")
+        );
+        e.self_check().unwrap();
+        drop(e.shutdown().unwrap());
+    }
+}
+
+/// The child of `kill`: writes until killed, reporting progress once a second.
+fn kill_child(dir: &Path) {
+    let (c, z) = paths(dir);
+    let _ = std::fs::remove_file(&c);
+    let _ = std::fs::remove_file(&z);
+    let mut zc = ZoneEmuConfig::new(ZONE);
+    let zones = (24 * GIB / ZONE) as u32;
+    zc.zone_count_max = zones;
+    FileDevice::create_sparse(&z, zc.device_bytes_for(zones).unwrap()).unwrap();
+    FileDevice::create_sparse(&c, 6 * GIB).unwrap();
+    let cap = ZoneEmu::format(FileDevice::open(&z).unwrap(), &zc).unwrap();
+    let mut e = Engine::format(
+        FileDevice::open(&c).unwrap(),
+        cap,
+        MonotonicClock::new(),
+        Config::default(),
+    )
+    .unwrap();
+    let user = e.user_capacity_bytes();
+    call(
+        &mut e,
+        Request::CreateVolume {
+            name: "v".into(),
+            size_bytes: user,
+        },
+    );
+    let blocks = user / 4096;
+    let status = dir.join("child.status");
+    let t = Instant::now();
+    let mut last = Instant::now();
+    let mut x = 0x5DEE_CE66u64;
+    let mut written = 0u64;
+    loop {
+        // 64 MiB of random 4 KiB writes, then a flush.
+        write_many(&mut e, 16 * 1024, 4096, |_| rng(&mut x) % blocks);
+        call(&mut e, Request::Flush);
+        written += 64 * MIB;
+        if last.elapsed() >= Duration::from_millis(500) {
+            last = Instant::now();
+            let rate = written as f64 / MIB as f64 / t.elapsed().as_secs_f64();
+            let line = format!("{written} {} {rate:.1}\n", e.stats().checkpoints);
+            let tmp = dir.join("child.status.tmp");
+            std::fs::write(&tmp, line).unwrap();
+            std::fs::rename(&tmp, &status).unwrap();
+        }
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let what = args.get(1).map_or("table", String::as_str);
@@ -368,7 +474,19 @@ fn main() {
         "table" => table(&dir),
         "rss" => rss(&dir),
         "stall" => stall(&dir),
-        other => eprintln!("unknown mode {other}: table, rss or stall"),
+        "kill" => {
+            let secs = std::env::var("SECS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(30);
+            let runs = std::env::var("RUNS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(3);
+            kill(&dir, secs, runs);
+        }
+        "kill-child" => kill_child(&dir),
+        other => eprintln!("unknown mode {other}: table, rss, stall or kill"),
     }
     let (c, z) = paths(&dir);
     let _ = std::fs::remove_file(c);
