@@ -55,6 +55,21 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         let rs = &self.regions;
         let bad =
             |region: RegionId, reason: String| Err(SelfCheckError::RegionState { region, reason });
+        // How often each region is on the free and pending lists (counted once: a
+        // search per region would be quadratic in the zone count).
+        let n = self.geo.region_count() as usize;
+        let mut listed_free = vec![0u32; n];
+        let mut listed_pending = vec![0u32; n];
+        for &r in rs.free_chunks.iter().chain(rs.free_zones.iter()) {
+            if let Some(c) = listed_free.get_mut(r.0 as usize) {
+                *c += 1;
+            }
+        }
+        for &r in &rs.pending_free {
+            if let Some(c) = listed_pending.get_mut(r.0 as usize) {
+                *c += 1;
+            }
+        }
         for i in 0..self.geo.region_count() {
             let r = RegionId(i);
             let reg = rs.get(r);
@@ -89,17 +104,25 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                     format!("write pointer {} past the end {}", reg.wp, groups.end()),
                 );
             }
-            for p in base.0..base.0 + span {
-                if rs.validity.get(Pba(p)) && !groups.is_data_slot(p - base.0) {
-                    return bad(r, format!("md or unused slot {} marked valid", p - base.0));
+            if bits > 0 {
+                // Only data slots may be valid: the two md slots of each group and the
+                // slots past the last group must be clear.
+                let md = (0..groups.count())
+                    .flat_map(|g| [groups.md_slot(g), groups.md_slot(g) + 1])
+                    .find(|&s| rs.validity.get(Pba(base.0 + s)));
+                let tail = rs
+                    .validity
+                    .first_set(
+                        Pba(base.0 + groups.end()),
+                        span.saturating_sub(groups.end()),
+                    )
+                    .map(|p| p.0 - base.0);
+                if let Some(s) = md.or(tail) {
+                    return bad(r, format!("md or unused slot {s} marked valid"));
                 }
             }
-            let in_free = if self.geo.is_chunk(r) {
-                rs.free_chunks.iter().filter(|&&x| x == r).count()
-            } else {
-                rs.free_zones.iter().filter(|&&x| x == r).count()
-            };
-            let in_pending = rs.pending_free.iter().filter(|&&x| x == r).count();
+            let in_free = listed_free[i as usize] as usize;
+            let in_pending = listed_pending[i as usize] as usize;
             match reg.state {
                 RegionState::Free => {
                     if in_free != 1
