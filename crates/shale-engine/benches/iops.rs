@@ -1,0 +1,469 @@
+//! The engine's 4 KiB random-write and random-read throughput on one core.
+//!
+//! The engine, the client loop and the completions all run on this one thread (queue
+//! depth 128, independent uniform draws over one volume spanning the user capacity).
+//! The cache is in memory; the capacity is zone emulation over a file (io_uring,
+//! O_DIRECT where the filesystem allows it). Phases, each reported on its own line:
+//!
+//! - `write first`: the first `--first-secs` of random writes on a fresh engine (the
+//!   cache absorbs them; compaction starts once it fills);
+//! - `write steady`: `--steady-secs` of random writes once GC has been running for a
+//!   while (after `--warm-multiple` × the user capacity has been written and GC has
+//!   reset zones), the figure that matters;
+//! - `read`: `--read-secs` of random reads of the written data (every read verifies
+//!   its CRC32C).
+//!
+//! Each line gives IOPS (wall clock), CPU per I/O (process user+system time, so
+//! io_uring and kernel work count, divided by I/Os completed), p50/p99/max latency,
+//! and the load average (the machine is shared: read IOPS against it). `--repeat N`
+//! runs the whole sequence N times on fresh devices and prints the medians.
+//!
+//! ```text
+//! cargo bench -p shale-engine --bench iops -- [--capacity-mib 4096] [--dir /tmp]
+//!     [--first-secs 30] [--steady-secs 30] [--read-secs 10] [--warm-multiple 2]
+//!     [--qd 128] [--l2p-mib N] [--repeat 1]
+//! ```
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use shale_device::{FileDevice, MemDevice, ZoneEmu, ZoneEmuConfig};
+use shale_engine::{Config, Engine, MonotonicClock, Reply, Request, Stats, VolumeId};
+
+const BLOCK: u64 = 4096;
+const ZONE_BYTES: u64 = 4 << 20;
+
+#[derive(Debug, Clone)]
+struct Args {
+    capacity_mib: u64,
+    dir: PathBuf,
+    first_secs: u64,
+    steady_secs: u64,
+    read_secs: u64,
+    warm_multiple: f64,
+    qd: u64,
+    l2p_mib: Option<u64>,
+    repeat: usize,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut a = Args {
+        capacity_mib: 4096,
+        dir: std::env::temp_dir(),
+        first_secs: 30,
+        steady_secs: 30,
+        read_secs: 10,
+        warm_multiple: 2.0,
+        qd: 128,
+        l2p_mib: None,
+        repeat: 1,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        if flag == "--bench" {
+            continue; // cargo bench passes it
+        }
+        let mut val = || it.next().ok_or(format!("{flag} needs a value"));
+        let num = |s: String| s.parse::<u64>().map_err(|e| format!("{flag}: {e}"));
+        match flag.as_str() {
+            "--capacity-mib" => a.capacity_mib = num(val()?)?,
+            "--dir" => a.dir = PathBuf::from(val()?),
+            "--first-secs" => a.first_secs = num(val()?)?,
+            "--steady-secs" => a.steady_secs = num(val()?)?,
+            "--read-secs" => a.read_secs = num(val()?)?,
+            "--warm-multiple" => {
+                a.warm_multiple = val()?.parse().map_err(|e| format!("{flag}: {e}"))?
+            }
+            "--qd" => a.qd = num(val()?)?.clamp(1, 4096),
+            "--l2p-mib" => a.l2p_mib = Some(num(val()?)?),
+            "--repeat" => a.repeat = num(val()?)?.clamp(1, 99) as usize,
+            other => return Err(format!("unknown flag {other}")),
+        }
+    }
+    if a.capacity_mib < 256 {
+        return Err("--capacity-mib must be at least 256".into());
+    }
+    Ok(a)
+}
+
+/// Latencies in a log-linear histogram: 64 buckets per power of two (< 1.6% error).
+#[derive(Debug, Clone)]
+struct Hist {
+    counts: Vec<u64>,
+    max_ns: u64,
+    n: u64,
+}
+
+const SUB: u64 = 64;
+
+impl Hist {
+    fn new() -> Hist {
+        Hist {
+            counts: vec![0; 64 * SUB as usize],
+            max_ns: 0,
+            n: 0,
+        }
+    }
+
+    fn bucket(ns: u64) -> usize {
+        if ns < SUB {
+            return ns as usize;
+        }
+        let p = 63 - u64::from(ns.leading_zeros()); // ns in [2^p, 2^(p+1))
+        let shift = p - 6;
+        ((p - 5) * SUB + ((ns >> shift) - SUB)) as usize
+    }
+
+    fn lower(b: usize) -> u64 {
+        let b = b as u64;
+        if b < SUB {
+            return b;
+        }
+        let p = b / SUB + 5;
+        (SUB + b % SUB) << (p - 6)
+    }
+
+    fn record(&mut self, ns: u64) {
+        let b = Self::bucket(ns).min(self.counts.len() - 1);
+        self.counts[b] += 1;
+        self.max_ns = self.max_ns.max(ns);
+        self.n += 1;
+    }
+
+    fn quantile(&self, q: f64) -> u64 {
+        if self.n == 0 {
+            return 0;
+        }
+        let want = ((self.n as f64) * q).ceil().max(1.0) as u64;
+        let mut seen = 0;
+        for (b, &c) in self.counts.iter().enumerate() {
+            seen += c;
+            if seen >= want {
+                return Self::lower(b + 1).min(self.max_ns);
+            }
+        }
+        self.max_ns
+    }
+}
+
+/// Process CPU time (user + system, all threads) from /proc/self/stat.
+fn cpu_time() -> Duration {
+    let s = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name (which may contain spaces) start after ')'.
+    let rest = s.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    // utime and stime are fields 14 and 15 (1-based); `rest` starts at field 3.
+    let t = ticks(11) + ticks(12);
+    Duration::from_millis(t * 1000 / clock_ticks_per_sec())
+}
+
+fn clock_ticks_per_sec() -> u64 {
+    // USER_HZ is 100 on every Linux architecture Rust supports.
+    100
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| {
+            let v: Vec<&str> = s.split_whitespace().take(3).collect();
+            (v.len() == 3).then(|| v.join(" "))
+        })
+        .unwrap_or_else(|| "?".into())
+}
+
+type Eng = Engine<MemDevice, ZoneEmu<FileDevice>, MonotonicClock>;
+
+struct Rig {
+    e: Eng,
+    volume: VolumeId,
+    blocks: u64,
+    path: PathBuf,
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+fn build(a: &Args, run: usize) -> Rig {
+    let zones = a.capacity_mib * (1 << 20) / ZONE_BYTES;
+    let mut zc = ZoneEmuConfig::new(ZONE_BYTES);
+    zc.zone_count_max = zones as u32;
+    let path = a
+        .dir
+        .join(format!("shale-iops-{}-{run}.capacity", std::process::id()));
+    let bytes = zc
+        .device_bytes_for(zones as u32)
+        .expect("capacity size overflows");
+    FileDevice::create_sparse(&path, bytes).expect("create the capacity file");
+    let file = FileDevice::open(&path).expect("open the capacity file");
+    let cap = ZoneEmu::format(file, &zc).expect("zone emulation");
+    // Cache: 5% of the capacity plus room for the metadata.
+    let cache_bytes = (a.capacity_mib * (1 << 20) / 20 + (16 << 20)) / BLOCK * BLOCK;
+    let cache = MemDevice::new(cache_bytes, 4096).expect("cache");
+    let config = Config {
+        chunk_blocks: 1024,
+        volumes_max: 8,
+        l2p_cache_bytes_max: a.l2p_mib.map(|m| m << 20),
+        ..Config::default()
+    };
+    let mut e = Engine::format(cache, cap, MonotonicClock::new(), config).expect("format");
+    let blocks = e.user_capacity_bytes() / BLOCK;
+    let slot = Arc::new(Mutex::new(None));
+    let s2 = Arc::clone(&slot);
+    e.submit(
+        Request::CreateVolume {
+            name: "bench".into(),
+            size_bytes: blocks * BLOCK,
+        },
+        Box::new(move |r| *s2.lock().unwrap() = Some(r)),
+    );
+    e.run_until_idle().expect("create the volume");
+    let volume = match slot.lock().unwrap().take() {
+        Some(Ok(Reply::Volume(v))) => v.id,
+        other => panic!("volume create: {other:?}"),
+    };
+    Rig {
+        e,
+        volume,
+        blocks,
+        path,
+    }
+}
+
+/// Figures of one phase.
+#[derive(Debug, Clone, Default)]
+struct Phase {
+    ios: u64,
+    wall: Duration,
+    cpu: Duration,
+    p50_ns: u64,
+    p99_ns: u64,
+    max_ns: u64,
+    load: String,
+    stats_before: Stats,
+    stats_after: Stats,
+}
+
+impl Phase {
+    fn iops(&self) -> f64 {
+        self.ios as f64 / self.wall.as_secs_f64().max(1e-9)
+    }
+    fn cpu_us_per_io(&self) -> f64 {
+        self.cpu.as_secs_f64() * 1e6 / self.ios.max(1) as f64
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Write,
+    Read,
+}
+
+/// Runs `kind` at queue depth `qd` until `stop` says so; returns the phase figures.
+fn run_phase(
+    rig: &mut Rig,
+    kind: Kind,
+    qd: u64,
+    rng: &mut u64,
+    mut stop: impl FnMut(&Eng, Duration) -> bool,
+) -> Phase {
+    let done = Arc::new(AtomicU64::new(0));
+    let failed = Arc::new(AtomicU64::new(0));
+    let hist = Arc::new(Mutex::new(Hist::new()));
+    let data = vec![0x5Au8; BLOCK as usize];
+    let stats_before = rig.e.stats();
+    let cpu0 = cpu_time();
+    let t0 = Instant::now();
+    let mut submitted = 0u64;
+    loop {
+        let elapsed = t0.elapsed();
+        if submitted.is_multiple_of(1024) && stop(&rig.e, elapsed) {
+            break;
+        }
+        while submitted - done.load(Ordering::Relaxed) < qd {
+            *rng ^= *rng << 13;
+            *rng ^= *rng >> 7;
+            *rng ^= *rng << 17;
+            let offset = (*rng % rig.blocks) * BLOCK;
+            let req = match kind {
+                Kind::Write => Request::Write {
+                    volume: rig.volume,
+                    offset,
+                    data: data.clone(),
+                    fua: false,
+                },
+                Kind::Read => Request::Read {
+                    volume: rig.volume,
+                    offset,
+                    len: BLOCK,
+                },
+            };
+            let (d, f, h) = (Arc::clone(&done), Arc::clone(&failed), Arc::clone(&hist));
+            let at = Instant::now();
+            rig.e.submit(
+                req,
+                Box::new(move |r| {
+                    let ns = at.elapsed().as_nanos() as u64;
+                    if r.is_err() {
+                        f.fetch_add(1, Ordering::Relaxed);
+                    }
+                    h.lock().unwrap().record(ns);
+                    d.fetch_add(1, Ordering::Relaxed);
+                }),
+            );
+            submitted += 1;
+            if submitted.is_multiple_of(1024) {
+                break;
+            }
+        }
+        if !rig.e.poll() {
+            rig.e.wait_io();
+        }
+    }
+    // Drain what is in flight so the next phase starts clean (not counted).
+    let ios = done.load(Ordering::Relaxed);
+    let wall = t0.elapsed();
+    let cpu = cpu_time().saturating_sub(cpu0);
+    let load = loadavg();
+    let stats_after = rig.e.stats();
+    while done.load(Ordering::Relaxed) < submitted {
+        if !rig.e.poll() {
+            rig.e.wait_io();
+        }
+    }
+    assert_eq!(failed.load(Ordering::Relaxed), 0, "requests failed");
+    let h = hist.lock().unwrap().clone();
+    Phase {
+        ios,
+        wall,
+        cpu,
+        p50_ns: h.quantile(0.50),
+        p99_ns: h.quantile(0.99),
+        max_ns: h.max_ns,
+        load,
+        stats_before,
+        stats_after,
+    }
+}
+
+fn us(ns: u64) -> String {
+    if ns >= 10_000_000 {
+        format!("{:.1} ms", ns as f64 / 1e6)
+    } else {
+        format!("{:.0} µs", ns as f64 / 1e3)
+    }
+}
+
+fn print_phase(name: &str, p: &Phase) {
+    let (b, a) = (&p.stats_before, &p.stats_after);
+    let user = a.user_write_bytes - b.user_write_bytes;
+    let cap = a.capacity_write_bytes() - b.capacity_write_bytes();
+    let hits = a.l2p_hits - b.l2p_hits;
+    let misses = a.l2p_misses - b.l2p_misses;
+    println!(
+        "{name:<13} {:>9.0} IOPS  {:>6.2} µs CPU/IO  p50 {:>8}  p99 {:>8}  max {:>8}  load {}  [{:.1} s, layer WAF {:.2}, GC victims {}, L2P hit {:.1}%]",
+        p.iops(),
+        p.cpu_us_per_io(),
+        us(p.p50_ns),
+        us(p.p99_ns),
+        us(p.max_ns),
+        p.load,
+        p.wall.as_secs_f64(),
+        if user > 0 { cap as f64 / user as f64 } else { 0.0 },
+        a.gc_victims - b.gc_victims,
+        100.0 * hits as f64 / (hits + misses).max(1) as f64,
+    );
+}
+
+fn one_run(a: &Args, run: usize) -> [Phase; 3] {
+    let mut rig = build(a, run);
+    let mut rng = 0x1234_5678_9abc_def1u64 ^ (run as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    println!(
+        "run {}: capacity {} MiB on {}, user {} MiB, chunks {}, streams {}, L2P budget {} pages",
+        run + 1,
+        a.capacity_mib,
+        a.dir.display(),
+        (rig.blocks * BLOCK) >> 20,
+        rig.e.stats().chunk_count,
+        rig.e.streams(),
+        rig.e.stats().l2p_cache_pages_max
+    );
+    let first_secs = Duration::from_secs(a.first_secs);
+    let first = run_phase(&mut rig, Kind::Write, a.qd, &mut rng, |_, t| {
+        t >= first_secs
+    });
+    print_phase("write first", &first);
+    // Warm up until GC has been resetting zones for a while.
+    let user_cap = rig.blocks * BLOCK;
+    let warm_bytes = (a.warm_multiple * user_cap as f64) as u64;
+    let t = Instant::now();
+    let warm = run_phase(&mut rig, Kind::Write, a.qd, &mut rng, |e, _| {
+        let s = e.stats();
+        s.user_write_bytes >= warm_bytes && s.gc_victims >= 16
+    });
+    println!(
+        "  (warm-up: {:.0} s, {} MiB more written, {:.0} IOPS)",
+        t.elapsed().as_secs_f64(),
+        (warm.stats_after.user_write_bytes - warm.stats_before.user_write_bytes) >> 20,
+        warm.iops()
+    );
+    let steady_secs = Duration::from_secs(a.steady_secs);
+    let steady = run_phase(&mut rig, Kind::Write, a.qd, &mut rng, |_, t| {
+        t >= steady_secs
+    });
+    print_phase("write steady", &steady);
+    let read_secs = Duration::from_secs(a.read_secs);
+    let read = run_phase(&mut rig, Kind::Read, a.qd, &mut rng, |_, t| t >= read_secs);
+    print_phase("read", &read);
+    rig.e.run_until_idle().expect("drain");
+    [first, steady, read]
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() {
+        0.0
+    } else {
+        v[v.len() / 2]
+    }
+}
+
+fn main() {
+    let a = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("iops: {e}");
+            std::process::exit(2);
+        }
+    };
+    if !Path::new(&a.dir).is_dir() {
+        eprintln!("iops: {} is not a directory", a.dir.display());
+        std::process::exit(2);
+    }
+    println!(
+        "4 KiB random I/O, queue depth {}, one thread; load average at start {}",
+        a.qd,
+        loadavg()
+    );
+    let runs: Vec<[Phase; 3]> = (0..a.repeat).map(|r| one_run(&a, r)).collect();
+    if a.repeat > 1 {
+        println!("medians of {} runs:", a.repeat);
+        for (i, name) in ["write first", "write steady", "read"].iter().enumerate() {
+            let col = |f: &dyn Fn(&Phase) -> f64| median(runs.iter().map(|r| f(&r[i])).collect());
+            println!(
+                "{name:<13} {:>9.0} IOPS  {:>6.2} µs CPU/IO  p99 {:>8}  max {:>8}",
+                col(&|p| p.iops()),
+                col(&|p| p.cpu_us_per_io()),
+                us(col(&|p| p.p99_ns as f64) as u64),
+                us(col(&|p| p.max_ns as f64) as u64),
+            );
+        }
+    }
+}
