@@ -57,6 +57,8 @@ fn page_bytes(data: &[u32; EPP], out: &mut [u8; 4096]) {
 
 /// Pages one `for_each_mapped` read covers at most (1 MiB).
 const FOR_EACH_RUN_PAGES: usize = 256;
+/// Unwanted slots `for_each_mapped` reads through rather than start a new read.
+const FOR_EACH_GAP_SLOTS: u32 = 8;
 const BLOCK_BYTES: usize = 4096;
 
 /// Calls `f` for the mapped entries of page `p` (entries past the volume's size are
@@ -538,7 +540,7 @@ impl L2p {
 
     /// Calls `f` for every mapped entry of every volume (cached pages first, then
     /// the others in slot order). Pages never written back and not cached are
-    /// skipped, and the others are read in runs of adjacent slots with one large read
+    /// skipped, and the others are read in runs of nearby slots with one large read
     /// each, so a whole-map walk (census, self-check) costs a sequential pass over the
     /// mapped pages rather than a synchronous 4 KiB read per page. Pages read here do
     /// not enter the cache.
@@ -568,11 +570,14 @@ impl L2p {
         let mut run_buf = vec![0u8; FOR_EACH_RUN_PAGES * BLOCK_BYTES];
         let mut i = 0;
         while i < to_read.len() {
-            // A run of adjacent slots, at most FOR_EACH_RUN_PAGES long.
+            // A run of nearby slots spanning at most FOR_EACH_RUN_PAGES. A page's two
+            // slots are adjacent, so the pages of a run are usually two slots apart:
+            // reading through small gaps (the other copies) is cheaper than an I/O
+            // per page.
             let first = to_read[i].0;
             let mut j = i + 1;
             while j < to_read.len()
-                && to_read[j].0 == to_read[j - 1].0 + 1
+                && to_read[j].0 - to_read[j - 1].0 <= FOR_EACH_GAP_SLOTS
                 && ((to_read[j].0 - first) as usize) < FOR_EACH_RUN_PAGES
             {
                 j += 1;
