@@ -136,6 +136,12 @@ pub struct ServeArgs {
     /// Refuse clients that do not use TLS
     #[arg(long, requires = "tls_cert")]
     pub tls_required: bool,
+    /// DRAM for cached L2P pages; the table is 1/1024 of the user capacity [default: 1GiB]
+    #[arg(long)]
+    pub l2p_cache_size: Option<String>,
+    /// DRAM for cached metadata blocks used to verify reads [default: 64MiB]
+    #[arg(long)]
+    pub md_cache_size: Option<String>,
     /// Log format: text or json [default: text]
     #[arg(long)]
     pub log_format: Option<String>,
@@ -178,6 +184,12 @@ pub fn main(args: ServeArgs) -> Result<()> {
             required: args.tls_required,
             exports,
         });
+    }
+    if let Some(v) = &args.l2p_cache_size {
+        c.memory.l2p_cache_size = Size(v.clone());
+    }
+    if let Some(v) = &args.md_cache_size {
+        c.memory.md_cache_size = Size(v.clone());
     }
     if let Some(v) = &args.log_format {
         c.log.format = v.clone();

@@ -63,6 +63,7 @@ pub struct Config {
     pub admin: AdminConfig,
     pub metrics: MetricsConfig,
     pub log: LogConfig,
+    pub memory: MemoryConfig,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -122,6 +123,29 @@ pub struct ExportAcl {
     pub allowed_identities: Vec<String>,
 }
 
+/// DRAM the engine may use for its caches. Both fill only as pages are touched, so a
+/// budget larger than what it caches costs nothing.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MemoryConfig {
+    /// Cached L2P pages. The whole table is 1/1024 of the user capacity (4 bytes per
+    /// 4 KiB block), so the default keeps all of it in DRAM up to 1 TiB of volumes;
+    /// beyond that, a miss is a synchronous 4 KiB read on the engine thread (and a
+    /// write-back if the evicted page was dirty).
+    pub l2p_cache_size: Size,
+    /// Cached metadata blocks, used to verify reads (one per 126 data blocks).
+    pub md_cache_size: Size,
+}
+
+impl Default for MemoryConfig {
+    fn default() -> MemoryConfig {
+        MemoryConfig {
+            l2p_cache_size: Size("1GiB".into()),
+            md_cache_size: Size("64MiB".into()),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AdminConfig {
@@ -153,6 +177,7 @@ impl Default for Config {
             admin: AdminConfig::default(),
             metrics: MetricsConfig::default(),
             log: LogConfig::default(),
+            memory: MemoryConfig::default(),
         }
     }
 }
@@ -248,6 +273,17 @@ impl Config {
                 return Err(ConfigError::Invalid {
                     field,
                     reason: format!("{} is not a positive multiple of 4 KiB", size.0),
+                });
+            }
+        }
+        for (field, size) in [
+            ("memory.l2p_cache_size", &self.memory.l2p_cache_size),
+            ("memory.md_cache_size", &self.memory.md_cache_size),
+        ] {
+            if size.bytes(field)? < 4096 {
+                return Err(ConfigError::Invalid {
+                    field,
+                    reason: format!("{} is less than one 4 KiB page", size.0),
                 });
             }
         }
@@ -390,6 +426,16 @@ mod tests {
         let mut c = Config::default();
         c.nbd.tcp = "localhost".into();
         assert!(matches!(c.validate(), Err(ConfigError::Invalid { .. })));
+        let mut c = Config::default();
+        c.memory.l2p_cache_size = Size("100".into());
+        assert!(matches!(c.validate(), Err(ConfigError::Invalid { .. })));
+        let c = Config::from_toml("[memory]\nmd_cache_size = \"16MiB\"\n", Path::new("t.toml"))
+            .expect("parses");
+        assert_eq!(
+            c.memory.l2p_cache_size,
+            MemoryConfig::default().l2p_cache_size
+        );
+        c.validate().expect("valid");
         let mut c = Config::default();
         c.devices.spare_factor = f64::NAN;
         assert!(matches!(c.validate(), Err(ConfigError::Invalid { .. })));

@@ -355,14 +355,16 @@ fn reader_loop(
                 },
                 _,
             ) => {
-                let mut data = vec![0u8; length as usize];
-                if let Err(source) = r.read_exact(&mut data) {
-                    gate.release(cost);
-                    return Err(ConnError::Io {
-                        step: "write payload",
-                        source,
-                    });
-                }
+                let data = match read_payload(&mut r, length) {
+                    Ok(data) => data,
+                    Err(source) => {
+                        gate.release(cost);
+                        return Err(ConnError::Io {
+                            step: "write payload",
+                            source,
+                        });
+                    }
+                };
                 stats.write_bytes += u64::from(length);
                 BackendRequest::Write { offset, data, fua }
             }
@@ -431,6 +433,17 @@ fn read_header(r: &mut impl Read, buf: &mut [u8; REQUEST_HEADER_BYTES]) -> io::R
         }
     }
     Ok(true)
+}
+
+/// Reads a write payload into a fresh buffer without zero-filling it first (the
+/// socket writes every byte; zeroing 64 KiB payloads was a fifth of a reader's time).
+fn read_payload(r: &mut impl Read, length: u32) -> io::Result<Vec<u8>> {
+    let mut data = Vec::with_capacity(length as usize);
+    let got = r.take(u64::from(length)).read_to_end(&mut data)?;
+    if got != length as usize {
+        return Err(io::ErrorKind::UnexpectedEof.into());
+    }
+    Ok(data)
 }
 
 fn discard(r: &mut impl Read, mut n: u64) -> io::Result<()> {

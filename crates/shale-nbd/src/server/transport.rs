@@ -127,7 +127,13 @@ impl Transport {
     /// Splits into a reader and a writer usable from two threads.
     pub fn split(self) -> io::Result<(ReadHalf, WriteHalf)> {
         match self {
-            Transport::Plain(s) => {
+            // The std streams themselves, not `Socket`: they read into uninitialised
+            // buffers (`read_buf`), so a write payload is not zero-filled first.
+            Transport::Plain(Socket::Tcp(s)) => {
+                let w = s.try_clone()?;
+                Ok((Box::new(s), Box::new(w)))
+            }
+            Transport::Plain(Socket::Unix(s)) => {
                 let w = s.try_clone()?;
                 Ok((Box::new(s), Box::new(w)))
             }
