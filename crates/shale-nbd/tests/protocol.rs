@@ -565,3 +565,29 @@ fn handshake_timeout_and_connection_limit() {
     a.request(CMD_READ, 0, 1, 0, 512, &[]);
     assert_eq!(a.reply(Some(512)).expect("a").error, 0);
 }
+
+/// Regression: shutdown woke the acceptors only by connecting to their sockets, so a
+/// unix socket file removed while the server ran (or replaced by another server's)
+/// left `shutdown` joining a thread blocked in `accept` forever, and `shale serve`
+/// hung on SIGTERM.
+#[test]
+fn regression_shutdown_returns_when_the_socket_file_is_gone() {
+    let f = fixture();
+    healthy(&f, 3);
+    std::fs::remove_file(f.socket()).expect("remove socket file");
+    // Accepting on TCP still works after the wake-up interval passes idly.
+    std::thread::sleep(Duration::from_millis(500));
+    healthy(&f, 5);
+    let Fixture { server, dir, .. } = f;
+    let (tx, rx) = std::sync::mpsc::channel();
+    // On a thread, so a hang fails the test instead of stalling it.
+    std::thread::spawn(move || {
+        server.shutdown();
+        let _ = tx.send(());
+    });
+    assert!(
+        rx.recv_timeout(Duration::from_secs(3)).is_ok(),
+        "shutdown did not return"
+    );
+    drop(dir);
+}

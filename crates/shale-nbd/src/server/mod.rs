@@ -16,6 +16,7 @@ pub mod transport;
 use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -387,11 +388,19 @@ impl Server {
         }
         let mut listeners = Vec::new();
         if let Some(path) = &config.unix_socket {
-            listeners.push(Listener::Unix(bind_unix(path)?, path.clone()));
+            let l =
+                unix_accept_timeout(bind_unix(path)?, ACCEPT_WAKE_INTERVAL).map_err(|source| {
+                    ServerError::BindUnix {
+                        path: path.clone(),
+                        source,
+                    }
+                })?;
+            listeners.push(Listener::Unix(l, path.clone()));
         }
         if let Some(addr) = config.tcp {
-            let l =
-                TcpListener::bind(addr).map_err(|source| ServerError::BindTcp { addr, source })?;
+            let l = TcpListener::bind(addr)
+                .and_then(|l| tcp_accept_timeout(l, ACCEPT_WAKE_INTERVAL))
+                .map_err(|source| ServerError::BindTcp { addr, source })?;
             let bound = l
                 .local_addr()
                 .map_err(|source| ServerError::BindTcp { addr, source })?;
@@ -532,6 +541,27 @@ impl Drop for Server {
     }
 }
 
+/// How often a blocked `accept` returns to look for a shutdown. Shutdown wakes the
+/// acceptors by connecting to them, but that cannot reach a unix listener whose
+/// socket file was removed or replaced; without this bound its thread (and the
+/// daemon's stop) would wait forever.
+const ACCEPT_WAKE_INTERVAL: Duration = Duration::from_millis(200);
+
+/// Bounds `accept` with SO_RCVTIMEO, which Linux applies to listening sockets.
+/// std offers no listener timeouts, so the option is set through a stream view of
+/// the same descriptor.
+fn unix_accept_timeout(l: UnixListener, t: Duration) -> io::Result<UnixListener> {
+    let s = UnixStream::from(OwnedFd::from(l));
+    s.set_read_timeout(Some(t))?;
+    Ok(UnixListener::from(OwnedFd::from(s)))
+}
+
+fn tcp_accept_timeout(l: TcpListener, t: Duration) -> io::Result<TcpListener> {
+    let s = TcpStream::from(OwnedFd::from(l));
+    s.set_read_timeout(Some(t))?;
+    Ok(TcpListener::from(OwnedFd::from(s)))
+}
+
 fn accept_loop(shared: &Arc<Shared>, mut accept: impl FnMut() -> io::Result<Socket>) {
     loop {
         let socket = accept();
@@ -539,7 +569,24 @@ fn accept_loop(shared: &Arc<Shared>, mut accept: impl FnMut() -> io::Result<Sock
             return;
         }
         let socket = match socket {
-            Ok(s) => s,
+            // The wake-up interval passed with no client.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                continue
+            }
+            // An accepted TCP socket inherits the listener's timeout; clear it
+            // (negotiation sets its own).
+            Ok(s) => match s.set_read_timeout(None) {
+                Ok(()) => s,
+                Err(e) => {
+                    debug!(error = %e, "accepted socket unusable");
+                    continue;
+                }
+            },
             Err(e) => {
                 // EMFILE and friends: back off instead of spinning.
                 warn!(error = %e, "accept failed");
