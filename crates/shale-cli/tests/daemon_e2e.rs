@@ -379,3 +379,39 @@ fn format_logs_its_steps_and_refuses_to_overwrite_without_force() {
     let log = String::from_utf8_lossy(&forced.stderr);
     assert!(!log.contains("create sparse files"), "{log}");
 }
+
+#[test]
+fn a_second_daemon_or_format_on_devices_in_use_is_refused() {
+    require("qemu-io", "qemu-utils");
+    let mut d = Daemon::start();
+    let uri = d.uri("default");
+    run(Command::new("qemu-io").args(["-f", "raw", "-c", "write -P 0x3c 0 64k", &uri]));
+    // Other sockets, same devices: it must not open (and "recover") them.
+    let second = output(
+        shale()
+            .args(["serve", "--data-dir"])
+            .arg(d.data_dir())
+            .args(["--tcp", "", "--unix-socket"])
+            .arg(d.dir.path().join("other.sock"))
+            .args(["--admin-socket"])
+            .arg(d.dir.path().join("other-admin.sock")),
+    );
+    assert!(!second.status.success(), "{second:?}");
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert!(err.contains("in use by another shale process"), "{err}");
+    let format = output(
+        shale()
+            .args(["format", "--force", "--data-dir"])
+            .arg(d.data_dir()),
+    );
+    assert!(!format.status.success(), "{format:?}");
+    assert!(
+        String::from_utf8_lossy(&format.stderr).contains("in use"),
+        "{format:?}"
+    );
+    // The first daemon is undisturbed and still stops cleanly.
+    let out = stdout(Command::new("qemu-io").args(["-f", "raw", "-c", "read -P 0x3c 0 64k", &uri]));
+    assert!(!out.contains("failed"), "{out}");
+    d.stop();
+    assert!(!d.log().contains("dirty recovery"), "{}", d.log());
+}

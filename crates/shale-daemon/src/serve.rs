@@ -192,6 +192,38 @@ fn capacity_device(spec: &DeviceSpec, format: bool) -> Result<CapacityDevice, Da
     }
 }
 
+/// Advisory exclusive locks (flock) on both device files, held while a daemon or a
+/// format uses them. Without them a second `shale serve` on the same devices would
+/// take the running engine's devices for a crashed one, recover them and write a
+/// checkpoint underneath it.
+#[derive(Debug)]
+pub struct DeviceLock {
+    _files: Vec<std::fs::File>,
+}
+
+impl DeviceLock {
+    pub fn acquire(spec: &DeviceSpec) -> Result<DeviceLock, DaemonError> {
+        let mut files = Vec::new();
+        for path in [&spec.cache, &spec.capacity] {
+            let setup = |reason: String| DaemonError::Setup {
+                path: path.clone(),
+                reason,
+            };
+            let f = std::fs::File::open(path).map_err(|e| setup(e.to_string()))?;
+            match f.try_lock() {
+                Ok(()) => files.push(f),
+                Err(std::fs::TryLockError::WouldBlock) => {
+                    return Err(setup(
+                        "in use by another shale process (it holds the device lock)".into(),
+                    ))
+                }
+                Err(std::fs::TryLockError::Error(e)) => return Err(setup(format!("locking: {e}"))),
+            }
+        }
+        Ok(DeviceLock { _files: files })
+    }
+}
+
 /// True if the cache device already carries a Shale superblock (either copy).
 pub fn has_shale_superblock(path: &Path) -> Result<bool, DaemonError> {
     let mut dev = open_file("cache device", path)?;
@@ -307,6 +339,7 @@ pub fn format(
             Ok(((), names.join(", ")))
         })?;
     }
+    let _lock = DeviceLock::acquire(spec)?;
     if !force && has_shale_superblock(&spec.cache)? {
         return Err(DaemonError::Setup {
             path: spec.cache.clone(),
@@ -410,6 +443,8 @@ pub struct Daemon {
     nbd: Option<Server>,
     admin: Option<AdminServer>,
     metrics: Option<crate::metrics::MetricsServer>,
+    /// Last, so it is released after everything else (fields drop in order).
+    _lock: DeviceLock,
 }
 
 impl Daemon {
@@ -451,6 +486,7 @@ impl Daemon {
                 });
             }
         }
+        let lock = DeviceLock::acquire(&spec)?;
         let engine = Arc::new(open(&spec)?);
         let backend = Arc::new(EngineBackend::new(Arc::clone(&engine), PAYLOAD_BYTES_MAX)?);
         let mut daemon = Daemon {
@@ -458,6 +494,7 @@ impl Daemon {
             nbd: None,
             admin: None,
             metrics: None,
+            _lock: lock,
         };
         let nbd_config = nbd_server_config(config)?;
         daemon.nbd = Some(Server::start(nbd_config, backend.clone())?);
