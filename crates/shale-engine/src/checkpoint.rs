@@ -94,23 +94,12 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 {
                     continue;
                 }
-                let mut keep = 0;
-                let mut dropped = Vec::new();
-                for i in 0..st.entries.len() {
-                    let e = st.entries[i];
-                    if self.regions.validity.get(e.source) {
-                        if keep != i {
-                            st.entries[keep] = e;
-                            let (src, dst) = (i * 4096, keep * 4096);
-                            st.data.copy_within(src..src + 4096, dst);
-                        }
-                        keep += 1;
-                    } else {
-                        dropped.push(e.source);
-                    }
-                }
-                st.entries.truncate(keep);
-                st.data.truncate(keep * 4096);
+                let validity = &self.regions.validity;
+                let dropped: Vec<_> = st
+                    .retain(&mut self.bufs, |e| validity.get(e.source))
+                    .into_iter()
+                    .map(|e| e.source)
+                    .collect();
                 for src in dropped {
                     if let Some((r, _)) = self.geo.region_slot(src) {
                         self.regions.get_mut(r).relocations -= 1;

@@ -50,6 +50,14 @@ pub struct Config {
     pub recover: bool,
     /// Run the O(mapped blocks) self-check at the end of open.
     pub open_self_check: bool,
+    /// Check each block compaction moves against its CRC (GC always checks). A copy
+    /// keeps its original CRC, so a corrupt block stays detectable on every later
+    /// read either way; checking before the source is erased only adds the chance to
+    /// heal a transient read error by reading again. That matters on the capacity
+    /// tier (QLC, data at rest for long, a zone reset erases the source), hardly on
+    /// the cache tier (fast media written moments ago), and costs a CRC per block,
+    /// so compaction skips it unless asked.
+    pub verify_compaction_reads: bool,
 }
 
 impl Default for Config {
@@ -75,6 +83,7 @@ impl Default for Config {
             checkpoint_pages_per_poll: 16,
             recover: true,
             open_self_check: true,
+            verify_compaction_reads: false,
         }
     }
 }

@@ -28,7 +28,8 @@ pub struct Stats {
     pub compaction_victims: u64,
     pub gc_victims: u64,
     pub relocated_blocks: u64,
-    /// Relocated copies born invalid because a newer write or trim won.
+    /// Relocations that lost to a newer write or trim: copies born invalid, and
+    /// staged blocks dropped before they were written.
     pub relocations_superseded: u64,
 
     pub l2p_hits: u64,
@@ -57,6 +58,8 @@ pub struct Stats {
     pub allocation_queries: u64,
     /// Data or md checksum failures seen (reads and relocations).
     pub crc_errors: u64,
+    /// Victim blocks whose CRC failed on the first read and matched on a second.
+    pub crc_reread_fixes: u64,
 
     pub free_chunks: u64,
     pub chunk_count: u64,

@@ -804,8 +804,10 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         // Staged relocations are dropped: their sources still hold the live copies.
         for role in [RegionRole::Compaction, RegionRole::Gc] {
             for s in 0..self.streams as usize {
-                let entries = std::mem::take(&mut self.mover(role).streams[s].entries);
-                self.mover(role).streams[s].data.clear();
+                let entries = match role {
+                    RegionRole::Gc => self.cleaner.streams[s].clear(&mut self.bufs),
+                    _ => self.compactor.streams[s].clear(&mut self.bufs),
+                };
                 for e in entries {
                     if let Some((src, _)) = self.geo.region_slot(e.source) {
                         self.regions.get_mut(src).relocations -= 1;

@@ -10,38 +10,23 @@
 //!   the source PBA (a newer user write, trim or delete wins; the copy is born invalid);
 //! - relocated blocks keep their SID and their original data CRC (a corrupt source
 //!   block stays detectably corrupt);
-//! - compaction never takes a zone while free zones <= the GC reserve, so GC can always
-//!   open its zones.
+//! - compaction never takes a zone while free zones <= the GC reserve (a zone per GC
+//!   stream holding staged blocks without a zone, plus one), so GC can always finish
+//!   what it holds and free zones again.
 
 use shale_device::{
     BlockDevice, IoBuf, IoOp, IoRequest, ZoneAction, ZoneOp, ZoneRequest, ZonedDevice,
 };
 use shale_format::{
-    decode_md_entry, decode_md_header, encode_md, EntryKind, JournalRecord, Lba, MdEntry, MdHeader,
-    MdRegionKind, Pba, RegionId, RegionRole, RegionState, Sid, VolumeId, BLOCK_SIZE,
-    GROUP_DATA_SLOTS,
+    decode_md_entry, decode_md_header, encode_md, EntryKind, JournalRecord, MdEntry, MdHeader,
+    MdRegionKind, Pba, RegionId, RegionRole, RegionState, BLOCK_SIZE, GROUP_DATA_SLOTS,
 };
 
 use crate::compaction::policy::{RegionSnapshot, VictimPolicy};
+pub(crate) use crate::compaction::stream::{RelocEntry, Stream};
 use crate::engine::InflightIo;
 use crate::layout::{Groups, BS};
 use crate::{Clock, Engine, EngineError};
-
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct RelocEntry {
-    pub volume: VolumeId,
-    pub lba: Lba,
-    pub sid: Sid,
-    pub crc: u32,
-    pub source: Pba,
-}
-
-#[derive(Debug, Default)]
-pub(crate) struct Stream {
-    pub zone: Option<RegionId>,
-    pub entries: Vec<RelocEntry>,
-    pub data: Vec<u8>,
-}
 
 #[derive(Debug)]
 pub(crate) struct Mover {
@@ -98,7 +83,7 @@ impl Mover {
     }
 
     pub fn staged_blocks(&self) -> usize {
-        self.streams.iter().map(|s| s.entries.len()).sum()
+        self.streams.iter().map(Stream::len).sum()
     }
 
     pub fn reads_in_flight(&self) -> usize {
@@ -127,9 +112,18 @@ fn stale_md(at: u64) -> shale_format::FormatError {
 }
 
 impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
-    /// Zones compaction leaves to GC.
+    /// Zones compaction leaves to GC: one for each GC stream that holds staged blocks
+    /// but no open zone (padding those out releases every victim they hold hostage),
+    /// plus one for the victim in progress, whose stream's zone may fill part way.
+    /// GC needs no more than that to free zones again, whatever compaction took, so
+    /// the reserve follows what GC holds instead of one zone per stream.
     pub(crate) fn gc_reserve(&self) -> usize {
-        self.streams as usize + 1
+        self.cleaner
+            .streams
+            .iter()
+            .filter(|s| s.zone.is_none() && !s.is_empty())
+            .count()
+            + 1
     }
 
     fn open_zone(&mut self, role: RegionRole, stream: usize) -> Option<RegionId> {
@@ -149,14 +143,16 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     }
 
     /// Writes one group of a stream's staged blocks if a full group is staged (or any,
-    /// padded, when `force`). Returns true if a write was submitted.
+    /// padded, when `force`). Returns true if a write was submitted. Staged blocks
+    /// whose source is no longer valid (overwritten or trimmed while they waited) are
+    /// dropped instead of written: their copies would be born invalid.
     pub(crate) fn write_stream_group(
         &mut self,
         role: RegionRole,
         s: usize,
         force: bool,
     ) -> Result<bool, EngineError> {
-        let n = self.mover(role).streams[s].entries.len();
+        let n = self.mover(role).streams[s].len();
         if n == 0 || (!force && n < GROUP_DATA_SLOTS && self.mover(role).streams[s].zone.is_none())
         {
             return Ok(false);
@@ -178,18 +174,40 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         if n < k && !force {
             return Ok(false);
         }
+        self.drop_superseded(role, s);
+        let n = self.mover(role).streams[s].len();
+        if n == 0 || (n < k && !force) {
+            return Ok(false);
+        }
         let m = n.min(k);
         let sid = self.regions.get(zone).sid;
-        let mut buf = self.bufs.take(len);
-        buf[m * BLOCK_SIZE..k * BLOCK_SIZE].fill(0);
-        let entries: Vec<RelocEntry>;
-        {
-            let st = &mut self.mover(role).streams[s];
-            buf[..m * BLOCK_SIZE].copy_from_slice(&st.data[..m * BLOCK_SIZE]);
-            entries = st.entries.drain(..m).collect();
-            st.data.copy_within(m * BLOCK_SIZE.., 0);
-            st.data.truncate((n - m) * BLOCK_SIZE);
-        }
+        let full = if m == GROUP_DATA_SLOTS && len == shale_format::GROUP_BLOCKS as usize {
+            let st = match role {
+                RegionRole::Gc => &mut self.cleaner.streams[s],
+                _ => &mut self.compactor.streams[s],
+            };
+            st.take_full_group()
+        } else {
+            None
+        };
+        let (mut buf, entries) = match full {
+            // The common case: the group leaves in the buffer it was staged in.
+            Some(taken) => taken,
+            None => {
+                let mut buf = self.bufs.take(len);
+                buf[m * BLOCK_SIZE..k * BLOCK_SIZE].fill(0);
+                let st = match role {
+                    RegionRole::Gc => &mut self.cleaner.streams[s],
+                    _ => &mut self.compactor.streams[s],
+                };
+                for j in 0..m {
+                    buf[j * BLOCK_SIZE..(j + 1) * BLOCK_SIZE].copy_from_slice(st.block(j));
+                }
+                let entries: Vec<RelocEntry> = st.entries.iter().take(m).copied().collect();
+                st.consume(m, &mut self.bufs);
+                (buf, entries)
+            }
+        };
         let mut md_entries = Vec::with_capacity(k);
         md_entries.extend(entries.iter().map(|e| MdEntry {
             kind: EntryKind::Relocated,
@@ -384,7 +402,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             .mover(role)
             .streams
             .iter()
-            .any(|s| s.entries.len() > GROUP_DATA_SLOTS)
+            .any(|s| s.len() > GROUP_DATA_SLOTS)
         {
             return Ok(progress);
         }
@@ -634,6 +652,8 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         if let Some(c) = pick {
             let md = if c == 0 { md_a } else { md_b };
             let streams = self.streams;
+            let verify = role == RegionRole::Gc || self.config.verify_compaction_reads;
+            let mut reread = [0u8; BLOCK_SIZE];
             for i in 0..k {
                 let pba = self.geo.pba(victim, slot0 + i as u32);
                 if !self.regions.validity.get(pba) {
@@ -649,29 +669,76 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 let Some(data) = slot_data(parts, i) else {
                     panic!("valid slot {i} of {victim} group {g} was not read");
                 };
-                if shale_format::block_crc(data) != e.data_crc {
-                    self.stats.crc_errors += 1;
-                    tracing::warn!(%pba, "relocating a block whose data CRC does not match its md");
+                // The copy keeps the block's original CRC, so a corrupt block stays
+                // detectably corrupt wherever it moves. What checking here adds is a
+                // second read before the source is erased, which heals a transient
+                // read error; see `Config::verify_compaction_reads` for why GC always
+                // checks and compaction by default does not.
+                let mut data = data;
+                if verify && shale_format::block_crc(data) != e.data_crc {
+                    if self.reread_block(victim, slot0 + i as u32, &mut reread)
+                        && shale_format::block_crc(&reread[..]) == e.data_crc
+                    {
+                        self.stats.crc_reread_fixes += 1;
+                        tracing::warn!(%pba, "victim block read back corrupt; a second read was good");
+                        data = &reread[..];
+                    } else {
+                        self.stats.crc_errors += 1;
+                        tracing::warn!(%pba, "relocating a block whose data CRC does not match its md (it stays detectable: the copy keeps the original CRC)");
+                    }
                 }
                 let s = (e.volume.0 % streams) as usize;
-                let st = &mut if role == RegionRole::Gc {
-                    &mut self.cleaner
-                } else {
-                    &mut self.compactor
-                }
-                .streams[s];
-                st.entries.push(RelocEntry {
+                let entry = RelocEntry {
                     volume: e.volume,
                     lba: e.lba,
                     sid: e.sid,
                     crc: e.data_crc,
                     source: pba,
-                });
-                st.data.extend_from_slice(data);
+                };
+                let st = match role {
+                    RegionRole::Gc => &mut self.cleaner.streams[s],
+                    _ => &mut self.compactor.streams[s],
+                };
+                st.push(entry, data, &mut self.bufs);
                 self.regions.get_mut(victim).relocations += 1;
             }
         }
         Ok(())
+    }
+
+    /// Reads one block of a victim again, synchronously. False on a read error.
+    fn reread_block(&mut self, region: RegionId, slot: u32, out: &mut [u8; BLOCK_SIZE]) -> bool {
+        if self.geo.is_chunk(region) {
+            let off = self.geo.chunk_offset(region, slot);
+            self.stats.cache_read_bytes += BS;
+            self.cache.read_at(off, &mut out[..]).is_ok()
+        } else {
+            let off = self.geo.zone_offset(region, slot);
+            self.stats.capacity_read_bytes += BS;
+            self.capacity.read_at(off, &mut out[..]).is_ok()
+        }
+    }
+
+    /// Drops staged blocks whose source was overwritten or trimmed since they were
+    /// read: written, they would only be born invalid. Their sources may now be
+    /// freed (after a durability point, as always).
+    fn drop_superseded(&mut self, role: RegionRole, s: usize) {
+        let st = match role {
+            RegionRole::Gc => &mut self.cleaner.streams[s],
+            _ => &mut self.compactor.streams[s],
+        };
+        let validity = &self.regions.validity;
+        if st.entries.iter().all(|e| validity.get(e.source)) {
+            return;
+        }
+        let dropped = st.retain(&mut self.bufs, |e| validity.get(e.source));
+        for e in dropped {
+            if let Some((src, _)) = self.geo.region_slot(e.source) {
+                self.regions.get_mut(src).relocations -= 1;
+                self.regions.maybe_pending_free(src);
+            }
+            self.stats.relocations_superseded += 1;
+        }
     }
 
     /// Pads out partial batches when the space they hold hostage is needed now and no
@@ -698,7 +765,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     pub(crate) fn pad_streams(&mut self, role: RegionRole) -> Result<bool, EngineError> {
         let mut any = false;
         for s in 0..self.streams as usize {
-            while !self.mover(role).streams[s].entries.is_empty() {
+            while !self.mover(role).streams[s].is_empty() {
                 if !self.write_stream_group(role, s, true)? {
                     break;
                 }

@@ -4,3 +4,4 @@
 
 pub(crate) mod compactor;
 pub mod policy;
+pub(crate) mod stream;
