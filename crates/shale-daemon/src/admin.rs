@@ -7,7 +7,6 @@
 //! disturbed.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -58,6 +57,8 @@ pub enum AdminError {
         #[source]
         source: std::io::Error,
     },
+    #[error("admin socket {path}: {reason}")]
+    Bind { path: PathBuf, reason: String },
     #[error("admin reply: {0}")]
     BadReply(String),
     #[error("{0}")]
@@ -78,9 +79,11 @@ impl AdminServer {
             path: path.to_path_buf(),
             source,
         };
-        remove_stale_socket(path).map_err(err)?;
-        let listener = UnixListener::bind(path).map_err(err)?;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(err)?;
+        // Mode 0600 from the first moment, stale sockets replaced, live ones refused.
+        let listener = shale_nbd::bind_unix(path).map_err(|e| AdminError::Bind {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })?;
         listener.set_nonblocking(true).map_err(err)?;
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
@@ -104,20 +107,6 @@ impl Drop for AdminServer {
         }
         let _ = std::fs::remove_file(&self.path);
     }
-}
-
-/// Removes a socket file left by a daemon that died, but refuses to steal a live one.
-pub fn remove_stale_socket(path: &Path) -> std::io::Result<()> {
-    if !path.exists() {
-        return Ok(());
-    }
-    if UnixStream::connect(path).is_ok() {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::AddrInUse,
-            "another daemon is listening on this socket",
-        ));
-    }
-    std::fs::remove_file(path)
 }
 
 fn accept_loop(listener: UnixListener, handler: Arc<dyn AdminHandler>, stop: Arc<AtomicBool>) {
@@ -234,6 +223,7 @@ pub fn call(path: &Path, req: &AdminRequest) -> Result<serde_json::Value, AdminE
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
     use std::sync::Mutex;
 
     #[derive(Default)]

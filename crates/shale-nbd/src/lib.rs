@@ -22,4 +22,6 @@ pub use backend::{
 };
 pub use mem::{MemBackend, MemBackendConfig, MemExportSpec};
 pub use proto::negotiate::TlsMode;
-pub use server::{ExportAccess, Server, ServerConfig, ServerError, ServerLimits, TlsSettings};
+pub use server::{
+    bind_unix, ExportAccess, Server, ServerConfig, ServerError, ServerLimits, TlsSettings,
+};

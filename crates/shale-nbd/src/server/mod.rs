@@ -324,8 +324,9 @@ fn check_limits(l: &ServerLimits) -> Result<(), ServerError> {
 
 /// Binds a unix socket at `path` with mode 0600 and no window in which it
 /// has wider permissions: bind inside a fresh 0700 directory, chmod, then
-/// rename into place.
-fn bind_unix(path: &Path) -> Result<UnixListener, ServerError> {
+/// rename into place. A stale socket is replaced; a live one is an error. Also used
+/// for the daemon's admin socket.
+pub fn bind_unix(path: &Path) -> Result<UnixListener, ServerError> {
     let err = |source| ServerError::BindUnix {
         path: path.to_owned(),
         source,
