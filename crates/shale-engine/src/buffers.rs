@@ -36,6 +36,14 @@ impl BufPool {
         }
     }
 
+    /// Bytes held in the pool (idle buffers).
+    pub fn pooled_bytes(&self) -> u64 {
+        self.by_blocks
+            .iter()
+            .map(|v| v.iter().map(|b| b.len() as u64).sum::<u64>())
+            .sum()
+    }
+
     pub fn give(&mut self, buf: IoBuf) {
         if !buf.len().is_multiple_of(BLOCK_SIZE) {
             return;

@@ -37,6 +37,8 @@ use crate::{Clock, Engine, EngineError};
 /// SIDs that may be handed out after the committed checkpoint's `sid_next` before the
 /// next checkpoint: recovery restarts the counter this far above it.
 pub(crate) const SID_LEASE: u64 = 1 << 32;
+/// Bytes of a checkpoint image written per device write.
+const CHECKPOINT_PIECE_BYTES: usize = 1 << 20;
 
 /// An incremental checkpoint between its start and its commit.
 #[derive(Debug)]
@@ -62,18 +64,28 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         regions
     }
 
-    fn directories(&self) -> Vec<L2pDirectory> {
+    /// Every volume's L2P directory, moved out of the page cache's maps (no copy; at
+    /// TiB scale they are megabytes). `restore_directories` must put them back.
+    fn take_directories(&mut self) -> Vec<L2pDirectory> {
         self.l2p
             .vols
-            .iter()
+            .iter_mut()
             .enumerate()
             .filter_map(|(v, m)| {
-                m.as_ref().map(|m| L2pDirectory {
+                m.as_mut().map(|m| L2pDirectory {
                     volume: VolumeId(v as u32),
-                    pages: m.dir.clone(),
+                    pages: std::mem::take(&mut m.dir),
                 })
             })
             .collect()
+    }
+
+    fn restore_directories(&mut self, dirs: Vec<L2pDirectory>) {
+        for d in dirs {
+            if let Some(Some(m)) = self.l2p.vols.get_mut(d.volume.0 as usize) {
+                m.dir = d.pages;
+            }
+        }
     }
 
     /// Staged relocations whose source is no longer valid would be born invalid; once
@@ -135,13 +147,13 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             },
             regions: self.region_snapshot(),
             volumes: self.volumes.table.clone(),
-            directories: self.directories(),
+            directories: self.take_directories(),
         };
         // The checkpoint records freed zones as Free before their resets: the clean
         // flag goes down only once they are reset, so a clean image never has a Free
         // zone with data in it (open resets such zones anyway, after a crash here).
         let resets_pending = clean && !self.regions.pending_free.is_empty();
-        self.commit_checkpoint(&ck, clean && !resets_pending)?;
+        self.commit_checkpoint(ck, clean && !resets_pending)?;
         self.journal.after_checkpoint(generation);
         self.ckpt_sid_base = self.sid_next;
         self.ckpt_user_bytes = self.stats.user_write_bytes;
@@ -157,8 +169,13 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
 
     /// Writes the area not holding the latest checkpoint, then the superblock naming
     /// it.
-    fn commit_checkpoint(&mut self, ck: &Checkpoint, clean: bool) -> Result<(), EngineError> {
+    fn commit_checkpoint(&mut self, ck: Checkpoint, clean: bool) -> Result<(), EngineError> {
         let bytes = ck.encode();
+        // The snapshot is large at TiB scale (every region, every L2P page's slot):
+        // give the directories back and let the rest go before the write, and write
+        // through one aligned 1 MiB buffer so an O_DIRECT device needs no bounce copy
+        // of the whole image.
+        self.restore_directories(ck.directories);
         let blocks = bytes.len() as u64 / BS;
         if blocks > u64::from(self.sb.layout.checkpoint_blocks) {
             return Err(EngineError::CheckpointTooLarge {
@@ -168,9 +185,14 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         }
         let area = 1 - self.sb.active_checkpoint;
         let off = self.sb.layout.checkpoint_start(area) * BS;
-        self.cache
-            .write_at(off, &bytes)
-            .map_err(EngineError::cache("checkpoint write", off))?;
+        let mut piece = shale_device::IoBuf::zeroed(bytes.len().min(CHECKPOINT_PIECE_BYTES));
+        for (i, chunk) in bytes.chunks(CHECKPOINT_PIECE_BYTES).enumerate() {
+            let at = off + (i * CHECKPOINT_PIECE_BYTES) as u64;
+            piece[..chunk.len()].copy_from_slice(chunk);
+            self.cache
+                .write_at(at, &piece[..chunk.len()])
+                .map_err(EngineError::cache("checkpoint write", at))?;
+        }
         self.cache.flush().map_err(EngineError::cache("flush", 0))?;
         self.stats.cache_md_write_bytes += bytes.len() as u64;
 
@@ -262,9 +284,9 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             },
             regions: ip.regions,
             volumes: self.volumes.table.clone(),
-            directories: self.directories(),
+            directories: self.take_directories(),
         };
-        self.commit_checkpoint(&ck, false)?;
+        self.commit_checkpoint(ck, false)?;
         self.journal.committed_since_start();
         self.ckpt_sid_base = ip.sid_next;
         self.release_pending()?;

@@ -71,6 +71,10 @@ pub struct Stats {
     pub staged_blocks: u64,
     /// I/O buffers allocated (the pool was empty for the size); flat in steady state.
     pub io_buffer_allocs: u64,
+    /// Bytes of idle I/O buffers kept for reuse.
+    pub io_buffer_pool_bytes: u64,
+    /// Bytes of md blocks cached (at most `md_cache_bytes_max`).
+    pub md_cache_bytes: u64,
 }
 
 impl Stats {
@@ -122,6 +126,8 @@ impl<C: shale_device::BlockDevice, Z: shale_device::ZonedDevice, K: crate::Clock
         s.free_chunks = self.regions.free_chunks.len() as u64;
         s.free_zones = self.regions.free_zones.len() as u64;
         s.io_buffer_allocs = self.bufs.allocs;
+        s.io_buffer_pool_bytes = self.bufs.pooled_bytes();
+        s.md_cache_bytes = self.md_cache.cached_bytes();
         s.staged_blocks = (self.compactor.staged_blocks() + self.cleaner.staged_blocks()) as u64;
         debug_assert_eq!(self.cleaner.role(), shale_format::RegionRole::Gc);
         s

@@ -19,7 +19,9 @@ struct Frame {
     ckpt_pending: bool,
     prev: u32,
     next: u32,
-    data: Box<[u32; EPP]>,
+    /// The page as stored on media (little-endian PBAs), so faults and write-backs
+    /// move it without converting.
+    data: Box<[u8; PAGE_BYTES]>,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -42,16 +44,35 @@ pub(crate) struct L2p {
     /// Pool pages to return to `pool_free` after the next checkpoint.
     pool_deferred: Vec<u32>,
     area_start: u64,
-    scratch: Box<[u8; 4096]>,
+    /// A page read for a caller that does not want it cached.
+    scratch: Box<[u8; PAGE_BYTES]>,
     pub counters: L2pCounters,
     /// Frames marked `ckpt_pending`, and where the next search for one starts.
     pending: usize,
     pending_cursor: usize,
 }
 
-fn page_bytes(data: &[u32; EPP], out: &mut [u8; 4096]) {
-    for (o, v) in out.chunks_exact_mut(4).zip(data.iter()) {
-        o.copy_from_slice(&v.to_le_bytes());
+const PAGE_BYTES: usize = EPP * 4;
+
+fn entry(page: &[u8; PAGE_BYTES], i: usize) -> u32 {
+    let mut b = [0u8; 4];
+    b.copy_from_slice(&page[i * 4..i * 4 + 4]);
+    u32::from_le_bytes(b)
+}
+
+fn set_entry(page: &mut [u8; PAGE_BYTES], i: usize, v: u32) {
+    page[i * 4..i * 4 + 4].copy_from_slice(&v.to_le_bytes());
+}
+
+fn decode(page: &[u8; PAGE_BYTES], out: &mut [u32; EPP]) {
+    for (e, b) in out.iter_mut().zip(page.chunks_exact(4)) {
+        *e = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    }
+}
+
+fn fill_unmapped(page: &mut [u8; PAGE_BYTES]) {
+    for b in page.chunks_exact_mut(4) {
+        b.copy_from_slice(&Pba::NONE.0.to_le_bytes());
     }
 }
 
@@ -79,26 +100,24 @@ fn emit(
 }
 
 /// Reads and verifies one L2P page (a page never written is all unmapped).
-#[allow(clippy::too_many_arguments)]
 fn read_page_into<C: BlockDevice>(
     dev: &mut C,
     area_start: u64,
     v: VolumeId,
     p: usize,
     d: PageDesc,
-    scratch: &mut [u8; 4096],
-    out: &mut [u32; EPP],
+    out: &mut [u8; PAGE_BYTES],
     counters: &mut L2pCounters,
 ) -> Result<(), EngineError> {
     if d.slot == L2P_SLOT_NONE {
-        out.fill(Pba::NONE.0);
+        fill_unmapped(out);
         return Ok(());
     }
     let off = (area_start + u64::from(d.slot)) * BS;
-    dev.read_at(off, &mut scratch[..])
+    dev.read_at(off, &mut out[..])
         .map_err(EngineError::cache("L2P page read", off))?;
     counters.page_reads += 1;
-    let got = shale_format::crc32c(&scratch[..]);
+    let got = shale_format::crc32c(&out[..]);
     if got != d.crc32c {
         return Err(EngineError::L2pPageCorrupt {
             volume: v,
@@ -107,9 +126,6 @@ fn read_page_into<C: BlockDevice>(
             expected: d.crc32c,
             got,
         });
-    }
-    for (e, b) in out.iter_mut().zip(scratch.chunks_exact(4)) {
-        *e = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
     }
     Ok(())
 }
@@ -125,7 +141,7 @@ impl L2p {
             pool_free: (0..pool_pages).rev().collect(),
             pool_deferred: Vec::new(),
             area_start,
-            scratch: Box::new([0; 4096]),
+            scratch: Box::new([0; PAGE_BYTES]),
             counters: L2pCounters::default(),
             pending: 0,
             pending_cursor: 0,
@@ -219,10 +235,9 @@ impl L2p {
             };
             pp * 2
         };
-        page_bytes(&self.frames[f as usize].data, &mut self.scratch);
-        let crc = shale_format::crc32c(&self.scratch[..]);
+        let crc = shale_format::crc32c(&self.frames[f as usize].data[..]);
         let off = (self.area_start + u64::from(target)) * BS;
-        dev.write_at(off, &self.scratch[..])
+        dev.write_at(off, &self.frames[f as usize].data[..])
             .map_err(EngineError::cache("L2P page write", off))?;
         self.counters.page_writes += 1;
         if let Some(m) = self.vols[v].as_mut() {
@@ -261,9 +276,10 @@ impl L2p {
             p,
             d,
             &mut self.scratch,
-            out,
             &mut self.counters,
-        )
+        )?;
+        decode(&self.scratch, out);
+        Ok(())
     }
 
     /// Returns the frame holding page `p` of volume `v`, faulting it in (synchronous
@@ -296,7 +312,7 @@ impl L2p {
                 ckpt_pending: false,
                 prev: FRAME_NONE,
                 next: FRAME_NONE,
-                data: Box::new([Pba::NONE.0; EPP]),
+                data: Box::new([0xFF; PAGE_BYTES]),
             });
             (self.frames.len() - 1) as u32
         } else {
@@ -324,7 +340,6 @@ impl L2p {
             v,
             p,
             d,
-            &mut self.scratch,
             &mut self.frames[f as usize].data,
             &mut self.counters,
         );
@@ -362,9 +377,10 @@ impl L2p {
         }
         let p = (lba.0 / L2P_ENTRIES_PER_PAGE) as usize;
         let (f, _) = self.frame(dev, v, p)?;
-        Ok(Some(Pba(
-            self.frames[f as usize].data[(lba.0 % L2P_ENTRIES_PER_PAGE) as usize]
-        )))
+        Ok(Some(Pba(entry(
+            &self.frames[f as usize].data,
+            (lba.0 % L2P_ENTRIES_PER_PAGE) as usize,
+        ))))
     }
 
     /// Sets `lba` to `pba`; returns the previous PBA. The volume must exist and the LBA
@@ -379,10 +395,10 @@ impl L2p {
         let p = (lba.0 / L2P_ENTRIES_PER_PAGE) as usize;
         let (f, _) = self.frame(dev, v, p)?;
         let fr = &mut self.frames[f as usize];
-        let e = &mut fr.data[(lba.0 % L2P_ENTRIES_PER_PAGE) as usize];
-        let old = Pba(*e);
+        let i = (lba.0 % L2P_ENTRIES_PER_PAGE) as usize;
+        let old = Pba(entry(&fr.data, i));
         if old != pba {
-            *e = pba.0;
+            set_entry(&mut fr.data, i, pba.0);
             fr.dirty = true;
         }
         Ok(old)
@@ -415,7 +431,7 @@ impl L2p {
             .as_ref()
             .map_or(FRAME_NONE, |m| m.frame[p]);
         if f != FRAME_NONE {
-            out.copy_from_slice(&self.frames[f as usize].data[..]);
+            decode(&self.frames[f as usize].data, out);
         } else {
             self.read_page(dev, v, p, out)?;
         }
@@ -559,7 +575,7 @@ impl L2p {
             for p in 0..m.dir.len() {
                 let fr = m.frame[p];
                 if fr != FRAME_NONE {
-                    buf.copy_from_slice(&self.frames[fr as usize].data[..]);
+                    decode(&self.frames[fr as usize].data, &mut buf);
                     emit(VolumeId(v as u32), p, m.size_blocks, &buf, &mut f);
                 } else if m.dir[p].slot != L2P_SLOT_NONE {
                     to_read.push((m.dir[p].slot, v, p, m.dir[p]));

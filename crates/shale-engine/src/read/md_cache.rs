@@ -78,6 +78,10 @@ impl MdCache {
         }
     }
 
+    pub fn cached_bytes(&self) -> u64 {
+        self.entries.len() as u64 * 4096
+    }
+
     /// Whether `key` is cached (no LRU update, no counting).
     pub fn contains(&self, key: u32) -> bool {
         self.map.contains_key(&key)

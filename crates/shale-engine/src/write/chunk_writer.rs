@@ -11,6 +11,10 @@ use crate::engine::InflightIo;
 use crate::layout::Groups;
 use crate::{Clock, Engine, EngineError};
 
+/// Settled group buffers kept for reuse; a burst beyond this allocates (up to
+/// `write_buffers_max`) and gives the memory back when it settles.
+const GROUP_BUFFERS_IDLE_MAX: usize = 4;
+
 #[derive(Debug)]
 pub(crate) struct ChunkWriter {
     /// The chunk user writes go to, if one is open and not full.
@@ -275,7 +279,9 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             .md_slot(g.group),
         );
         self.md_cache.insert(md_a.0, &g.md[..]);
-        self.writer.pool.push(g.data);
+        if self.writer.pool.len() < GROUP_BUFFERS_IDLE_MAX {
+            self.writer.pool.push(g.data);
+        }
         let unsettled = self.writer.has_unsettled(g.region);
         let now = self.now();
         if self.regions.try_close(&self.geo, g.region, unsettled, now) {
