@@ -272,3 +272,20 @@ fn missing_or_foreign_devices_are_a_clear_error() {
         .unwrap();
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
 }
+
+#[test]
+fn devices_in_use_are_refused() {
+    let p = format();
+    // What `shale serve` holds while it runs.
+    let held = std::fs::File::open(&p.cache).unwrap();
+    held.try_lock().unwrap();
+    let o = check(&p, false);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("in use"),
+        "{}",
+        text(&o)
+    );
+    drop(held);
+    assert!(check(&p, false).status.success());
+}
