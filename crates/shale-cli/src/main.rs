@@ -26,7 +26,7 @@ struct Cli {
 enum Command {
     /// Run the daemon: export every volume over NBD (creates and formats the embedded
     /// default under ./shale-data on first start).
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Format a cache and a capacity device.
     Format(serve::FormatArgs),
     /// Create, list, resize or delete volumes of a running daemon.
@@ -42,7 +42,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Serve(args) => serve::main(args),
+        Command::Serve(args) => serve::main(*args),
         Command::Format(args) => serve::format(args),
         Command::Volume(args) => volume::volume(args),
         Command::Stats(args) => volume::stats(args),
