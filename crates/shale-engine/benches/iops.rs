@@ -13,8 +13,9 @@
 //! - `read`: `--read-secs` of random reads of the written data (every read verifies
 //!   its CRC32C).
 //!
-//! Each line gives IOPS (wall clock), CPU per I/O (process user+system time, so
-//! io_uring and kernel work count, divided by I/Os completed), p50/p99/max latency,
+//! Each line gives IOPS (wall clock), CPU per I/O (this thread's user+system time,
+//! and the whole process's, which adds io_uring's kernel workers: buffered files use
+//! them), p50/p99/max latency,
 //! and the load average (the machine is shared: read IOPS against it). `--repeat N`
 //! runs the whole sequence N times on fresh devices and prints the medians.
 //!
@@ -151,7 +152,16 @@ impl Hist {
 
 /// Process CPU time (user + system, all threads) from /proc/self/stat.
 fn cpu_time() -> Duration {
-    let s = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    stat_cpu("/proc/self/stat")
+}
+
+/// CPU time of this thread (the engine, the client loop and the completions).
+fn thread_cpu_time() -> Duration {
+    stat_cpu("/proc/thread-self/stat")
+}
+
+fn stat_cpu(path: &str) -> Duration {
+    let s = std::fs::read_to_string(path).unwrap_or_default();
     // Fields after the command name (which may contain spaces) start after ')'.
     let rest = s.rsplit_once(')').map_or("", |(_, r)| r);
     let f: Vec<&str> = rest.split_whitespace().collect();
@@ -243,6 +253,7 @@ struct Phase {
     ios: u64,
     wall: Duration,
     cpu: Duration,
+    thread_cpu: Duration,
     p50_ns: u64,
     p99_ns: u64,
     max_ns: u64,
@@ -258,6 +269,16 @@ impl Phase {
     fn cpu_us_per_io(&self) -> f64 {
         self.cpu.as_secs_f64() * 1e6 / self.ios.max(1) as f64
     }
+    fn thread_cpu_us_per_io(&self) -> f64 {
+        self.thread_cpu.as_secs_f64() * 1e6 / self.ios.max(1) as f64
+    }
+}
+
+/// What completions share with the client loop.
+struct Shared {
+    done: AtomicU64,
+    failed: AtomicU64,
+    hist: Mutex<Hist>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -274,12 +295,15 @@ fn run_phase(
     rng: &mut u64,
     mut stop: impl FnMut(&Eng, Duration) -> bool,
 ) -> Phase {
-    let done = Arc::new(AtomicU64::new(0));
-    let failed = Arc::new(AtomicU64::new(0));
-    let hist = Arc::new(Mutex::new(Hist::new()));
+    let shared = Arc::new(Shared {
+        done: AtomicU64::new(0),
+        failed: AtomicU64::new(0),
+        hist: Mutex::new(Hist::new()),
+    });
     let data = vec![0x5Au8; BLOCK as usize];
     let stats_before = rig.e.stats();
     let cpu0 = cpu_time();
+    let tcpu0 = thread_cpu_time();
     let t0 = Instant::now();
     let mut submitted = 0u64;
     loop {
@@ -287,7 +311,7 @@ fn run_phase(
         if submitted.is_multiple_of(1024) && stop(&rig.e, elapsed) {
             break;
         }
-        while submitted - done.load(Ordering::Relaxed) < qd {
+        while submitted - shared.done.load(Ordering::Relaxed) < qd {
             *rng ^= *rng << 13;
             *rng ^= *rng >> 7;
             *rng ^= *rng << 17;
@@ -305,17 +329,17 @@ fn run_phase(
                     len: BLOCK,
                 },
             };
-            let (d, f, h) = (Arc::clone(&done), Arc::clone(&failed), Arc::clone(&hist));
+            let sh = Arc::clone(&shared);
             let at = Instant::now();
             rig.e.submit(
                 req,
                 Box::new(move |r| {
                     let ns = at.elapsed().as_nanos() as u64;
                     if r.is_err() {
-                        f.fetch_add(1, Ordering::Relaxed);
+                        sh.failed.fetch_add(1, Ordering::Relaxed);
                     }
-                    h.lock().unwrap().record(ns);
-                    d.fetch_add(1, Ordering::Relaxed);
+                    sh.hist.lock().unwrap().record(ns);
+                    sh.done.fetch_add(1, Ordering::Relaxed);
                 }),
             );
             submitted += 1;
@@ -328,22 +352,24 @@ fn run_phase(
         }
     }
     // Drain what is in flight so the next phase starts clean (not counted).
-    let ios = done.load(Ordering::Relaxed);
+    let ios = shared.done.load(Ordering::Relaxed);
     let wall = t0.elapsed();
     let cpu = cpu_time().saturating_sub(cpu0);
+    let thread_cpu = thread_cpu_time().saturating_sub(tcpu0);
     let load = loadavg();
     let stats_after = rig.e.stats();
-    while done.load(Ordering::Relaxed) < submitted {
+    while shared.done.load(Ordering::Relaxed) < submitted {
         if !rig.e.poll() {
             rig.e.wait_io();
         }
     }
-    assert_eq!(failed.load(Ordering::Relaxed), 0, "requests failed");
-    let h = hist.lock().unwrap().clone();
+    assert_eq!(shared.failed.load(Ordering::Relaxed), 0, "requests failed");
+    let h = shared.hist.lock().unwrap().clone();
     Phase {
         ios,
         wall,
         cpu,
+        thread_cpu,
         p50_ns: h.quantile(0.50),
         p99_ns: h.quantile(0.99),
         max_ns: h.max_ns,
@@ -368,8 +394,9 @@ fn print_phase(name: &str, p: &Phase) {
     let hits = a.l2p_hits - b.l2p_hits;
     let misses = a.l2p_misses - b.l2p_misses;
     println!(
-        "{name:<13} {:>9.0} IOPS  {:>6.2} µs CPU/IO  p50 {:>8}  p99 {:>8}  max {:>8}  load {}  [{:.1} s, layer WAF {:.2}, GC victims {}, L2P hit {:.1}%]",
+        "{name:<13} {:>9.0} IOPS  CPU/IO {:>5.2} µs thread, {:>5.2} µs process  p50 {:>8}  p99 {:>8}  max {:>8}  load {}  [{:.1} s, layer WAF {:.2}, GC victims {}, L2P hit {:.1}%]",
         p.iops(),
+        p.thread_cpu_us_per_io(),
         p.cpu_us_per_io(),
         us(p.p50_ns),
         us(p.p99_ns),
@@ -458,8 +485,9 @@ fn main() {
         for (i, name) in ["write first", "write steady", "read"].iter().enumerate() {
             let col = |f: &dyn Fn(&Phase) -> f64| median(runs.iter().map(|r| f(&r[i])).collect());
             println!(
-                "{name:<13} {:>9.0} IOPS  {:>6.2} µs CPU/IO  p99 {:>8}  max {:>8}",
+                "{name:<13} {:>9.0} IOPS  CPU/IO {:>5.2} µs thread, {:>5.2} µs process  p99 {:>8}  max {:>8}",
                 col(&|p| p.iops()),
+                col(&|p| p.thread_cpu_us_per_io()),
                 col(&|p| p.cpu_us_per_io()),
                 us(col(&|p| p.p99_ns as f64) as u64),
                 us(col(&|p| p.max_ns as f64) as u64),
