@@ -61,29 +61,10 @@ fn severity_name(s: Severity) -> &'static str {
     }
 }
 
-/// Shared locks on both device files: a running `shale serve` (or `shale format`)
-/// holds them exclusively, and checking devices under a live engine would report its
-/// in-flight state as damage.
-fn lock_shared(paths: [&PathBuf; 2]) -> Result<Vec<std::fs::File>> {
-    let mut held = Vec::new();
-    for p in paths {
-        let f = std::fs::File::open(p).with_context(|| format!("opening {}", p.display()))?;
-        match f.try_lock_shared() {
-            Ok(()) => held.push(f),
-            Err(std::fs::TryLockError::WouldBlock) => bail!(
-                "{} is in use by a running shale process; stop it before checking",
-                p.display()
-            ),
-            Err(std::fs::TryLockError::Error(e)) => {
-                return Err(e).with_context(|| format!("locking {}", p.display()))
-            }
-        }
-    }
-    Ok(held)
-}
-
 pub fn main(args: CheckArgs) -> Result<()> {
-    let _locks = lock_shared([&args.cache, &args.capacity])?;
+    // A running `shale serve` (or `shale format`) holds the devices exclusively;
+    // checking under a live engine would report its in-flight state as damage.
+    let _locks = shale_daemon::serve::DeviceLock::acquire_shared(&args.cache, &args.capacity)?;
     let cache = FileDevice::open(&args.cache)
         .with_context(|| format!("opening the cache device {}", args.cache.display()))?;
     let mut inner = FileDevice::open(&args.capacity)

@@ -203,14 +203,29 @@ pub struct DeviceLock {
 
 impl DeviceLock {
     pub fn acquire(spec: &DeviceSpec) -> Result<DeviceLock, DaemonError> {
+        Self::lock([&spec.cache, &spec.capacity], false)
+    }
+
+    /// Shared locks, for readers that must not run under a live engine (`shale
+    /// check`): refused while a daemon or a format holds the devices.
+    pub fn acquire_shared(cache: &Path, capacity: &Path) -> Result<DeviceLock, DaemonError> {
+        Self::lock([cache, capacity], true)
+    }
+
+    fn lock(paths: [&Path; 2], shared: bool) -> Result<DeviceLock, DaemonError> {
         let mut files = Vec::new();
-        for path in [&spec.cache, &spec.capacity] {
+        for path in paths {
             let setup = |reason: String| DaemonError::Setup {
-                path: path.clone(),
+                path: path.to_path_buf(),
                 reason,
             };
             let f = std::fs::File::open(path).map_err(|e| setup(e.to_string()))?;
-            match f.try_lock() {
+            let locked = if shared {
+                f.try_lock_shared()
+            } else {
+                f.try_lock()
+            };
+            match locked {
                 Ok(()) => files.push(f),
                 Err(std::fs::TryLockError::WouldBlock) => {
                     return Err(setup(
