@@ -9,8 +9,8 @@
 //! - **incremental** (periodic; bounded work per loop iteration): at its start `T0` a
 //!   durability point makes everything durable, staged relocations whose source is no
 //!   longer valid are dropped, the region table is snapshotted, the journal's epoch is
-//!   bumped (entries from here on belong to the new checkpoint) and every L2P page
-//!   dirty at `T0` is marked. Marked pages are written back a few per loop iteration
+//!   bumped (entries from here on belong to the new checkpoint), deferred relocation
+//!   switches are applied to their pages and every L2P page dirty at `T0` is marked. Marked pages are written back a few per loop iteration
 //!   while user I/O goes on. When none is left, a second durability point (with a
 //!   FlushPoint) makes every event the written pages reflect durable, and the area is
 //!   written with the `T0` region table, the `T0` journal position and the current
@@ -131,7 +131,8 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         self.make_durable(false)?;
         self.durable_asn = self.asn_next;
         self.drop_stale_relocations();
-        self.stats.cache_md_write_bytes += self.l2p.write_back_all(&mut self.cache)?;
+        self.l2p.apply_deferred(&mut self.cache)?;
+        self.l2p.write_back_all(&mut self.cache)?;
         self.stats.l2p_page_writes_total = self.l2p.counters.page_writes;
         self.cache.flush().map_err(EngineError::cache("flush", 0))?;
 
@@ -170,31 +171,36 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     /// Writes the area not holding the latest checkpoint, then the superblock naming
     /// it.
     fn commit_checkpoint(&mut self, ck: Checkpoint, clean: bool) -> Result<(), EngineError> {
-        let bytes = ck.encode();
-        // The snapshot is large at TiB scale (every region, every L2P page's slot):
-        // give the directories back and let the rest go before the write, and write
-        // through one aligned 1 MiB buffer so an O_DIRECT device needs no bounce copy
-        // of the whole image.
-        self.restore_directories(ck.directories);
-        let blocks = bytes.len() as u64 / BS;
+        let blocks = Checkpoint::encoded_blocks(
+            ck.regions.len(),
+            ck.directories.iter().map(|d| d.pages.len()).sum(),
+            ck.directories.len(),
+        );
         if blocks > u64::from(self.sb.layout.checkpoint_blocks) {
+            self.restore_directories(ck.directories);
             return Err(EngineError::CheckpointTooLarge {
                 needed: blocks,
                 area: self.sb.layout.checkpoint_blocks,
             });
         }
+        // The image is megabytes at TiB scale (every region, every L2P page's slot): it
+        // is streamed through one aligned 1 MiB buffer rather than built, so the peak
+        // is one piece and an O_DIRECT device needs no bounce copy.
         let area = 1 - self.sb.active_checkpoint;
         let off = self.sb.layout.checkpoint_start(area) * BS;
-        let mut piece = shale_device::IoBuf::zeroed(bytes.len().min(CHECKPOINT_PIECE_BYTES));
-        for (i, chunk) in bytes.chunks(CHECKPOINT_PIECE_BYTES).enumerate() {
-            let at = off + (i * CHECKPOINT_PIECE_BYTES) as u64;
-            piece[..chunk.len()].copy_from_slice(chunk);
-            self.cache
-                .write_at(at, &piece[..chunk.len()])
-                .map_err(EngineError::cache("checkpoint write", at))?;
-        }
+        let len = (blocks * BS) as usize;
+        let mut piece = shale_device::IoBuf::zeroed(len.min(CHECKPOINT_PIECE_BYTES));
+        let cache = &mut self.cache;
+        let written = ck.encode_to(&mut piece, |at, b| {
+            cache
+                .write_at(off + at, b)
+                .map_err(EngineError::cache("checkpoint write", off + at))
+        });
+        self.restore_directories(ck.directories);
+        let bytes = written?;
+        drop(piece);
         self.cache.flush().map_err(EngineError::cache("flush", 0))?;
-        self.stats.cache_md_write_bytes += bytes.len() as u64;
+        self.stats.cache_md_write_bytes += bytes;
 
         let mut sb = self.sb.clone();
         sb.active_checkpoint = area;
@@ -218,6 +224,8 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             return Ok(());
         }
         self.drop_stale_relocations();
+        // Every relocation before T0 must be in the pages this checkpoint writes.
+        self.l2p.apply_deferred(&mut self.cache)?;
         let generation = self.journal.epoch + 1;
         let regions = self.region_snapshot();
         let (journal_next, journal_sequence) = self.journal.begin_epoch(generation);
@@ -250,7 +258,6 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             left => base.max(self.l2p.pending_pages().div_ceil(left as usize)),
         };
         let bytes = self.l2p.write_back_pending(&mut self.cache, n)?;
-        self.stats.cache_md_write_bytes += bytes;
         self.stats.checkpoint_page_writes += bytes / BS;
         if self.l2p.pending_pages() == 0 {
             self.checkpoint_end()?;

@@ -37,6 +37,12 @@ pub struct Stats {
     pub l2p_page_reads: u64,
     pub l2p_page_writes: u64,
     pub(crate) l2p_page_writes_total: u64,
+    /// Relocation switches that waited for their page's next fault instead of
+    /// faulting it in, and pages faulted in only because too many waited.
+    pub l2p_deferred_switches: u64,
+    pub l2p_deferred_faults: u64,
+    /// Deferred switches waiting now.
+    pub l2p_deferred_waiting: u64,
     pub l2p_cached_pages: u64,
     pub l2p_cache_pages_max: u64,
     pub md_cache_hits: u64,
@@ -119,6 +125,12 @@ impl<C: shale_device::BlockDevice, Z: shale_device::ZonedDevice, K: crate::Clock
         s.l2p_misses = l.misses;
         s.l2p_page_reads = l.page_reads;
         s.l2p_page_writes = l.page_writes;
+        // L2P pages are counted here, wherever they were written (evictions,
+        // checkpoints), not at each call site.
+        s.cache_md_write_bytes += l.page_writes * crate::layout::BS;
+        s.l2p_deferred_switches = l.deferred;
+        s.l2p_deferred_faults = l.deferred_faults;
+        s.l2p_deferred_waiting = self.l2p.deferred_switches().0 as u64;
         s.l2p_cached_pages = self.l2p.cached_pages() as u64;
         s.l2p_cache_pages_max = self.l2p.frames_max() as u64;
         s.md_cache_hits = self.md_cache.hits;

@@ -270,10 +270,12 @@ fn a_lost_superblock_write_leaves_a_newer_checkpoint_that_is_used() {
 
 /// Rule (torn metadata): a torn checkpoint area leaves the previous checkpoint in
 /// force (the superblock is written only after the area), and the journal since it
-/// replays.
+/// replays. The image is written payload first, header (length and CRC) last: tears
+/// of the payload at its start, middle and end, and of the header.
 #[test]
 fn torn_checkpoint_falls_back_to_the_previous_one() {
-    for keep_bytes in [512, 4096, 8192] {
+    // (writes of the area that land before the cut, where the torn one is cut)
+    for (skip, cut) in [(0, 0), (0, 1), (0, 2), (1, 0)] {
         let mut r = Rig::new(41);
         for l in 0..80 {
             r.write(l);
@@ -288,7 +290,7 @@ fn torn_checkpoint_falls_back_to_the_previous_one() {
             side: Side::Cache,
             lo,
             hi,
-            skip: 0,
+            skip,
             after: true,
         });
         let _ = r.try_call(Request::CreateVolume {
@@ -297,6 +299,18 @@ fn torn_checkpoint_falls_back_to_the_previous_one() {
         });
         assert!(r.sw.fired());
         let torn = last_write_in(&r.cache_ctl, lo, hi);
+        let len = r
+            .cache_ctl
+            .pending_writes()
+            .iter()
+            .find(|p| p.id == torn)
+            .map(|p| p.len)
+            .unwrap();
+        let keep_bytes = match cut {
+            0 => 512,
+            1 => len / 2 / 512 * 512,
+            _ => len - 512,
+        };
         let keep = pending_ids(&r.cache_ctl, torn);
         r.crash(
             CrashMode::TearWrite {

@@ -6,8 +6,7 @@
 
 use crate::codec::{check_crc, check_header, seal, Reader, Writer};
 use crate::{
-    decode_region_table, encode_region_table, FormatError, L2pDirectory, RegionEntry, Structure,
-    VolumeTable, BLOCK_SIZE,
+    decode_region_table, FormatError, L2pDirectory, RegionEntry, Structure, VolumeTable, BLOCK_SIZE,
 };
 
 pub const CHECKPOINT_MAGIC: u32 = u32::from_le_bytes(*b"SHCP");
@@ -111,20 +110,65 @@ impl Checkpoint {
     /// Encodes header + payload, padded to whole blocks. Fills in the header's payload
     /// fields.
     pub fn encode(&self) -> Vec<u8> {
-        let mut payload = encode_region_table(&self.regions);
-        payload.extend_from_slice(&self.volumes.encode());
+        let len = Self::encoded_blocks(
+            self.regions.len(),
+            self.directories.iter().map(|d| d.pages.len()).sum(),
+            self.directories.len(),
+        ) as usize
+            * BLOCK_SIZE;
+        let mut out = vec![0u8; len];
+        let mut piece = vec![0u8; 16 * BLOCK_SIZE];
+        let r: Result<u64, std::convert::Infallible> = self.encode_to(&mut piece, |at, b| {
+            out[at as usize..at as usize + b.len()].copy_from_slice(b);
+            Ok(())
+        });
+        let Ok(n) = r;
+        debug_assert_eq!(n as usize, len);
+        out
+    }
+
+    /// Streams the bytes `encode` returns through `piece` (whole blocks, at least one):
+    /// `sink(offset, bytes)` receives the payload in order, in pieces of whole blocks
+    /// (the last one zero-padded), then the header block at offset 0, which carries the
+    /// payload's length and CRC. Returns the image's length. At TiB scale the image is
+    /// megabytes; this holds one piece instead of the image (several times over while
+    /// it grows). The first sink error stops the encoding and is returned.
+    pub fn encode_to<E>(
+        &self,
+        piece: &mut [u8],
+        mut sink: impl FnMut(u64, &[u8]) -> Result<(), E>,
+    ) -> Result<u64, E> {
+        assert!(
+            piece.len() >= BLOCK_SIZE && piece.len().is_multiple_of(BLOCK_SIZE),
+            "checkpoint pieces are whole blocks"
+        );
+        let mut p = Pieces {
+            buf: piece,
+            fill: 0,
+            at: BLOCK_SIZE as u64,
+            crc: 0,
+            payload: 0,
+            sink: &mut sink,
+            err: None,
+        };
+        crate::region_table::region_table_chunks(&self.regions, &mut |b| p.put(b));
+        p.put(&self.volumes.encode());
         for d in &self.directories {
-            d.encode_into(&mut payload);
+            d.chunks(&mut |b| p.put(b));
         }
+        p.flush(true);
+        if let Some(e) = p.err {
+            return Err(e);
+        }
+        let (payload, crc, end) = (p.payload, p.crc, p.at);
         let mut h = self.header.clone();
-        h.payload_bytes = payload.len() as u64;
-        h.payload_crc = crc32c::crc32c(&payload);
+        h.payload_bytes = payload;
+        h.payload_crc = crc;
         h.region_count = self.regions.len() as u32;
         h.directory_count = self.directories.len() as u32;
-        let mut out = h.encode().to_vec();
-        out.extend_from_slice(&payload);
-        out.resize(out.len().div_ceil(BLOCK_SIZE) * BLOCK_SIZE, 0);
-        out
+        piece[..BLOCK_SIZE].copy_from_slice(&h.encode());
+        sink(0, &piece[..BLOCK_SIZE])?;
+        Ok(end)
     }
 
     /// Decodes a checkpoint from the bytes of its area (`at` = the area's byte offset).
@@ -187,6 +231,59 @@ impl Checkpoint {
     }
 }
 
+/// The payload being streamed: a buffer of whole blocks handed to the sink when full.
+struct Pieces<'a, E, F: FnMut(u64, &[u8]) -> Result<(), E>> {
+    buf: &'a mut [u8],
+    fill: usize,
+    /// Image offset of `buf[0]`.
+    at: u64,
+    crc: u32,
+    payload: u64,
+    sink: &'a mut F,
+    err: Option<E>,
+}
+
+impl<E, F: FnMut(u64, &[u8]) -> Result<(), E>> Pieces<'_, E, F> {
+    fn put(&mut self, mut b: &[u8]) {
+        if self.err.is_some() {
+            return;
+        }
+        self.crc = crc32c::crc32c_append(self.crc, b);
+        self.payload += b.len() as u64;
+        while !b.is_empty() {
+            let n = b.len().min(self.buf.len() - self.fill);
+            self.buf[self.fill..self.fill + n].copy_from_slice(&b[..n]);
+            self.fill += n;
+            b = &b[n..];
+            if self.fill == self.buf.len() {
+                self.flush(false);
+                if self.err.is_some() {
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Hands the filled part to the sink (`last`: zero-padded to a whole block).
+    fn flush(&mut self, last: bool) {
+        if self.fill == 0 || self.err.is_some() {
+            return;
+        }
+        let len = if last {
+            let len = self.fill.div_ceil(BLOCK_SIZE) * BLOCK_SIZE;
+            self.buf[self.fill..len].fill(0);
+            len
+        } else {
+            self.fill
+        };
+        if let Err(e) = (self.sink)(self.at, &self.buf[..len]) {
+            self.err = Some(e);
+        }
+        self.at += len as u64;
+        self.fill = 0;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -226,5 +323,89 @@ mod tests {
             let is_crc = matches!(Checkpoint::decode(&bytes, 0), Err(FormatError::ChecksumMismatch { .. }));
             prop_assert!(is_crc);
         }
+    }
+
+    /// A checkpoint spanning many pieces streams to the same bytes whatever the piece
+    /// size, decodes, and the first sink error stops it.
+    #[test]
+    fn streaming_matches_whole_image_and_stops_on_error() {
+        let regions: Vec<RegionEntry> = (0..3000u32)
+            .map(|i| RegionEntry {
+                valid_count: i,
+                write_pointer: i * 3,
+                close_time: u64::from(i) << 20,
+                sid: Sid(u64::from(i) + 7),
+                ..Default::default()
+            })
+            .collect();
+        let directories: Vec<L2pDirectory> = (0..3u32)
+            .map(|v| L2pDirectory {
+                volume: VolumeId(v),
+                pages: (0..5000 + v * 77)
+                    .map(|p| PageDesc {
+                        slot: p * 2 + v,
+                        crc32c: p ^ 0xdead_beef,
+                    })
+                    .collect(),
+            })
+            .collect();
+        let c = Checkpoint {
+            header: CheckpointHeader {
+                generation: 9,
+                ..Default::default()
+            },
+            regions,
+            volumes: VolumeTable {
+                generation: 1,
+                entries: (0..3)
+                    .map(|i| VolumeEntry {
+                        id: VolumeId(i),
+                        name: format!("v{i}"),
+                        size_blocks: 6_000_000,
+                        created_sid: Sid(1),
+                        created_pos: 0,
+                    })
+                    .collect(),
+            },
+            directories,
+        };
+        let whole = c.encode();
+        assert!(whole.len() > 30 * BLOCK_SIZE);
+        for blocks in [1usize, 3, 256] {
+            let mut out = vec![0u8; whole.len()];
+            let mut piece = vec![0u8; blocks * BLOCK_SIZE];
+            let mut calls = 0;
+            let n = c
+                .encode_to(&mut piece, |at, b| -> Result<(), ()> {
+                    assert!(b.len().is_multiple_of(BLOCK_SIZE) && b.len() <= blocks * BLOCK_SIZE);
+                    out[at as usize..at as usize + b.len()].copy_from_slice(b);
+                    calls += 1;
+                    Ok(())
+                })
+                .unwrap();
+            assert_eq!(n as usize, whole.len());
+            assert_eq!(out, whole, "pieces of {blocks} blocks");
+            assert_eq!(calls, (whole.len() / BLOCK_SIZE - 1).div_ceil(blocks) + 1);
+        }
+        let d = Checkpoint::decode(&whole, 0).unwrap();
+        assert_eq!(
+            d,
+            Checkpoint {
+                header: d.header.clone(),
+                ..c.clone()
+            }
+        );
+        let mut piece = vec![0u8; BLOCK_SIZE];
+        let mut calls = 0;
+        let r = c.encode_to(&mut piece, |_, _| {
+            calls += 1;
+            if calls == 5 {
+                Err("device gone")
+            } else {
+                Ok(())
+            }
+        });
+        assert_eq!(r, Err("device gone"));
+        assert_eq!(calls, 5, "nothing is written after the first error");
     }
 }

@@ -122,6 +122,22 @@ pub(crate) fn seal(buf: &mut [u8], len: usize) {
     buf[8..12].copy_from_slice(&crc.to_le_bytes());
 }
 
+/// Emits a sealed structure without building it: `body` produces its bytes after
+/// `header` (whose CRC field is zero) twice, once for the CRC `seal` would write and
+/// once into `f`, behind the sealed header.
+pub(crate) fn sealed_chunks(
+    header: &mut [u8],
+    body: impl Fn(&mut dyn FnMut(&[u8])),
+    f: &mut dyn FnMut(&[u8]),
+) {
+    debug_assert_eq!(&header[8..12], &[0; 4]);
+    let mut crc = crc32c::crc32c(header);
+    body(&mut |b| crc = crc32c::crc32c_append(crc, b));
+    header[8..12].copy_from_slice(&crc.to_le_bytes());
+    f(header);
+    body(f);
+}
+
 pub(crate) fn crc_of(buf: &[u8]) -> u32 {
     let c = crc32c::crc32c(&buf[..8]);
     let c = crc32c::crc32c_append(c, &[0u8; 4]);

@@ -5,7 +5,7 @@
 //! Invariants: slot `s` belongs to pool page `s / 2`; a page never written has slot
 //! [`L2P_SLOT_NONE`] and reads as all-unmapped.
 
-use crate::codec::{check_crc, check_header, seal, Reader, Writer};
+use crate::codec::{check_crc, check_header, Reader, Writer};
 use crate::{FormatError, Structure, VolumeId};
 
 pub const L2P_DIR_MAGIC: u32 = u32::from_le_bytes(*b"SHLD");
@@ -38,11 +38,15 @@ impl L2pDirectory {
     }
 
     pub fn encode_into(&self, out: &mut Vec<u8>) {
-        let start = out.len();
-        let len = self.encoded_len();
-        out.resize(start + len, 0);
-        let b = &mut out[start..];
-        let mut w = Writer::new(b);
+        out.reserve(self.encoded_len());
+        self.chunks(&mut |c| out.extend_from_slice(c));
+    }
+
+    /// Hands the encoded directory to `f` a bounded piece at a time (the sealed header,
+    /// then the pages in batches): at TiB scale a directory is megabytes.
+    pub(crate) fn chunks(&self, f: &mut dyn FnMut(&[u8])) {
+        let mut header = [0u8; L2P_DIR_HEADER_LEN];
+        let mut w = Writer::new(&mut header);
         w.u32(L2P_DIR_MAGIC);
         w.u16(L2P_DIR_VERSION);
         w.u16(0);
@@ -50,11 +54,20 @@ impl L2pDirectory {
         w.u32(self.volume.0);
         w.u32(self.pages.len() as u32);
         w.u32(0);
-        for p in &self.pages {
-            w.u32(p.slot);
-            w.u32(p.crc32c);
+        crate::codec::sealed_chunks(&mut header, |g| self.page_chunks(g), f);
+    }
+
+    fn page_chunks(&self, f: &mut dyn FnMut(&[u8])) {
+        const BATCH: usize = 512;
+        let mut buf = [0u8; BATCH * 8];
+        for batch in self.pages.chunks(BATCH) {
+            let mut w = Writer::new(&mut buf);
+            for p in batch {
+                w.u32(p.slot);
+                w.u32(p.crc32c);
+            }
+            f(&buf[..batch.len() * 8]);
         }
-        seal(b, len);
     }
 
     /// Returns the directory and the bytes consumed.

@@ -3,7 +3,7 @@
 //! Invariants: a `Free` region has `valid_count == 0`; `write_pointer` never exceeds the
 //! region's size in blocks; `stream` is meaningful only for zones opened for a stream.
 
-use crate::codec::{check_crc, check_header, seal, Reader, Writer};
+use crate::codec::{check_crc, check_header, Reader, Writer};
 use crate::{FormatError, Sid, Structure};
 
 pub const REGION_TABLE_MAGIC: u32 = u32::from_le_bytes(*b"SHRT");
@@ -48,26 +48,41 @@ pub struct RegionEntry {
 }
 
 pub fn encode_region_table(entries: &[RegionEntry]) -> Vec<u8> {
-    let len = REGION_TABLE_HEADER_LEN + entries.len() * REGION_ENTRY_LEN;
-    let mut b = vec![0u8; len];
-    let mut w = Writer::new(&mut b);
+    let mut b = Vec::with_capacity(REGION_TABLE_HEADER_LEN + entries.len() * REGION_ENTRY_LEN);
+    region_table_chunks(entries, &mut |c| b.extend_from_slice(c));
+    b
+}
+
+/// Hands the encoded table to `f` a bounded piece at a time (the header, sealed, then
+/// entries in batches), so a checkpoint can stream it without building it.
+pub(crate) fn region_table_chunks(entries: &[RegionEntry], f: &mut dyn FnMut(&[u8])) {
+    let mut header = [0u8; REGION_TABLE_HEADER_LEN];
+    let mut w = Writer::new(&mut header);
     w.u32(REGION_TABLE_MAGIC);
     w.u16(REGION_TABLE_VERSION);
     w.u16(0);
     w.u32(0);
     w.u32(entries.len() as u32);
-    for e in entries {
-        w.u8(e.state as u8);
-        w.u8(e.role as u8);
-        w.u16(e.stream);
-        w.u64(e.sid.0);
-        w.u32(e.valid_count);
-        w.u32(e.write_pointer);
-        w.u64(e.close_time);
-        w.u32(0);
+    crate::codec::sealed_chunks(&mut header, |g| region_entry_chunks(entries, g), f);
+}
+
+fn region_entry_chunks(entries: &[RegionEntry], f: &mut dyn FnMut(&[u8])) {
+    const BATCH: usize = 128;
+    let mut buf = [0u8; BATCH * REGION_ENTRY_LEN];
+    for batch in entries.chunks(BATCH) {
+        let mut w = Writer::new(&mut buf);
+        for e in batch {
+            w.u8(e.state as u8);
+            w.u8(e.role as u8);
+            w.u16(e.stream);
+            w.u64(e.sid.0);
+            w.u32(e.valid_count);
+            w.u32(e.write_pointer);
+            w.u64(e.close_time);
+            w.u32(0);
+        }
+        f(&buf[..batch.len() * REGION_ENTRY_LEN]);
     }
-    seal(&mut b, len);
-    b
 }
 
 /// Returns the entries and the number of bytes consumed.

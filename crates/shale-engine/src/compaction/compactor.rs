@@ -8,6 +8,8 @@
 //!   source cannot be freed (or reused) before the block settles;
 //! - on a group write's completion an L2P entry is switched only if it still points at
 //!   the source PBA (a newer user write, trim or delete wins; the copy is born invalid);
+//!   the source's validity bit answers that, and the switch waits for the page's next
+//!   fault when the page is not cached (l2p/deferred.rs);
 //! - relocated blocks keep their SID and their original data CRC (a corrupt source
 //!   block stays detectably corrupt);
 //! - compaction never takes a zone while free zones <= the GC reserve (a zone per GC
@@ -330,10 +332,12 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 panic!("relocation source {} outside the data regions", e.source);
             };
             self.regions.get_mut(src).relocations -= 1;
-            let cur = self.l2p.get(&mut self.cache, e.volume, e.lba)?;
-            if cur == Some(e.source) {
+            // The source's validity bit says whether the entry still points at it
+            // (a PBA is valid exactly when one L2P entry maps it), so the switch needs
+            // no page: it is deferred if the page is not cached.
+            if self.regions.validity.get(e.source) {
                 self.regions.mark_valid(&self.geo, new);
-                self.l2p.set(&mut self.cache, e.volume, e.lba, new)?;
+                self.l2p.relocate(&mut self.cache, e.volume, e.lba, new)?;
                 self.regions.mark_invalid(&self.geo, e.source);
                 self.stats.relocated_blocks += 1;
             } else {

@@ -3,6 +3,9 @@
 use shale_format::{PageDesc, L2P_SLOT_NONE};
 
 pub(crate) const FRAME_NONE: u32 = u32::MAX;
+/// A `frame` value with this bit set (other than `FRAME_NONE`) is not a frame but the
+/// head of the page's deferred-switch chain: a page is never both cached and deferred.
+pub(crate) const DEFERRED_BIT: u32 = 1 << 31;
 
 #[derive(Debug, Clone)]
 pub(crate) struct VolumeMap {
@@ -10,7 +13,8 @@ pub(crate) struct VolumeMap {
     pub dir: Vec<PageDesc>,
     /// The slot the last durable checkpoint references for each page.
     pub ckpt_slot: Vec<u32>,
-    /// Cache frame holding each page, or FRAME_NONE.
+    /// Cache frame holding each page, or `DEFERRED_BIT` | the head of its deferred
+    /// switches, or FRAME_NONE.
     pub frame: Vec<u32>,
     pub size_blocks: u64,
 }

@@ -8,9 +8,13 @@
 //!   checkpoint (`ckpt_slot`), so the checkpointed copy is never overwritten;
 //! - pool pages are owned by at most one (volume, page); pages released by a volume
 //!   delete or shrink return to the pool only after the checkpoint that forgets them.
+//! - a relocation switch for a page not cached waits in the page's deferred chain
+//!   (deferred.rs) and is applied when the page is next faulted in; every chain is
+//!   applied before a checkpoint begins, and no page is cached and deferred at once;
 //! - No page is pinned across engine loop iterations: a fault may evict any page, so
 //!   the budget only has to cover one request plus the reserve.
 
+mod deferred;
 mod directory;
 mod page_cache;
 

@@ -4,7 +4,8 @@
 use shale_device::BlockDevice;
 use shale_format::{Lba, PageDesc, Pba, VolumeId, L2P_ENTRIES_PER_PAGE, L2P_SLOT_NONE};
 
-use super::directory::{VolumeMap, FRAME_NONE};
+use super::deferred::{Deferred, LINK_NONE};
+use super::directory::{VolumeMap, DEFERRED_BIT, FRAME_NONE};
 use crate::layout::BS;
 use crate::EngineError;
 
@@ -30,6 +31,29 @@ pub(crate) struct L2pCounters {
     pub misses: u64,
     pub page_reads: u64,
     pub page_writes: u64,
+    /// Relocation switches deferred (their page was not cached).
+    pub deferred: u64,
+    /// Faults made only to apply deferred switches (too many waiting).
+    pub deferred_faults: u64,
+}
+
+/// What a `VolumeMap::frame` value holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Slot {
+    Empty,
+    Frame(u32),
+    /// The head of the page's deferred switches.
+    Deferred(u32),
+}
+
+fn slot_of(v: u32) -> Slot {
+    if v == FRAME_NONE {
+        Slot::Empty
+    } else if v & DEFERRED_BIT != 0 {
+        Slot::Deferred(v & !DEFERRED_BIT)
+    } else {
+        Slot::Frame(v)
+    }
 }
 
 #[derive(Debug)]
@@ -50,6 +74,9 @@ pub(crate) struct L2p {
     /// Frames marked `ckpt_pending`, and where the next search for one starts.
     pending: usize,
     pending_cursor: usize,
+    /// Relocation switches waiting for their page (deferred.rs).
+    deferred: Deferred,
+    switch_scratch: Vec<(u32, u32)>,
 }
 
 const PAGE_BYTES: usize = EPP * 4;
@@ -145,6 +172,11 @@ impl L2p {
             counters: L2pCounters::default(),
             pending: 0,
             pending_cursor: 0,
+            // About one waiting switch per page of the table (8 bytes each, 1/512 of
+            // the table), at least 32 KiB: enough that user faults, which apply them
+            // for free, drain nearly all of them under uniform writes.
+            deferred: Deferred::new((pool_pages as usize).max(4096)),
+            switch_scratch: Vec::new(),
         }
     }
 
@@ -291,10 +323,10 @@ impl L2p {
         v: VolumeId,
         p: usize,
     ) -> Result<(u32, u64), EngineError> {
-        let f = self.vols[v.0 as usize]
+        let cur = self.vols[v.0 as usize]
             .as_ref()
             .map_or(FRAME_NONE, |m| m.frame[p]);
-        if f != FRAME_NONE {
+        if let Slot::Frame(f) = slot_of(cur) {
             self.counters.hits += 1;
             if self.head != f {
                 self.unlink(f);
@@ -352,9 +384,21 @@ impl L2p {
         }
         self.push_front(f);
         if let Err(e) = r {
-            // Leave the frame holding an unrelated page id so it is simply reused.
+            // Leave the frame holding an unrelated page id so it is simply reused
+            // (the page's deferred switches stay where they are).
             self.frames[f as usize].volume = u32::MAX;
             return Err(e);
+        }
+        if let Slot::Deferred(head) = slot_of(cur) {
+            let mut sw = std::mem::take(&mut self.switch_scratch);
+            sw.clear();
+            self.deferred.take(head, &mut sw);
+            let fr = &mut self.frames[f as usize];
+            for &(i, pba) in &sw {
+                set_entry(&mut fr.data, i as usize, pba);
+            }
+            fr.dirty |= !sw.is_empty();
+            self.switch_scratch = sw;
         }
         if let Some(m) = self.vols[v.0 as usize].as_mut() {
             m.frame[p] = f;
@@ -427,13 +471,16 @@ impl L2p {
         if self.page_is_empty(v, p) {
             return Ok(false);
         }
-        let f = self.vols[v.0 as usize]
+        let cur = self.vols[v.0 as usize]
             .as_ref()
             .map_or(FRAME_NONE, |m| m.frame[p]);
-        if f != FRAME_NONE {
-            decode(&self.frames[f as usize].data, out);
-        } else {
-            self.read_page(dev, v, p, out)?;
+        match slot_of(cur) {
+            Slot::Frame(f) => decode(&self.frames[f as usize].data, out),
+            Slot::Empty => self.read_page(dev, v, p, out)?,
+            Slot::Deferred(head) => {
+                self.read_page(dev, v, p, out)?;
+                self.deferred.for_each(head, |i, pba| out[i as usize] = pba);
+            }
         }
         Ok(true)
     }
@@ -526,10 +573,17 @@ impl L2p {
             if slot != L2P_SLOT_NONE {
                 self.pool_deferred.push(slot / 2);
             }
-            if f != FRAME_NONE {
-                self.frames[f as usize].volume = u32::MAX;
-                self.frames[f as usize].dirty = false;
-                self.unmark(f);
+            match slot_of(f) {
+                Slot::Frame(f) => {
+                    self.frames[f as usize].volume = u32::MAX;
+                    self.frames[f as usize].dirty = false;
+                    self.unmark(f);
+                }
+                Slot::Deferred(head) => {
+                    self.switch_scratch.clear();
+                    self.deferred.take(head, &mut self.switch_scratch);
+                }
+                Slot::Empty => {}
             }
         }
     }
@@ -573,12 +627,22 @@ impl L2p {
                 continue;
             };
             for p in 0..m.dir.len() {
-                let fr = m.frame[p];
-                if fr != FRAME_NONE {
-                    decode(&self.frames[fr as usize].data, &mut buf);
-                    emit(VolumeId(v as u32), p, m.size_blocks, &buf, &mut f);
-                } else if m.dir[p].slot != L2P_SLOT_NONE {
-                    to_read.push((m.dir[p].slot, v, p, m.dir[p]));
+                match slot_of(m.frame[p]) {
+                    Slot::Frame(fr) => {
+                        decode(&self.frames[fr as usize].data, &mut buf);
+                        emit(VolumeId(v as u32), p, m.size_blocks, &buf, &mut f);
+                    }
+                    _ if m.dir[p].slot != L2P_SLOT_NONE => {
+                        to_read.push((m.dir[p].slot, v, p, m.dir[p]));
+                    }
+                    Slot::Deferred(head) => {
+                        // Switches for a page never written back (not expected: a
+                        // relocated entry was mapped, so its page was written).
+                        buf.fill(Pba::NONE.0);
+                        self.deferred.for_each(head, |i, pba| buf[i as usize] = pba);
+                        emit(VolumeId(v as u32), p, m.size_blocks, &buf, &mut f);
+                    }
+                    Slot::Empty => {}
                 }
             }
         }
@@ -620,12 +684,98 @@ impl L2p {
                 for (e, b) in buf.iter_mut().zip(page.chunks_exact(4)) {
                     *e = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
                 }
+                if let Some(Slot::Deferred(head)) =
+                    self.vols[v].as_ref().map(|m| slot_of(m.frame[p]))
+                {
+                    self.deferred.for_each(head, |i, pba| buf[i as usize] = pba);
+                }
                 let size = self.vols[v].as_ref().map_or(0, |m| m.size_blocks);
                 emit(VolumeId(v as u32), p, size, &buf, &mut f);
             }
             i = j;
         }
         Ok(())
+    }
+
+    /// Switches `lba` of `v` from a relocation's source to `pba`. The caller has checked
+    /// that the entry still points at the source (the source's validity bit is set). A
+    /// cached page is updated at once; otherwise the switch waits for the page's next
+    /// fault, so a relocation costs no page I/O. When too many wait, the pages with the
+    /// most are faulted in. Returns bytes written to the cache device.
+    pub fn relocate<C: BlockDevice>(
+        &mut self,
+        dev: &mut C,
+        v: VolumeId,
+        lba: Lba,
+        pba: Pba,
+    ) -> Result<(), EngineError> {
+        let p = (lba.0 / L2P_ENTRIES_PER_PAGE) as usize;
+        let i = (lba.0 % L2P_ENTRIES_PER_PAGE) as usize;
+        let Some(Some(m)) = self.vols.get_mut(v.0 as usize) else {
+            panic!("relocation switch for {v}, which has no map");
+        };
+        match slot_of(m.frame[p]) {
+            Slot::Frame(f) => {
+                let fr = &mut self.frames[f as usize];
+                if entry(&fr.data, i) != pba.0 {
+                    set_entry(&mut fr.data, i, pba.0);
+                    fr.dirty = true;
+                }
+                return Ok(());
+            }
+            Slot::Empty => {
+                m.frame[p] = DEFERRED_BIT | self.deferred.push(LINK_NONE, i as u32, pba.0)
+            }
+            Slot::Deferred(head) => {
+                m.frame[p] = DEFERRED_BIT | self.deferred.push(head, i as u32, pba.0)
+            }
+        }
+        self.counters.deferred += 1;
+        if self.deferred.live() > self.deferred.max {
+            return self.drain_deferred(dev, self.deferred.max / 2);
+        }
+        Ok(())
+    }
+
+    /// Faults in pages with deferred switches, longest chains first, until at most
+    /// `keep` switches wait.
+    fn drain_deferred<C: BlockDevice>(
+        &mut self,
+        dev: &mut C,
+        keep: usize,
+    ) -> Result<(), EngineError> {
+        if self.deferred.live() <= keep {
+            return Ok(());
+        }
+        let mut pages: Vec<(usize, u32, u32)> = Vec::new();
+        for (v, m) in self.vols.iter().enumerate() {
+            let Some(m) = m else { continue };
+            for (p, &fr) in m.frame.iter().enumerate() {
+                if let Slot::Deferred(head) = slot_of(fr) {
+                    pages.push((self.deferred.chain_len(head), v as u32, p as u32));
+                }
+            }
+        }
+        pages.sort_unstable_by_key(|p| std::cmp::Reverse(p.0));
+        for (_, v, p) in pages {
+            if self.deferred.live() <= keep {
+                break;
+            }
+            self.counters.deferred_faults += 1;
+            self.frame(dev, VolumeId(v), p as usize)?;
+        }
+        Ok(())
+    }
+
+    /// Applies every deferred switch (a checkpoint's pages must reflect every
+    /// relocation before it begins). Returns bytes written to the cache device.
+    pub fn apply_deferred<C: BlockDevice>(&mut self, dev: &mut C) -> Result<(), EngineError> {
+        self.drain_deferred(dev, 0)
+    }
+
+    /// Relocation switches waiting for their page, and the DRAM they hold.
+    pub fn deferred_switches(&self) -> (usize, usize) {
+        (self.deferred.live(), self.deferred.bytes())
     }
 
     pub fn cached_pages(&self) -> usize {
@@ -648,6 +798,9 @@ mod tests {
     enum Op {
         Set(u8, u64, u32),
         Get(u8, u64),
+        /// A relocation switch of an LBA that is mapped (callers check the source).
+        Relocate(u64, u32),
+        Peek(u8, u64),
         WriteBackAll,
         Checkpoint,
         Resize(u8, u64),
@@ -657,6 +810,8 @@ mod tests {
         prop_oneof![
             8 => (0u8..2, 0u64..6000, 0u32..1_000_000).prop_map(|(v, l, p)| Op::Set(v, l, p)),
             6 => (0u8..2, 0u64..6000).prop_map(|(v, l)| Op::Get(v, l)),
+            6 => (any::<u64>(), 0u32..1_000_000).prop_map(|(sel, p)| Op::Relocate(sel, p)),
+            2 => (0u8..2, 0u64..6000).prop_map(|(v, l)| Op::Peek(v, l)),
             1 => Just(Op::WriteBackAll),
             1 => Just(Op::Checkpoint),
             1 => (0u8..2, 1u64..6000).prop_map(|(v, s)| Op::Resize(v, s)),
@@ -665,11 +820,13 @@ mod tests {
 
     proptest! {
         /// The page cache under a 3-page budget behaves like a map, across evictions,
-        /// write-backs, checkpoints and resizes, and never reuses a pool page twice.
+        /// write-backs, deferred relocation switches (a few allowed to wait, so forced
+        /// drains happen), checkpoints and resizes, and never reuses a pool page twice.
         #[test]
         fn behaves_like_a_map(ops in proptest::collection::vec(op(), 1..400)) {
             let mut dev = MemDevice::new(64 * 4096, 4096).unwrap();
             let mut l2p = L2p::new(2, 30, 3, 0);
+            l2p.deferred.max = 6;
             let mut sizes = [6000u64, 3000];
             l2p.add_volume(VolumeId(0), sizes[0]);
             l2p.add_volume(VolumeId(1), sizes[1]);
@@ -688,10 +845,34 @@ mod tests {
                         let want = (l < sizes[v as usize]).then(|| Pba(*model.get(&(v, l)).unwrap_or(&Pba::NONE.0)));
                         prop_assert_eq!(got, want);
                     }
+                    Op::Relocate(sel, p) => {
+                        // Pick a mapped entry, as a relocation only moves valid blocks.
+                        let mut mapped: Vec<_> = model.iter().filter(|e| *e.1 != Pba::NONE.0).map(|e| *e.0).collect();
+                        mapped.sort_unstable();
+                        if !mapped.is_empty() {
+                            let (v, l) = mapped[sel as usize % mapped.len()];
+                            l2p.relocate(&mut dev, VolumeId(v.into()), Lba(l), Pba(p)).unwrap();
+                            model.insert((v, l), p);
+                        }
+                    }
+                    Op::Peek(v, l) => {
+                        if l < sizes[v as usize] {
+                            let mut page = Box::new([0u32; EPP]);
+                            let p = (l / L2P_ENTRIES_PER_PAGE) as usize;
+                            let got = if l2p.peek_page(&mut dev, VolumeId(v.into()), p, &mut page).unwrap() {
+                                page[(l % L2P_ENTRIES_PER_PAGE) as usize]
+                            } else {
+                                Pba::NONE.0
+                            };
+                            prop_assert_eq!(got, *model.get(&(v, l)).unwrap_or(&Pba::NONE.0));
+                        }
+                    }
                     Op::WriteBackAll => {
                         l2p.write_back_all(&mut dev).unwrap();
                     }
                     Op::Checkpoint => {
+                        l2p.apply_deferred(&mut dev).unwrap();
+                        prop_assert_eq!(l2p.deferred_switches().0, 0);
                         l2p.write_back_all(&mut dev).unwrap();
                         l2p.checkpoint_committed();
                     }
@@ -707,6 +888,7 @@ mod tests {
                     }
                 }
                 prop_assert!(l2p.cached_pages() <= 3);
+                prop_assert!(l2p.deferred_switches().0 <= 6);
                 let mut used = std::collections::HashSet::new();
                 for m in l2p.vols.iter().flatten() {
                     for d in &m.dir {
