@@ -9,8 +9,10 @@
 //! - **incremental** (periodic; bounded work per loop iteration): at its start `T0` a
 //!   durability point makes everything durable, staged relocations whose source is no
 //!   longer valid are dropped, the region table is snapshotted, the journal's epoch is
-//!   bumped (entries from here on belong to the new checkpoint), deferred relocation
-//!   switches are applied to their pages and every L2P page dirty at `T0` is marked. Marked pages are written back a few per loop iteration
+//!   bumped (entries from here on belong to the new checkpoint) and every L2P page
+//!   dirty at `T0` or with deferred relocation switches is marked (the latter are
+//!   faulted in and updated when their turn comes, so every relocation before `T0` is
+//!   in the pages the checkpoint references). Marked pages are written back a few per loop iteration
 //!   while user I/O goes on. When none is left, a second durability point (with a
 //!   FlushPoint) makes every event the written pages reflect durable, and the area is
 //!   written with the `T0` region table, the `T0` journal position and the current
@@ -224,8 +226,6 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             return Ok(());
         }
         self.drop_stale_relocations();
-        // Every relocation before T0 must be in the pages this checkpoint writes.
-        self.l2p.apply_deferred(&mut self.cache)?;
         let generation = self.journal.epoch + 1;
         let regions = self.region_snapshot();
         let (journal_next, journal_sequence) = self.journal.begin_epoch(generation);

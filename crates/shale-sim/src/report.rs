@@ -97,6 +97,7 @@ pub struct Counts {
     pub relocated_blocks: u64,
     pub l2p_page_reads: u64,
     pub l2p_page_writes: u64,
+    pub l2p_deferred_switches: u64,
 }
 
 impl Counts {
@@ -138,6 +139,7 @@ impl Counts {
         self.relocated_blocks += o.relocated_blocks;
         self.l2p_page_reads += o.l2p_page_reads;
         self.l2p_page_writes += o.l2p_page_writes;
+        self.l2p_deferred_switches += o.l2p_deferred_switches;
     }
 
     pub fn moment(&mut self, key: &str) {
@@ -185,7 +187,7 @@ impl fmt::Display for Counts {
         )?;
         writeln!(
             f,
-            "engine: compaction victims {}  GC victims {}  relocated blocks {}  checkpoints {}  durability points {}  zone resets {}  chunk frees {}  L2P page reads/writes {}/{}",
+            "engine: compaction victims {}  GC victims {}  relocated blocks {}  checkpoints {}  durability points {}  zone resets {}  chunk frees {}  L2P page reads/writes {}/{}  deferred switches {}",
             self.compaction_victims,
             self.gc_victims,
             self.relocated_blocks,
@@ -194,7 +196,8 @@ impl fmt::Display for Counts {
             self.zone_resets,
             self.chunk_frees,
             self.l2p_page_reads,
-            self.l2p_page_writes
+            self.l2p_page_writes,
+            self.l2p_deferred_switches
         )?;
         let moments: Vec<String> = self
             .moments

@@ -9,8 +9,9 @@
 //! - pool pages are owned by at most one (volume, page); pages released by a volume
 //!   delete or shrink return to the pool only after the checkpoint that forgets them.
 //! - a relocation switch for a page not cached waits in the page's deferred chain
-//!   (deferred.rs) and is applied when the page is next faulted in; every chain is
-//!   applied before a checkpoint begins, and no page is cached and deferred at once;
+//!   (deferred.rs) and is applied when the page is next faulted in; a page with a
+//!   chain when a checkpoint begins is written (updated) before it commits; no page is
+//!   cached and deferred at once;
 //! - No page is pinned across engine loop iterations: a fault may evict any page, so
 //!   the budget only has to cover one request plus the reserve.
 

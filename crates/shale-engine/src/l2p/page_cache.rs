@@ -77,6 +77,12 @@ pub(crate) struct L2p {
     /// Relocation switches waiting for their page (deferred.rs).
     deferred: Deferred,
     switch_scratch: Vec<(u32, u32)>,
+    /// An incremental checkpoint is in progress: a frame that takes deferred switches
+    /// is marked for it (they may predate its start).
+    ckpt_active: bool,
+    /// Pages that had deferred switches when the checkpoint in progress began: each is
+    /// faulted in, updated and written before it commits.
+    ckpt_deferred: Vec<(u32, u32)>,
 }
 
 const PAGE_BYTES: usize = EPP * 4;
@@ -177,6 +183,8 @@ impl L2p {
             // for free, drain nearly all of them under uniform writes.
             deferred: Deferred::new((pool_pages as usize).max(4096)),
             switch_scratch: Vec::new(),
+            ckpt_active: false,
+            ckpt_deferred: Vec::new(),
         }
     }
 
@@ -398,6 +406,12 @@ impl L2p {
                 set_entry(&mut fr.data, i as usize, pba);
             }
             fr.dirty |= !sw.is_empty();
+            if self.ckpt_active && !sw.is_empty() && !fr.ckpt_pending {
+                // Some of these switches may predate the checkpoint in progress.
+                fr.ckpt_pending = true;
+                self.pending += 1;
+                self.pending_cursor = self.pending_cursor.min(f as usize);
+            }
             self.switch_scratch = sw;
         }
         if let Some(m) = self.vols[v.0 as usize].as_mut() {
@@ -498,6 +512,9 @@ impl L2p {
 
     /// An incremental checkpoint begins: every page dirty now must be written before it
     /// commits.
+    /// Pages with deferred relocation switches are marked as well: they are faulted
+    /// in, updated and written a few at a time like the dirty ones, so the start of a
+    /// checkpoint costs no burst of faults.
     pub fn mark_checkpoint_pending(&mut self) {
         self.clear_checkpoint_pending();
         for fr in self.frames.iter_mut() {
@@ -507,6 +524,15 @@ impl L2p {
             }
         }
         self.pending_cursor = 0;
+        for (v, m) in self.vols.iter().enumerate() {
+            let Some(m) = m else { continue };
+            for (p, &fr) in m.frame.iter().enumerate() {
+                if let Slot::Deferred(_) = slot_of(fr) {
+                    self.ckpt_deferred.push((v as u32, p as u32));
+                }
+            }
+        }
+        self.ckpt_active = true;
     }
 
     /// The checkpoint in progress was abandoned.
@@ -515,11 +541,21 @@ impl L2p {
             fr.ckpt_pending = false;
         }
         self.pending = 0;
+        self.ckpt_deferred.clear();
+        self.ckpt_active = false;
     }
 
     /// Pages still to write for the checkpoint in progress.
     pub fn pending_pages(&self) -> usize {
-        self.pending
+        self.pending + self.ckpt_deferred.len()
+    }
+
+    fn has_deferred(&self, v: u32, p: u32) -> bool {
+        self.vols
+            .get(v as usize)
+            .and_then(Option::as_ref)
+            .and_then(|m| m.frame.get(p as usize))
+            .is_some_and(|&fr| matches!(slot_of(fr), Slot::Deferred(_)))
     }
 
     /// Writes back up to `max` pages marked for the checkpoint in progress. Returns
@@ -531,6 +567,21 @@ impl L2p {
     ) -> Result<u64, EngineError> {
         let mut n = 0;
         let mut bytes = 0;
+        while n < max {
+            let Some((v, p)) = self.ckpt_deferred.pop() else {
+                break;
+            };
+            // Gone already if a fault applied them (that frame is marked) or the
+            // volume shrank or went away.
+            if self.has_deferred(v, p) {
+                let (f, w) = self.frame(dev, VolumeId(v), p as usize)?;
+                bytes += w;
+                if self.frames[f as usize].dirty {
+                    bytes += self.write_back(dev, f)?;
+                }
+                n += 1;
+            }
+        }
         while n < max && self.pending > 0 && self.pending_cursor < self.frames.len() {
             let f = self.pending_cursor as u32;
             if self.frames[f as usize].ckpt_pending {
@@ -552,6 +603,8 @@ impl L2p {
 
     /// After a durable checkpoint: its directories are now the reference copies.
     pub fn checkpoint_committed(&mut self) {
+        debug_assert!(self.ckpt_deferred.is_empty());
+        self.ckpt_active = false;
         for m in self.vols.iter_mut().flatten() {
             for (c, d) in m.ckpt_slot.iter_mut().zip(&m.dir) {
                 *c = d.slot;
@@ -803,6 +856,9 @@ mod tests {
         Peek(u8, u64),
         WriteBackAll,
         Checkpoint,
+        /// An incremental checkpoint: begin, then steps of a few pages.
+        CkptBegin,
+        CkptStep,
         Resize(u8, u64),
     }
 
@@ -814,6 +870,8 @@ mod tests {
             2 => (0u8..2, 0u64..6000).prop_map(|(v, l)| Op::Peek(v, l)),
             1 => Just(Op::WriteBackAll),
             1 => Just(Op::Checkpoint),
+            1 => Just(Op::CkptBegin),
+            3 => Just(Op::CkptStep),
             1 => (0u8..2, 1u64..6000).prop_map(|(v, s)| Op::Resize(v, s)),
         ]
     }
@@ -831,7 +889,14 @@ mod tests {
             l2p.add_volume(VolumeId(0), sizes[0]);
             l2p.add_volume(VolumeId(1), sizes[1]);
             let mut model: HashMap<(u8, u64), u32> = HashMap::new();
+            // Values each entry held at or after the start of the incremental checkpoint
+            // in progress (absent: unmapped throughout).
+            let mut since_t0: Option<HashMap<(u8, u64), std::collections::HashSet<u32>>> = None;
             for op in ops {
+                if let (Some(h), Op::Set(v, l, p)) = (since_t0.as_mut(), &op) {
+                    // Unmapped at the start unless recorded.
+                    h.entry((*v, *l)).or_insert_with(|| [Pba::NONE.0].into()).insert(*p);
+                }
                 match op {
                     Op::Set(v, l, p) => {
                         if l < sizes[v as usize] {
@@ -853,6 +918,9 @@ mod tests {
                             let (v, l) = mapped[sel as usize % mapped.len()];
                             l2p.relocate(&mut dev, VolumeId(v.into()), Lba(l), Pba(p)).unwrap();
                             model.insert((v, l), p);
+                            if let Some(h) = since_t0.as_mut() {
+                                h.entry((v, l)).or_default().insert(p);
+                            }
                         }
                     }
                     Op::Peek(v, l) => {
@@ -870,13 +938,58 @@ mod tests {
                     Op::WriteBackAll => {
                         l2p.write_back_all(&mut dev).unwrap();
                     }
+                    Op::CkptBegin => {
+                        l2p.mark_checkpoint_pending();
+                        let mut h: HashMap<_, std::collections::HashSet<u32>> = HashMap::new();
+                        for (&k, &p) in &model {
+                            h.entry(k).or_default().insert(p);
+                        }
+                        since_t0 = Some(h);
+                    }
+                    Op::CkptStep => {
+                        if since_t0.is_some() {
+                            l2p.write_back_pending(&mut dev, 2).unwrap();
+                        }
+                        if since_t0.is_some() && l2p.pending_pages() == 0 {
+                            // What the checkpoint would reference: every entry holds its
+                            // value at the start or a later one.
+                            let h = since_t0.take().unwrap();
+                            for v in 0..2u8 {
+                                let pages = sizes[v as usize].div_ceil(L2P_ENTRIES_PER_PAGE) as usize;
+                                for p in 0..pages {
+                                    let mut page = Box::new([0u32; EPP]);
+                                    l2p.read_page(&mut dev, VolumeId(v.into()), p, &mut page).unwrap();
+                                    for (i, &e) in page.iter().enumerate() {
+                                        let l = p as u64 * L2P_ENTRIES_PER_PAGE + i as u64;
+                                        if l >= sizes[v as usize] {
+                                            continue;
+                                        }
+                                        let ok = match h.get(&(v, l)) {
+                                            Some(vals) => vals.contains(&e),
+                                            None => e == Pba::NONE.0,
+                                        };
+                                        prop_assert!(ok, "vol {} lba {} on media {:#x}, held {:?} since the start", v, l, e, h.get(&(v, l)));
+                                    }
+                                }
+                            }
+                            l2p.checkpoint_committed();
+                        }
+                    }
                     Op::Checkpoint => {
+                        if since_t0.take().is_some() {
+                            l2p.clear_checkpoint_pending();
+                        }
                         l2p.apply_deferred(&mut dev).unwrap();
                         prop_assert_eq!(l2p.deferred_switches().0, 0);
                         l2p.write_back_all(&mut dev).unwrap();
                         l2p.checkpoint_committed();
                     }
                     Op::Resize(v, s) => {
+                        // Volume changes take a synchronous checkpoint, abandoning an
+                        // incremental one.
+                        if since_t0.take().is_some() {
+                            l2p.clear_checkpoint_pending();
+                        }
                         // Callers unmap past a shrink first.
                         for l in s..sizes[v as usize] {
                             if model.remove(&(v, l)).is_some() {
