@@ -245,3 +245,60 @@ fn a_write_error_stops_the_engine_cleanly() {
     assert!(matches!(r, Err(EngineError::Failed { .. })), "{r:?}");
     assert!(matches!(e.shutdown(), Err(EngineError::Failed { .. })));
 }
+
+/// A write that fails inside the engine (here: its L2P page cannot be read) is
+/// answered with an error, not dropped: it is in no queue the engine drains when it
+/// fails.
+#[test]
+fn a_write_failing_its_l2p_fault_is_answered() {
+    let (mut e, cc, _zc) = fault_engine(7);
+    let v = VolumeId(0);
+    call(
+        &mut e,
+        Request::CreateVolume {
+            name: "a".into(),
+            size_bytes: 4 << 20,
+        },
+    )
+    .unwrap();
+    for i in 0..64u64 {
+        call(
+            &mut e,
+            Request::Write {
+                volume: v,
+                offset: i * 16 * 4096,
+                data: pattern(i, 4096),
+                fua: false,
+            },
+        )
+        .unwrap();
+    }
+    let (c, z) = e.shutdown().unwrap();
+    let mut e = Engine::open(
+        c,
+        ZoneEmu::open(z.into_inner()).unwrap(),
+        ManualClock::new(),
+        tiny_config(),
+    )
+    .unwrap();
+    // Every cache read fails from now on: the next write's L2P page fault among them.
+    cc.add_error_rule(ErrorRule {
+        reads: true,
+        writes: false,
+        offset: 0,
+        len: u64::MAX / 2,
+        remaining: None,
+    });
+    let r = call(
+        &mut e,
+        Request::Write {
+            volume: v,
+            offset: 4096,
+            data: pattern(99, 4096),
+            fua: false,
+        },
+    );
+    assert!(r.is_err(), "{r:?}");
+    let r = call(&mut e, Request::Flush);
+    assert!(matches!(r, Err(EngineError::Failed { .. })), "{r:?}");
+}

@@ -1435,12 +1435,24 @@ impl Sim {
         self.drain()?;
         if let Some((&op, f)) = self.inflight.iter().next() {
             if self.step - f.step > self.cfg.request_steps_max && self.rail.is_on() {
+                let s = self.engine.as_ref().map(Engine::stats).unwrap_or_default();
                 return Err(self.violation(
                     ViolationKind::Stuck,
                     format!(
-                        "request {op} ({}) not completed after {} iterations",
+                        "request {op} ({}) not completed after {} iterations; {} in flight; stats: free chunks {}/{}, free zones {}/{}, staged {}, durability points {}, checkpoints {}/{}, compaction victims {}, GC victims {}",
                         f.pending.kind(),
-                        self.step - f.step
+                        self.step - f.step,
+                        self.inflight.len(),
+                        s.free_chunks,
+                        s.chunk_count,
+                        s.free_zones,
+                        s.data_zone_count,
+                        s.staged_blocks,
+                        s.durability_points,
+                        s.checkpoints,
+                        s.checkpoints_started,
+                        s.compaction_victims,
+                        s.gc_victims,
                     ),
                 ));
             }

@@ -73,7 +73,14 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 done,
             )));
         }
-        self.write_range(volume, offset, &data, false)?;
+        if let Err(e) = self.write_range(volume, offset, &data, false) {
+            // The error fails the engine (the caller records it); this request learns
+            // of it here, since it is in no queue `fail` drains.
+            done(Err(EngineError::Failed {
+                reason: e.to_string(),
+            }));
+            return Err(e);
+        }
         self.stats.user_write_bytes += len;
         self.pending_writes.push_back(PendingWrite {
             asn_end: self.asn_next,
