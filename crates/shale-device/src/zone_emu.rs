@@ -17,6 +17,11 @@
 //! - A reset waits for the zone's in-flight writes and is persisted before its range
 //!   is discarded, so a stale write can never land in a reused zone and a crash
 //!   cannot resurrect the zone's old contents above the write pointer.
+//! - The discard is asynchronous (a hole punch or a drive's TRIM can take
+//!   milliseconds, and the caller's thread should not wait for it): writes to the
+//!   zone submitted before it completes are held in `Zone::held` and go to the inner
+//!   device when it does, so the discard can never overtake and erase them. A
+//!   synchronous write, a reset of the same zone and a synchronous flush wait for it.
 //!
 //! Durability: write pointers survive a reopen as of the last persisted table
 //! (flush or zone management command). Data written after that may be lost, as on
@@ -110,6 +115,10 @@ struct Zone {
     /// Relative starts of this zone's writes submitted to the inner device and not
     /// yet completed, in submission (= offset) order, with a done flag.
     inflight: VecDeque<(u64, bool)>,
+    /// A reset's discard of this zone is in flight on the inner device.
+    discarding: bool,
+    /// Writes to this zone waiting for that discard (inner requests, tags allocated).
+    held: Vec<IoRequest>,
 }
 
 impl Zone {
@@ -130,7 +139,14 @@ fn is_active(s: ZoneState) -> bool {
 #[derive(Debug)]
 enum InnerKind {
     Read,
-    Write { zone: u32, rel: u64 },
+    Write {
+        zone: u32,
+        rel: u64,
+    },
+    /// A reset's discard: internal, no user completion.
+    Discard {
+        zone: u32,
+    },
 }
 
 #[derive(Debug)]
@@ -164,6 +180,11 @@ pub struct ZoneEmu<D: BlockDevice> {
     user_in_flight: usize,
     inner_out: Vec<IoCompletion>,
     slot_buf: Vec<u8>,
+    /// Discards in flight (zones with `discarding` set).
+    discards_in_flight: usize,
+    /// The first failed asynchronous discard, reported by the next zone management
+    /// command or flush.
+    discard_error: Option<DeviceError>,
 }
 
 fn config_error(reason: String) -> DeviceError {
@@ -443,6 +464,8 @@ impl<D: BlockDevice> ZoneEmu<D> {
                 state: e.state,
                 wp: e.wp,
                 inflight: VecDeque::new(),
+                discarding: false,
+                held: Vec::new(),
             })
             .collect();
         let open_count = zones.iter().filter(|z| is_open(z.state)).count() as u32;
@@ -465,6 +488,8 @@ impl<D: BlockDevice> ZoneEmu<D> {
             user_in_flight: 0,
             inner_out: Vec::new(),
             slot_buf,
+            discards_in_flight: 0,
+            discard_error: None,
         })
     }
 
@@ -473,10 +498,13 @@ impl<D: BlockDevice> ZoneEmu<D> {
         &self.inner
     }
 
-    /// Gives back the wrapped device. Requests still in flight are forgotten (their
-    /// completions are never delivered) and nothing is persisted: call `flush` first
-    /// for a clean hand-over.
-    pub fn into_inner(self) -> D {
+    /// Gives back the wrapped device. User requests still in flight are forgotten
+    /// (their completions are never delivered) and nothing is persisted: call `flush`
+    /// first for a clean hand-over. Discards of reset zones are waited for, so the
+    /// device carries none of this emulator's own completions (a failed one is
+    /// dropped: its zone is Empty and its old bytes are never read).
+    pub fn into_inner(mut self) -> D {
+        let _ = self.wait_discards(None);
         self.inner
     }
 
@@ -798,8 +826,20 @@ impl<D: BlockDevice> ZoneEmu<D> {
         let seq = self.next_seq;
         self.next_seq += 1;
         self.order.push_back((seq, false));
-        if let InnerKind::Write { zone, rel } = kind {
-            self.zones[zone as usize].inflight.push_back((rel, false));
+        let mut hold_for = None;
+        match kind {
+            InnerKind::Write { zone, rel } => {
+                let z = &mut self.zones[zone as usize];
+                z.inflight.push_back((rel, false));
+                if z.discarding {
+                    hold_for = Some(zone);
+                }
+            }
+            InnerKind::Discard { zone } => {
+                self.zones[zone as usize].discarding = true;
+                self.discards_in_flight += 1;
+            }
+            InnerKind::Read => {}
         }
         let tag = self.alloc_slot(InnerSlot {
             user_tag,
@@ -807,7 +847,10 @@ impl<D: BlockDevice> ZoneEmu<D> {
             kind,
             landed_at,
         });
-        self.inner.submit(IoRequest { tag, op });
+        match hold_for {
+            Some(zone) => self.zones[zone as usize].held.push(IoRequest { tag, op }),
+            None => self.inner.submit(IoRequest { tag, op }),
+        }
     }
 
     fn on_inner_completion(&mut self, c: IoCompletion) {
@@ -822,8 +865,24 @@ impl<D: BlockDevice> ZoneEmu<D> {
         };
         self.free_slots.push(idx);
         mark_done(&mut self.order, slot.seq);
-        if let InnerKind::Write { zone, rel } = slot.kind {
-            mark_done(&mut self.zones[zone as usize].inflight, rel);
+        match slot.kind {
+            InnerKind::Write { zone, rel } => {
+                mark_done(&mut self.zones[zone as usize].inflight, rel);
+            }
+            InnerKind::Discard { zone } => {
+                self.discards_in_flight -= 1;
+                let z = &mut self.zones[zone as usize];
+                z.discarding = false;
+                // Still in submission (= offset) order.
+                for req in std::mem::take(&mut z.held) {
+                    self.inner.submit(req);
+                }
+                if let Err(e) = c.result {
+                    self.discard_error.get_or_insert(e);
+                }
+                return;
+            }
+            InnerKind::Read => {}
         }
         let result = match c.result {
             Ok(()) => Ok(slot.landed_at),
@@ -849,6 +908,25 @@ impl<D: BlockDevice> ZoneEmu<D> {
         r.map(|_| ())
     }
 
+    /// Waits until no discard of `zone` (or of any zone, for `None`) is in flight.
+    fn wait_discards(&mut self, zone: Option<u32>) -> Result<(), DeviceError> {
+        loop {
+            let busy = match zone {
+                Some(z) => self.zones[z as usize].discarding,
+                None => self.discards_in_flight > 0,
+            };
+            if !busy {
+                return Ok(());
+            }
+            self.reap(true)?;
+        }
+    }
+
+    /// The error of a failed asynchronous discard, once.
+    fn take_discard_error(&mut self) -> Result<(), DeviceError> {
+        self.discard_error.take().map_or(Ok(()), Err)
+    }
+
     /// Completes user flushes whose barrier has drained: every inner request
     /// submitted before the flush has completed, so a persist now covers them.
     fn complete_ready_flushes(&mut self) {
@@ -857,7 +935,11 @@ impl<D: BlockDevice> ZoneEmu<D> {
                 break;
             }
             self.flushes.pop_front();
-            let result = self.persist().map(|()| None).map_err(ZoneError::Device);
+            let result = self
+                .take_discard_error()
+                .and_then(|()| self.persist())
+                .map(|()| None)
+                .map_err(ZoneError::Device);
             self.done.push_back(ZoneCompletion {
                 tag,
                 buf: None,
@@ -1035,6 +1117,7 @@ impl<D: BlockDevice> ZonedDevice for ZoneEmu<D> {
         let len = buf.len() as u64;
         let zone = self.write_checks(IoOpKind::Write, Some(offset), None, len, false)?;
         let at = self.plan_write(zone, Some(offset), len)?;
+        self.wait_discards(Some(zone))?;
         self.inner.write_at(self.meta.data_offset + at, buf)?;
         self.apply_write(zone, len);
         Ok(at)
@@ -1044,12 +1127,14 @@ impl<D: BlockDevice> ZonedDevice for ZoneEmu<D> {
         let len = buf.len() as u64;
         self.write_checks(IoOpKind::Append, None, Some(zone), len, false)?;
         let at = self.plan_write(zone, None, len)?;
+        self.wait_discards(Some(zone))?;
         self.inner.write_at(self.meta.data_offset + at, buf)?;
         self.apply_write(zone, len);
         Ok(at)
     }
 
     fn manage(&mut self, zone: u32, action: ZoneAction) -> Result<(), ZoneError> {
+        self.take_discard_error()?;
         let z = self.zone(zone)?;
         let state = z.state;
         let old = (state, z.wp);
@@ -1095,7 +1180,8 @@ impl<D: BlockDevice> ZonedDevice for ZoneEmu<D> {
         };
         if action == ZoneAction::Reset {
             // No stale write may land after the reset; wait for this zone's writes
-            // (their completions are kept for `poll`).
+            // (their completions are kept for `poll`) and an earlier reset's discard.
+            self.wait_discards(Some(zone))?;
             while !self.zones[zone as usize].inflight.is_empty() {
                 assert!(
                     self.inner.in_flight() > 0,
@@ -1110,13 +1196,23 @@ impl<D: BlockDevice> ZonedDevice for ZoneEmu<D> {
             return Err(e.into());
         }
         if action == ZoneAction::Reset {
-            let start = self.meta.data_offset + self.geo.zone_start(zone);
-            self.inner.discard(start, self.meta.zone_size)?;
+            // Persisted first (above): a crash before the discard leaves an Empty
+            // zone whose old bytes are never read.
+            let offset = self.meta.data_offset + self.geo.zone_start(zone);
+            let len = self.meta.zone_size;
+            self.submit_inner(
+                u64::MAX,
+                InnerKind::Discard { zone },
+                None,
+                IoOp::Discard { offset, len },
+            );
         }
         Ok(())
     }
 
     fn flush(&mut self) -> Result<(), ZoneError> {
+        self.wait_discards(None)?;
+        self.take_discard_error()?;
         self.persist()?;
         Ok(())
     }

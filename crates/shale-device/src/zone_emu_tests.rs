@@ -1,5 +1,5 @@
 use super::*;
-use crate::MemDevice;
+use crate::{DeviceInfo, MemDevice};
 
 const KB: u64 = 1024;
 const ZONE: u64 = 64 * KB;
@@ -20,6 +20,93 @@ fn config() -> ZoneEmuConfig {
 
 fn mem(zones: u64, lbs: u32) -> MemDevice {
     MemDevice::new(META + zones * ZONE, lbs).expect("valid mem device")
+}
+
+/// A device whose asynchronous discards take effect only at the next `poll`, after
+/// anything submitted later (as an io_uring hole punch may): a write the emulator
+/// let overtake a reset's discard would be erased by it.
+#[derive(Debug)]
+struct LateDiscard<D> {
+    inner: D,
+    queued: VecDeque<IoRequest>,
+    discards: u64,
+    /// The next queued discard fails (and does nothing).
+    fail_next: bool,
+}
+
+impl<D: BlockDevice> LateDiscard<D> {
+    fn new(inner: D) -> LateDiscard<D> {
+        LateDiscard {
+            inner,
+            queued: VecDeque::new(),
+            discards: 0,
+            fail_next: false,
+        }
+    }
+
+    /// Applies queued discards and drops their completions (a power cycle).
+    fn settle(&mut self) {
+        for req in std::mem::take(&mut self.queued) {
+            if let IoOp::Discard { offset, len } = req.op {
+                self.inner.discard(offset, len).expect("queued discard");
+            }
+        }
+    }
+}
+
+impl<D: BlockDevice> BlockDevice for LateDiscard<D> {
+    fn info(&self) -> &DeviceInfo {
+        self.inner.info()
+    }
+    fn submit(&mut self, req: IoRequest) {
+        match req.op {
+            IoOp::Discard { .. } => self.queued.push_back(req),
+            _ => self.inner.submit(req),
+        }
+    }
+    fn poll(
+        &mut self,
+        out: &mut Vec<IoCompletion>,
+        min_complete: usize,
+    ) -> Result<usize, DeviceError> {
+        let mut added = 0;
+        for req in std::mem::take(&mut self.queued) {
+            let IoOp::Discard { offset, len } = req.op else {
+                unreachable!("only discards are queued")
+            };
+            self.discards += 1;
+            let result = if std::mem::take(&mut self.fail_next) {
+                Err(DeviceError::Injected {
+                    op: IoOpKind::Discard,
+                    offset,
+                })
+            } else {
+                self.inner.discard(offset, len)
+            };
+            out.push(IoCompletion {
+                tag: req.tag,
+                buf: None,
+                result,
+            });
+            added += 1;
+        }
+        Ok(added + self.inner.poll(out, min_complete.saturating_sub(added))?)
+    }
+    fn in_flight(&self) -> usize {
+        self.inner.in_flight() + self.queued.len()
+    }
+    fn read_at(&mut self, offset: u64, buf: &mut [u8]) -> Result<(), DeviceError> {
+        self.inner.read_at(offset, buf)
+    }
+    fn write_at(&mut self, offset: u64, buf: &[u8]) -> Result<(), DeviceError> {
+        self.inner.write_at(offset, buf)
+    }
+    fn flush(&mut self) -> Result<(), DeviceError> {
+        self.inner.flush()
+    }
+    fn discard(&mut self, offset: u64, len: u64) -> Result<(), DeviceError> {
+        self.inner.discard(offset, len)
+    }
 }
 
 fn small() -> ZoneEmu<MemDevice> {
@@ -313,6 +400,88 @@ fn reset_discards_the_zone_on_the_inner_device() {
     let mut raw = vec![1u8; 16384];
     dev.read_at(META + ZONE, &mut raw).expect("raw read");
     assert!(raw.iter().all(|&b| b == 0), "reset did not trim");
+}
+
+#[test]
+fn writes_after_a_reset_wait_for_its_discard() {
+    let mut emu = ZoneEmu::format(LateDiscard::new(mem(8, 4096)), &config()).expect("format");
+    emu.append(1, &data(16384, 5)).expect("append");
+    emu.reset_zone(1).expect("reset");
+    assert_eq!(emu.inner().queued.len(), 1, "the discard is asynchronous");
+    // Submitted while the discard is in flight: held, then written after it.
+    let fresh = data(8192, 9);
+    emu.submit(ZoneRequest {
+        tag: 7,
+        op: ZoneOp::Append {
+            zone: 1,
+            buf: IoBuf::from_slice(&fresh),
+            fua: false,
+        },
+    });
+    let mut out = Vec::new();
+    assert_eq!(emu.poll(&mut out, 1).expect("poll"), 1);
+    assert_eq!(out[0].tag, 7);
+    assert_eq!(out[0].result.as_ref().expect("append"), &Some(ZONE));
+    let mut back = vec![0u8; 8192];
+    emu.read_at(ZONE, &mut back).expect("read");
+    assert!(
+        back == fresh,
+        "the discard erased a write submitted after it"
+    );
+
+    // A synchronous append waits for the discard instead.
+    emu.reset_zone(1).expect("reset again");
+    emu.append(1, &fresh).expect("append");
+    emu.read_at(ZONE, &mut back).expect("read");
+    assert!(back == fresh);
+    // The old bytes past the new write pointer were trimmed.
+    let mut raw = vec![1u8; 8192];
+    emu.inner
+        .inner
+        .read_at(META + ZONE + 8192, &mut raw)
+        .expect("raw");
+    assert!(raw.iter().all(|&b| b == 0));
+    assert_eq!(emu.inner().discards, 2);
+}
+
+#[test]
+fn a_failed_discard_is_reported_once_by_the_next_command() {
+    let mut emu = ZoneEmu::format(LateDiscard::new(mem(8, 4096)), &config()).expect("format");
+    emu.append(2, &data(4096, 1)).expect("append");
+    emu.inner.fail_next = true;
+    emu.reset_zone(2).expect("reset returns before its discard");
+    // The held write still goes out, after the failed discard.
+    emu.submit(ZoneRequest {
+        tag: 3,
+        op: ZoneOp::Append {
+            zone: 2,
+            buf: IoBuf::from_slice(&data(4096, 2)),
+            fua: false,
+        },
+    });
+    let mut out = Vec::new();
+    emu.poll(&mut out, 1).expect("poll");
+    assert!(out[0].result.is_ok());
+    assert!(matches!(
+        emu.finish_zone(4),
+        Err(ZoneError::Device(DeviceError::Injected {
+            op: IoOpKind::Discard,
+            ..
+        }))
+    ));
+    emu.finish_zone(4).expect("reported once");
+    // A flush reports it too (asynchronous flush shown; `flush` is the same path).
+    emu.append(3, &data(4096, 3)).expect("append");
+    emu.inner.fail_next = true;
+    emu.reset_zone(3).expect("reset");
+    emu.submit(ZoneRequest {
+        tag: 4,
+        op: ZoneOp::Flush,
+    });
+    out.clear();
+    emu.poll(&mut out, 1).expect("poll");
+    assert!(out[0].result.is_err(), "{:?}", out[0].result);
+    emu.flush().expect("reported once");
 }
 
 #[test]
@@ -824,7 +993,7 @@ mod model {
             zone_count_max: 0,
         };
         let mut emu = Some(
-            ZoneEmu::format(mem(u64::from(ZONES), lbs), &cfg)
+            ZoneEmu::format(LateDiscard::new(mem(u64::from(ZONES), lbs)), &cfg)
                 .map_err(|e| TestCaseError::fail(e.to_string()))?,
         );
         let lbs = u64::from(lbs);
@@ -1018,7 +1187,8 @@ mod model {
                     m.persisted = m.zones.clone();
                 }
                 Op::Reopen => {
-                    let dev = emu.take().expect("device").into_inner();
+                    let mut dev = emu.take().expect("device").into_inner();
+                    dev.settle();
                     emu = Some(ZoneEmu::open(dev).map_err(|e| TestCaseError::fail(e.to_string()))?);
                     m.reopen();
                     for (z, mz) in m.zones.iter().enumerate() {
