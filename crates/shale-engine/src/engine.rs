@@ -187,6 +187,11 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         self.queue.push_back((req, done));
     }
 
+    /// Why the engine stopped, once a fatal error has stopped it.
+    pub fn failure(&self) -> Option<&str> {
+        self.fatal.as_deref()
+    }
+
     /// Requests queued and not yet started.
     pub fn queued(&self) -> usize {
         self.queue.len()

@@ -1434,6 +1434,18 @@ impl Sim {
         self.step += 1;
         self.drain()?;
         if let Some((&op, f)) = self.inflight.iter().next() {
+            // A failed engine answers everything it holds at once; what it did not
+            // answer it has lost.
+            let failure = self.engine.as_ref().and_then(|e| e.failure());
+            if let (Some(reason), true) = (failure, self.rail.is_on()) {
+                return Err(self.violation(
+                    ViolationKind::Stuck,
+                    format!(
+                        "request {op} ({}) was never answered by the failed engine: {reason}",
+                        f.pending.kind()
+                    ),
+                ));
+            }
             if self.step - f.step > self.cfg.request_steps_max && self.rail.is_on() {
                 let s = self.engine.as_ref().map(Engine::stats).unwrap_or_default();
                 return Err(self.violation(

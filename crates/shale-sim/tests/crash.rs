@@ -287,6 +287,19 @@ fn a_failed_request_leaves_each_block_old_or_new() {
     assert!(r.violation.is_none(), "{}", r.violation.unwrap());
 }
 
+/// Regression (found by this simulator): a write whose L2P page fault met an injected
+/// I/O error (the eviction's write-back) failed the engine, but the write itself was
+/// in none of the queues a failing engine answers, so its completion was dropped and
+/// the client waited forever. The simulator now reports a request a failed engine
+/// never answered at once.
+#[test]
+fn a_write_failing_inside_the_engine_is_answered() {
+    let mut cfg = SimConfig::fast(Mode::Errors);
+    cfg.generations = 8;
+    let r = run(730_081, &cfg);
+    assert!(r.violation.is_none(), "{}", r.violation.unwrap());
+}
+
 /// The harness has teeth: with a cache device that acknowledges flushes without
 /// making anything durable, crashes lose flushed writes and metadata, and the runs
 /// must say so.
