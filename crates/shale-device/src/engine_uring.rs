@@ -30,8 +30,15 @@ struct Slot {
     offset: u64,
     /// Bytes a read or write must move; 0 for flush and discard.
     expect_bytes: u64,
+    /// A discard's length (for the synchronous fallback on a block device).
+    discard_len: u64,
     buf: Option<IoBuf>,
 }
+
+/// `BLOCK_URING_CMD_DISCARD` (`_IO(0x12, 0)`, linux/blkdev.h, Linux 6.12): an
+/// asynchronous BLKDISCARD through `IORING_OP_URING_CMD`, with the start in `addr`
+/// and the length in `addr3`.
+const BLOCK_URING_CMD_DISCARD: u32 = 0x12 << 8;
 
 pub(crate) struct UringEngine {
     ring: IoUring,
@@ -44,8 +51,11 @@ pub(crate) struct UringEngine {
     backlog: VecDeque<Job>,
     /// Requests in the kernel (pushed to the SQ, CQE not yet reaped).
     in_kernel: usize,
-    /// Completions produced without the kernel's ring (block-device discard).
+    /// Completions produced without the kernel's ring (block-device discard on a
+    /// kernel without `BLOCK_URING_CMD_DISCARD`).
     done: VecDeque<IoCompletion>,
+    /// Block-device discards go through the ring until the kernel refuses the command.
+    block_discard_cmd: bool,
 }
 
 impl std::fmt::Debug for UringEngine {
@@ -76,7 +86,15 @@ impl UringEngine {
             backlog: VecDeque::new(),
             in_kernel: 0,
             done: VecDeque::new(),
+            block_discard_cmd: true,
         })
+    }
+
+    /// True while block-device discards go through the ring (the kernel has not
+    /// refused `BLOCK_URING_CMD_DISCARD`).
+    #[cfg(test)]
+    pub(crate) fn discards_through_ring(&self) -> bool {
+        self.block_discard_cmd
     }
 
     pub(crate) fn in_flight(&self) -> usize {
@@ -84,9 +102,11 @@ impl UringEngine {
     }
 
     pub(crate) fn push(&mut self, job: Job) {
-        if let (Job::Discard { tag, offset, len }, FileKind::BlockDevice) = (&job, self.kind) {
-            // There is no io_uring opcode for BLKDISCARD on the kernels we target;
-            // it runs here and its completion waits in `done`.
+        if let (Job::Discard { tag, offset, len }, FileKind::BlockDevice, false) =
+            (&job, self.kind, self.block_discard_cmd)
+        {
+            // The kernel has no BLOCK_URING_CMD_DISCARD: the ioctl runs here and its
+            // completion waits in `done`.
             let result = discard_block_device(self.fd, *offset, *len);
             self.done.push_back(IoCompletion {
                 tag: *tag,
@@ -126,6 +146,7 @@ impl UringEngine {
                         op: IoOpKind::Read,
                         offset,
                         expect_bytes: buf.len() as u64,
+                        discard_len: 0,
                         buf: Some(buf),
                     },
                 ),
@@ -144,6 +165,7 @@ impl UringEngine {
                         op: IoOpKind::Write,
                         offset,
                         expect_bytes: buf.len() as u64,
+                        discard_len: 0,
                         buf: Some(buf),
                     },
                 ),
@@ -156,19 +178,31 @@ impl UringEngine {
                         op: IoOpKind::Flush,
                         offset: 0,
                         expect_bytes: 0,
+                        discard_len: 0,
                         buf: None,
                     },
                 ),
                 Job::Discard { tag, offset, len } => (
-                    opcode::Fallocate::new(fd, len)
-                        .offset(offset)
-                        .mode(libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE)
-                        .build(),
+                    match self.kind {
+                        FileKind::Regular => opcode::Fallocate::new(fd, len)
+                            .offset(offset)
+                            .mode(libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE)
+                            .build(),
+                        FileKind::BlockDevice => {
+                            let mut cmd = [0u8; 16];
+                            cmd[..8].copy_from_slice(&len.to_ne_bytes());
+                            opcode::UringCmd16::new(fd, BLOCK_URING_CMD_DISCARD)
+                                .addr(Some(offset))
+                                .cmd(cmd)
+                                .build()
+                        }
+                    },
                     Slot {
                         tag,
                         op: IoOpKind::Discard,
                         offset,
                         expect_bytes: 0,
+                        discard_len: len,
                         buf: None,
                     },
                 ),
@@ -210,26 +244,34 @@ impl UringEngine {
             self.free.push(idx);
             self.in_kernel -= 1;
             let res = cqe.result();
-            let result = if res < 0 {
-                Err(DeviceError::Io {
-                    op: slot.op,
-                    offset: slot.offset,
-                    source: io::Error::from_raw_os_error(-res),
-                })
-            } else if (res as u64) != slot.expect_bytes && slot.expect_bytes != 0 {
-                // Ranges are validated against the device size, so a short transfer
-                // means the device or file changed under us.
-                Err(DeviceError::Io {
-                    op: slot.op,
-                    offset: slot.offset,
-                    source: io::Error::new(
-                        io::ErrorKind::UnexpectedEof,
-                        format!("short {}: {res} of {} bytes", slot.op, slot.expect_bytes),
-                    ),
-                })
-            } else {
-                Ok(())
-            };
+            let refused = matches!(-res, libc::EOPNOTSUPP | libc::EINVAL | libc::ENOTTY);
+            let result =
+                if slot.op == IoOpKind::Discard && self.kind == FileKind::BlockDevice && refused {
+                    // A kernel before 6.12 (or a driver without the command): the
+                    // ioctl from now on, this discard included. Its own error, if any,
+                    // is the real one.
+                    self.block_discard_cmd = false;
+                    discard_block_device(self.fd, slot.offset, slot.discard_len)
+                } else if res < 0 {
+                    Err(DeviceError::Io {
+                        op: slot.op,
+                        offset: slot.offset,
+                        source: io::Error::from_raw_os_error(-res),
+                    })
+                } else if (res as u64) != slot.expect_bytes && slot.expect_bytes != 0 {
+                    // Ranges are validated against the device size, so a short transfer
+                    // means the device or file changed under us.
+                    Err(DeviceError::Io {
+                        op: slot.op,
+                        offset: slot.offset,
+                        source: io::Error::new(
+                            io::ErrorKind::UnexpectedEof,
+                            format!("short {}: {res} of {} bytes", slot.op, slot.expect_bytes),
+                        ),
+                    })
+                } else {
+                    Ok(())
+                };
             out.push(IoCompletion {
                 tag: slot.tag,
                 buf: slot.buf,
@@ -299,6 +341,49 @@ impl Drop for UringEngine {
                 }
             }
             self.reap(&mut sink);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::AsRawFd;
+
+    use super::*;
+
+    /// A kernel or driver that refuses `BLOCK_URING_CMD_DISCARD` (here: a regular
+    /// file posing as a block device, which has no uring_cmd) sends this discard and
+    /// every later one to the ioctl, whose answer is the one reported.
+    #[test]
+    fn a_refused_discard_command_falls_back_to_the_ioctl() {
+        let file = tempfile::tempfile().expect("tempfile");
+        file.set_len(1 << 20).expect("size");
+        let Ok(mut e) = UringEngine::new(file.as_raw_fd(), FileKind::BlockDevice, 8) else {
+            eprintln!("io_uring unavailable on this kernel: nothing to fall back from");
+            return;
+        };
+        assert!(e.discards_through_ring());
+        let mut out = Vec::new();
+        for tag in [1, 2] {
+            e.push(Job::Discard {
+                tag,
+                offset: 0,
+                len: 4096,
+            });
+            out.clear();
+            assert_eq!(e.poll(&mut out, 1).expect("poll"), 1);
+            assert_eq!(out[0].tag, tag);
+            // BLKDISCARD on a regular file: ENOTTY from the ioctl, not the ring's
+            // refusal.
+            match &out[0].result {
+                Err(DeviceError::Io {
+                    op: IoOpKind::Discard,
+                    source,
+                    ..
+                }) => assert_eq!(source.raw_os_error(), Some(libc::ENOTTY), "{source}"),
+                r => panic!("{r:?}"),
+            }
+            assert!(!e.discards_through_ring());
         }
     }
 }
