@@ -918,6 +918,24 @@ impl<D: BlockDevice> ZoneEmu<D> {
             if !busy {
                 return Ok(());
             }
+            if self.inner.in_flight() == 0 {
+                // Nothing left to wait for below (a device that lost power reports
+                // nothing in flight and fails the poll): one last look, then an error
+                // rather than a spin.
+                self.reap(false)?;
+                let still = match zone {
+                    Some(z) => self.zones[z as usize].discarding,
+                    None => self.discards_in_flight > 0,
+                };
+                if still {
+                    return Err(DeviceError::Io {
+                        op: IoOpKind::Discard,
+                        offset: 0,
+                        source: std::io::Error::other("the inner device dropped a discard"),
+                    });
+                }
+                return Ok(());
+            }
             self.reap(true)?;
         }
     }

@@ -32,6 +32,8 @@ struct LateDiscard<D> {
     discards: u64,
     /// The next queued discard fails (and does nothing).
     fail_next: bool,
+    /// The next discard vanishes: never completed, not counted in flight.
+    lose_next: bool,
 }
 
 impl<D: BlockDevice> LateDiscard<D> {
@@ -41,6 +43,7 @@ impl<D: BlockDevice> LateDiscard<D> {
             queued: VecDeque::new(),
             discards: 0,
             fail_next: false,
+            lose_next: false,
         }
     }
 
@@ -60,6 +63,7 @@ impl<D: BlockDevice> BlockDevice for LateDiscard<D> {
     }
     fn submit(&mut self, req: IoRequest) {
         match req.op {
+            IoOp::Discard { .. } if std::mem::take(&mut self.lose_next) => {}
             IoOp::Discard { .. } => self.queued.push_back(req),
             _ => self.inner.submit(req),
         }
@@ -482,6 +486,21 @@ fn a_failed_discard_is_reported_once_by_the_next_command() {
     emu.poll(&mut out, 1).expect("poll");
     assert!(out[0].result.is_err(), "{:?}", out[0].result);
     emu.flush().expect("reported once");
+}
+
+#[test]
+fn a_discard_the_inner_device_drops_is_an_error_not_a_hang() {
+    let mut emu = ZoneEmu::format(LateDiscard::new(mem(8, 4096)), &config()).expect("format");
+    emu.append(1, &data(4096, 1)).expect("append");
+    emu.inner.lose_next = true;
+    emu.reset_zone(1).expect("reset");
+    assert!(matches!(
+        emu.append(1, &data(4096, 2)),
+        Err(ZoneError::Device(DeviceError::Io {
+            op: IoOpKind::Discard,
+            ..
+        }))
+    ));
 }
 
 #[test]
