@@ -281,8 +281,14 @@ fn table(dir: &Path) {
             recent: 256 * MIB,
         },
     ];
-    for row in &rows {
-        run_row(dir, row);
+    // ROWS=3,5 runs only those rows (1-based), e.g. to compare two builds.
+    let only: Option<Vec<usize>> = std::env::var("ROWS")
+        .ok()
+        .map(|v| v.split(',').filter_map(|x| x.trim().parse().ok()).collect());
+    for (i, row) in rows.iter().enumerate() {
+        if only.as_ref().is_none_or(|o| o.contains(&(i + 1))) {
+            run_row(dir, row);
+        }
     }
 }
 

@@ -1,13 +1,35 @@
 //! The L2P page cache: an intrusive LRU of frames, no hashing on the lookup path
 //! (volume map -> frame index).
 
-use shale_device::BlockDevice;
+use shale_device::{BlockDevice, IoBuf, IoOp, IoRequest};
 use shale_format::{Lba, PageDesc, Pba, VolumeId, L2P_ENTRIES_PER_PAGE, L2P_SLOT_NONE};
 
 use super::deferred::{Deferred, LINK_NONE};
 use super::directory::{VolumeMap, DEFERRED_BIT, FRAME_NONE};
 use crate::layout::BS;
 use crate::EngineError;
+
+/// Dirty pages `write_back_all` has in flight at once.
+const WRITE_BACK_BATCH: usize = 64;
+/// Marks `write_back_all`'s tags, apart from every engine I/O tag (slab indices), so
+/// a write left in flight by a failed poll can never be taken for one of them.
+const WRITE_BACK_TAG: u64 = 1 << 63;
+
+/// Where one dirty page is being written back.
+#[derive(Debug)]
+struct WriteBackTarget {
+    /// L2P area slot (two per pool page).
+    slot: u32,
+    /// The slot's pool page was taken from the free pool for this write.
+    new_pool_page: bool,
+    crc32c: u32,
+}
+
+impl WriteBackTarget {
+    fn offset(&self, area_start: u64) -> u64 {
+        (area_start + u64::from(self.slot)) * BS
+    }
+}
 
 const EPP: usize = L2P_ENTRIES_PER_PAGE as usize;
 
@@ -253,6 +275,24 @@ impl L2p {
 
     /// Writes a dirty frame back to the slot the checkpoint does not reference.
     fn write_back<C: BlockDevice>(&mut self, dev: &mut C, f: u32) -> Result<u64, EngineError> {
+        let Some(t) = self.write_back_target(f) else {
+            return Ok(0);
+        };
+        if let Err(e) = dev.write_at(t.offset(self.area_start), &self.frames[f as usize].data[..]) {
+            self.write_back_failed(&t);
+            return Err(EngineError::cache(
+                "L2P page write",
+                t.offset(self.area_start),
+            )(e));
+        }
+        self.write_back_done(f, &t);
+        Ok(BS)
+    }
+
+    /// Where dirty frame `f` is written back: the slot the checkpoint does not
+    /// reference (a new pool page if it has none). `None` for a page of a deleted
+    /// volume, which is cleaned without a write.
+    fn write_back_target(&mut self, f: u32) -> Option<WriteBackTarget> {
         let (v, p) = {
             let fr = &self.frames[f as usize];
             (fr.volume as usize, fr.page as usize)
@@ -261,34 +301,50 @@ impl L2p {
             // A page of a deleted volume: nothing to keep.
             self.frames[f as usize].dirty = false;
             self.unmark(f);
-            return Ok(0);
+            return None;
         };
         let ck = m.ckpt_slot[p];
         let cur = m.dir[p].slot;
-        let target = if ck != L2P_SLOT_NONE {
-            ck ^ 1
+        let (slot, new_pool_page) = if ck != L2P_SLOT_NONE {
+            (ck ^ 1, false)
         } else if cur != L2P_SLOT_NONE {
-            cur
+            (cur, false)
         } else {
             let Some(pp) = self.pool_free.pop() else {
                 panic!("L2P page pool exhausted: the pool is sized for the user capacity");
             };
-            pp * 2
+            (pp * 2, true)
         };
-        let crc = shale_format::crc32c(&self.frames[f as usize].data[..]);
-        let off = (self.area_start + u64::from(target)) * BS;
-        dev.write_at(off, &self.frames[f as usize].data[..])
-            .map_err(EngineError::cache("L2P page write", off))?;
+        Some(WriteBackTarget {
+            slot,
+            new_pool_page,
+            crc32c: shale_format::crc32c(&self.frames[f as usize].data[..]),
+        })
+    }
+
+    /// The write to `t` did not happen: a pool page taken for it goes back.
+    fn write_back_failed(&mut self, t: &WriteBackTarget) {
+        if t.new_pool_page {
+            self.pool_free.push(t.slot / 2);
+        }
+    }
+
+    /// Frame `f` is on the device at `t`: its directory entry points there and it is
+    /// clean.
+    fn write_back_done(&mut self, f: u32, t: &WriteBackTarget) {
+        let (v, p) = {
+            let fr = &self.frames[f as usize];
+            (fr.volume as usize, fr.page as usize)
+        };
         self.counters.page_writes += 1;
-        if let Some(m) = self.vols[v].as_mut() {
+        if let Some(Some(m)) = self.vols.get_mut(v) {
             m.dir[p] = PageDesc {
-                slot: target,
-                crc32c: crc,
+                slot: t.slot,
+                crc32c: t.crc32c,
             };
         }
         self.frames[f as usize].dirty = false;
         self.unmark(f);
-        Ok(BS)
     }
 
     fn unmark(&mut self, f: u32) {
@@ -500,11 +556,73 @@ impl L2p {
     }
 
     /// Writes back every dirty page. Returns bytes written.
+    ///
+    /// With nothing else in flight on the device (a synchronous checkpoint drains it
+    /// first), the pages go out as asynchronous writes, `WRITE_BACK_BATCH` at a time:
+    /// a recovery or shutdown after many scattered writes has tens of thousands of
+    /// them, and one synchronous write each would wait a device round trip apiece.
     pub fn write_back_all<C: BlockDevice>(&mut self, dev: &mut C) -> Result<u64, EngineError> {
+        let dirty: Vec<u32> = (0..self.frames.len() as u32)
+            .filter(|&f| self.frames[f as usize].dirty)
+            .collect();
         let mut n = 0;
-        for f in 0..self.frames.len() as u32 {
-            if self.frames[f as usize].dirty {
+        if dev.in_flight() != 0 {
+            // Our completions would mix with the caller's: one at a time.
+            for f in dirty {
                 n += self.write_back(dev, f)?;
+            }
+            return Ok(n);
+        }
+        let mut out = Vec::new();
+        for batch in dirty.chunks(WRITE_BACK_BATCH) {
+            let mut planned = Vec::with_capacity(batch.len());
+            for &f in batch {
+                let Some(t) = self.write_back_target(f) else {
+                    continue;
+                };
+                dev.submit(IoRequest {
+                    tag: WRITE_BACK_TAG | planned.len() as u64,
+                    op: IoOp::Write {
+                        offset: t.offset(self.area_start),
+                        buf: IoBuf::from_slice(&self.frames[f as usize].data[..]),
+                        fua: false,
+                    },
+                });
+                planned.push((f, t, None));
+            }
+            let mut left = planned.len();
+            while left > 0 {
+                out.clear();
+                if let Err(e) = dev.poll(&mut out, left) {
+                    for (_, t, _) in &planned {
+                        self.write_back_failed(t);
+                    }
+                    return Err(EngineError::cache("L2P page write poll", 0)(e));
+                }
+                for c in out.drain(..) {
+                    let Some(entry) = planned.get_mut((c.tag & !WRITE_BACK_TAG) as usize) else {
+                        panic!("L2P write-back: completion for unknown tag {}", c.tag);
+                    };
+                    entry.2 = Some(c.result);
+                    left -= 1;
+                }
+            }
+            let mut first_error = None;
+            for (f, t, result) in planned {
+                match result {
+                    Some(Ok(())) => {
+                        self.write_back_done(f, &t);
+                        n += BS;
+                    }
+                    Some(Err(e)) => {
+                        self.write_back_failed(&t);
+                        first_error.get_or_insert((t.offset(self.area_start), e));
+                    }
+                    None => unreachable!("every planned write completed"),
+                }
+            }
+            if let Some((off, e)) = first_error {
+                return Err(EngineError::cache("L2P page write", off)(e));
             }
         }
         Ok(n)
@@ -1017,6 +1135,44 @@ mod tests {
                 seen += 1;
             }).unwrap();
             prop_assert_eq!(seen, model.values().filter(|&&p| p != Pba::NONE.0).count());
+        }
+    }
+
+    /// A write-back whose device write fails leaves that page dirty (and its new
+    /// pool page free again); the next write-back writes it, and every page faults
+    /// back in with its values.
+    #[test]
+    fn a_failed_write_back_leaves_the_page_dirty() {
+        use shale_device::{ErrorRule, FaultDevice};
+        let mut dev = FaultDevice::new(64 * 4096, 4096, 1).unwrap();
+        let ctl = dev.controller();
+        let mut l2p = L2p::new(2, 30, 3, 0);
+        l2p.add_volume(VolumeId(0), 6000);
+        l2p.add_volume(VolumeId(1), 6000);
+        for (i, l) in [0u64, 1024, 2048].into_iter().enumerate() {
+            l2p.set(&mut dev, VolumeId(0), Lba(l), Pba(100 + i as u32))
+                .unwrap();
+        }
+        let free_before = l2p.pool_free.len();
+        ctl.add_error_rule(ErrorRule {
+            reads: false,
+            writes: true,
+            offset: 0,
+            len: 64 * 4096,
+            remaining: Some(1),
+        });
+        assert!(l2p.write_back_all(&mut dev).is_err());
+        // Two pages written (two pool pages taken), one failed and gave its back.
+        assert_eq!(l2p.pool_free.len(), free_before - 2);
+        assert_eq!(l2p.write_back_all(&mut dev).unwrap(), BS);
+        assert_eq!(l2p.write_back_all(&mut dev).unwrap(), 0);
+        // Evict all three (other pages take the frames), then fault them back.
+        for l in [0u64, 1024, 2048] {
+            l2p.set(&mut dev, VolumeId(1), Lba(l), Pba(7)).unwrap();
+        }
+        for (i, l) in [0u64, 1024, 2048].into_iter().enumerate() {
+            let got = l2p.get(&mut dev, VolumeId(0), Lba(l)).unwrap();
+            assert_eq!(got, Some(Pba(100 + i as u32)), "lba {l}");
         }
     }
 }
