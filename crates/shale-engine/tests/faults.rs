@@ -26,6 +26,29 @@ fn fault_engine(seed: u64) -> (FEng, FaultController, FaultController) {
     (e, cc, zc)
 }
 
+/// A clean shutdown and open of the same devices.
+fn reopen(e: FEng) -> FEng {
+    let (c, z) = e.shutdown().unwrap();
+    Engine::open(
+        c,
+        ZoneEmu::open(z.into_inner()).unwrap(),
+        ManualClock::new(),
+        tiny_config(),
+    )
+    .unwrap()
+}
+
+/// From now on every read (or write) of the device fails.
+fn fail_all(ctl: &FaultController, reads: bool) {
+    ctl.add_error_rule(ErrorRule {
+        reads,
+        writes: !reads,
+        offset: 0,
+        len: u64::MAX / 2,
+        remaining: None,
+    });
+}
+
 fn call(e: &mut FEng, req: Request) -> Result<Reply, EngineError> {
     let slot: Arc<Mutex<Option<Result<Reply, EngineError>>>> = Arc::new(Mutex::new(None));
     let s2 = slot.clone();
@@ -114,14 +137,7 @@ fn late_and_reordered_completions() {
             r => panic!("{r:?}"),
         }
     }
-    let (c, z) = e.shutdown().unwrap();
-    let mut e = Engine::open(
-        c,
-        ZoneEmu::open(z.into_inner()).unwrap(),
-        ManualClock::new(),
-        tiny_config(),
-    )
-    .unwrap();
+    let mut e = reopen(e);
     e.self_check().unwrap();
     for (&lba, &i) in model.iter().skip(600).take(600) {
         match call(
@@ -216,13 +232,7 @@ fn a_write_error_stops_the_engine_cleanly() {
         },
     )
     .unwrap();
-    cc.add_error_rule(ErrorRule {
-        reads: false,
-        writes: true,
-        offset: 0,
-        len: u64::MAX / 2,
-        remaining: None,
-    });
+    fail_all(&cc, false);
     let r = call(
         &mut e,
         Request::Write {
@@ -273,22 +283,9 @@ fn a_write_failing_its_l2p_fault_is_answered() {
         )
         .unwrap();
     }
-    let (c, z) = e.shutdown().unwrap();
-    let mut e = Engine::open(
-        c,
-        ZoneEmu::open(z.into_inner()).unwrap(),
-        ManualClock::new(),
-        tiny_config(),
-    )
-    .unwrap();
+    let mut e = reopen(e);
     // Every cache read fails from now on: the next write's L2P page fault among them.
-    cc.add_error_rule(ErrorRule {
-        reads: true,
-        writes: false,
-        offset: 0,
-        len: u64::MAX / 2,
-        remaining: None,
-    });
+    fail_all(&cc, true);
     let r = call(
         &mut e,
         Request::Write {
