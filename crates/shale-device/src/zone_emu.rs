@@ -180,8 +180,6 @@ pub struct ZoneEmu<D: BlockDevice> {
     user_in_flight: usize,
     inner_out: Vec<IoCompletion>,
     slot_buf: Vec<u8>,
-    /// Discards in flight (zones with `discarding` set).
-    discards_in_flight: usize,
     /// The first failed asynchronous discard, reported by the next zone management
     /// command or flush.
     discard_error: Option<DeviceError>,
@@ -488,7 +486,6 @@ impl<D: BlockDevice> ZoneEmu<D> {
             user_in_flight: 0,
             inner_out: Vec::new(),
             slot_buf,
-            discards_in_flight: 0,
             discard_error: None,
         })
     }
@@ -837,7 +834,6 @@ impl<D: BlockDevice> ZoneEmu<D> {
             }
             InnerKind::Discard { zone } => {
                 self.zones[zone as usize].discarding = true;
-                self.discards_in_flight += 1;
             }
             InnerKind::Read => {}
         }
@@ -870,7 +866,6 @@ impl<D: BlockDevice> ZoneEmu<D> {
                 mark_done(&mut self.zones[zone as usize].inflight, rel);
             }
             InnerKind::Discard { zone } => {
-                self.discards_in_flight -= 1;
                 let z = &mut self.zones[zone as usize];
                 z.discarding = false;
                 // Still in submission (= offset) order.
@@ -908,36 +903,30 @@ impl<D: BlockDevice> ZoneEmu<D> {
         r.map(|_| ())
     }
 
+    /// A discard of `zone` (or of any zone, for `None`) is in flight.
+    fn discard_pending(&self, zone: Option<u32>) -> bool {
+        match zone {
+            Some(z) => self.zones[z as usize].discarding,
+            None => self.zones.iter().any(|z| z.discarding),
+        }
+    }
+
     /// Waits until no discard of `zone` (or of any zone, for `None`) is in flight.
     fn wait_discards(&mut self, zone: Option<u32>) -> Result<(), DeviceError> {
-        loop {
-            let busy = match zone {
-                Some(z) => self.zones[z as usize].discarding,
-                None => self.discards_in_flight > 0,
-            };
-            if !busy {
-                return Ok(());
+        while self.discard_pending(zone) {
+            // With nothing in flight below (a device that lost power reports nothing
+            // and fails the poll), one last look, then an error rather than a spin.
+            let waiting = self.inner.in_flight() > 0;
+            self.reap(waiting)?;
+            if !waiting && self.discard_pending(zone) {
+                return Err(DeviceError::Io {
+                    op: IoOpKind::Discard,
+                    offset: 0,
+                    source: std::io::Error::other("the inner device dropped a discard"),
+                });
             }
-            if self.inner.in_flight() == 0 {
-                // Nothing left to wait for below (a device that lost power reports
-                // nothing in flight and fails the poll): one last look, then an error
-                // rather than a spin.
-                self.reap(false)?;
-                let still = match zone {
-                    Some(z) => self.zones[z as usize].discarding,
-                    None => self.discards_in_flight > 0,
-                };
-                if still {
-                    return Err(DeviceError::Io {
-                        op: IoOpKind::Discard,
-                        offset: 0,
-                        source: std::io::Error::other("the inner device dropped a discard"),
-                    });
-                }
-                return Ok(());
-            }
-            self.reap(true)?;
         }
+        Ok(())
     }
 
     /// The error of a failed asynchronous discard, once.

@@ -113,6 +113,18 @@ impl<D: BlockDevice> BlockDevice for LateDiscard<D> {
     }
 }
 
+/// Submits an asynchronous append of `bytes` to `zone`.
+fn submit_append<D: BlockDevice>(emu: &mut ZoneEmu<D>, tag: u64, zone: u32, bytes: &[u8]) {
+    emu.submit(ZoneRequest {
+        tag,
+        op: ZoneOp::Append {
+            zone,
+            buf: IoBuf::from_slice(bytes),
+            fua: false,
+        },
+    });
+}
+
 fn small() -> ZoneEmu<MemDevice> {
     ZoneEmu::format(mem(8, 4096), &config()).expect("format")
 }
@@ -284,14 +296,7 @@ fn append_returns_where_data_landed() {
     // Async appends: each completion says where its data went.
     let mut out = Vec::new();
     for t in 0..3u64 {
-        emu.submit(ZoneRequest {
-            tag: t,
-            op: ZoneOp::Append {
-                zone: 2,
-                buf: IoBuf::from_slice(&data(4096, 10 + t)),
-                fua: false,
-            },
-        });
+        submit_append(&mut emu, t, 2, &data(4096, 10 + t));
     }
     assert_eq!(emu.in_flight(), 3);
     assert_eq!(emu.poll(&mut out, 3).expect("poll"), 3);
@@ -414,14 +419,7 @@ fn writes_after_a_reset_wait_for_its_discard() {
     assert_eq!(emu.inner().queued.len(), 1, "the discard is asynchronous");
     // Submitted while the discard is in flight: held, then written after it.
     let fresh = data(8192, 9);
-    emu.submit(ZoneRequest {
-        tag: 7,
-        op: ZoneOp::Append {
-            zone: 1,
-            buf: IoBuf::from_slice(&fresh),
-            fua: false,
-        },
-    });
+    submit_append(&mut emu, 7, 1, &fresh);
     let mut out = Vec::new();
     assert_eq!(emu.poll(&mut out, 1).expect("poll"), 1);
     assert_eq!(out[0].tag, 7);
@@ -455,14 +453,7 @@ fn a_failed_discard_is_reported_once_by_the_next_command() {
     emu.inner.fail_next = true;
     emu.reset_zone(2).expect("reset returns before its discard");
     // The held write still goes out, after the failed discard.
-    emu.submit(ZoneRequest {
-        tag: 3,
-        op: ZoneOp::Append {
-            zone: 2,
-            buf: IoBuf::from_slice(&data(4096, 2)),
-            fua: false,
-        },
-    });
+    submit_append(&mut emu, 3, 2, &data(4096, 2));
     let mut out = Vec::new();
     emu.poll(&mut out, 1).expect("poll");
     assert!(out[0].result.is_ok());
