@@ -74,6 +74,8 @@ pub fn stats_json(s: &Stats) -> Value {
             "hit_rate": s.l2p_hit_rate(),
             "page_reads": s.l2p_page_reads,
             "page_writes": s.l2p_page_writes,
+            "page_reads_ahead": s.l2p_page_reads_ahead,
+            "page_writes_ahead": s.l2p_page_writes_ahead,
             "cached_pages": s.l2p_cached_pages,
             "cache_pages_max": s.l2p_cache_pages_max,
         },

@@ -2,8 +2,8 @@
 //!
 //! The engine, the client loop and the completions all run on this one thread (queue
 //! depth 128, independent uniform draws over one volume spanning the user capacity).
-//! The cache is in memory; the capacity is zone emulation over a file (io_uring,
-//! O_DIRECT where the filesystem allows it). Phases, each reported on its own line:
+//! The cache is in memory (or a file in `--cache-dir`); the capacity is zone emulation
+//! over a file (io_uring, O_DIRECT where the filesystem allows it). Phases, each reported on its own line:
 //!
 //! - `write first`: the first `--first-secs` of random writes on a fresh engine (the
 //!   cache absorbs them; compaction starts once it fills);
@@ -22,7 +22,7 @@
 //! ```text
 //! cargo bench -p shale-engine --bench iops -- [--capacity-mib 4096] [--dir /tmp]
 //!     [--first-secs 30] [--steady-secs 30] [--read-secs 10] [--warm-multiple 2]
-//!     [--qd 128] [--l2p-mib N] [--repeat 1]
+//!     [--qd 128] [--l2p-mib N] [--repeat 1] [--cache-dir DIR]
 //! ```
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -31,7 +31,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use shale_device::{FileDevice, MemDevice, ZoneEmu, ZoneEmuConfig};
+use shale_device::{BlockDevice, FileDevice, MemDevice, ZoneEmu, ZoneEmuConfig};
 use shale_engine::{Config, Engine, MonotonicClock, Reply, Request, Stats, VolumeId};
 
 const BLOCK: u64 = 4096;
@@ -48,6 +48,7 @@ struct Args {
     qd: u64,
     l2p_mib: Option<u64>,
     repeat: usize,
+    cache_dir: Option<PathBuf>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -61,6 +62,7 @@ fn parse_args() -> Result<Args, String> {
         qd: 128,
         l2p_mib: None,
         repeat: 1,
+        cache_dir: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -72,6 +74,7 @@ fn parse_args() -> Result<Args, String> {
         match flag.as_str() {
             "--capacity-mib" => a.capacity_mib = num(val()?)?,
             "--dir" => a.dir = PathBuf::from(val()?),
+            "--cache-dir" => a.cache_dir = Some(PathBuf::from(val()?)),
             "--first-secs" => a.first_secs = num(val()?)?,
             "--steady-secs" => a.steady_secs = num(val()?)?,
             "--read-secs" => a.read_secs = num(val()?)?,
@@ -186,18 +189,20 @@ fn loadavg() -> String {
         .unwrap_or_else(|| "?".into())
 }
 
-type Eng = Engine<MemDevice, ZoneEmu<FileDevice>, MonotonicClock>;
+type Eng = Engine<Box<dyn BlockDevice>, ZoneEmu<FileDevice>, MonotonicClock>;
 
 struct Rig {
     e: Eng,
     volume: VolumeId,
     blocks: u64,
-    path: PathBuf,
+    paths: Vec<PathBuf>,
 }
 
 impl Drop for Rig {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
+        for p in &self.paths {
+            let _ = std::fs::remove_file(p);
+        }
     }
 }
 
@@ -216,7 +221,16 @@ fn build(a: &Args, run: usize) -> Rig {
     let cap = ZoneEmu::format(file, &zc).expect("zone emulation");
     // Cache: 5% of the capacity plus room for the metadata.
     let cache_bytes = (a.capacity_mib * (1 << 20) / 20 + (16 << 20)) / BLOCK * BLOCK;
-    let cache = MemDevice::new(cache_bytes, 4096).expect("cache");
+    let mut paths = vec![path];
+    let cache: Box<dyn BlockDevice> = match &a.cache_dir {
+        None => Box::new(MemDevice::new(cache_bytes, 4096).expect("cache")),
+        Some(dir) => {
+            let p = dir.join(format!("shale-iops-{}-{run}.cache", std::process::id()));
+            FileDevice::create_sparse(&p, cache_bytes).expect("create the cache file");
+            paths.push(p.clone());
+            Box::new(FileDevice::open(&p).expect("open the cache file"))
+        }
+    };
     let config = Config {
         chunk_blocks: 1024,
         volumes_max: 8,
@@ -243,7 +257,7 @@ fn build(a: &Args, run: usize) -> Rig {
         e,
         volume,
         blocks,
-        path,
+        paths,
     }
 }
 
@@ -394,7 +408,7 @@ fn print_phase(name: &str, p: &Phase) {
     let hits = a.l2p_hits - b.l2p_hits;
     let misses = a.l2p_misses - b.l2p_misses;
     println!(
-        "{name:<13} {:>9.0} IOPS  CPU/IO {:>5.2} µs thread, {:>5.2} µs process  p50 {:>8}  p99 {:>8}  max {:>8}  load {}  [{:.1} s, layer WAF {:.2}, GC victims {}, L2P hit {:.1}%]",
+        "{name:<13} {:>9.0} IOPS  CPU/IO {:>5.2} µs thread, {:>5.2} µs process  p50 {:>8}  p99 {:>8}  max {:>8}  load {}  [{:.1} s, layer WAF {:.2}, GC victims {}, durability points {}, L2P hit {:.1}%]",
         p.iops(),
         p.thread_cpu_us_per_io(),
         p.cpu_us_per_io(),
@@ -405,6 +419,7 @@ fn print_phase(name: &str, p: &Phase) {
         p.wall.as_secs_f64(),
         if user > 0 { cap as f64 / user as f64 } else { 0.0 },
         a.gc_victims - b.gc_victims,
+        a.durability_points - b.durability_points,
         100.0 * hits as f64 / (hits + misses).max(1) as f64,
     );
 }
@@ -413,10 +428,13 @@ fn one_run(a: &Args, run: usize) -> [Phase; 3] {
     let mut rig = build(a, run);
     let mut rng = 0x1234_5678_9abc_def1u64 ^ (run as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     println!(
-        "run {}: capacity {} MiB on {}, user {} MiB, chunks {}, streams {}, L2P budget {} pages",
+        "run {}: capacity {} MiB on {}, cache {}, user {} MiB, chunks {}, streams {}, L2P budget {} pages",
         run + 1,
         a.capacity_mib,
         a.dir.display(),
+        a.cache_dir
+            .as_ref()
+            .map_or("in memory".to_string(), |d| format!("on {}", d.display())),
         (rig.blocks * BLOCK) >> 20,
         rig.e.stats().chunk_count,
         rig.e.streams(),

@@ -12,7 +12,7 @@ use shale_format::RegionRole;
 
 use crate::{Clock, Engine, EngineError};
 
-/// PendingFree regions released together when space is not yet short.
+/// The smallest batch of PendingFree regions released while space is not short.
 const PENDING_FREE_BATCH: usize = 4;
 
 impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
@@ -37,12 +37,26 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         }
     }
 
+    /// PendingFree chunks and zones: space the next durability point makes free.
+    fn pending_counts(&self) -> (usize, usize) {
+        let chunks = self
+            .regions
+            .pending_free
+            .iter()
+            .filter(|&&r| self.geo.is_chunk(r))
+            .count();
+        (chunks, self.regions.pending_free.len() - chunks)
+    }
+
     pub(crate) fn background(&mut self) -> Result<bool, EngineError> {
         let mut progress = false;
         let blocked = self.compaction_zone_blocked;
         self.compaction_zone_blocked = false;
 
-        let free_zones = self.regions.free_zones.len();
+        // Pacing counts PendingFree regions as free: the next durability point frees
+        // them, and running the movers ahead for them would only cost spare space.
+        let (pending_chunks, pending_zones) = self.pending_counts();
+        let free_zones = self.regions.free_zones.len() + pending_zones;
         let gc_steps = self.steps_for(free_zones, self.gc_threshold(), blocked);
         for _ in 0..gc_steps {
             if !self.mover_step(RegionRole::Gc)? {
@@ -51,7 +65,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             progress = true;
         }
 
-        let free_chunks = self.regions.free_chunks.len();
+        let free_chunks = self.regions.free_chunks.len() + pending_chunks;
         let steps = self.steps_for(free_chunks, self.compaction_threshold(), self.user_blocked);
         for _ in 0..steps {
             if !self.mover_step(RegionRole::Compaction)? {
@@ -60,14 +74,21 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             progress = true;
         }
 
-        // Freed regions are released in batches: each durability point drains the
-        // pipeline and flushes both devices.
-        let pending = self.regions.pending_free.len();
-        let urgent = self.user_blocked
-            || self.regions.free_chunks.len() < self.compaction_threshold().div_ceil(2)
-            || self.regions.free_zones.len() < self.gc_threshold()
-            || pending >= PENDING_FREE_BATCH;
-        if (pending > 0 && urgent) || self.journal.pending_large() {
+        // Each durability point drains the pipeline and flushes both devices, so freed
+        // regions are released in batches: when a writer needs the space, when free
+        // space is about to run out, or when the batch is large.
+        let (pending_chunks, pending_zones) = self.pending_counts();
+        let chunks_short = pending_chunks > 0
+            && (self.user_blocked
+                || self.regions.free_chunks.len() < self.compaction_threshold().div_ceil(4).max(2));
+        let zones_short = pending_zones > 0
+            && (blocked
+                || self.compaction_zone_blocked
+                || self.regions.free_zones.len() <= self.gc_reserve() + 1);
+        let batch_full = pending_chunks
+            >= (self.geo.chunk_count as usize / 8).max(PENDING_FREE_BATCH)
+            || pending_zones >= (self.geo.zone_count as usize / 64).clamp(PENDING_FREE_BATCH, 64);
+        if chunks_short || zones_short || batch_full || self.journal.pending_large() {
             self.durability_point()?;
             progress = true;
         }

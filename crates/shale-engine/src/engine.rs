@@ -56,6 +56,16 @@ pub(crate) enum InflightIo {
         block: u32,
         pba: Pba,
     },
+    /// An L2P page loaded ahead of the queued request that needs it.
+    L2pLoad {
+        volume: u32,
+        page: u32,
+    },
+    /// A dirty L2P page written back before an eviction needs its frame.
+    L2pWriteBack {
+        frame: u32,
+        target: crate::l2p::WriteBackTarget,
+    },
 }
 
 #[derive(Debug, Default)]
@@ -118,6 +128,10 @@ pub struct Engine<C: BlockDevice, Z: ZonedDevice, K: Clock> {
     pub(crate) sid_next: u64,
     pub(crate) stats: Stats,
     pub(crate) queue: VecDeque<(Request, Completion)>,
+    /// Requests at the front of `queue` whose L2P pages were looked at for loading.
+    pub(crate) prefetched: usize,
+    /// Scratch for the L2P write-backs started in one loop iteration.
+    pub(crate) l2p_write_backs: Vec<(u32, crate::l2p::WriteBackTarget)>,
     pub(crate) io: IoSlab,
     pub(crate) runs: Runs,
     pub(crate) asn_next: u64,
@@ -322,6 +336,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         for (_, done) in self.queue.drain(..) {
             done(Err(err()));
         }
+        self.prefetched = 0;
         for w in self.pending_writes.drain(..) {
             (w.done)(Err(err()));
         }
@@ -417,6 +432,26 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 self.on_md_read_done(key, r.map(|_| c.buf));
                 Ok(())
             }
+            InflightIo::L2pLoad { volume, page } => {
+                let data = c.result.is_ok().then_some(c.buf.as_deref()).flatten();
+                self.l2p
+                    .finish_load(shale_format::VolumeId(volume), page as usize, data);
+                if let Some(b) = c.buf {
+                    self.bufs.give(b);
+                }
+                self.l2p.install_arrived(&mut self.cache).map(|_| ())
+            }
+            InflightIo::L2pWriteBack { frame, target } => {
+                let ok = c.result.is_ok();
+                self.l2p.finish_write_back(frame, target, ok);
+                if let Some(b) = c.buf {
+                    self.bufs.give(b);
+                }
+                let off = self.l2p.target_offset(&target);
+                c.result
+                    .map_err(EngineError::cache("L2P page write", off))?;
+                self.l2p.install_arrived(&mut self.cache).map(|_| ())
+            }
             InflightIo::ZonePart { .. } => panic!("zone write completed on the cache device"),
         }
     }
@@ -477,14 +512,26 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     fn process_requests(&mut self) -> Result<bool, EngineError> {
         let mut progress = false;
         self.user_blocked = false;
+        self.prefetch_l2p()?;
         for _ in 0..self.config.requests_per_poll_max {
+            if self
+                .queue
+                .front()
+                .is_some_and(|(req, _)| self.waits_for_l2p(req))
+            {
+                // Its L2P pages are on their way: dispatch it (and what follows, in
+                // order) when they arrive.
+                break;
+            }
             let Some((req, done)) = self.queue.pop_front() else {
                 break;
             };
+            self.prefetched = self.prefetched.saturating_sub(1);
             match self.dispatch(req, done)? {
                 None => progress = true,
                 Some((req, done)) => {
                     self.queue.push_front((req, done));
+                    self.prefetched += 1;
                     self.user_blocked = true;
                     break;
                 }

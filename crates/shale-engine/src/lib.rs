@@ -34,6 +34,7 @@ mod l2p;
 mod layout;
 mod metrics;
 mod open;
+mod prefetch;
 mod read;
 mod recovery;
 mod request;

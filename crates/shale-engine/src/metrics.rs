@@ -36,6 +36,10 @@ pub struct Stats {
     pub l2p_misses: u64,
     pub l2p_page_reads: u64,
     pub l2p_page_writes: u64,
+    /// Of those, pages loaded ahead of the requests that needed them, and dirty pages
+    /// written back ahead of their eviction (asynchronous; the rest were synchronous).
+    pub l2p_page_reads_ahead: u64,
+    pub l2p_page_writes_ahead: u64,
     pub(crate) l2p_page_writes_total: u64,
     /// Relocation switches that waited for their page's next fault instead of
     /// faulting it in, and pages faulted in only because too many waited.
@@ -125,6 +129,8 @@ impl<C: shale_device::BlockDevice, Z: shale_device::ZonedDevice, K: crate::Clock
         s.l2p_misses = l.misses;
         s.l2p_page_reads = l.page_reads;
         s.l2p_page_writes = l.page_writes;
+        s.l2p_page_reads_ahead = l.reads_ahead;
+        s.l2p_page_writes_ahead = l.writes_ahead;
         // L2P pages are counted here, wherever they were written (evictions,
         // checkpoints), not at each call site.
         s.cache_md_write_bytes += l.page_writes * crate::layout::BS;

@@ -113,6 +113,8 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             sid_next,
             stats,
             queue: VecDeque::new(),
+            prefetched: 0,
+            l2p_write_backs: Vec::new(),
             io: IoSlab::default(),
             runs: Runs::default(),
             asn_next: 0,

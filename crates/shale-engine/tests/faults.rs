@@ -299,3 +299,85 @@ fn a_write_failing_its_l2p_fault_is_answered() {
     let r = call(&mut e, Request::Flush);
     assert!(matches!(r, Err(EngineError::Failed { .. })), "{r:?}");
 }
+
+/// An L2P page loaded ahead of its request that cannot be read is not that request's
+/// error: the request faults the page in itself (here the second read works), and only
+/// an error there would fail it. Pages of other requests still load ahead.
+#[test]
+fn a_failed_page_load_falls_back_to_the_synchronous_fault() {
+    let (mut e, cc, _zc) = fault_engine(11);
+    let v = VolumeId(0);
+    call(
+        &mut e,
+        Request::CreateVolume {
+            name: "a".into(),
+            size_bytes: 12 << 20,
+        },
+    )
+    .unwrap();
+    // One block in each of the volume's three L2P pages (1024 blocks each).
+    for page in 0..3u64 {
+        call(
+            &mut e,
+            Request::Write {
+                volume: v,
+                offset: page * 1024 * 4096,
+                data: pattern(page, 4096),
+                fua: false,
+            },
+        )
+        .unwrap();
+    }
+    let mut e = reopen(e);
+    // The next cache read fails once: the load of page 0 started for the write below.
+    cc.add_error_rule(ErrorRule {
+        reads: true,
+        writes: false,
+        offset: 0,
+        len: u64::MAX / 2,
+        remaining: Some(1),
+    });
+    call(
+        &mut e,
+        Request::Write {
+            volume: v,
+            offset: 4096,
+            data: pattern(10, 4096),
+            fua: false,
+        },
+    )
+    .unwrap();
+    let ahead = e.stats().l2p_page_reads_ahead;
+    call(
+        &mut e,
+        Request::Write {
+            volume: v,
+            offset: 1024 * 4096 + 4096,
+            data: pattern(11, 4096),
+            fua: false,
+        },
+    )
+    .unwrap();
+    assert_eq!(e.stats().l2p_page_reads_ahead, ahead + 1);
+    for (off, seed) in [
+        (0, 0),
+        (4096, 10),
+        (1024 * 4096, 1),
+        (1024 * 4096 + 4096, 11),
+        (2048 * 4096, 2),
+    ] {
+        let r = call(
+            &mut e,
+            Request::Read {
+                volume: v,
+                offset: off,
+                len: 4096,
+            },
+        );
+        match r {
+            Ok(Reply::Read(d)) => assert_eq!(d, pattern(seed, 4096), "offset {off}"),
+            other => panic!("read at {off}: {other:?}"),
+        }
+    }
+    e.self_check().unwrap();
+}

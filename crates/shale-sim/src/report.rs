@@ -96,6 +96,8 @@ pub struct Counts {
     pub chunk_frees: u64,
     pub relocated_blocks: u64,
     pub l2p_page_reads: u64,
+    pub l2p_page_reads_ahead: u64,
+    pub l2p_page_writes_ahead: u64,
     pub l2p_page_writes: u64,
     pub l2p_deferred_switches: u64,
 }
@@ -138,6 +140,8 @@ impl Counts {
         self.chunk_frees += o.chunk_frees;
         self.relocated_blocks += o.relocated_blocks;
         self.l2p_page_reads += o.l2p_page_reads;
+        self.l2p_page_reads_ahead += o.l2p_page_reads_ahead;
+        self.l2p_page_writes_ahead += o.l2p_page_writes_ahead;
         self.l2p_page_writes += o.l2p_page_writes;
         self.l2p_deferred_switches += o.l2p_deferred_switches;
     }
@@ -187,7 +191,7 @@ impl fmt::Display for Counts {
         )?;
         writeln!(
             f,
-            "engine: compaction victims {}  GC victims {}  relocated blocks {}  checkpoints {}  durability points {}  zone resets {}  chunk frees {}  L2P page reads/writes {}/{}  deferred switches {}",
+            "engine: compaction victims {}  GC victims {}  relocated blocks {}  checkpoints {}  durability points {}  zone resets {}  chunk frees {}  L2P page reads/writes {}/{} (ahead {}/{})  deferred switches {}",
             self.compaction_victims,
             self.gc_victims,
             self.relocated_blocks,
@@ -197,6 +201,8 @@ impl fmt::Display for Counts {
             self.chunk_frees,
             self.l2p_page_reads,
             self.l2p_page_writes,
+            self.l2p_page_reads_ahead,
+            self.l2p_page_writes_ahead,
             self.l2p_deferred_switches
         )?;
         let moments: Vec<String> = self

@@ -669,6 +669,8 @@ impl Sim {
         c.relocated_blocks += s.relocated_blocks;
         c.l2p_page_reads += s.l2p_page_reads;
         c.l2p_page_writes += s.l2p_page_writes;
+        c.l2p_page_reads_ahead += s.l2p_page_reads_ahead;
+        c.l2p_page_writes_ahead += s.l2p_page_writes_ahead;
         c.l2p_deferred_switches += s.l2p_deferred_switches;
         for x in [
             s.user_write_bytes,

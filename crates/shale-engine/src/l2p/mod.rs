@@ -14,10 +14,15 @@
 //!   cached and deferred at once;
 //! - No page is pinned across engine loop iterations: a fault may evict any page, so
 //!   the budget only has to cover one request plus the reserve.
+//! - Loads ahead of queued requests and write-backs near the LRU tail run
+//!   asynchronously (inflight.rs); a page's stored copy changes only when a write-back
+//!   of its cached frame completes, and a frame being written is never evicted or
+//!   written again.
 
 mod deferred;
 mod directory;
+mod inflight;
 mod page_cache;
 
 pub(crate) use directory::VolumeMap;
-pub(crate) use page_cache::L2p;
+pub(crate) use page_cache::{L2p, WriteBackTarget};

@@ -16,17 +16,17 @@ const WRITE_BACK_BATCH: usize = 64;
 const WRITE_BACK_TAG: u64 = 1 << 63;
 
 /// Where one dirty page is being written back.
-#[derive(Debug)]
-struct WriteBackTarget {
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct WriteBackTarget {
     /// L2P area slot (two per pool page).
-    slot: u32,
+    pub(super) slot: u32,
     /// The slot's pool page was taken from the free pool for this write.
-    new_pool_page: bool,
-    crc32c: u32,
+    pub(super) new_pool_page: bool,
+    pub(super) crc32c: u32,
 }
 
 impl WriteBackTarget {
-    fn offset(&self, area_start: u64) -> u64 {
+    pub(super) fn offset(&self, area_start: u64) -> u64 {
         (area_start + u64::from(self.slot)) * BS
     }
 }
@@ -34,17 +34,22 @@ impl WriteBackTarget {
 const EPP: usize = L2P_ENTRIES_PER_PAGE as usize;
 
 #[derive(Debug)]
-struct Frame {
-    volume: u32,
-    page: u32,
-    dirty: bool,
+pub(super) struct Frame {
+    pub(super) volume: u32,
+    pub(super) page: u32,
+    pub(super) dirty: bool,
     /// Dirty when the checkpoint in progress began: must be written before it commits.
-    ckpt_pending: bool,
-    prev: u32,
-    next: u32,
+    pub(super) ckpt_pending: bool,
+    /// An asynchronous write-back of this frame is in flight (inflight.rs): the frame
+    /// is neither evicted nor written again until it completes.
+    pub(super) wb_inflight: bool,
+    /// Installed by a prefetch whose miss was counted then: its first use is no hit.
+    pub(super) prefetched: bool,
+    pub(super) prev: u32,
+    pub(super) next: u32,
     /// The page as stored on media (little-endian PBAs), so faults and write-backs
     /// move it without converting.
-    data: Box<[u8; PAGE_BYTES]>,
+    pub(super) data: Box<[u8; PAGE_BYTES]>,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -53,6 +58,9 @@ pub(crate) struct L2pCounters {
     pub misses: u64,
     pub page_reads: u64,
     pub page_writes: u64,
+    /// Asynchronous page reads and writes (inflight.rs), included in the two above.
+    pub reads_ahead: u64,
+    pub writes_ahead: u64,
     /// Relocation switches deferred (their page was not cached).
     pub deferred: u64,
     /// Faults made only to apply deferred switches (too many waiting).
@@ -61,14 +69,14 @@ pub(crate) struct L2pCounters {
 
 /// What a `VolumeMap::frame` value holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Slot {
+pub(super) enum Slot {
     Empty,
     Frame(u32),
     /// The head of the page's deferred switches.
     Deferred(u32),
 }
 
-fn slot_of(v: u32) -> Slot {
+pub(super) fn slot_of(v: u32) -> Slot {
     if v == FRAME_NONE {
         Slot::Empty
     } else if v & DEFERRED_BIT != 0 {
@@ -81,15 +89,17 @@ fn slot_of(v: u32) -> Slot {
 #[derive(Debug)]
 pub(crate) struct L2p {
     pub vols: Vec<Option<VolumeMap>>,
-    frames: Vec<Frame>,
+    pub(super) frames: Vec<Frame>,
     /// Most recently used at head.
     head: u32,
-    tail: u32,
+    pub(super) tail: u32,
     frames_max: usize,
     pool_free: Vec<u32>,
     /// Pool pages to return to `pool_free` after the next checkpoint.
-    pool_deferred: Vec<u32>,
-    area_start: u64,
+    pub(super) pool_deferred: Vec<u32>,
+    pub(super) area_start: u64,
+    /// Asynchronous page loads and write-backs in flight (inflight.rs).
+    pub(super) io: super::inflight::InflightPages,
     /// A page read for a caller that does not want it cached.
     scratch: Box<[u8; PAGE_BYTES]>,
     pub counters: L2pCounters,
@@ -107,7 +117,7 @@ pub(crate) struct L2p {
     ckpt_deferred: Vec<(u32, u32)>,
 }
 
-const PAGE_BYTES: usize = EPP * 4;
+pub(super) const PAGE_BYTES: usize = EPP * 4;
 
 fn entry(page: &[u8; PAGE_BYTES], i: usize) -> u32 {
     let mut b = [0u8; 4];
@@ -131,6 +141,9 @@ fn fill_unmapped(page: &mut [u8; PAGE_BYTES]) {
     }
 }
 
+/// Frames from the LRU tail an eviction looks through for a clean one before it
+/// writes a dirty one back synchronously.
+const EVICT_SCAN: usize = 16;
 /// Pages one `for_each_mapped` read covers at most (1 MiB).
 const FOR_EACH_RUN_PAGES: usize = 256;
 /// Unwanted slots `for_each_mapped` reads through rather than start a new read.
@@ -207,6 +220,7 @@ impl L2p {
             switch_scratch: Vec::new(),
             ckpt_active: false,
             ckpt_deferred: Vec::new(),
+            io: Default::default(),
         }
     }
 
@@ -292,7 +306,7 @@ impl L2p {
     /// Where dirty frame `f` is written back: the slot the checkpoint does not
     /// reference (a new pool page if it has none). `None` for a page of a deleted
     /// volume, which is cleaned without a write.
-    fn write_back_target(&mut self, f: u32) -> Option<WriteBackTarget> {
+    pub(super) fn write_back_target(&mut self, f: u32) -> Option<WriteBackTarget> {
         let (v, p) = {
             let fr = &self.frames[f as usize];
             (fr.volume as usize, fr.page as usize)
@@ -323,7 +337,7 @@ impl L2p {
     }
 
     /// The write to `t` did not happen: a pool page taken for it goes back.
-    fn write_back_failed(&mut self, t: &WriteBackTarget) {
+    pub(super) fn write_back_failed(&mut self, t: &WriteBackTarget) {
         if t.new_pool_page {
             self.pool_free.push(t.slot / 2);
         }
@@ -347,7 +361,17 @@ impl L2p {
         self.unmark(f);
     }
 
-    fn unmark(&mut self, f: u32) {
+    /// With a checkpoint in progress, frame `f` must be written before it commits.
+    pub(super) fn mark_for_checkpoint(&mut self, f: u32) {
+        let fr = &mut self.frames[f as usize];
+        if self.ckpt_active && !fr.ckpt_pending {
+            fr.ckpt_pending = true;
+            self.pending += 1;
+            self.pending_cursor = self.pending_cursor.min(f as usize);
+        }
+    }
+
+    pub(super) fn unmark(&mut self, f: u32) {
         let fr = &mut self.frames[f as usize];
         if fr.ckpt_pending {
             fr.ckpt_pending = false;
@@ -391,7 +415,13 @@ impl L2p {
             .as_ref()
             .map_or(FRAME_NONE, |m| m.frame[p]);
         if let Slot::Frame(f) = slot_of(cur) {
-            self.counters.hits += 1;
+            let fr = &mut self.frames[f as usize];
+            if fr.prefetched {
+                // Its miss was counted when the load started.
+                fr.prefetched = false;
+            } else {
+                self.counters.hits += 1;
+            }
             if self.head != f {
                 self.unlink(f);
                 self.push_front(f);
@@ -399,34 +429,9 @@ impl L2p {
             return Ok((f, 0));
         }
         self.counters.misses += 1;
-        let mut written = 0;
-        let f = if self.frames.len() < self.frames_max {
-            self.frames.push(Frame {
-                volume: v.0,
-                page: p as u32,
-                dirty: false,
-                ckpt_pending: false,
-                prev: FRAME_NONE,
-                next: FRAME_NONE,
-                data: Box::new([0xFF; PAGE_BYTES]),
-            });
-            (self.frames.len() - 1) as u32
-        } else {
-            let f = self.tail;
-            if self.frames[f as usize].dirty {
-                written += self.write_back(dev, f)?;
-            }
-            self.unlink(f);
-            let (ov, op) = (self.frames[f as usize].volume, self.frames[f as usize].page);
-            if let Some(Some(m)) = self.vols.get_mut(ov as usize) {
-                if let Some(slot) = m.frame.get_mut(op as usize) {
-                    if *slot == f {
-                        *slot = FRAME_NONE;
-                    }
-                }
-            }
-            f
-        };
+        // A load in flight for the page is now stale: this read supersedes it.
+        self.forget_load(v.0, p as u32);
+        let (f, written) = self.take_frame(dev)?;
         let d = self.vols[v.0 as usize]
             .as_ref()
             .map_or(PageDesc::NONE, |m| m.dir[p]);
@@ -439,20 +444,122 @@ impl L2p {
             &mut self.frames[f as usize].data,
             &mut self.counters,
         );
+        if let Err(e) = r {
+            // Leave the frame holding an unrelated page id so it is simply reused
+            // (the page's deferred switches stay where they are).
+            let fr = &mut self.frames[f as usize];
+            fr.volume = u32::MAX;
+            fr.dirty = false;
+            self.push_front(f);
+            return Err(e);
+        }
+        self.install(f, v, p, cur);
+        Ok((f, written))
+    }
+
+    /// A frame for a page about to be cached, unlinked from the LRU and from its old
+    /// page: a new one while under the budget, else the least recently used clean
+    /// frame among the last few, else the least recently used one not being written,
+    /// written back synchronously. Returns bytes written.
+    pub(super) fn take_frame<C: BlockDevice>(
+        &mut self,
+        dev: &mut C,
+    ) -> Result<(u32, u64), EngineError> {
+        if let Some(f) = self.take_clean_frame() {
+            return Ok((f, 0));
+        }
+        let (mut clean, mut dirty) = (FRAME_NONE, FRAME_NONE);
+        let mut f = self.tail;
+        let mut seen = 0;
+        while f != FRAME_NONE && (seen < EVICT_SCAN || dirty == FRAME_NONE) {
+            let fr = &self.frames[f as usize];
+            if !fr.wb_inflight {
+                if !fr.dirty {
+                    clean = f;
+                    break;
+                }
+                if dirty == FRAME_NONE {
+                    dirty = f;
+                }
+            }
+            seen += 1;
+            f = fr.prev;
+        }
+        let mut written = 0;
+        let f = if clean != FRAME_NONE {
+            clean
+        } else if dirty != FRAME_NONE {
+            written += self.write_back(dev, dirty)?;
+            dirty
+        } else {
+            // Write-backs in flight are capped well below the budget (prefetch.rs).
+            panic!("every L2P frame is being written back");
+        };
+        self.detach(f);
+        Ok((f, written))
+    }
+
+    /// A clean frame, not being written, among the last few of the LRU (or a new one
+    /// while under the budget), detached from its page. No I/O.
+    pub(super) fn take_clean_frame(&mut self) -> Option<u32> {
+        if self.frames.len() < self.frames_max {
+            self.frames.push(Frame {
+                volume: u32::MAX,
+                page: 0,
+                dirty: false,
+                ckpt_pending: false,
+                wb_inflight: false,
+                prefetched: false,
+                prev: FRAME_NONE,
+                next: FRAME_NONE,
+                data: Box::new([0xFF; PAGE_BYTES]),
+            });
+            return Some((self.frames.len() - 1) as u32);
+        }
+        let mut f = self.tail;
+        for _ in 0..EVICT_SCAN {
+            if f == FRAME_NONE {
+                return None;
+            }
+            let fr = &self.frames[f as usize];
+            if !fr.wb_inflight && !fr.dirty {
+                self.detach(f);
+                return Some(f);
+            }
+            f = fr.prev;
+        }
+        None
+    }
+
+    /// Unlinks frame `f` from the LRU and from the page it held.
+    fn detach(&mut self, f: u32) {
+        self.unlink(f);
+        let (ov, op) = (self.frames[f as usize].volume, self.frames[f as usize].page);
+        if let Some(Some(m)) = self.vols.get_mut(ov as usize) {
+            if let Some(slot) = m.frame.get_mut(op as usize) {
+                if *slot == f {
+                    *slot = FRAME_NONE;
+                }
+            }
+        }
+        self.unmark(f);
+        let fr = &mut self.frames[f as usize];
+        fr.volume = u32::MAX;
+        fr.dirty = false;
+        fr.prefetched = false;
+    }
+
+    /// Makes frame `f` (taken, holding page `p` of `v` as stored) the page's cached
+    /// copy: most recently used, with the page's deferred switches applied. `cur` is
+    /// the page's map slot before (empty or a deferred chain).
+    pub(super) fn install(&mut self, f: u32, v: VolumeId, p: usize, cur: u32) {
         {
-            self.unmark(f);
             let fr = &mut self.frames[f as usize];
             fr.volume = v.0;
             fr.page = p as u32;
             fr.dirty = false;
         }
         self.push_front(f);
-        if let Err(e) = r {
-            // Leave the frame holding an unrelated page id so it is simply reused
-            // (the page's deferred switches stay where they are).
-            self.frames[f as usize].volume = u32::MAX;
-            return Err(e);
-        }
         if let Slot::Deferred(head) = slot_of(cur) {
             let mut sw = std::mem::take(&mut self.switch_scratch);
             sw.clear();
@@ -462,18 +569,15 @@ impl L2p {
                 set_entry(&mut fr.data, i as usize, pba);
             }
             fr.dirty |= !sw.is_empty();
-            if self.ckpt_active && !sw.is_empty() && !fr.ckpt_pending {
+            if !sw.is_empty() {
                 // Some of these switches may predate the checkpoint in progress.
-                fr.ckpt_pending = true;
-                self.pending += 1;
-                self.pending_cursor = self.pending_cursor.min(f as usize);
+                self.mark_for_checkpoint(f);
             }
             self.switch_scratch = sw;
         }
         if let Some(m) = self.vols[v.0 as usize].as_mut() {
             m.frame[p] = f;
         }
-        Ok((f, written))
     }
 
     /// Looks up `lba`; `None` if the volume does not exist or the LBA is past its end.
@@ -562,8 +666,14 @@ impl L2p {
     /// a recovery or shutdown after many scattered writes has tens of thousands of
     /// them, and one synchronous write each would wait a device round trip apiece.
     pub fn write_back_all<C: BlockDevice>(&mut self, dev: &mut C) -> Result<u64, EngineError> {
+        // Callers drain the engine's I/O first: no asynchronous write-back is in flight
+        // (a frame being written must not be written again).
+        debug_assert_eq!(
+            self.io.writes, 0,
+            "write_back_all with write-backs in flight"
+        );
         let dirty: Vec<u32> = (0..self.frames.len() as u32)
-            .filter(|&f| self.frames[f as usize].dirty)
+            .filter(|&f| self.frames[f as usize].dirty && !self.frames[f as usize].wb_inflight)
             .collect();
         let mut n = 0;
         if dev.in_flight() != 0 {
@@ -702,6 +812,11 @@ impl L2p {
         }
         while n < max && self.pending > 0 && self.pending_cursor < self.frames.len() {
             let f = self.pending_cursor as u32;
+            if self.frames[f as usize].wb_inflight {
+                // Dirtied again while an earlier copy is being written: this copy goes
+                // out once that write completes (a later step), never beside it.
+                break;
+            }
             if self.frames[f as usize].ckpt_pending {
                 bytes += self.write_back(dev, f)?;
                 n += 1;
@@ -734,12 +849,20 @@ impl L2p {
     /// Drops a volume's map; its pool pages return after the next checkpoint.
     pub fn remove_volume(&mut self, v: VolumeId) {
         if let Some(m) = self.vols[v.0 as usize].take() {
-            self.release_pages(&m.dir, &m.ckpt_slot, &m.frame);
+            self.release_pages(v.0, 0, &m.dir, &m.ckpt_slot, &m.frame);
         }
     }
 
-    fn release_pages(&mut self, dir: &[PageDesc], ckpt: &[u32], frames: &[u32]) {
-        for ((d, &c), &f) in dir.iter().zip(ckpt).zip(frames) {
+    fn release_pages(
+        &mut self,
+        v: u32,
+        first: usize,
+        dir: &[PageDesc],
+        ckpt: &[u32],
+        frames: &[u32],
+    ) {
+        for (i, ((d, &c), &f)) in dir.iter().zip(ckpt).zip(frames).enumerate() {
+            self.forget_load(v, (first + i) as u32);
             let slot = if d.slot != L2P_SLOT_NONE { d.slot } else { c };
             if slot != L2P_SLOT_NONE {
                 self.pool_deferred.push(slot / 2);
@@ -769,7 +892,7 @@ impl L2p {
             let dir = m.dir.split_off(pages);
             let ck = m.ckpt_slot.split_off(pages);
             let fr = m.frame.split_off(pages);
-            self.release_pages(&dir, &ck, &fr);
+            self.release_pages(v.0, pages, &dir, &ck, &fr);
         } else {
             m.dir.resize(pages, PageDesc::NONE);
             m.ckpt_slot.resize(pages, L2P_SLOT_NONE);
@@ -978,6 +1101,16 @@ mod tests {
         CkptBegin,
         CkptStep,
         Resize(u8, u64),
+        /// Starts a load of the page of (volume, LBA); the device is read at once
+        /// (`true`) or when it completes.
+        StartLoad(u8, u64, bool),
+        /// Completes a load in flight (chosen by the selector), failed or not, then
+        /// installs what arrived.
+        FinishLoad(u64, bool),
+        /// Starts write-backs to keep this many frames clean.
+        StartWriteBacks(u8),
+        /// Completes a write-back in flight, failed or not.
+        FinishWriteBack(u64, bool),
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -991,6 +1124,10 @@ mod tests {
             1 => Just(Op::CkptBegin),
             3 => Just(Op::CkptStep),
             1 => (0u8..2, 1u64..6000).prop_map(|(v, s)| Op::Resize(v, s)),
+            4 => (0u8..2, 0u64..6000, any::<bool>()).prop_map(|(v, l, b)| Op::StartLoad(v, l, b)),
+            4 => (any::<u64>(), prop::bool::weighted(0.1)).prop_map(|(s, f)| Op::FinishLoad(s, f)),
+            3 => (1u8..4).prop_map(Op::StartWriteBacks),
+            4 => (any::<u64>(), prop::bool::weighted(0.1)).prop_map(|(s, f)| Op::FinishWriteBack(s, f)),
         ]
     }
 
@@ -1010,6 +1147,31 @@ mod tests {
             // Values each entry held at or after the start of the incremental checkpoint
             // in progress (absent: unmapped throughout).
             let mut since_t0: Option<HashMap<(u8, u64), std::collections::HashSet<u32>>> = None;
+            // Asynchronous I/O in flight: loads (volume, page, offset, data if read at
+            // the start) and write-backs (frame, target, data).
+            let mut loads: Vec<(u8, usize, u64, Option<Vec<u8>>)> = Vec::new();
+            let mut writes: Vec<(u32, WriteBackTarget, Vec<u8>)> = Vec::new();
+            // Completes every I/O in flight, as the engine's drain does.
+            fn drain(
+                l2p: &mut L2p,
+                dev: &mut MemDevice,
+                loads: &mut Vec<(u8, usize, u64, Option<Vec<u8>>)>,
+                writes: &mut Vec<(u32, WriteBackTarget, Vec<u8>)>,
+            ) {
+                for (f, t, data) in writes.drain(..) {
+                    dev.write_at(l2p.target_offset(&t), &data).unwrap();
+                    l2p.finish_write_back(f, t, true);
+                }
+                for (v, p, off, data) in loads.drain(..) {
+                    let data = data.unwrap_or_else(|| {
+                        let mut b = vec![0u8; PAGE_BYTES];
+                        dev.read_at(off, &mut b).unwrap();
+                        b
+                    });
+                    l2p.finish_load(VolumeId(v.into()), p, Some(&data));
+                }
+                l2p.install_arrived(dev).unwrap();
+            }
             for op in ops {
                 if let (Some(h), Op::Set(v, l, p)) = (since_t0.as_mut(), &op) {
                     // Unmapped at the start unless recorded.
@@ -1054,7 +1216,48 @@ mod tests {
                         }
                     }
                     Op::WriteBackAll => {
+                        drain(&mut l2p, &mut dev, &mut loads, &mut writes);
                         l2p.write_back_all(&mut dev).unwrap();
+                    }
+                    Op::StartLoad(v, l, read_now) => {
+                        let p = (l / L2P_ENTRIES_PER_PAGE) as usize;
+                        if let Some(off) = l2p.start_load(VolumeId(v.into()), p) {
+                            let data = read_now.then(|| {
+                                let mut b = vec![0u8; PAGE_BYTES];
+                                dev.read_at(off, &mut b).unwrap();
+                                b
+                            });
+                            loads.push((v, p, off, data));
+                        }
+                    }
+                    Op::FinishLoad(sel, fail) => {
+                        if !loads.is_empty() {
+                            let (v, p, off, data) = loads.remove(sel as usize % loads.len());
+                            let data = data.unwrap_or_else(|| {
+                                let mut b = vec![0u8; PAGE_BYTES];
+                                dev.read_at(off, &mut b).unwrap();
+                                b
+                            });
+                            l2p.finish_load(VolumeId(v.into()), p, (!fail).then_some(&data[..]));
+                            l2p.install_arrived(&mut dev).unwrap();
+                        }
+                    }
+                    Op::StartWriteBacks(n) => {
+                        let mut out = Vec::new();
+                        l2p.start_write_backs(n.into(), 2, &mut out);
+                        for (f, t) in out {
+                            writes.push((f, t, l2p.page_bytes(f).to_vec()));
+                        }
+                    }
+                    Op::FinishWriteBack(sel, fail) => {
+                        if !writes.is_empty() {
+                            let (f, t, data) = writes.remove(sel as usize % writes.len());
+                            if !fail {
+                                dev.write_at(l2p.target_offset(&t), &data).unwrap();
+                            }
+                            l2p.finish_write_back(f, t, !fail);
+                            l2p.install_arrived(&mut dev).unwrap();
+                        }
                     }
                     Op::CkptBegin => {
                         l2p.mark_checkpoint_pending();
@@ -1069,6 +1272,8 @@ mod tests {
                             l2p.write_back_pending(&mut dev, 2).unwrap();
                         }
                         if since_t0.is_some() && l2p.pending_pages() == 0 {
+                            // The commit drains the engine's I/O first.
+                            drain(&mut l2p, &mut dev, &mut loads, &mut writes);
                             // What the checkpoint would reference: every entry holds its
                             // value at the start or a later one.
                             let h = since_t0.take().unwrap();
@@ -1097,6 +1302,7 @@ mod tests {
                         if since_t0.take().is_some() {
                             l2p.clear_checkpoint_pending();
                         }
+                        drain(&mut l2p, &mut dev, &mut loads, &mut writes);
                         l2p.apply_deferred(&mut dev).unwrap();
                         prop_assert_eq!(l2p.deferred_switches().0, 0);
                         l2p.write_back_all(&mut dev).unwrap();
@@ -1129,6 +1335,7 @@ mod tests {
                     }
                 }
             }
+            drain(&mut l2p, &mut dev, &mut loads, &mut writes);
             let mut seen = 0;
             l2p.for_each_mapped(&mut dev, |v, l, p| {
                 assert_eq!(model.get(&(v.0 as u8, l.0)), Some(&p.0));

@@ -1,0 +1,149 @@
+//! Asynchronous L2P page I/O, driven from the request loop (`l2p/inflight.rs` keeps
+//! the state).
+//!
+//! Requests still run one at a time in queue order, each with its pages cached, as
+//! before. What changes is when a page gets there: the loop looks ahead in the queue
+//! and starts a read for every stored page a waiting request will need that is not
+//! cached, many at once, and holds the head request back while one of its pages is
+//! loading. With the queue at depth 128 a page miss costs the pipeline a device read
+//! in parallel with others rather than one synchronous read each on the engine
+//! thread. Likewise dirty pages near the LRU tail are written back asynchronously, so
+//! an eviction finds a clean frame instead of writing one on the spot. Pages beyond
+//! what is looked at, and every other user of the map (admin requests, checkpoints,
+//! relocations), fault synchronously as before.
+
+use shale_device::{BlockDevice, IoOp, IoRequest, ZonedDevice};
+use shale_format::{VolumeId, L2P_ENTRIES_PER_PAGE};
+
+use crate::engine::InflightIo;
+use crate::layout::BS;
+use crate::{Clock, Engine, EngineError, Request};
+
+/// Queued requests looked at for pages to load.
+const PREFETCH_REQUESTS_MAX: usize = 256;
+/// Pages of one request loaded ahead (a larger request faults the rest itself).
+const PREFETCH_PAGES_PER_REQUEST: u64 = 4;
+/// Page loads in flight at most (and at most a quarter of the page budget).
+const LOADS_MAX: usize = 64;
+/// Write-backs in flight at most (and at most a quarter of the page budget).
+const WRITE_BACKS_MAX: usize = 32;
+
+/// The L2P pages of a user request that prefetching covers: (volume, first, end).
+fn request_pages(req: &Request) -> Option<(VolumeId, u64, u64)> {
+    let (volume, offset, len) = match req {
+        Request::Read {
+            volume,
+            offset,
+            len,
+        }
+        | Request::Trim {
+            volume,
+            offset,
+            len,
+        }
+        | Request::WriteZeroes {
+            volume,
+            offset,
+            len,
+        } => (*volume, *offset, *len),
+        Request::Write {
+            volume,
+            offset,
+            data,
+            ..
+        } => (*volume, *offset, data.len() as u64),
+        _ => return None,
+    };
+    if len == 0 {
+        return None;
+    }
+    let per_page = L2P_ENTRIES_PER_PAGE * BS;
+    let first = offset / per_page;
+    let last = offset.checked_add(len - 1)? / per_page;
+    Some((
+        volume,
+        first,
+        (last + 1).min(first + PREFETCH_PAGES_PER_REQUEST),
+    ))
+}
+
+impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
+    /// A quarter of the budget for pages arriving and a quarter for pages leaving,
+    /// so the frames the requests in progress use stay cached.
+    fn loads_max(&self) -> usize {
+        (self.l2p.frames_max() / 4).clamp(1, LOADS_MAX)
+    }
+
+    /// Starts loads for the pages of queued requests not looked at yet.
+    pub(crate) fn prefetch_l2p(&mut self) -> Result<(), EngineError> {
+        self.l2p.install_arrived(&mut self.cache)?;
+        let loads_max = self.loads_max();
+        let end = self.queue.len().min(PREFETCH_REQUESTS_MAX);
+        while self.prefetched < end && self.l2p.loads_in_flight() < loads_max {
+            let Some((volume, first, last)) = request_pages(&self.queue[self.prefetched].0) else {
+                self.prefetched += 1;
+                continue;
+            };
+            if last - first > (loads_max - self.l2p.loads_in_flight()) as u64 {
+                // Not all of them fit now: look again next time.
+                break;
+            }
+            for p in first..last {
+                if let Some(offset) = self.l2p.start_load(volume, p as usize) {
+                    let tag = self.io.insert(InflightIo::L2pLoad {
+                        volume: volume.0,
+                        page: p as u32,
+                    });
+                    let buf = self.bufs.take(1);
+                    self.cache.submit(IoRequest {
+                        tag,
+                        op: IoOp::Read { offset, buf },
+                    });
+                }
+            }
+            self.prefetched += 1;
+        }
+        self.start_l2p_write_backs();
+        Ok(())
+    }
+
+    /// True when the head request `req` should wait for page loads: one of its pages
+    /// is loading, or it was not looked at yet because the loads in flight were at
+    /// their limit (its own start as those complete).
+    pub(crate) fn waits_for_l2p(&self, req: &Request) -> bool {
+        if self.l2p.loads_in_flight() == 0 {
+            return false;
+        }
+        request_pages(req).is_some_and(|(v, first, last)| {
+            self.prefetched == 0 || (first..last).any(|p| self.l2p.is_loading(v, p as usize))
+        })
+    }
+
+    /// Keeps clean frames at the LRU tail for the loads in flight and those to come.
+    fn start_l2p_write_backs(&mut self) {
+        if !self.l2p.is_full() {
+            return;
+        }
+        let max_writes = (self.l2p.frames_max() / 4).clamp(1, WRITE_BACKS_MAX);
+        if self.l2p.writes_in_flight() >= max_writes {
+            return;
+        }
+        let want = self.l2p.loads_in_flight() + 4;
+        let mut started = std::mem::take(&mut self.l2p_write_backs);
+        self.l2p.start_write_backs(want, max_writes, &mut started);
+        for (frame, target) in started.drain(..) {
+            let mut buf = self.bufs.take(1);
+            buf.copy_from_slice(self.l2p.page_bytes(frame));
+            let tag = self.io.insert(InflightIo::L2pWriteBack { frame, target });
+            self.cache.submit(IoRequest {
+                tag,
+                op: IoOp::Write {
+                    offset: self.l2p.target_offset(&target),
+                    buf,
+                    fua: false,
+                },
+            });
+        }
+        self.l2p_write_backs = started;
+    }
+}
