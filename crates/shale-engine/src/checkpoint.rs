@@ -462,7 +462,7 @@ mod tests {
                         l * 4096,
                         block(s),
                         false,
-                        Box::new(|r| assert!(r.is_ok())),
+                        crate::request::Answer::new(Box::new(|r| assert!(r.is_ok()))),
                     )
                     .unwrap();
                 assert!(waits.is_none());

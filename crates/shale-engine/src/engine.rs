@@ -21,6 +21,7 @@ use crate::l2p::L2p;
 use crate::layout::Geometry;
 use crate::read::md_cache::MdCache;
 use crate::read::reader::ReadOp;
+use crate::request::Answer;
 use crate::space::Regions;
 use crate::volume::Volumes;
 use crate::write::chunk_writer::ChunkWriter;
@@ -104,7 +105,7 @@ impl IoSlab {
 pub(crate) struct PendingWrite {
     pub asn_end: u64,
     pub fua: bool,
-    pub done: Completion,
+    pub done: Answer,
 }
 
 /// The translation layer. See the crate docs for the data path.
@@ -127,7 +128,7 @@ pub struct Engine<C: BlockDevice, Z: ZonedDevice, K: Clock> {
     pub(crate) journal: Journal,
     pub(crate) sid_next: u64,
     pub(crate) stats: Stats,
-    pub(crate) queue: VecDeque<(Request, Completion)>,
+    pub(crate) queue: VecDeque<(Request, Answer)>,
     /// Requests at the front of `queue` whose L2P pages were looked at for loading.
     pub(crate) prefetched: usize,
     /// Scratch for the L2P write-backs started in one loop iteration.
@@ -138,7 +139,7 @@ pub struct Engine<C: BlockDevice, Z: ZonedDevice, K: Clock> {
     /// `asn_next` at the last durability point.
     pub(crate) durable_asn: u64,
     pub(crate) pending_writes: VecDeque<PendingWrite>,
-    pub(crate) durable_waiters: Vec<Completion>,
+    pub(crate) durable_waiters: Vec<Answer>,
     pub(crate) flush_requested: bool,
     pub(crate) reads: Vec<Option<ReadOp>>,
     pub(crate) reads_free: Vec<u32>,
@@ -192,8 +193,9 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     /// Queues a request; `done` is called exactly once, from a later `poll` (or at once
     /// if the engine has failed).
     pub fn submit(&mut self, req: Request, done: Completion) {
+        let done = Answer::new(done);
         if let Some(reason) = &self.fatal {
-            done(Err(EngineError::Failed {
+            done.send(Err(EngineError::Failed {
                 reason: reason.clone(),
             }));
             return;
@@ -334,19 +336,19 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             reason: reason.clone(),
         };
         for (_, done) in self.queue.drain(..) {
-            done(Err(err()));
+            done.send(Err(err()));
         }
         self.prefetched = 0;
         for w in self.pending_writes.drain(..) {
-            (w.done)(Err(err()));
+            w.done.send(Err(err()));
         }
         for d in self.durable_waiters.drain(..) {
-            d(Err(err()));
+            d.send(Err(err()));
         }
         for r in self.reads.iter_mut() {
             if let Some(op) = r.take() {
                 if let Some(d) = op.done {
-                    d(Err(err()));
+                    d.send(Err(err()));
                 }
             }
         }
@@ -504,7 +506,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 self.durable_waiters.push(w.done);
                 self.flush_requested = true;
             } else {
-                (w.done)(Ok(Reply::Done));
+                w.done.send(Ok(Reply::Done));
             }
         }
     }
@@ -512,7 +514,11 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     fn process_requests(&mut self) -> Result<bool, EngineError> {
         let mut progress = false;
         self.user_blocked = false;
-        self.prefetch_l2p()?;
+        if self.prefetch_l2p()? {
+            // Hands the loads to the devices now (and takes those already done: a
+            // memory device completes them at once) rather than a loop iteration later.
+            self.reap(0)?;
+        }
         for _ in 0..self.config.requests_per_poll_max {
             if self
                 .queue
@@ -545,8 +551,8 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     fn dispatch(
         &mut self,
         req: Request,
-        done: Completion,
-    ) -> Result<Option<(Request, Completion)>, EngineError> {
+        done: Answer,
+    ) -> Result<Option<(Request, Answer)>, EngineError> {
         match req {
             Request::Read {
                 volume,
@@ -567,7 +573,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 len,
             } => {
                 let r = self.trim(volume, offset, len, false);
-                done(r.map(|_| Reply::Done));
+                done.send(r.map(|_| Reply::Done));
             }
             Request::WriteZeroes {
                 volume,
@@ -585,7 +591,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                     )));
                 }
                 let r = self.trim(volume, offset, len, true);
-                done(r.map(|_| Reply::Done));
+                done.send(r.map(|_| Reply::Done));
             }
             Request::Flush => {
                 self.durable_waiters.push(done);
@@ -593,29 +599,29 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             }
             Request::CreateVolume { name, size_bytes } => {
                 let r = self.create_volume(&name, size_bytes);
-                done(r.map(Reply::Volume));
+                done.send(r.map(Reply::Volume));
             }
             Request::ResizeVolume { volume, size_bytes } => {
                 let r = self.resize_volume(volume, size_bytes);
-                done(r.map(Reply::Volume));
+                done.send(r.map(Reply::Volume));
             }
             Request::DeleteVolume { volume } => {
                 let r = self.delete_volume(volume);
-                done(r.map(|_| Reply::Done));
+                done.send(r.map(|_| Reply::Done));
             }
-            Request::ListVolumes => done(Ok(Reply::Volumes(self.volume_list()))),
+            Request::ListVolumes => done.send(Ok(Reply::Volumes(self.volume_list()))),
             Request::Allocation {
                 volume,
                 offset,
                 len,
             } => {
                 let r = self.allocation(volume, offset, len);
-                done(r.map(Reply::Allocation));
+                done.send(r.map(Reply::Allocation));
             }
-            Request::Stats => done(Ok(Reply::Stats(Box::new(self.stats())))),
+            Request::Stats => done.send(Ok(Reply::Stats(Box::new(self.stats())))),
             Request::SelfCheck => {
                 let r = self.self_check();
-                done(r.map(|_| Reply::Done).map_err(EngineError::from));
+                done.send(r.map(|_| Reply::Done).map_err(EngineError::from));
             }
         }
         Ok(None)
@@ -702,7 +708,23 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
 
     /// Stops without any further I/O and returns the devices as they are: what a crash
     /// leaves behind (for tests and simulators). Queued requests are dropped uncompleted.
-    pub fn abandon(self) -> (C, Z) {
+    pub fn abandon(mut self) -> (C, Z) {
+        // Requests in flight stay unanswered, as a process that died would leave them
+        // (dropped, they would answer `Failed`).
+        for (_, d) in self.queue.drain(..) {
+            d.disarm();
+        }
+        for w in self.pending_writes.drain(..) {
+            w.done.disarm();
+        }
+        for d in self.durable_waiters.drain(..) {
+            d.disarm();
+        }
+        for r in self.reads.iter_mut() {
+            if let Some(d) = r.take().and_then(|op| op.done) {
+                d.disarm();
+            }
+        }
         (self.cache, self.capacity)
     }
 }

@@ -141,7 +141,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     pub(crate) fn complete_durable_waiters(&mut self) {
         self.complete_writes();
         for d in self.durable_waiters.drain(..) {
-            d(Ok(Reply::Done));
+            d.send(Ok(Reply::Done));
         }
     }
 

@@ -74,9 +74,11 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         (self.l2p.frames_max() / 4).clamp(1, LOADS_MAX)
     }
 
-    /// Starts loads for the pages of queued requests not looked at yet.
-    pub(crate) fn prefetch_l2p(&mut self) -> Result<(), EngineError> {
+    /// Starts loads for the pages of queued requests not looked at yet. Returns true
+    /// if it started any.
+    pub(crate) fn prefetch_l2p(&mut self) -> Result<bool, EngineError> {
         self.l2p.install_arrived(&mut self.cache)?;
+        let mut started = false;
         let loads_max = self.loads_max();
         let end = self.queue.len().min(PREFETCH_REQUESTS_MAX);
         while self.prefetched < end && self.l2p.loads_in_flight() < loads_max {
@@ -99,12 +101,13 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                         tag,
                         op: IoOp::Read { offset, buf },
                     });
+                    started = true;
                 }
             }
             self.prefetched += 1;
         }
         self.start_l2p_write_backs();
-        Ok(())
+        Ok(started)
     }
 
     /// True when the head request `req` should wait for page loads: one of its pages

@@ -96,3 +96,70 @@ pub struct Extent {
 
 /// Called exactly once when a request finishes.
 pub type Completion = Box<dyn FnOnce(Result<Reply, EngineError>) + Send>;
+
+/// A request's completion while the engine holds it. Dropped without an answer (an
+/// error path that forgot it, or an engine dropped with requests in it) it answers
+/// `Failed`, so no request can be lost and leave its client waiting forever; only
+/// `Engine::abandon` (a simulated crash) silences the ones still held.
+pub(crate) struct Answer(Option<Completion>);
+
+impl Answer {
+    pub fn new(done: Completion) -> Answer {
+        Answer(Some(done))
+    }
+
+    /// Answers the request.
+    pub fn send(mut self, r: Result<Reply, EngineError>) {
+        if let Some(done) = self.0.take() {
+            done(r);
+        }
+    }
+
+    /// Drops the completion without calling it (the process "crashed").
+    pub fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Answer {
+    fn drop(&mut self) {
+        if let Some(done) = self.0.take() {
+            done(Err(EngineError::Failed {
+                reason: "the engine dropped this request without answering it".into(),
+            }));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+
+    type Log = Arc<Mutex<Vec<Result<Reply, EngineError>>>>;
+
+    fn recorder() -> (Completion, Log) {
+        let got: Log = Arc::new(Mutex::new(Vec::new()));
+        let g = Arc::clone(&got);
+        let c: Completion = Box::new(move |r| g.lock().unwrap().push(r));
+        (c, got)
+    }
+
+    #[test]
+    fn an_answer_is_sent_once_and_a_dropped_one_says_failed() {
+        let (c, got) = recorder();
+        Answer::new(c).send(Ok(Reply::Done));
+        assert!(matches!(got.lock().unwrap()[..], [Ok(Reply::Done)]));
+
+        let (c, got) = recorder();
+        drop(Answer::new(c));
+        assert!(matches!(
+            got.lock().unwrap()[..],
+            [Err(EngineError::Failed { .. })]
+        ));
+
+        let (c, got) = recorder();
+        Answer::new(c).disarm();
+        assert!(got.lock().unwrap().is_empty());
+    }
+}

@@ -8,10 +8,11 @@ use shale_format::{
 
 use crate::engine::InflightIo;
 use crate::layout::{Groups, BS};
-use crate::{Clock, Completion, Engine, EngineError, Reply};
+use crate::request::Answer;
+use crate::{Clock, Engine, EngineError, Reply};
 
 pub(crate) struct ReadOp {
-    pub done: Option<Completion>,
+    pub done: Option<Answer>,
     pub data: Vec<u8>,
     pub volume: VolumeId,
     pub first_lba: u64,
@@ -51,10 +52,10 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         volume: VolumeId,
         offset: u64,
         len: u64,
-        done: Completion,
+        done: Answer,
     ) -> Result<(), EngineError> {
         if let Err(e) = self.check_range(volume, offset, len, true) {
-            done(Err(e));
+            done.send(Err(e));
             return Ok(());
         }
         self.stats.user_read_bytes += len;
@@ -141,7 +142,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             None => Ok(Reply::Read(std::mem::take(&mut op.data))),
         };
         if let Some(d) = op.done.take() {
-            d(r);
+            d.send(r);
         }
     }
 

@@ -6,7 +6,8 @@ use shale_format::{JournalRecord, Lba, Pba, VolumeId, BLOCK_SIZE, L2P_ENTRIES_PE
 
 use crate::engine::PendingWrite;
 use crate::layout::BS;
-use crate::{Clock, Completion, Engine, EngineError, Request};
+use crate::request::Answer;
+use crate::{Clock, Engine, EngineError, Request};
 
 impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     /// Checks volume, range and size limits of a data request.
@@ -50,11 +51,11 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         offset: u64,
         data: Vec<u8>,
         fua: bool,
-        done: Completion,
-    ) -> Result<Option<(Request, Completion)>, EngineError> {
+        done: Answer,
+    ) -> Result<Option<(Request, Answer)>, EngineError> {
         let len = data.len() as u64;
         if let Err(e) = self.check_range(volume, offset, len, true) {
-            done(Err(e));
+            done.send(Err(e));
             return Ok(None);
         }
         let first = offset / BS;
@@ -76,7 +77,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         if let Err(e) = self.write_range(volume, offset, &data, false) {
             // The error fails the engine (the caller records it); this request learns
             // of it here, since it is in no queue `fail` drains.
-            done(Err(EngineError::Failed {
+            done.send(Err(EngineError::Failed {
                 reason: e.to_string(),
             }));
             return Err(e);
