@@ -48,7 +48,13 @@ pub(crate) struct InflightPages {
     arrived: VecDeque<(PageKey, Box<[u8; PAGE_BYTES]>)>,
     /// Write-backs in flight.
     pub(super) writes: usize,
+    /// Calls of `install_arrived` in a row that found no clean frame.
+    install_tries: u32,
 }
+
+/// Calls of `install_arrived` that may wait for a write-back to clean a frame before a
+/// dirty one is written back synchronously instead.
+const INSTALL_TRIES_MAX: u32 = 64;
 
 impl L2p {
     /// Starts loading page `p` of `v` when that saves a synchronous fault: the page is
@@ -169,13 +175,20 @@ impl L2p {
             };
             let f = match self.take_clean_frame() {
                 Some(f) => f,
-                None if self.io.writes == 0 => {
+                // With no write-back in flight to make a clean frame, or after many
+                // tries (background relocations may dirty the frames being cleaned
+                // again), a dirty page is written back on the spot.
+                None if self.io.writes == 0 || self.io.install_tries >= INSTALL_TRIES_MAX => {
                     let (f, w) = self.take_frame(dev)?;
                     written += w;
                     f
                 }
-                None => break,
+                None => {
+                    self.io.install_tries += 1;
+                    break;
+                }
             };
+            self.io.install_tries = 0;
             let Some((_, page)) = self.io.arrived.pop_front() else {
                 break;
             };

@@ -1345,6 +1345,52 @@ mod tests {
         }
     }
 
+    /// A loaded page waits for a write-back to clean a frame, but not forever: after
+    /// `INSTALL_TRIES_MAX` tries it writes a dirty page back itself.
+    #[test]
+    fn an_arrived_page_gets_a_frame_even_while_write_backs_lag() {
+        let mut dev = MemDevice::new(64 * 4096, 4096).unwrap();
+        let mut l2p = L2p::new(1, 30, 3, 0);
+        l2p.add_volume(VolumeId(0), 8 * 1024);
+        // Page 3 is stored; pages 0..3 fill the three frames, all dirty.
+        l2p.set(&mut dev, VolumeId(0), Lba(3 * 1024), Pba(33))
+            .unwrap();
+        l2p.write_back_all(&mut dev).unwrap();
+        for p in 0..3u64 {
+            l2p.set(&mut dev, VolumeId(0), Lba(p * 1024), Pba(p as u32))
+                .unwrap();
+        }
+        let mut out = Vec::new();
+        l2p.start_write_backs(1, 1, &mut out);
+        assert_eq!(out.len(), 1);
+        let off = l2p.start_load(VolumeId(0), 3).unwrap();
+        let mut b = vec![0u8; PAGE_BYTES];
+        dev.read_at(off, &mut b).unwrap();
+        l2p.finish_load(VolumeId(0), 3, Some(&b));
+        assert!(l2p.is_loading(VolumeId(0), 3), "no clean frame: it waits");
+        let mut calls = 1;
+        while l2p.is_loading(VolumeId(0), 3) {
+            l2p.install_arrived(&mut dev).unwrap();
+            calls += 1;
+            assert!(calls < 100, "never installed");
+        }
+        assert!(calls > 60, "installed after {calls} calls");
+        assert_eq!(
+            l2p.get(&mut dev, VolumeId(0), Lba(3 * 1024)).unwrap(),
+            Some(Pba(33))
+        );
+        let (f, t) = out[0];
+        let page = l2p.page_bytes(f).to_vec();
+        dev.write_at(l2p.target_offset(&t), &page).unwrap();
+        l2p.finish_write_back(f, t, true);
+        for p in 0..3u64 {
+            assert_eq!(
+                l2p.get(&mut dev, VolumeId(0), Lba(p * 1024)).unwrap(),
+                Some(Pba(p as u32))
+            );
+        }
+    }
+
     /// A write-back whose device write fails leaves that page dirty (and its new
     /// pool page free again); the next write-back writes it, and every page faults
     /// back in with its values.
