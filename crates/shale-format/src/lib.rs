@@ -33,8 +33,9 @@ pub use journal::{
 pub use l2p_dir::{L2pDirectory, PageDesc, L2P_DIR_HEADER_LEN, L2P_DIR_MAGIC, L2P_SLOT_NONE};
 pub use label::{CapacityLabel, LABEL_COPIES, LABEL_MAGIC, LABEL_VERSION};
 pub use md::{
-    decode_md, decode_md_entry, decode_md_header, encode_md, seal_md, write_md_entry, EntryKind,
-    MdEntry, MdHeader, MdRegionKind, MD_ENTRY_LEN, MD_HEADER_LEN, MD_MAGIC, MD_VERSION,
+    decode_md, decode_md_entry, decode_md_header, encode_md, md_claimed_generation, seal_md,
+    write_md_entry, EntryKind, MdEntry, MdHeader, MdRegionKind, MD_ENTRY_LEN, MD_HEADER_LEN,
+    MD_MAGIC, MD_VERSION,
 };
 pub use region_table::{
     decode_region_table, encode_region_table, RegionEntry, RegionRole, RegionState,

@@ -3,7 +3,8 @@
 
 use shale_device::{BlockDevice, IoBuf, IoOp, IoRequest, ZoneOp, ZoneRequest, ZonedDevice};
 use shale_format::{
-    decode_md_entry, decode_md_header, EntryKind, Lba, Pba, RegionId, VolumeId, BLOCK_SIZE,
+    decode_md_entry, decode_md_header, md_claimed_generation, EntryKind, Lba, Pba, RegionId,
+    VolumeId, BLOCK_SIZE,
 };
 
 use crate::engine::InflightIo;
@@ -350,36 +351,41 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             }
         };
         let at = self.md_offset(key);
-        let a = decode_md_header(&two[..BLOCK_SIZE], at).and_then(|h| stale(h, at));
-        let b = decode_md_header(&two[BLOCK_SIZE..2 * BLOCK_SIZE], at + BS)
-            .and_then(|h| stale(h, at + BS));
-        let pick = match (&a, &b) {
-            (Ok(ha), Ok(hb)) => usize::from(hb.generation > ha.generation),
-            (Ok(_), Err(_)) => 0,
-            (Err(_), Ok(_)) => 1,
-            (Err(e), Err(_)) => {
-                return Err(EngineError::MdCorrupt {
-                    pba: key,
-                    source: e.clone(),
-                })
-            }
+        let copy = |i: usize| &two[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE];
+        let decode = |i: usize| {
+            let at = at + i as u64 * BS;
+            decode_md_header(copy(i), at).and_then(|h| stale(h, at))
         };
-        let hdr = if pick == 0 { a } else { b };
-        if let Ok(h) = hdr {
-            if h.region != region || h.group != g {
-                return Err(EngineError::MdCorrupt {
-                    pba: key,
-                    source: shale_format::FormatError::InvalidField {
-                        structure: shale_format::Structure::MdBlock,
-                        at,
-                        field: "region/group",
-                        reason: format!(
-                            "names {} group {}, expected {region} group {g}",
-                            h.region, h.group
-                        ),
-                    },
-                });
-            }
+        // The valid copy of this life of the region with the higher generation wins.
+        // The copy claiming the higher generation is checked first: intact and of this
+        // life, it is the answer whatever the other holds, so the other's CRC is
+        // computed only when it is not (ties go to copy A, as zone groups write both).
+        let first = usize::from(md_claimed_generation(copy(1)) > md_claimed_generation(copy(0)));
+        let (pick, h) = match decode(first) {
+            Ok(h) => (first, h),
+            Err(e_first) => match decode(1 - first) {
+                Ok(h) => (1 - first, h),
+                Err(e_other) => {
+                    return Err(EngineError::MdCorrupt {
+                        pba: key,
+                        source: if first == 0 { e_first } else { e_other },
+                    })
+                }
+            },
+        };
+        if h.region != region || h.group != g {
+            return Err(EngineError::MdCorrupt {
+                pba: key,
+                source: shale_format::FormatError::InvalidField {
+                    structure: shale_format::Structure::MdBlock,
+                    at,
+                    field: "region/group",
+                    reason: format!(
+                        "names {} group {}, expected {region} group {g}",
+                        h.region, h.group
+                    ),
+                },
+            });
         }
         let mut out = Box::new([0u8; BLOCK_SIZE]);
         out.copy_from_slice(&two[pick * BLOCK_SIZE..(pick + 1) * BLOCK_SIZE]);
