@@ -332,26 +332,26 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
 
     fn fail_queued(&mut self) {
         let reason = self.fatal.clone().unwrap_or_default();
-        let err = || EngineError::Failed {
-            reason: reason.clone(),
-        };
-        for (_, done) in self.queue.drain(..) {
-            done.send(Err(err()));
+        for done in self.take_answers() {
+            done.send(Err(EngineError::Failed {
+                reason: reason.clone(),
+            }));
         }
+    }
+
+    /// Every request the engine holds, unanswered, in the order they are answered on
+    /// failure: queued, writes waiting for their blocks, flush waiters, reads.
+    fn take_answers(&mut self) -> Vec<Answer> {
+        let mut out: Vec<Answer> = self.queue.drain(..).map(|(_, d)| d).collect();
         self.prefetched = 0;
-        for w in self.pending_writes.drain(..) {
-            w.done.send(Err(err()));
-        }
-        for d in self.durable_waiters.drain(..) {
-            d.send(Err(err()));
-        }
-        for r in self.reads.iter_mut() {
-            if let Some(op) = r.take() {
-                if let Some(d) = op.done {
-                    d.send(Err(err()));
-                }
-            }
-        }
+        out.extend(self.pending_writes.drain(..).map(|w| w.done));
+        out.append(&mut self.durable_waiters);
+        out.extend(
+            self.reads
+                .iter_mut()
+                .filter_map(|r| r.take().and_then(|op| op.done)),
+        );
+        out
     }
 
     /// Reaps device completions, waiting for `min` if I/O is in flight.
@@ -711,19 +711,8 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     pub fn abandon(mut self) -> (C, Z) {
         // Requests in flight stay unanswered, as a process that died would leave them
         // (dropped, they would answer `Failed`).
-        for (_, d) in self.queue.drain(..) {
+        for d in self.take_answers() {
             d.disarm();
-        }
-        for w in self.pending_writes.drain(..) {
-            w.done.disarm();
-        }
-        for d in self.durable_waiters.drain(..) {
-            d.disarm();
-        }
-        for r in self.reads.iter_mut() {
-            if let Some(d) = r.take().and_then(|op| op.done) {
-                d.disarm();
-            }
         }
         (self.cache, self.capacity)
     }

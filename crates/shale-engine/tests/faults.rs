@@ -64,6 +64,32 @@ fn call(e: &mut FEng, req: Request) -> Result<Reply, EngineError> {
     panic!("request never completed");
 }
 
+/// Writes one 4 KiB block of `pattern(seed)` at `offset`.
+fn write_block(e: &mut FEng, v: VolumeId, offset: u64, seed: u64) -> Result<Reply, EngineError> {
+    call(
+        e,
+        Request::Write {
+            volume: v,
+            offset,
+            data: pattern(seed, 4096),
+            fua: false,
+        },
+    )
+}
+
+/// Creates volume 0 of `bytes`.
+fn create_volume(e: &mut FEng, bytes: u64) -> VolumeId {
+    call(
+        e,
+        Request::CreateVolume {
+            name: "a".into(),
+            size_bytes: bytes,
+        },
+    )
+    .unwrap();
+    VolumeId(0)
+}
+
 #[test]
 fn late_and_reordered_completions() {
     let (mut e, cc, zc) = fault_engine(11);
@@ -262,39 +288,14 @@ fn a_write_error_stops_the_engine_cleanly() {
 #[test]
 fn a_write_failing_its_l2p_fault_is_answered() {
     let (mut e, cc, _zc) = fault_engine(7);
-    let v = VolumeId(0);
-    call(
-        &mut e,
-        Request::CreateVolume {
-            name: "a".into(),
-            size_bytes: 4 << 20,
-        },
-    )
-    .unwrap();
+    let v = create_volume(&mut e, 4 << 20);
     for i in 0..64u64 {
-        call(
-            &mut e,
-            Request::Write {
-                volume: v,
-                offset: i * 16 * 4096,
-                data: pattern(i, 4096),
-                fua: false,
-            },
-        )
-        .unwrap();
+        write_block(&mut e, v, i * 16 * 4096, i).unwrap();
     }
     let mut e = reopen(e);
     // Every cache read fails from now on: the next write's L2P page fault among them.
     fail_all(&cc, true);
-    let r = call(
-        &mut e,
-        Request::Write {
-            volume: v,
-            offset: 4096,
-            data: pattern(99, 4096),
-            fua: false,
-        },
-    );
+    let r = write_block(&mut e, v, 4096, 99);
     assert!(r.is_err(), "{r:?}");
     let r = call(&mut e, Request::Flush);
     assert!(matches!(r, Err(EngineError::Failed { .. })), "{r:?}");
@@ -306,27 +307,10 @@ fn a_write_failing_its_l2p_fault_is_answered() {
 #[test]
 fn a_failed_page_load_falls_back_to_the_synchronous_fault() {
     let (mut e, cc, _zc) = fault_engine(11);
-    let v = VolumeId(0);
-    call(
-        &mut e,
-        Request::CreateVolume {
-            name: "a".into(),
-            size_bytes: 12 << 20,
-        },
-    )
-    .unwrap();
+    let v = create_volume(&mut e, 12 << 20);
     // One block in each of the volume's three L2P pages (1024 blocks each).
     for page in 0..3u64 {
-        call(
-            &mut e,
-            Request::Write {
-                volume: v,
-                offset: page * 1024 * 4096,
-                data: pattern(page, 4096),
-                fua: false,
-            },
-        )
-        .unwrap();
+        write_block(&mut e, v, page * 1024 * 4096, page).unwrap();
     }
     let mut e = reopen(e);
     // The next cache read fails once: the load of page 0 started for the write below.
@@ -337,27 +321,9 @@ fn a_failed_page_load_falls_back_to_the_synchronous_fault() {
         len: u64::MAX / 2,
         remaining: Some(1),
     });
-    call(
-        &mut e,
-        Request::Write {
-            volume: v,
-            offset: 4096,
-            data: pattern(10, 4096),
-            fua: false,
-        },
-    )
-    .unwrap();
+    write_block(&mut e, v, 4096, 10).unwrap();
     let ahead = e.stats().l2p_page_reads_ahead;
-    call(
-        &mut e,
-        Request::Write {
-            volume: v,
-            offset: 1024 * 4096 + 4096,
-            data: pattern(11, 4096),
-            fua: false,
-        },
-    )
-    .unwrap();
+    write_block(&mut e, v, 1024 * 4096 + 4096, 11).unwrap();
     assert_eq!(e.stats().l2p_page_reads_ahead, ahead + 1);
     for (off, seed) in [
         (0, 0),

@@ -212,6 +212,14 @@ fn long_crash_runs() {
     }
 }
 
+/// Runs one seed (a regression) and expects no violation.
+fn replays_clean(mode: Mode, generations: u32, seed: u64) {
+    let mut cfg = SimConfig::fast(mode);
+    cfg.generations = generations;
+    let r = run(seed, &cfg);
+    assert!(r.violation.is_none(), "{}", r.violation.unwrap());
+}
+
 /// Runs seeds aimed at one kind of crash point; returns every violation.
 fn aimed(only: &str, seeds: &[u64], generations: u32) -> Vec<Violation> {
     let mut cfg = SimConfig::fast(Mode::Crash);
@@ -255,10 +263,7 @@ fn recovery_never_overwrites_the_checkpoint_the_superblock_names() {
 /// calls in one poll).
 #[test]
 fn an_io_error_inside_a_volume_change_does_not_hang_the_engine() {
-    let mut cfg = SimConfig::fast(Mode::Errors);
-    cfg.generations = 20;
-    let r = run(5015, &cfg);
-    assert!(r.violation.is_none(), "{}", r.violation.unwrap());
+    replays_clean(Mode::Errors, 20, 5015);
 }
 
 /// Regression (found by the long run): a clean shutdown's checkpoint records zones
@@ -269,10 +274,7 @@ fn an_io_error_inside_a_volume_change_does_not_hang_the_engine() {
 /// Free zones that are not empty.
 #[test]
 fn a_clean_open_never_reuses_a_free_zone_that_was_not_reset() {
-    let mut cfg = SimConfig::fast(Mode::Crash);
-    cfg.generations = 100;
-    let r = run(100_279, &cfg);
-    assert!(r.violation.is_none(), "{}", r.violation.unwrap());
+    replays_clean(Mode::Crash, 100, 100_279);
 }
 
 /// Regression (a false violation of the oracle): a write-zeroes failed on an
@@ -281,10 +283,7 @@ fn a_clean_open_never_reuses_a_free_zone_that_was_not_reset() {
 /// A failed request now leaves each block old or new, and the cycle ends in a crash.
 #[test]
 fn a_failed_request_leaves_each_block_old_or_new() {
-    let mut cfg = SimConfig::fast(Mode::Errors);
-    cfg.generations = 100;
-    let r = run(32, &cfg);
-    assert!(r.violation.is_none(), "{}", r.violation.unwrap());
+    replays_clean(Mode::Errors, 100, 32);
 }
 
 /// Regression (found by this simulator): a write whose L2P page fault met an injected
@@ -294,10 +293,7 @@ fn a_failed_request_leaves_each_block_old_or_new() {
 /// never answered at once.
 #[test]
 fn a_write_failing_inside_the_engine_is_answered() {
-    let mut cfg = SimConfig::fast(Mode::Errors);
-    cfg.generations = 8;
-    let r = run(730_081, &cfg);
-    assert!(r.violation.is_none(), "{}", r.violation.unwrap());
+    replays_clean(Mode::Errors, 8, 730_081);
 }
 
 /// The harness has teeth: with a cache device that acknowledges flushes without

@@ -105,6 +105,17 @@ impl L2p {
         self.io.failed.remove(&(v, p));
     }
 
+    /// The map slot of a page that exists and is not cached (empty or its deferred
+    /// chain): where a loaded copy may be installed.
+    fn uncached_slot(&self, (v, p): PageKey) -> Option<u32> {
+        self.vols
+            .get(v as usize)
+            .and_then(Option::as_ref)
+            .and_then(|m| m.frame.get(p as usize))
+            .copied()
+            .filter(|&c| !matches!(slot_of(c), Slot::Frame(_)))
+    }
+
     /// The load of page `p` of `v` completed with `data` (`None`: the read failed).
     /// A current, intact page is cached in a clean frame, or waits in memory for one
     /// (`install_arrived`) rather than write a dirty page back on the spot.
@@ -113,28 +124,19 @@ impl L2p {
         let Some(load) = self.io.loads.get(&key) else {
             return;
         };
+        let stale = load.stale;
         let intact =
             data.filter(|d| d.len() == PAGE_BYTES && shale_format::crc32c(d) == load.desc.crc32c);
-        if load.stale || intact.is_none() {
-            if !load.stale {
+        let Some(d) = intact.filter(|_| !stale) else {
+            if !stale {
                 self.io.failed.insert(key);
             }
             self.io.loads.remove(&key);
             return;
-        }
-        let Some(d) = intact else {
-            return;
         };
         self.counters.page_reads += 1;
         self.counters.reads_ahead += 1;
-        let cur = self
-            .vols
-            .get(key.0 as usize)
-            .and_then(Option::as_ref)
-            .and_then(|m| m.frame.get(p))
-            .copied()
-            .filter(|&c| !matches!(slot_of(c), Slot::Frame(_)));
-        let Some(cur) = cur else {
+        let Some(cur) = self.uncached_slot(key) else {
             self.io.loads.remove(&key);
             return;
         };
@@ -161,14 +163,7 @@ impl L2p {
         while let Some((key, _)) = self.io.arrived.front() {
             let key = *key;
             let current = self.io.loads.get(&key).is_some_and(|l| !l.stale);
-            let cur = self
-                .vols
-                .get(key.0 as usize)
-                .and_then(Option::as_ref)
-                .and_then(|m| m.frame.get(key.1 as usize))
-                .copied()
-                .filter(|&c| !matches!(slot_of(c), Slot::Frame(_)));
-            let (Some(cur), true) = (cur, current) else {
+            let (Some(cur), true) = (self.uncached_slot(key), current) else {
                 self.io.arrived.pop_front();
                 self.io.loads.remove(&key);
                 continue;

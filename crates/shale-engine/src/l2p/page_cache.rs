@@ -468,33 +468,20 @@ impl L2p {
         if let Some(f) = self.take_clean_frame() {
             return Ok((f, 0));
         }
-        let (mut clean, mut dirty) = (FRAME_NONE, FRAME_NONE);
+        // None clean near the tail: the least recently used frame not being written
+        // (written back first if dirty).
         let mut f = self.tail;
-        let mut seen = 0;
-        while f != FRAME_NONE && (seen < EVICT_SCAN || dirty == FRAME_NONE) {
-            let fr = &self.frames[f as usize];
-            if !fr.wb_inflight {
-                if !fr.dirty {
-                    clean = f;
-                    break;
-                }
-                if dirty == FRAME_NONE {
-                    dirty = f;
-                }
-            }
-            seen += 1;
-            f = fr.prev;
+        while f != FRAME_NONE && self.frames[f as usize].wb_inflight {
+            f = self.frames[f as usize].prev;
         }
-        let mut written = 0;
-        let f = if clean != FRAME_NONE {
-            clean
-        } else if dirty != FRAME_NONE {
-            written += self.write_back(dev, dirty)?;
-            dirty
-        } else {
+        if f == FRAME_NONE {
             // Write-backs in flight are capped well below the budget (prefetch.rs).
             panic!("every L2P frame is being written back");
-        };
+        }
+        let mut written = 0;
+        if self.frames[f as usize].dirty {
+            written += self.write_back(dev, f)?;
+        }
         self.detach(f);
         Ok((f, written))
     }
