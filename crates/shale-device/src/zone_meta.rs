@@ -141,7 +141,7 @@ pub(crate) fn encode_geometry(g: &MetaGeometry, block: &mut [u8]) {
     put_u64(block, 56, g.data_offset);
     put_u64(block, 64, g.format_id);
     // 72..124 reserved, zero.
-    let crc = crc32c::crc32c(&block[..124]);
+    let crc = crc_fast::crc32_iscsi(&block[..124]);
     put_u32(block, 124, crc);
 }
 
@@ -163,7 +163,7 @@ pub(crate) fn decode_geometry(block: &[u8]) -> Result<MetaGeometry, DeviceError>
         )));
     }
     let stored = le_u32(block, 124);
-    let computed = crc32c::crc32c(&block[..124]);
+    let computed = crc_fast::crc32_iscsi(&block[..124]);
     if stored != computed {
         return Err(corrupt(format!(
             "geometry block checksum mismatch: stored {stored:#010x}, computed {computed:#010x}"
@@ -230,9 +230,16 @@ pub(crate) fn encode_table(
         // at+1..at+8 reserved, zero.
         put_u64(slot, at + 8, e.wp);
     }
-    let mut crc = crc32c::crc32c(&slot[..60]);
-    crc = crc32c::crc32c_append(crc, &slot[TABLE_HEADER_BYTES..body_end]);
+    let crc = table_crc(slot, body_end);
     put_u32(slot, 60, crc);
+}
+
+/// CRC32C of a table slot's header (before the CRC field) and its entries.
+fn table_crc(slot: &[u8], body_end: usize) -> u32 {
+    let mut d = crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc32Iscsi);
+    d.update(&slot[..60]);
+    d.update(&slot[TABLE_HEADER_BYTES..body_end]);
+    d.finalize() as u32
 }
 
 /// Parses one table slot and checks it against the geometry; returns its
@@ -267,10 +274,7 @@ pub(crate) fn decode_table(
         )));
     }
     let stored = le_u32(slot, 60);
-    let computed = crc32c::crc32c_append(
-        crc32c::crc32c(&slot[..60]),
-        &slot[TABLE_HEADER_BYTES..body_end],
-    );
+    let computed = table_crc(slot, body_end);
     if stored != computed {
         return Err(corrupt(format!(
             "zone table checksum mismatch: stored {stored:#010x}, computed {computed:#010x}"

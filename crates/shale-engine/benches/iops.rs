@@ -408,7 +408,7 @@ fn print_phase(name: &str, p: &Phase) {
     let hits = a.l2p_hits - b.l2p_hits;
     let misses = a.l2p_misses - b.l2p_misses;
     println!(
-        "{name:<13} {:>9.0} IOPS  CPU/IO {:>5.2} µs thread, {:>5.2} µs process  p50 {:>8}  p99 {:>8}  max {:>8}  load {}  [{:.1} s, layer WAF {:.2}, GC victims {}, durability points {}, L2P hit {:.1}%]",
+        "{name:<13} {:>9.0} IOPS  CPU/IO {:>5.2} µs thread, {:>5.2} µs process  p50 {:>8}  p99 {:>8}  max {:>8}  load {}  [{:.1} s, layer WAF {:.2}, GC victims {}, durability points {}, L2P hit {:.1}%, page reads {} ({} ahead), writes {} ({} ahead)]",
         p.iops(),
         p.thread_cpu_us_per_io(),
         p.cpu_us_per_io(),
@@ -421,6 +421,10 @@ fn print_phase(name: &str, p: &Phase) {
         a.gc_victims - b.gc_victims,
         a.durability_points - b.durability_points,
         100.0 * hits as f64 / (hits + misses).max(1) as f64,
+        a.l2p_page_reads - b.l2p_page_reads,
+        a.l2p_page_reads_ahead - b.l2p_page_reads_ahead,
+        a.l2p_page_writes - b.l2p_page_writes,
+        a.l2p_page_writes_ahead - b.l2p_page_writes_ahead,
     );
 }
 

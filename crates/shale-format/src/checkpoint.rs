@@ -187,7 +187,7 @@ impl Checkpoint {
                 need: BLOCK_SIZE.saturating_add(payload_len),
             })?;
         let payload = &buf[BLOCK_SIZE..end];
-        let got = crc32c::crc32c(payload);
+        let got = crate::crc32c(payload);
         if got != header.payload_crc {
             return Err(FormatError::ChecksumMismatch {
                 structure: s,
@@ -248,7 +248,7 @@ impl<E, F: FnMut(u64, &[u8]) -> Result<(), E>> Pieces<'_, E, F> {
         if self.err.is_some() {
             return;
         }
-        self.crc = crc32c::crc32c_append(self.crc, b);
+        self.crc = crate::crc32c_append(self.crc, b);
         self.payload += b.len() as u64;
         while !b.is_empty() {
             let n = b.len().min(self.buf.len() - self.fill);

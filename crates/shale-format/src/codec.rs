@@ -131,17 +131,17 @@ pub(crate) fn sealed_chunks(
     f: &mut dyn FnMut(&[u8]),
 ) {
     debug_assert_eq!(&header[8..12], &[0; 4]);
-    let mut crc = crc32c::crc32c(header);
-    body(&mut |b| crc = crc32c::crc32c_append(crc, b));
+    let mut crc = crate::crc32c(header);
+    body(&mut |b| crc = crate::crc32c_append(crc, b));
     header[8..12].copy_from_slice(&crc.to_le_bytes());
     f(header);
     body(f);
 }
 
 pub(crate) fn crc_of(buf: &[u8]) -> u32 {
-    let c = crc32c::crc32c(&buf[..8]);
-    let c = crc32c::crc32c_append(c, &[0u8; 4]);
-    crc32c::crc32c_append(c, &buf[12..])
+    let c = crate::crc32c(&buf[..8]);
+    let c = crate::crc32c_append(c, &[0u8; 4]);
+    crate::crc32c_append(c, &buf[12..])
 }
 
 /// Checks magic, version, then CRC over `buf[..len]` (`len` already known to fit).
