@@ -183,6 +183,8 @@ pub struct ZoneEmu<D: BlockDevice> {
     /// The first failed asynchronous discard, reported by the next zone management
     /// command or flush.
     discard_error: Option<DeviceError>,
+    /// Resets discard the zone's range (see [`ZoneEmu::set_discard_on_reset`]).
+    discard_on_reset: bool,
 }
 
 fn config_error(reason: String) -> DeviceError {
@@ -487,7 +489,19 @@ impl<D: BlockDevice> ZoneEmu<D> {
             inner_out: Vec::new(),
             slot_buf,
             discard_error: None,
+            discard_on_reset: true,
         })
+    }
+
+    /// Whether a zone reset discards the zone's range on the inner device (on by
+    /// default). A drive needs the discard: it is what lets a conventional SSD erase
+    /// the zone's blocks instead of copying them in its own GC. Over a file, all the
+    /// discard does is return the space (a hole punch), and refilling the hole costs
+    /// the kernel a page allocation per 4 KiB written; turned off, a reset only moves
+    /// the write pointer. Either way the old bytes are never read again: reads stop
+    /// at the write pointer, which the reset persisted before returning.
+    pub fn set_discard_on_reset(&mut self, on: bool) {
+        self.discard_on_reset = on;
     }
 
     /// The wrapped device.
@@ -1202,7 +1216,7 @@ impl<D: BlockDevice> ZonedDevice for ZoneEmu<D> {
             self.restore(zone, old);
             return Err(e.into());
         }
-        if action == ZoneAction::Reset {
+        if action == ZoneAction::Reset && self.discard_on_reset {
             // Persisted first (above): a crash before the discard leaves an Empty
             // zone whose old bytes are never read.
             let offset = self.meta.data_offset + self.geo.zone_start(zone);

@@ -412,6 +412,40 @@ fn reset_discards_the_zone_on_the_inner_device() {
 }
 
 #[test]
+fn without_discard_on_reset_a_reset_only_moves_the_write_pointer() {
+    let mut dev = mem(8, 4096);
+    {
+        let mut emu = ZoneEmu::format(&mut dev, &config()).expect("format");
+        emu.set_discard_on_reset(false);
+        emu.append(1, &data(16384, 5)).expect("append");
+        emu.reset_zone(1).expect("reset");
+        let z = emu.zone_info(1).expect("z");
+        assert_eq!((z.state, z.write_pointer), (ZoneState::Empty, ZONE));
+        let mut b = vec![0u8; 4096];
+        assert!(matches!(
+            emu.read_at(ZONE, &mut b),
+            Err(ZoneError::ReadPastWritePointer { .. })
+        ));
+        // The zone is reusable at once and reads back what is written next.
+        emu.append(1, &data(4096, 9)).expect("append after reset");
+        emu.read_at(ZONE, &mut b).expect("read");
+        assert_eq!(b, data(4096, 9));
+    }
+    // Below the new write pointer the new data; above it the old bytes, never read.
+    let mut raw = vec![0u8; 16384];
+    dev.read_at(META + ZONE, &mut raw).expect("raw read");
+    assert_eq!(&raw[..4096], &data(4096, 9)[..]);
+    assert_eq!(&raw[4096..], &data(16384, 5)[4096..]);
+    // Reopened, the zone keeps its write pointer and refuses reads above it.
+    let mut emu = ZoneEmu::open(&mut dev).expect("reopen");
+    let mut b = vec![0u8; 4096];
+    assert!(matches!(
+        emu.read_at(ZONE + 4096, &mut b),
+        Err(ZoneError::ReadPastWritePointer { .. })
+    ));
+}
+
+#[test]
 fn writes_after_a_reset_wait_for_its_discard() {
     let mut emu = ZoneEmu::format(LateDiscard::new(mem(8, 4096)), &config()).expect("format");
     emu.append(1, &data(16384, 5)).expect("append");

@@ -3,7 +3,11 @@
 //! The engine, the client loop and the completions all run on this one thread (queue
 //! depth 128, independent uniform draws over one volume spanning the user capacity).
 //! The cache is in memory (or a file in `--cache-dir`); the capacity is zone emulation
-//! over a file (io_uring, O_DIRECT where the filesystem allows it). Phases, each reported on its own line:
+//! over a file (io_uring, O_DIRECT where the filesystem allows it). A zone reset only
+//! moves the write pointer, as a drive's reset costs the host nothing; with
+//! `--discard-on-reset` it also punches a hole in the file, which on tmpfs costs the
+//! kernel ~2 µs of CPU per user write in the steady state (freeing the zone's pages,
+//! then allocating them again as it is rewritten). Phases, each reported on its own line:
 //!
 //! - `write first`: the first `--first-secs` of random writes on a fresh engine (the
 //!   cache absorbs them; compaction starts once it fills);
@@ -15,14 +19,16 @@
 //!
 //! Each line gives IOPS (wall clock), CPU per I/O (this thread's user+system time,
 //! and the whole process's, which adds io_uring's kernel workers: buffered files use
-//! them), p50/p99/max latency,
-//! and the load average (the machine is shared: read IOPS against it). `--repeat N`
+//! them), p50/p99/max latency, the load average (the machine is shared: read IOPS
+//! against it), and in brackets the layer WAF, capacity bytes read per user byte
+//! written, GC victims, durability points, the L2P hit rate and page reads and writes
+//! (of which asynchronous, ahead of need). `--repeat N`
 //! runs the whole sequence N times on fresh devices and prints the medians.
 //!
 //! ```text
 //! cargo bench -p shale-engine --bench iops -- [--capacity-mib 4096] [--dir /tmp]
 //!     [--first-secs 30] [--steady-secs 30] [--read-secs 10] [--warm-multiple 2]
-//!     [--qd 128] [--l2p-mib N] [--repeat 1] [--cache-dir DIR]
+//!     [--qd 128] [--l2p-mib N] [--repeat 1] [--cache-dir DIR] [--discard-on-reset]
 //! ```
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -49,6 +55,7 @@ struct Args {
     l2p_mib: Option<u64>,
     repeat: usize,
     cache_dir: Option<PathBuf>,
+    discard_on_reset: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -63,11 +70,16 @@ fn parse_args() -> Result<Args, String> {
         l2p_mib: None,
         repeat: 1,
         cache_dir: None,
+        discard_on_reset: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         if flag == "--bench" {
             continue; // cargo bench passes it
+        }
+        if flag == "--discard-on-reset" {
+            a.discard_on_reset = true;
+            continue;
         }
         let mut val = || it.next().ok_or(format!("{flag} needs a value"));
         let num = |s: String| s.parse::<u64>().map_err(|e| format!("{flag}: {e}"));
@@ -218,7 +230,8 @@ fn build(a: &Args, run: usize) -> Rig {
         .expect("capacity size overflows");
     FileDevice::create_sparse(&path, bytes).expect("create the capacity file");
     let file = FileDevice::open(&path).expect("open the capacity file");
-    let cap = ZoneEmu::format(file, &zc).expect("zone emulation");
+    let mut cap = ZoneEmu::format(file, &zc).expect("zone emulation");
+    cap.set_discard_on_reset(a.discard_on_reset);
     // Cache: 5% of the capacity plus room for the metadata.
     let cache_bytes = (a.capacity_mib * (1 << 20) / 20 + (16 << 20)) / BLOCK * BLOCK;
     let mut paths = vec![path];
@@ -408,7 +421,7 @@ fn print_phase(name: &str, p: &Phase) {
     let hits = a.l2p_hits - b.l2p_hits;
     let misses = a.l2p_misses - b.l2p_misses;
     println!(
-        "{name:<13} {:>9.0} IOPS  CPU/IO {:>5.2} µs thread, {:>5.2} µs process  p50 {:>8}  p99 {:>8}  max {:>8}  load {}  [{:.1} s, layer WAF {:.2}, GC victims {}, durability points {}, L2P hit {:.1}%, page reads {} ({} ahead), writes {} ({} ahead)]",
+        "{name:<13} {:>9.0} IOPS  CPU/IO {:>5.2} µs thread, {:>5.2} µs process  p50 {:>8}  p99 {:>8}  max {:>8}  load {}  [{:.1} s, layer WAF {:.2}, capacity reads {:.2}, GC victims {}, durability points {}, L2P hit {:.1}%, page reads {} ({} ahead), writes {} ({} ahead)]",
         p.iops(),
         p.thread_cpu_us_per_io(),
         p.cpu_us_per_io(),
@@ -418,6 +431,11 @@ fn print_phase(name: &str, p: &Phase) {
         p.load,
         p.wall.as_secs_f64(),
         if user > 0 { cap as f64 / user as f64 } else { 0.0 },
+        if user > 0 {
+            (a.capacity_read_bytes - b.capacity_read_bytes) as f64 / user as f64
+        } else {
+            0.0
+        },
         a.gc_victims - b.gc_victims,
         a.durability_points - b.durability_points,
         100.0 * hits as f64 / (hits + misses).max(1) as f64,
@@ -432,10 +450,15 @@ fn one_run(a: &Args, run: usize) -> [Phase; 3] {
     let mut rig = build(a, run);
     let mut rng = 0x1234_5678_9abc_def1u64 ^ (run as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     println!(
-        "run {}: capacity {} MiB on {}, cache {}, user {} MiB, chunks {}, streams {}, L2P budget {} pages",
+        "run {}: capacity {} MiB on {} (zone resets {}), cache {}, user {} MiB, chunks {}, streams {}, L2P budget {} pages",
         run + 1,
         a.capacity_mib,
         a.dir.display(),
+        if a.discard_on_reset {
+            "punch holes"
+        } else {
+            "move the write pointer only"
+        },
         a.cache_dir
             .as_ref()
             .map_or("in memory".to_string(), |d| format!("on {}", d.display())),

@@ -73,10 +73,8 @@ pub fn crc32c(data: &[u8]) -> u32 {
 /// The CRC32C of `a ++ data`, given `crc` = `crc32c(a)`.
 pub fn crc32c_append(crc: u32, data: &[u8]) -> u32 {
     // The register before the final inversion is the inverse of the finished CRC.
-    let mut d = crc_fast::Digest::new_with_init_state(
-        crc_fast::CrcAlgorithm::Crc32Iscsi,
-        u64::from(!crc),
-    );
+    let mut d =
+        crc_fast::Digest::new_with_init_state(crc_fast::CrcAlgorithm::Crc32Iscsi, u64::from(!crc));
     d.update(data);
     d.finalize() as u32
 }
