@@ -157,7 +157,8 @@ pub struct Engine<C: BlockDevice, Z: ZonedDevice, K: Clock> {
     /// them: (key, read op, block, PBA, data).
     pub(crate) md_reads: Vec<u32>,
     pub(crate) parked: Vec<(u32, u32, u32, Pba, shale_device::IoBuf)>,
-    pub(crate) block_scratch: Box<[u8; 4096]>,
+    /// Read-modify-write's block, lent out while a write runs.
+    pub(crate) block_scratch: Option<Box<[u8; 4096]>>,
     pub(crate) bufs: BufPool,
     /// The incremental checkpoint in progress, if any.
     pub(crate) ckpt: Option<crate::checkpoint::CheckpointInProgress>,

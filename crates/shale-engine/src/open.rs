@@ -134,7 +134,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             blocked_polls: 0,
             md_reads: Vec::new(),
             parked: Vec::new(),
-            block_scratch: Box::new([0; BLOCK_SIZE]),
+            block_scratch: Some(Box::new([0; BLOCK_SIZE])),
             bufs: crate::buffers::BufPool::new(),
             ckpt: None,
             ckpt_user_bytes: 0,

@@ -282,23 +282,82 @@ fn a_write_error_stops_the_engine_cleanly() {
     assert!(matches!(e.shutdown(), Err(EngineError::Failed { .. })));
 }
 
-/// A write that fails inside the engine (here: its L2P page cannot be read) is
-/// answered with an error, not dropped: it is in no queue the engine drains when it
-/// fails.
+/// Reads `len` bytes at `offset` of volume `v`.
+fn read(e: &mut FEng, v: VolumeId, offset: u64, len: u64) -> Result<Reply, EngineError> {
+    call(
+        e,
+        Request::Read {
+            volume: v,
+            offset,
+            len,
+        },
+    )
+}
+
+/// A write whose L2P page cannot be read fails with that error, and only that write:
+/// nothing of it was appended, and the engine carries on.
 #[test]
-fn a_write_failing_its_l2p_fault_is_answered() {
+fn a_write_failing_its_l2p_fault_fails_only_itself() {
     let (mut e, cc, _zc) = fault_engine(7);
     let v = create_volume(&mut e, 4 << 20);
     for i in 0..64u64 {
         write_block(&mut e, v, i * 16 * 4096, i).unwrap();
     }
     let mut e = reopen(e);
-    // Every cache read fails from now on: the next write's L2P page fault among them.
+    let appended = e.stats().user_blocks_appended;
+    // Every cache read fails: the next write's L2P page fault among them.
     fail_all(&cc, true);
     let r = write_block(&mut e, v, 4096, 99);
-    assert!(r.is_err(), "{r:?}");
-    let r = call(&mut e, Request::Flush);
-    assert!(matches!(r, Err(EngineError::Failed { .. })), "{r:?}");
+    assert!(matches!(r, Err(EngineError::CacheIo { .. })), "{r:?}");
+    assert_eq!(e.stats().user_blocks_appended, appended);
+    call(&mut e, Request::Flush).unwrap();
+    cc.clear_errors();
+    write_block(&mut e, v, 4096, 99).unwrap();
+    for (off, seed) in [(0, 0), (4096, 99), (16 * 4096, 1)] {
+        match read(&mut e, v, off, 4096) {
+            Ok(Reply::Read(d)) => assert_eq!(d, pattern(seed, 4096), "offset {off}"),
+            other => panic!("read at {off}: {other:?}"),
+        }
+    }
+    e.self_check().unwrap();
+}
+
+/// A partial write over a block that cannot be read (the read of its
+/// read-modify-write fails) fails only itself; its other blocks are written.
+#[test]
+fn a_failed_read_modify_write_fails_only_its_write() {
+    let (mut e, cc, _zc) = fault_engine(13);
+    let v = create_volume(&mut e, 4 << 20);
+    for i in 0..4u64 {
+        write_block(&mut e, v, i * 4096, i).unwrap();
+    }
+    let mut e = reopen(e);
+    // Loads the L2P page, so the only cache read left is the data block's.
+    read(&mut e, v, 3 * 4096, 4096).unwrap();
+    fail_all(&cc, true);
+    // Block 0 whole, then the first half of block 1 (read-modify-write).
+    let mut data = pattern(50, 4096);
+    data.extend_from_slice(&pattern(51, 2048));
+    let r = call(
+        &mut e,
+        Request::Write {
+            volume: v,
+            offset: 0,
+            data,
+            fua: false,
+        },
+    );
+    assert!(matches!(r, Err(EngineError::CacheIo { .. })), "{r:?}");
+    cc.clear_errors();
+    call(&mut e, Request::Flush).unwrap();
+    for (off, seed) in [(0, 50), (4096, 1), (2 * 4096, 2)] {
+        match read(&mut e, v, off, 4096) {
+            Ok(Reply::Read(d)) => assert_eq!(d, pattern(seed, 4096), "offset {off}"),
+            other => panic!("read at {off}: {other:?}"),
+        }
+    }
+    let mut e = reopen(e);
+    e.self_check().unwrap();
 }
 
 /// An L2P page loaded ahead of its request that cannot be read is not that request's

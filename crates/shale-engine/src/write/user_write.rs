@@ -75,12 +75,20 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             )));
         }
         if let Err(e) = self.write_range(volume, offset, &data, false) {
-            // The error fails the engine (the caller records it); this request learns
-            // of it here, since it is in no queue `fail` drains.
-            done.send(Err(EngineError::Failed {
-                reason: e.to_string(),
-            }));
-            return Err(e);
+            if self.fatal.is_some() {
+                // This request is in no queue `fail` drained: it learns of it here.
+                done.send(Err(EngineError::Failed {
+                    reason: e.to_string(),
+                }));
+                return Err(e);
+            }
+            // A read-modify-write's read or an L2P page fault failed, before the
+            // failing block was touched: the blocks before it are written like any
+            // others and the rest keep their old data, as a failed write may leave
+            // its range. Only this request fails.
+            tracing::warn!(%volume, offset, len, error = %e, "write failed");
+            done.send(Err(e));
+            return Ok(None);
         }
         self.stats.user_write_bytes += len;
         self.pending_writes.push_back(PendingWrite {
@@ -103,7 +111,10 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         let len = data.len() as u64;
         let first = offset / BS;
         let last = (offset + len - 1) / BS;
-        let mut block = std::mem::replace(&mut self.block_scratch, Box::new([0; BLOCK_SIZE]));
+        let mut block = self
+            .block_scratch
+            .take()
+            .unwrap_or_else(|| Box::new([0; BLOCK_SIZE]));
         let mut result = Ok(());
         for lba in first..=last {
             let bstart = lba * BS;
@@ -134,16 +145,26 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 break;
             }
         }
-        self.block_scratch = block;
+        self.block_scratch = Some(block);
         result
     }
 
     fn map_new_block(&mut self, volume: VolumeId, lba: Lba, src: &[u8]) -> Result<(), EngineError> {
-        // Fault the page in before appending so a failing fault leaves nothing behind.
+        // Fault the page in before appending so a failing fault leaves nothing behind
+        // (the request fails; the engine carries on).
         self.l2p.get(&mut self.cache, volume, lba)?;
         let pba = self.append_block(volume, lba, src);
         self.regions.mark_valid(&self.geo, pba);
-        let old = self.l2p.set(&mut self.cache, volume, lba, pba)?;
+        // The page is cached now (appending touches no page); an error here would leave
+        // a valid block unmapped, so it stops the engine.
+        let old = self
+            .l2p
+            .set(&mut self.cache, volume, lba, pba)
+            .inspect_err(|e| {
+                self.fail(EngineError::Failed {
+                    reason: format!("mapping {volume} {lba} to {pba}: {e}"),
+                })
+            })?;
         if !old.is_none() {
             self.regions.mark_invalid(&self.geo, old);
         }
