@@ -40,7 +40,7 @@ use crate::{Clock, Engine, EngineError};
 /// next checkpoint: recovery restarts the counter this far above it.
 pub(crate) const SID_LEASE: u64 = 1 << 32;
 /// Bytes of a checkpoint image written per device write.
-const CHECKPOINT_PIECE_BYTES: usize = 1 << 20;
+const CHECKPOINT_PIECE_BYTES: usize = 256 << 10;
 
 /// An incremental checkpoint between its start and its commit.
 #[derive(Debug)]
@@ -186,7 +186,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             });
         }
         // The image is megabytes at TiB scale (every region, every L2P page's slot): it
-        // is streamed through one aligned 1 MiB buffer rather than built, so the peak
+        // is streamed through one aligned 256 KiB buffer rather than built, so the peak
         // is one piece and an O_DIRECT device needs no bounce copy.
         let area = 1 - self.sb.active_checkpoint;
         let off = self.sb.layout.checkpoint_start(area) * BS;
