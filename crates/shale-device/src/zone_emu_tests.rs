@@ -391,20 +391,25 @@ fn management_follows_the_state_machine() {
     ));
 }
 
+/// Writes 16 KiB of `data(_, 5)` to zone 1 and resets it: Empty, nothing readable.
+fn fill_and_reset_zone_1<D: BlockDevice>(emu: &mut ZoneEmu<D>) {
+    emu.append(1, &data(16384, 5)).expect("append");
+    emu.reset_zone(1).expect("reset");
+    let z = emu.zone_info(1).expect("z");
+    assert_eq!((z.state, z.write_pointer), (ZoneState::Empty, ZONE));
+    let mut b = vec![0u8; 4096];
+    assert!(matches!(
+        emu.read_at(ZONE, &mut b),
+        Err(ZoneError::ReadPastWritePointer { .. })
+    ));
+}
+
 #[test]
 fn reset_discards_the_zone_on_the_inner_device() {
     let mut dev = mem(8, 4096);
     {
         let mut emu = ZoneEmu::format(&mut dev, &config()).expect("format");
-        emu.append(1, &data(16384, 5)).expect("append");
-        emu.reset_zone(1).expect("reset");
-        let z = emu.zone_info(1).expect("z");
-        assert_eq!((z.state, z.write_pointer), (ZoneState::Empty, ZONE));
-        let mut b = vec![0u8; 4096];
-        assert!(matches!(
-            emu.read_at(ZONE, &mut b),
-            Err(ZoneError::ReadPastWritePointer { .. })
-        ));
+        fill_and_reset_zone_1(&mut emu);
     }
     let mut raw = vec![1u8; 16384];
     dev.read_at(META + ZONE, &mut raw).expect("raw read");
@@ -417,17 +422,10 @@ fn without_discard_on_reset_a_reset_only_moves_the_write_pointer() {
     {
         let mut emu = ZoneEmu::format(&mut dev, &config()).expect("format");
         emu.set_discard_on_reset(false);
-        emu.append(1, &data(16384, 5)).expect("append");
-        emu.reset_zone(1).expect("reset");
-        let z = emu.zone_info(1).expect("z");
-        assert_eq!((z.state, z.write_pointer), (ZoneState::Empty, ZONE));
-        let mut b = vec![0u8; 4096];
-        assert!(matches!(
-            emu.read_at(ZONE, &mut b),
-            Err(ZoneError::ReadPastWritePointer { .. })
-        ));
+        fill_and_reset_zone_1(&mut emu);
         // The zone is reusable at once and reads back what is written next.
         emu.append(1, &data(4096, 9)).expect("append after reset");
+        let mut b = vec![0u8; 4096];
         emu.read_at(ZONE, &mut b).expect("read");
         assert_eq!(b, data(4096, 9));
     }

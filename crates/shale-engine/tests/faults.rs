@@ -294,6 +294,16 @@ fn read(e: &mut FEng, v: VolumeId, offset: u64, len: u64) -> Result<Reply, Engin
     )
 }
 
+/// Reads 4 KiB at each offset and checks it holds `pattern(seed)`.
+fn assert_blocks(e: &mut FEng, v: VolumeId, blocks: &[(u64, u64)]) {
+    for &(off, seed) in blocks {
+        match read(e, v, off, 4096) {
+            Ok(Reply::Read(d)) => assert_eq!(d, pattern(seed, 4096), "offset {off}"),
+            other => panic!("read at {off}: {other:?}"),
+        }
+    }
+}
+
 /// A write whose L2P page cannot be read fails with that error, and only that write:
 /// nothing of it was appended, and the engine carries on.
 #[test]
@@ -313,12 +323,7 @@ fn a_write_failing_its_l2p_fault_fails_only_itself() {
     call(&mut e, Request::Flush).unwrap();
     cc.clear_errors();
     write_block(&mut e, v, 4096, 99).unwrap();
-    for (off, seed) in [(0, 0), (4096, 99), (16 * 4096, 1)] {
-        match read(&mut e, v, off, 4096) {
-            Ok(Reply::Read(d)) => assert_eq!(d, pattern(seed, 4096), "offset {off}"),
-            other => panic!("read at {off}: {other:?}"),
-        }
-    }
+    assert_blocks(&mut e, v, &[(0, 0), (4096, 99), (16 * 4096, 1)]);
     e.self_check().unwrap();
 }
 
@@ -350,12 +355,7 @@ fn a_failed_read_modify_write_fails_only_its_write() {
     assert!(matches!(r, Err(EngineError::CacheIo { .. })), "{r:?}");
     cc.clear_errors();
     call(&mut e, Request::Flush).unwrap();
-    for (off, seed) in [(0, 50), (4096, 1), (2 * 4096, 2)] {
-        match read(&mut e, v, off, 4096) {
-            Ok(Reply::Read(d)) => assert_eq!(d, pattern(seed, 4096), "offset {off}"),
-            other => panic!("read at {off}: {other:?}"),
-        }
-    }
+    assert_blocks(&mut e, v, &[(0, 50), (4096, 1), (2 * 4096, 2)]);
     let mut e = reopen(e);
     e.self_check().unwrap();
 }
@@ -384,25 +384,16 @@ fn a_failed_page_load_falls_back_to_the_synchronous_fault() {
     let ahead = e.stats().l2p_page_reads_ahead;
     write_block(&mut e, v, 1024 * 4096 + 4096, 11).unwrap();
     assert_eq!(e.stats().l2p_page_reads_ahead, ahead + 1);
-    for (off, seed) in [
-        (0, 0),
-        (4096, 10),
-        (1024 * 4096, 1),
-        (1024 * 4096 + 4096, 11),
-        (2048 * 4096, 2),
-    ] {
-        let r = call(
-            &mut e,
-            Request::Read {
-                volume: v,
-                offset: off,
-                len: 4096,
-            },
-        );
-        match r {
-            Ok(Reply::Read(d)) => assert_eq!(d, pattern(seed, 4096), "offset {off}"),
-            other => panic!("read at {off}: {other:?}"),
-        }
-    }
+    assert_blocks(
+        &mut e,
+        v,
+        &[
+            (0, 0),
+            (4096, 10),
+            (1024 * 4096, 1),
+            (1024 * 4096 + 4096, 11),
+            (2048 * 4096, 2),
+        ],
+    );
     e.self_check().unwrap();
 }
