@@ -73,9 +73,17 @@ impl UringEngine {
     /// `fd` must stay open for the engine's lifetime (the owning device holds it).
     pub(crate) fn new(fd: RawFd, kind: FileKind, entries: u32) -> io::Result<UringEngine> {
         let entries = entries.clamp(1, 4096).next_power_of_two();
+        // Completions of work the kernel ran in its workers (buffered files) are posted
+        // by task work in the submitting thread. By default the kernel interrupts that
+        // thread for it (an IPI each, costly in a VM); cooperatively, it only raises a
+        // flag, and `poll` enters the kernel when it sees it. Kernels before 5.19 lack
+        // both flags: plain ring there.
         let ring = IoUring::builder()
             .setup_cqsize(entries * 2)
-            .build(entries)?;
+            .setup_coop_taskrun()
+            .setup_taskrun_flag()
+            .build(entries)
+            .or_else(|_| IoUring::builder().setup_cqsize(entries * 2).build(entries))?;
         Ok(UringEngine {
             ring,
             fd,
@@ -294,7 +302,9 @@ impl UringEngine {
             added += self.reap(out);
             self.fill_sq();
             let pending_sq = !self.ring.submission().is_empty();
-            if added >= target && !pending_sq {
+            // Completions waiting in task work (`IORING_SQ_TASKRUN`): an enter runs it.
+            let taskrun = self.ring.submission().taskrun();
+            if added >= target && !pending_sq && !taskrun {
                 return Ok(added);
             }
             let want = if added >= target {
