@@ -21,7 +21,7 @@
 //! and the whole process's, which adds io_uring's kernel workers: buffered files use
 //! them), p50/p99/max latency, the load average (the machine is shared: read IOPS
 //! against it), and in brackets the layer WAF, capacity bytes read per user byte
-//! written, GC victims, durability points, the L2P hit rate and page reads and writes
+//! written (read, in the read phase), GC victims, durability points, the L2P hit rate and page reads and writes
 //! (of which asynchronous, ahead of need). `--repeat N`
 //! runs the whole sequence N times on fresh devices and prints the medians.
 //!
@@ -431,11 +431,14 @@ fn print_phase(name: &str, p: &Phase) {
         p.load,
         p.wall.as_secs_f64(),
         if user > 0 { cap as f64 / user as f64 } else { 0.0 },
-        if user > 0 {
-            (a.capacity_read_bytes - b.capacity_read_bytes) as f64 / user as f64
-        } else {
-            0.0
-        },
+        // Per user byte written, or read in the read phase.
+        (a.capacity_read_bytes - b.capacity_read_bytes) as f64
+            / (if user > 0 {
+                user
+            } else {
+                a.user_read_bytes - b.user_read_bytes
+            })
+            .max(1) as f64,
         a.gc_victims - b.gc_victims,
         a.durability_points - b.durability_points,
         100.0 * hits as f64 / (hits + misses).max(1) as f64,

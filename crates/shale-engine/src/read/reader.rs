@@ -304,12 +304,18 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     /// The valid md block of the group holding `pba` (md cache, else a synchronous read
     /// of both copies; only when an asynchronous one was not possible).
     pub(crate) fn md_block(&mut self, pba: Pba) -> Result<Box<[u8; BLOCK_SIZE]>, EngineError> {
-        let (region, g, md_slot, key) = self.md_key(pba);
+        let (_, _, _, key) = self.md_key(pba);
         let mut out = Box::new([0u8; BLOCK_SIZE]);
         if let Some(b) = self.md_cache.get(key.0) {
             out.copy_from_slice(b);
             return Ok(out);
         }
+        self.md_block_read_both(pba)
+    }
+
+    /// Reads both md copies of the group holding `pba` synchronously and picks one.
+    fn md_block_read_both(&mut self, pba: Pba) -> Result<Box<[u8; BLOCK_SIZE]>, EngineError> {
+        let (region, g, md_slot, key) = self.md_key(pba);
         self.stats.md_reads_sync += 1;
         let mut two = vec![0u8; 2 * BLOCK_SIZE];
         if self.geo.is_chunk(region) {
@@ -329,6 +335,8 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     }
 
     /// Takes the valid copy (current SID, higher generation) of md A and B and caches it.
+    /// `two` may hold copy A alone (a zone group's, see `prefetch_md`): then it is the
+    /// answer if valid, and an error otherwise.
     fn pick_md(
         &mut self,
         region: RegionId,
@@ -360,9 +368,17 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         // The copy claiming the higher generation is checked first: intact and of this
         // life, it is the answer whatever the other holds, so the other's CRC is
         // computed only when it is not (ties go to copy A, as zone groups write both).
-        let first = usize::from(md_claimed_generation(copy(1)) > md_claimed_generation(copy(0)));
+        let both = two.len() >= 2 * BLOCK_SIZE;
+        let first =
+            usize::from(both && md_claimed_generation(copy(1)) > md_claimed_generation(copy(0)));
         let (pick, h) = match decode(first) {
             Ok(h) => (first, h),
+            Err(e) if !both => {
+                return Err(EngineError::MdCorrupt {
+                    pba: key,
+                    source: e,
+                })
+            }
             Err(e_first) => match decode(1 - first) {
                 Ok(h) => (1 - first, h),
                 Err(e_other) => {
@@ -410,9 +426,9 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         }
         self.md_reads.push(key.0);
         self.stats.md_reads += 1;
-        let buf = self.bufs.take(2);
         let tag = self.io.insert(InflightIo::MdRead { key: key.0 });
         if self.geo.is_chunk(region) {
+            let buf = self.bufs.take(2);
             let offset = self.geo.chunk_offset(region, md_slot);
             self.stats.cache_read_bytes += 2 * BS;
             self.cache.submit(IoRequest {
@@ -420,8 +436,11 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 op: IoOp::Read { offset, buf },
             });
         } else {
+            // A zone group is written once, both md copies in the same write: they are
+            // the same block, and copy B is read only if copy A turns out bad.
+            let buf = self.bufs.take(1);
             let offset = self.geo.zone_offset(region, md_slot);
-            self.stats.capacity_read_bytes += 2 * BS;
+            self.stats.capacity_read_bytes += BS;
             self.capacity.submit(ZoneRequest {
                 tag,
                 op: ZoneOp::Read { offset, buf },
@@ -442,6 +461,11 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             }
             Ok(None) => panic!("md read completed without its buffer"),
             Err(e) => Err(e),
+        };
+        let picked = match picked {
+            // Copy A of a zone group bad or unreadable: both copies, as for a chunk.
+            Err(_) if !self.geo.is_chunk(region) => self.md_block_read_both(Pba(key)).map(|_| ()),
+            p => p,
         };
         let mut i = 0;
         while i < self.parked.len() {
