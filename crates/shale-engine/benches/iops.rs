@@ -21,8 +21,8 @@
 //! and the whole process's, which adds io_uring's kernel workers: buffered files use
 //! them), p50/p99/max latency, the load average (the machine is shared: read IOPS
 //! against it), and in brackets the layer WAF, capacity bytes read per user byte
-//! written (read, in the read phase), GC victims, durability points, the L2P hit rate and page reads and writes
-//! (of which asynchronous, ahead of need). `--repeat N`
+//! written (read, in the read phase), GC victims, durability points, the L2P hit
+//! rate and page reads and writes (of which asynchronous, ahead of need). `--repeat N`
 //! runs the whole sequence N times on fresh devices and prints the medians.
 //!
 //! ```text
