@@ -16,6 +16,7 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let cap_mib: u64 = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(1024);
     let secs: u64 = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(20);
+    let l2p_mib: Option<u64> = args.get(3).and_then(|s| s.parse().ok());
     let zone = 4u64 << 20;
     let zones = cap_mib * (1 << 20) / zone;
     let inner = MemDevice::new((zones + 2) * zone, 4096).unwrap();
@@ -28,6 +29,7 @@ fn main() {
     let config = Config {
         chunk_blocks: 1024,
         volumes_max: 8,
+        l2p_cache_bytes_max: l2p_mib.map(|m| m << 20),
         ..Config::default()
     };
     let mut e = Engine::format(cache, cap, MonotonicClock::new(), config).unwrap();
