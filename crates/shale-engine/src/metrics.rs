@@ -45,6 +45,9 @@ pub struct Stats {
     /// faulting it in, and pages faulted in only because too many waited.
     pub l2p_deferred_switches: u64,
     pub l2p_deferred_faults: u64,
+    /// Dirty L2P pages evicted as deferred switches of their changed entries
+    /// instead of written back.
+    pub l2p_evictions_as_switches: u64,
     /// Deferred switches waiting now.
     pub l2p_deferred_waiting: u64,
     pub l2p_cached_pages: u64,
@@ -136,6 +139,7 @@ impl<C: shale_device::BlockDevice, Z: shale_device::ZonedDevice, K: crate::Clock
         s.cache_md_write_bytes += l.page_writes * crate::layout::BS;
         s.l2p_deferred_switches = l.deferred;
         s.l2p_deferred_faults = l.deferred_faults;
+        s.l2p_evictions_as_switches = l.evicted_as_switches;
         s.l2p_deferred_waiting = self.l2p.deferred_switches().0 as u64;
         s.l2p_cached_pages = self.l2p.cached_pages() as u64;
         s.l2p_cache_pages_max = self.l2p.frames_max() as u64;

@@ -100,6 +100,7 @@ pub struct Counts {
     pub l2p_page_writes_ahead: u64,
     pub l2p_page_writes: u64,
     pub l2p_deferred_switches: u64,
+    pub l2p_evictions_as_switches: u64,
 }
 
 impl Counts {
@@ -144,6 +145,7 @@ impl Counts {
         self.l2p_page_writes_ahead += o.l2p_page_writes_ahead;
         self.l2p_page_writes += o.l2p_page_writes;
         self.l2p_deferred_switches += o.l2p_deferred_switches;
+        self.l2p_evictions_as_switches += o.l2p_evictions_as_switches;
     }
 
     pub fn moment(&mut self, key: &str) {
@@ -191,7 +193,7 @@ impl fmt::Display for Counts {
         )?;
         writeln!(
             f,
-            "engine: compaction victims {}  GC victims {}  relocated blocks {}  checkpoints {}  durability points {}  zone resets {}  chunk frees {}  L2P page reads/writes {}/{} (ahead {}/{})  deferred switches {}",
+            "engine: compaction victims {}  GC victims {}  relocated blocks {}  checkpoints {}  durability points {}  zone resets {}  chunk frees {}  L2P page reads/writes {}/{} (ahead {}/{})  deferred switches {}  evictions as switches {}",
             self.compaction_victims,
             self.gc_victims,
             self.relocated_blocks,
@@ -203,7 +205,8 @@ impl fmt::Display for Counts {
             self.l2p_page_writes,
             self.l2p_page_reads_ahead,
             self.l2p_page_writes_ahead,
-            self.l2p_deferred_switches
+            self.l2p_deferred_switches,
+            self.l2p_evictions_as_switches
         )?;
         let moments: Vec<String> = self
             .moments

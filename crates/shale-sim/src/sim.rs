@@ -672,6 +672,7 @@ impl Sim {
         c.l2p_page_reads_ahead += s.l2p_page_reads_ahead;
         c.l2p_page_writes_ahead += s.l2p_page_writes_ahead;
         c.l2p_deferred_switches += s.l2p_deferred_switches;
+        c.l2p_evictions_as_switches += s.l2p_evictions_as_switches;
         for x in [
             s.user_write_bytes,
             s.capacity_compaction_write_bytes,

@@ -221,13 +221,14 @@ impl L2p {
             let prev = self.frames[f as usize].prev;
             seen += 1;
             let fr = &self.frames[f as usize];
-            if !fr.wb_inflight && !fr.dirty {
+            if !fr.wb_inflight && (!fr.dirty || self.can_evict_as_switches(f)) {
+                // Clean, or it can leave as deferred switches: no write needed.
                 ready += 1;
             } else if !fr.wb_inflight {
                 if let Some(t) = self.write_back_target(f) {
                     let fr = &mut self.frames[f as usize];
                     fr.wb_inflight = true;
-                    fr.dirty = false;
+                    fr.mark_clean();
                     // The copy going out holds everything the checkpoint in progress
                     // needs of this page; its commit drains this write first.
                     self.unmark(f);
@@ -261,7 +262,7 @@ impl L2p {
             if fr.volume != u32::MAX {
                 // The copy did not get out: the page is dirty again, and a checkpoint
                 // in progress still needs it (its mark went with the write).
-                fr.dirty = true;
+                fr.mark_all_dirty();
                 self.mark_for_checkpoint(f);
             }
             self.write_back_failed(&t);

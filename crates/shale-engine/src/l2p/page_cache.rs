@@ -50,6 +50,51 @@ pub(super) struct Frame {
     /// The page as stored on media (little-endian PBAs), so faults and write-backs
     /// move it without converting.
     pub(super) data: Box<[u8; PAGE_BYTES]>,
+    /// Entries changed since the stored copy, while `dirty`: the first `dirty_n` of
+    /// `dirty_log`, or `DIRTY_UNKNOWN` when there are more (or which is not known).
+    /// A dirty frame whose changes are all listed can be evicted as deferred
+    /// switches instead of written back (`evict_as_switches`).
+    pub(super) dirty_log: [u16; DIRTY_LOG],
+    pub(super) dirty_n: u8,
+}
+
+/// Changed entries a frame lists; a frame with more is written back when evicted.
+/// Under uniform random writes with the default budget a page takes one or two
+/// changes per stay in the cache, so this many make most evictions write nothing.
+const DIRTY_LOG: usize = 6;
+const DIRTY_UNKNOWN: u8 = u8::MAX;
+/// Deferred switches evictions may leave waiting (128 KiB of slab): enough for the
+/// pages a budget of a few hundred frames leaves out, and a fixed cost at any scale
+/// (at 1 TiB the frames alone are 103 MiB).
+const EVICT_SWITCHES_MAX: usize = 16384;
+
+impl Frame {
+    /// Entry `i` differs from the stored copy.
+    pub(super) fn mark_dirty(&mut self, i: usize) {
+        self.dirty = true;
+        let n = self.dirty_n as usize;
+        if self.dirty_n == DIRTY_UNKNOWN || self.dirty_log[..n].contains(&(i as u16)) {
+            return;
+        }
+        if n < DIRTY_LOG {
+            self.dirty_log[n] = i as u16;
+            self.dirty_n += 1;
+        } else {
+            self.dirty_n = DIRTY_UNKNOWN;
+        }
+    }
+
+    /// The frame may differ from the stored copy anywhere.
+    pub(super) fn mark_all_dirty(&mut self) {
+        self.dirty = true;
+        self.dirty_n = DIRTY_UNKNOWN;
+    }
+
+    /// The frame equals the stored copy (or nothing needs storing).
+    pub(super) fn mark_clean(&mut self) {
+        self.dirty = false;
+        self.dirty_n = 0;
+    }
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -65,6 +110,8 @@ pub(crate) struct L2pCounters {
     pub deferred: u64,
     /// Faults made only to apply deferred switches (too many waiting).
     pub deferred_faults: u64,
+    /// Dirty frames evicted as deferred switches instead of written back.
+    pub evicted_as_switches: u64,
 }
 
 /// What a `VolumeMap::frame` value holds.
@@ -115,6 +162,9 @@ pub(crate) struct L2p {
     /// Pages that had deferred switches when the checkpoint in progress began: each is
     /// faulted in, updated and written before it commits.
     ckpt_deferred: Vec<(u32, u32)>,
+    /// Faulting pages in to drain deferred switches: evictions write back, so the
+    /// drain cannot refill what it empties.
+    draining: bool,
 }
 
 pub(super) const PAGE_BYTES: usize = EPP * 4;
@@ -216,10 +266,11 @@ impl L2p {
             // About one waiting switch per page of the table (8 bytes each, 1/512 of
             // the table), at least 32 KiB: enough that user faults, which apply them
             // for free, drain nearly all of them under uniform writes.
-            deferred: Deferred::new((pool_pages as usize).max(4096)),
+            deferred: Deferred::new((pool_pages as usize).max(16384)),
             switch_scratch: Vec::new(),
             ckpt_active: false,
             ckpt_deferred: Vec::new(),
+            draining: false,
             io: Default::default(),
         }
     }
@@ -313,7 +364,7 @@ impl L2p {
         };
         let Some(Some(m)) = self.vols.get(v) else {
             // A page of a deleted volume: nothing to keep.
-            self.frames[f as usize].dirty = false;
+            self.frames[f as usize].mark_clean();
             self.unmark(f);
             return None;
         };
@@ -357,7 +408,7 @@ impl L2p {
                 crc32c: t.crc32c,
             };
         }
-        self.frames[f as usize].dirty = false;
+        self.frames[f as usize].mark_clean();
         self.unmark(f);
     }
 
@@ -449,7 +500,7 @@ impl L2p {
             // (the page's deferred switches stay where they are).
             let fr = &mut self.frames[f as usize];
             fr.volume = u32::MAX;
-            fr.dirty = false;
+            fr.mark_clean();
             self.push_front(f);
             return Err(e);
         }
@@ -479,7 +530,7 @@ impl L2p {
             panic!("every L2P frame is being written back");
         }
         let mut written = 0;
-        if self.frames[f as usize].dirty {
+        if self.frames[f as usize].dirty && !self.evict_as_switches(f) {
             written += self.write_back(dev, f)?;
         }
         self.detach(f);
@@ -494,6 +545,8 @@ impl L2p {
                 volume: u32::MAX,
                 page: 0,
                 dirty: false,
+                dirty_log: [0; DIRTY_LOG],
+                dirty_n: 0,
                 ckpt_pending: false,
                 wb_inflight: false,
                 prefetched: false,
@@ -509,11 +562,11 @@ impl L2p {
                 return None;
             }
             let fr = &self.frames[f as usize];
-            if !fr.wb_inflight && !fr.dirty {
+            if !fr.wb_inflight && (!fr.dirty || self.evict_as_switches(f)) {
                 self.detach(f);
                 return Some(f);
             }
-            f = fr.prev;
+            f = self.frames[f as usize].prev;
         }
         None
     }
@@ -532,8 +585,61 @@ impl L2p {
         self.unmark(f);
         let fr = &mut self.frames[f as usize];
         fr.volume = u32::MAX;
-        fr.dirty = false;
+        fr.mark_clean();
         fr.prefetched = false;
+    }
+
+    /// Whether dirty frame `f` could leave the cache as deferred switches now.
+    pub(super) fn can_evict_as_switches(&self, f: u32) -> bool {
+        let fr = &self.frames[f as usize];
+        // A frame the checkpoint in progress needs is written; so is one whose changes
+        // are not all listed. The switches may fill half the slab (at most
+        // `EVICT_SWITCHES_MAX`): the rest is the relocations' (their overflow drains
+        // down to half).
+        fr.dirty
+            && !fr.wb_inflight
+            && !fr.ckpt_pending
+            && !self.draining
+            && fr.dirty_n != DIRTY_UNKNOWN
+            && self.deferred.live() + usize::from(fr.dirty_n)
+                <= (self.deferred.max / 2).min(EVICT_SWITCHES_MAX)
+            && matches!(self.vols.get(fr.volume as usize), Some(Some(_)))
+    }
+
+    /// Evicts dirty frame `f` without I/O when it can (`can_evict_as_switches`): its
+    /// changed entries become the page's deferred switches, which its next fault, a
+    /// map walk or the next checkpoint applies exactly like a relocation's. The
+    /// frame is left clean and still attached; the caller detaches it. Under uniform
+    /// random writes this turns most evictions' 4 KiB write (and CRC) into a few
+    /// 8-byte switches; the entries it saves are in the data's md anyway, which is
+    /// what recovery replays.
+    fn evict_as_switches(&mut self, f: u32) -> bool {
+        if !self.can_evict_as_switches(f) {
+            return false;
+        }
+        let (v, p, n) = {
+            let fr = &self.frames[f as usize];
+            (fr.volume as usize, fr.page as usize, fr.dirty_n as usize)
+        };
+        let mut head = LINK_NONE;
+        for k in 0..n {
+            let fr = &self.frames[f as usize];
+            let i = usize::from(fr.dirty_log[k]);
+            let pba = entry(&fr.data, i);
+            head = self.deferred.push(head, i as u32, pba);
+        }
+        let Some(Some(m)) = self.vols.get_mut(v) else {
+            unreachable!("checked by can_evict_as_switches")
+        };
+        debug_assert_eq!(m.frame[p], f, "a cached page's slot names its frame");
+        m.frame[p] = if head == LINK_NONE {
+            FRAME_NONE
+        } else {
+            DEFERRED_BIT | head
+        };
+        self.frames[f as usize].mark_clean();
+        self.counters.evicted_as_switches += 1;
+        true
     }
 
     /// Makes frame `f` (taken, holding page `p` of `v` as stored) the page's cached
@@ -544,7 +650,7 @@ impl L2p {
             let fr = &mut self.frames[f as usize];
             fr.volume = v.0;
             fr.page = p as u32;
-            fr.dirty = false;
+            fr.mark_clean();
         }
         self.push_front(f);
         if let Slot::Deferred(head) = slot_of(cur) {
@@ -554,8 +660,8 @@ impl L2p {
             let fr = &mut self.frames[f as usize];
             for &(i, pba) in &sw {
                 set_entry(&mut fr.data, i as usize, pba);
+                fr.mark_dirty(i as usize);
             }
-            fr.dirty |= !sw.is_empty();
             if !sw.is_empty() {
                 // Some of these switches may predate the checkpoint in progress.
                 self.mark_for_checkpoint(f);
@@ -604,7 +710,7 @@ impl L2p {
         let old = Pba(entry(&fr.data, i));
         if old != pba {
             set_entry(&mut fr.data, i, pba.0);
-            fr.dirty = true;
+            fr.mark_dirty(i);
         }
         Ok(old)
     }
@@ -857,7 +963,7 @@ impl L2p {
             match slot_of(f) {
                 Slot::Frame(f) => {
                     self.frames[f as usize].volume = u32::MAX;
-                    self.frames[f as usize].dirty = false;
+                    self.frames[f as usize].mark_clean();
                     self.unmark(f);
                 }
                 Slot::Deferred(head) => {
@@ -1000,7 +1106,7 @@ impl L2p {
                 let fr = &mut self.frames[f as usize];
                 if entry(&fr.data, i) != pba.0 {
                     set_entry(&mut fr.data, i, pba.0);
-                    fr.dirty = true;
+                    fr.mark_dirty(i);
                 }
                 return Ok(());
             }
@@ -1038,14 +1144,20 @@ impl L2p {
             }
         }
         pages.sort_unstable_by_key(|p| std::cmp::Reverse(p.0));
+        self.draining = true;
+        let mut result = Ok(());
         for (_, v, p) in pages {
             if self.deferred.live() <= keep {
                 break;
             }
             self.counters.deferred_faults += 1;
-            self.frame(dev, VolumeId(v), p as usize)?;
+            if let Err(e) = self.frame(dev, VolumeId(v), p as usize) {
+                result = Err(e);
+                break;
+            }
         }
-        Ok(())
+        self.draining = false;
+        result
     }
 
     /// Applies every deferred switch (a checkpoint's pages must reflect every
@@ -1344,6 +1456,16 @@ mod tests {
             .unwrap();
         l2p.write_back_all(&mut dev).unwrap();
         for p in 0..3u64 {
+            // More changed entries than a frame lists: these must be written back.
+            for i in 0..=DIRTY_LOG as u64 {
+                l2p.set(
+                    &mut dev,
+                    VolumeId(0),
+                    Lba(p * 1024 + 1 + i),
+                    Pba(100 + i as u32),
+                )
+                .unwrap();
+            }
             l2p.set(&mut dev, VolumeId(0), Lba(p * 1024), Pba(p as u32))
                 .unwrap();
         }
@@ -1375,6 +1497,56 @@ mod tests {
                 l2p.get(&mut dev, VolumeId(0), Lba(p * 1024)).unwrap(),
                 Some(Pba(p as u32))
             );
+        }
+    }
+
+    /// A dirty page with few changes leaves the cache as deferred switches (no page
+    /// write), and a peek, its next fault and a checkpoint's drain all see them; one
+    /// with more changes than a frame lists is written back.
+    #[test]
+    fn few_changes_evict_as_switches_and_come_back() {
+        let mut dev = MemDevice::new(64 * 4096, 4096).unwrap();
+        let mut l2p = L2p::new(1, 30, 1, 0);
+        let v = VolumeId(0);
+        l2p.add_volume(v, 8 * 1024);
+        l2p.set(&mut dev, v, Lba(5), Pba(50)).unwrap();
+        l2p.set(&mut dev, v, Lba(7), Pba(70)).unwrap();
+        l2p.set(&mut dev, v, Lba(5), Pba(51)).unwrap();
+        // Page 1 pushes page 0 out (two changes: switches), page 2 pushes page 1 out
+        // (seven changes: written back).
+        for i in 0..=DIRTY_LOG as u64 {
+            l2p.set(&mut dev, v, Lba(1024 + i), Pba(200 + i as u32))
+                .unwrap();
+        }
+        l2p.set(&mut dev, v, Lba(2048), Pba(1)).unwrap();
+        assert_eq!(l2p.counters.evicted_as_switches, 1);
+        assert_eq!(l2p.counters.page_writes, 1);
+        assert_eq!(l2p.deferred_switches().0, 2);
+        let mut out = [0u32; EPP];
+        assert!(l2p.peek_page(&mut dev, v, 0, &mut out).unwrap());
+        assert_eq!((out[5], out[7]), (51, 70));
+        assert_eq!(out[6], Pba::NONE.0);
+        // Faulting page 0 back applies its two and evicts page 2's one change.
+        assert_eq!(l2p.get(&mut dev, v, Lba(5)).unwrap(), Some(Pba(51)));
+        assert_eq!(l2p.get(&mut dev, v, Lba(7)).unwrap(), Some(Pba(70)));
+        assert_eq!(l2p.counters.evicted_as_switches, 2);
+        assert_eq!(l2p.deferred_switches().0, 1);
+        for i in 0..=DIRTY_LOG as u64 {
+            assert_eq!(
+                l2p.get(&mut dev, v, Lba(1024 + i)).unwrap(),
+                Some(Pba(200 + i as u32))
+            );
+        }
+        // A checkpoint's drain writes back what it faults in instead of making new
+        // switches.
+        l2p.apply_deferred(&mut dev).unwrap();
+        assert_eq!(l2p.deferred_switches().0, 0);
+        l2p.write_back_all(&mut dev).unwrap();
+        let mut fresh = L2p::new(1, 30, 1, 0);
+        fresh.add_volume(v, 8 * 1024);
+        fresh.vols[0].as_mut().unwrap().dir = l2p.vols[0].as_ref().unwrap().dir.clone();
+        for (lba, pba) in [(5, 51), (7, 70), (1030, 206), (2048, 1)] {
+            assert_eq!(fresh.get(&mut dev, v, Lba(lba)).unwrap(), Some(Pba(pba)));
         }
     }
 
