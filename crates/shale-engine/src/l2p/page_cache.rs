@@ -264,7 +264,7 @@ impl L2p {
             pending: 0,
             pending_cursor: 0,
             // About one waiting switch per page of the table (8 bytes each, 1/512 of
-            // the table), at least 32 KiB: enough that user faults, which apply them
+            // the table), at least 128 KiB: enough that user faults, which apply them
             // for free, drain nearly all of them under uniform writes.
             deferred: Deferred::new((pool_pages as usize).max(16384)),
             switch_scratch: Vec::new(),
