@@ -6,7 +6,7 @@
 //! (`PagePool`), handed out in allocation order, not address order, so the image
 //! stays sparse. Random 4 KiB copies over a simulated cache of a few hundred MiB
 //! otherwise miss the TLB on nearly every access: with 64 KiB heap pages the
-//! engine's iops benchmark spent ~10% more CPU per write on this (docs/devices.md).
+//! engine's iops benchmark spent ~8% more of its thread per write (docs/devices.md).
 //!
 //! Invariants: every stored page is exactly `PAGE_BYTES` long; a page absent from
 //! the map is all zeros; a free slot of the pool is all zeros.
@@ -54,14 +54,20 @@ impl PagePool {
         self.free.push(slot);
     }
 
-    fn page(&self, slot: u32) -> &[u8] {
+    /// (slab, byte range in it) of `slot`.
+    fn locate(slot: u32) -> (usize, std::ops::Range<usize>) {
         let at = (slot % SLOTS_PER_SLAB) as usize * SPARSE_PAGE_BYTES;
-        &self.slabs[(slot / SLOTS_PER_SLAB) as usize][at..at + SPARSE_PAGE_BYTES]
+        ((slot / SLOTS_PER_SLAB) as usize, at..at + SPARSE_PAGE_BYTES)
+    }
+
+    fn page(&self, slot: u32) -> &[u8] {
+        let (slab, range) = Self::locate(slot);
+        &self.slabs[slab][range]
     }
 
     fn page_mut(&mut self, slot: u32) -> &mut [u8] {
-        let at = (slot % SLOTS_PER_SLAB) as usize * SPARSE_PAGE_BYTES;
-        &mut self.slabs[(slot / SLOTS_PER_SLAB) as usize][at..at + SPARSE_PAGE_BYTES]
+        let (slab, range) = Self::locate(slot);
+        &mut self.slabs[slab][range]
     }
 }
 
@@ -74,10 +80,7 @@ fn map_slab() -> MmapMut {
             let _ = m.advise(Advice::HugePage);
             m
         }
-        Err(_) => std::alloc::handle_alloc_error(
-            std::alloc::Layout::from_size_align(SLAB_BYTES, SPARSE_PAGE_BYTES)
-                .unwrap_or_else(|_| std::alloc::Layout::new::<u8>()),
-        ),
+        Err(_) => std::alloc::handle_alloc_error(std::alloc::Layout::new::<[u8; SLAB_BYTES]>()),
     }
 }
 

@@ -221,7 +221,7 @@ impl L2p {
             let prev = self.frames[f as usize].prev;
             seen += 1;
             let fr = &self.frames[f as usize];
-            if !fr.wb_inflight && (!fr.dirty || self.can_evict_as_switches(f)) {
+            if !fr.wb_inflight && (!fr.is_dirty() || self.can_evict_as_switches(f)) {
                 // Clean, or it can leave as deferred switches: no write needed.
                 ready += 1;
             } else if !fr.wb_inflight {

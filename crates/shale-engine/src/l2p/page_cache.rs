@@ -37,7 +37,6 @@ const EPP: usize = L2P_ENTRIES_PER_PAGE as usize;
 pub(super) struct Frame {
     pub(super) volume: u32,
     pub(super) page: u32,
-    pub(super) dirty: bool,
     /// Dirty when the checkpoint in progress began: must be written before it commits.
     pub(super) ckpt_pending: bool,
     /// An asynchronous write-back of this frame is in flight (inflight.rs): the frame
@@ -50,10 +49,10 @@ pub(super) struct Frame {
     /// The page as stored on media (little-endian PBAs), so faults and write-backs
     /// move it without converting.
     pub(super) data: Box<[u8; PAGE_BYTES]>,
-    /// Entries changed since the stored copy, while `dirty`: the first `dirty_n` of
-    /// `dirty_log`, or `DIRTY_UNKNOWN` when there are more (or which is not known).
-    /// A dirty frame whose changes are all listed can be evicted as deferred
-    /// switches instead of written back (`evict_as_switches`).
+    /// Entries changed since the stored copy: the first `dirty_n` of `dirty_log`
+    /// (none: the frame is clean), or `DIRTY_UNKNOWN` when there are more (or which
+    /// is not known). A dirty frame whose changes are all listed can be evicted as
+    /// deferred switches instead of written back (`evict_as_switches`).
     pub(super) dirty_log: [u16; DIRTY_LOG],
     pub(super) dirty_n: u8,
 }
@@ -69,9 +68,13 @@ const DIRTY_UNKNOWN: u8 = u8::MAX;
 const EVICT_SWITCHES_MAX: usize = 16384;
 
 impl Frame {
+    /// The frame differs from the stored copy.
+    pub(super) fn is_dirty(&self) -> bool {
+        self.dirty_n != 0
+    }
+
     /// Entry `i` differs from the stored copy.
     pub(super) fn mark_dirty(&mut self, i: usize) {
-        self.dirty = true;
         let n = self.dirty_n as usize;
         if self.dirty_n == DIRTY_UNKNOWN || self.dirty_log[..n].contains(&(i as u16)) {
             return;
@@ -86,13 +89,11 @@ impl Frame {
 
     /// The frame may differ from the stored copy anywhere.
     pub(super) fn mark_all_dirty(&mut self) {
-        self.dirty = true;
         self.dirty_n = DIRTY_UNKNOWN;
     }
 
     /// The frame equals the stored copy (or nothing needs storing).
     pub(super) fn mark_clean(&mut self) {
-        self.dirty = false;
         self.dirty_n = 0;
     }
 }
@@ -530,7 +531,7 @@ impl L2p {
             panic!("every L2P frame is being written back");
         }
         let mut written = 0;
-        if self.frames[f as usize].dirty && !self.evict_as_switches(f) {
+        if self.frames[f as usize].is_dirty() && !self.evict_as_switches(f) {
             written += self.write_back(dev, f)?;
         }
         self.detach(f);
@@ -544,7 +545,6 @@ impl L2p {
             self.frames.push(Frame {
                 volume: u32::MAX,
                 page: 0,
-                dirty: false,
                 dirty_log: [0; DIRTY_LOG],
                 dirty_n: 0,
                 ckpt_pending: false,
@@ -562,7 +562,7 @@ impl L2p {
                 return None;
             }
             let fr = &self.frames[f as usize];
-            if !fr.wb_inflight && (!fr.dirty || self.evict_as_switches(f)) {
+            if !fr.wb_inflight && (!fr.is_dirty() || self.evict_as_switches(f)) {
                 self.detach(f);
                 return Some(f);
             }
@@ -596,7 +596,7 @@ impl L2p {
         // are not all listed. The switches may fill half the slab (at most
         // `EVICT_SWITCHES_MAX`): the rest is the relocations' (their overflow drains
         // down to half).
-        fr.dirty
+        fr.is_dirty()
             && !fr.wb_inflight
             && !fr.ckpt_pending
             && !self.draining
@@ -632,11 +632,8 @@ impl L2p {
             unreachable!("checked by can_evict_as_switches")
         };
         debug_assert_eq!(m.frame[p], f, "a cached page's slot names its frame");
-        m.frame[p] = if head == LINK_NONE {
-            FRAME_NONE
-        } else {
-            DEFERRED_BIT | head
-        };
+        debug_assert_ne!(head, LINK_NONE, "a dirty frame lists at least one change");
+        m.frame[p] = DEFERRED_BIT | head;
         self.frames[f as usize].mark_clean();
         self.counters.evicted_as_switches += 1;
         true
@@ -766,7 +763,7 @@ impl L2p {
             "write_back_all with write-backs in flight"
         );
         let dirty: Vec<u32> = (0..self.frames.len() as u32)
-            .filter(|&f| self.frames[f as usize].dirty && !self.frames[f as usize].wb_inflight)
+            .filter(|&f| self.frames[f as usize].is_dirty() && !self.frames[f as usize].wb_inflight)
             .collect();
         let mut n = 0;
         if dev.in_flight() != 0 {
@@ -839,7 +836,7 @@ impl L2p {
     pub fn mark_checkpoint_pending(&mut self) {
         self.clear_checkpoint_pending();
         for fr in self.frames.iter_mut() {
-            if fr.dirty && fr.volume != u32::MAX {
+            if fr.is_dirty() && fr.volume != u32::MAX {
                 fr.ckpt_pending = true;
                 self.pending += 1;
             }
@@ -897,7 +894,7 @@ impl L2p {
             if self.has_deferred(v, p) {
                 let (f, w) = self.frame(dev, VolumeId(v), p as usize)?;
                 bytes += w;
-                if self.frames[f as usize].dirty {
+                if self.frames[f as usize].is_dirty() {
                     bytes += self.write_back(dev, f)?;
                 }
                 n += 1;
