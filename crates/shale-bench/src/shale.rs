@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 
 use shale_device::{MemDevice, ZoneEmu, ZonedDevice};
 use shale_engine::{
-    Config as EngineConfig, Engine, EngineError, ManualClock, Reply, Request, Stats, VolumeId,
+    Config as EngineConfig, Engine, EngineError, ManualClock, Reply, Request, Stats, VolumeUid,
 };
 use shale_flashsim::{FlashSim, StatsHandle, ZnsSim};
 use shale_workload::{IoKind, IoOp};
@@ -114,7 +114,7 @@ pub struct ShaleSystem<Z: ZonedDevice> {
     cache_stats: StatsHandle,
     capacity_stats: StatsHandle,
     capacity_preset: &'static str,
-    volumes: Vec<VolumeId>,
+    volumes: Vec<VolumeUid>,
     volume_bytes: u64,
     inflight_max: u64,
     shared: Arc<Shared>,
@@ -259,7 +259,7 @@ impl<Z: ZonedDevice> ShaleSystem<Z> {
                 size_bytes: volume_bytes,
             });
             match reply {
-                Ok(Reply::Volume(v)) => sys.volumes.push(v.id),
+                Ok(Reply::Volume(v)) => sys.volumes.push(v.uid),
                 Ok(other) => {
                     return Err(SetupError::EngineAdmin {
                         step: "volume create",

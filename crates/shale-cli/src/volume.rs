@@ -45,10 +45,21 @@ pub enum VolumeCommand {
     Create { name: String, size: String },
     /// List volumes
     List,
-    /// Grow a volume
-    Resize { name: String, size: String },
+    /// Grow or shrink a volume (a shrink trims the blocks past the new end)
+    Resize {
+        name: String,
+        size: String,
+        /// Shrink even with clients connected: they are disconnected first
+        #[arg(long)]
+        force: bool,
+    },
     /// Delete a volume and trim all of its blocks
-    Delete { name: String },
+    Delete {
+        name: String,
+        /// Delete even with clients connected: they are disconnected first
+        #[arg(long)]
+        force: bool,
+    },
 }
 
 fn size(text: &str) -> Result<u64> {
@@ -67,11 +78,19 @@ pub fn volume(args: VolumeArgs) -> Result<()> {
             size_bytes: size(s)?,
         },
         VolumeCommand::List => AdminRequest::VolumeList,
-        VolumeCommand::Resize { name, size: s } => AdminRequest::VolumeResize {
+        VolumeCommand::Resize {
+            name,
+            size: s,
+            force,
+        } => AdminRequest::VolumeResize {
             name: name.clone(),
             size_bytes: size(s)?,
+            force: *force,
         },
-        VolumeCommand::Delete { name } => AdminRequest::VolumeDelete { name: name.clone() },
+        VolumeCommand::Delete { name, force } => AdminRequest::VolumeDelete {
+            name: name.clone(),
+            force: *force,
+        },
     };
     let v = call(&args.admin.socket(), &req)?;
     if args.admin.json {
@@ -79,18 +98,8 @@ pub fn volume(args: VolumeArgs) -> Result<()> {
         return Ok(());
     }
     match args.command {
-        VolumeCommand::List => {
-            println!("{:>4}  {:<24} {:>12}", "id", "name", "size");
-            for vol in v.as_array().into_iter().flatten() {
-                println!(
-                    "{:>4}  {:<24} {:>12}",
-                    vol["id"],
-                    vol["name"].as_str().unwrap_or("?"),
-                    format_size(vol["size_bytes"].as_u64().unwrap_or(0))
-                );
-            }
-        }
-        VolumeCommand::Delete { name } => println!("deleted volume {name}"),
+        VolumeCommand::List => print!("{}", volume_table(&v)),
+        VolumeCommand::Delete { name, .. } => println!("deleted volume {name}"),
         _ => println!(
             "volume {} (id {}): {}",
             v["name"].as_str().unwrap_or("?"),
@@ -99,6 +108,39 @@ pub fn volume(args: VolumeArgs) -> Result<()> {
         ),
     }
     Ok(())
+}
+
+/// `volume list` as an aligned table: columns as wide as their widest cell.
+fn volume_table(v: &serde_json::Value) -> String {
+    let header = ["NAME", "SIZE", "ID", "UID", "CLIENTS"];
+    let mut rows: Vec<[String; 5]> = vec![header.map(String::from)];
+    for vol in v.as_array().into_iter().flatten() {
+        let num = |k: &str| vol[k].as_u64().map_or("?".into(), |n| n.to_string());
+        rows.push([
+            vol["name"].as_str().unwrap_or("?").to_string(),
+            format_size(vol["size_bytes"].as_u64().unwrap_or(0)),
+            num("id"),
+            num("uid"),
+            num("clients"),
+        ]);
+    }
+    let mut width = [0usize; 5];
+    for r in &rows {
+        for (w, cell) in width.iter_mut().zip(r) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    for r in &rows {
+        // The name left-aligned, numbers right-aligned, two spaces between columns.
+        let mut line = format!("{:<w$}", r[0], w = width[0]);
+        for (cell, w) in r.iter().zip(width).skip(1) {
+            line.push_str(&format!("  {cell:>w$}"));
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
 }
 
 pub fn stats(args: AdminArgs) -> Result<()> {
@@ -114,4 +156,29 @@ pub fn stats(args: AdminArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn volume_list_columns_line_up() {
+        let v = serde_json::json!([
+            {"name": "default", "size_bytes": 8u64 << 30, "id": 0, "uid": 1, "clients": 2},
+            {"name": "a-much-longer-name", "size_bytes": 4096, "id": 12, "uid": 130, "clients": 0},
+        ]);
+        let t = volume_table(&v);
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines.len(), 3, "{t}");
+        // Every column's right edge (numbers) is at the same place on every line.
+        let ends = |l: &str| l.len();
+        assert_eq!(ends(lines[0]), ends(lines[1]), "{t}");
+        assert_eq!(ends(lines[1]), ends(lines[2]), "{t}");
+        let size_col = lines[0].find("SIZE").expect("header") + "SIZE".len();
+        for l in &lines[1..] {
+            assert_eq!(&l[size_col..size_col + 2], "  ", "{t}");
+        }
+        assert!(lines[2].starts_with("a-much-longer-name  "), "{t}");
+    }
 }

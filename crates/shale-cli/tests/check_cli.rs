@@ -12,7 +12,7 @@ use std::process::{Command, Output};
 use std::sync::{Arc, Mutex};
 
 use shale_device::{BlockDevice, FileDevice, ZoneEmu};
-use shale_engine::{Config, Engine, MonotonicClock, Reply, Request, VolumeId};
+use shale_engine::{Config, Engine, MonotonicClock, Reply, Request, VolumeUid};
 use shale_format::Superblock;
 
 const BS: u64 = 4096;
@@ -122,17 +122,17 @@ fn write_and_crash(p: &Pair) {
             .collect();
         // Overwrite the first 16 MiB again and again so chunks hold stale blocks.
         let offset = ((i * 7) % 64) << 20;
-        write(&mut e, v.id, offset, data);
+        write(&mut e, v.uid, offset, data);
     }
     call(&mut e, Request::Flush);
-    write(&mut e, v.id, 3 << 20, vec![7u8; 1 << 20]);
+    write(&mut e, v.uid, 3 << 20, vec![7u8; 1 << 20]);
     // A crash: no shutdown, nothing more reaches the files.
     std::mem::forget(e);
 }
 
 fn write<C: BlockDevice, Z: shale_device::ZonedDevice>(
     e: &mut Engine<C, Z, MonotonicClock>,
-    volume: VolumeId,
+    volume: VolumeUid,
     offset: u64,
     data: Vec<u8>,
 ) {

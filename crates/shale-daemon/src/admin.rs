@@ -21,10 +21,25 @@ pub const REQUEST_BYTES_MAX: usize = 64 * 1024;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
 pub enum AdminRequest {
-    VolumeCreate { name: String, size_bytes: u64 },
+    VolumeCreate {
+        name: String,
+        size_bytes: u64,
+    },
     VolumeList,
-    VolumeResize { name: String, size_bytes: u64 },
-    VolumeDelete { name: String },
+    /// Shrinking a volume with connected clients is refused unless `force`, which
+    /// disconnects them first (a client's view of the size is fixed at connect).
+    VolumeResize {
+        name: String,
+        size_bytes: u64,
+        #[serde(default)]
+        force: bool,
+    },
+    /// Refused while clients are connected unless `force`, which disconnects them.
+    VolumeDelete {
+        name: String,
+        #[serde(default)]
+        force: bool,
+    },
     Stats,
     Checkpoint,
 }

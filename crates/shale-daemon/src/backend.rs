@@ -3,12 +3,17 @@
 //! Requests go straight into the engine thread's bounded queue; completions run on the
 //! engine thread and hand the reply to the connection's writer. A full queue makes the
 //! submitting connection wait (backpressure), never the engine.
+//!
+//! An export's id is its volume's uid, which no later volume shares: a connection
+//! keeps naming the volume it negotiated, and the engine refuses its requests once
+//! that volume is deleted, whatever volume took the slot or the name since.
 
-use std::sync::{Arc, RwLock};
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use shale_device::{BlockDevice, ZonedDevice};
 use shale_engine::{
-    EngineError, EngineThread, Reply, Request, VolumeId, VolumeInfo, ALLOCATION_QUERY_BYTES_MAX,
+    EngineError, EngineThread, Reply, Request, VolumeInfo, VolumeUid, ALLOCATION_QUERY_BYTES_MAX,
 };
 use shale_nbd::backend::{
     Backend, BackendError, BackendReply, BackendRequest, BlockSizes, Completion, ExportCaps,
@@ -26,7 +31,23 @@ pub type Engine = EngineThread<CacheDevice, CapacityDevice>;
 pub struct EngineBackend {
     engine: Arc<Engine>,
     volumes: RwLock<Vec<VolumeInfo>>,
+    /// Volumes no new connection may negotiate (being deleted or shrunk).
+    hidden: Mutex<HashSet<VolumeUid>>,
     payload_bytes_max: u32,
+}
+
+/// Keeps a volume hidden from new connections while it lives (see
+/// [`EngineBackend::hide`]).
+#[derive(Debug)]
+pub struct Hidden<'a> {
+    backend: &'a EngineBackend,
+    uid: VolumeUid,
+}
+
+impl Drop for Hidden<'_> {
+    fn drop(&mut self) {
+        self.backend.hidden_set().remove(&self.uid);
+    }
 }
 
 impl EngineBackend {
@@ -34,6 +55,7 @@ impl EngineBackend {
         let b = EngineBackend {
             engine,
             volumes: RwLock::new(Vec::new()),
+            hidden: Mutex::default(),
             payload_bytes_max,
         };
         b.refresh()?;
@@ -61,9 +83,27 @@ impl EngineBackend {
         &self.engine
     }
 
+    fn hidden_set(&self) -> std::sync::MutexGuard<'_, HashSet<VolumeUid>> {
+        self.hidden.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Hides volume `uid` from new connections until the guard drops. A connection
+    /// is bound to its export before the server looks the export up a last time, so
+    /// once this returns, every connection to `uid` is either counted by the server
+    /// already or will fail to start.
+    pub fn hide(&self, uid: VolumeUid) -> Hidden<'_> {
+        self.hidden_set().insert(uid);
+        Hidden { backend: self, uid }
+    }
+
+    /// The export id of a volume.
+    pub fn export_id(uid: VolumeUid) -> ExportId {
+        ExportId(uid.0)
+    }
+
     fn info(&self, v: &VolumeInfo) -> ExportInfo {
         ExportInfo {
-            id: ExportId(v.id.0),
+            id: Self::export_id(v.uid),
             name: v.name.clone(),
             description: format!("Shale volume {} ({})", v.name, v.id),
             size_bytes: v.size_bytes,
@@ -115,18 +155,24 @@ fn backend_error(offset: u64, e: EngineError) -> BackendError {
 
 impl Backend for EngineBackend {
     fn exports(&self) -> Vec<ExportInfo> {
-        self.volumes().iter().map(|v| self.info(v)).collect()
+        let hidden = self.hidden_set();
+        self.volumes()
+            .iter()
+            .filter(|v| !hidden.contains(&v.uid))
+            .map(|v| self.info(v))
+            .collect()
     }
 
     fn export(&self, name: &str) -> Option<ExportInfo> {
+        let hidden = self.hidden_set();
         self.volumes()
             .iter()
-            .find(|v| v.name == name)
+            .find(|v| v.name == name && !hidden.contains(&v.uid))
             .map(|v| self.info(v))
     }
 
     fn submit(&self, export: ExportId, req: BackendRequest, done: Completion) {
-        let volume = VolumeId(export.0);
+        let volume = VolumeUid(export.0);
         // Trim and write-zeroes with FUA are a request followed by a flush: the engine
         // executes its queue in order, so the flush covers the request before it.
         let (request, offset, then_flush) = match req {

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 use shale_engine::{EngineError, Reply, Request, Stats, VolumeInfo};
+use shale_nbd::ServerHandle;
 
 use crate::admin::{AdminHandler, AdminRequest};
 use crate::backend::EngineBackend;
@@ -12,20 +13,65 @@ use crate::metrics::{Metric, MetricKind};
 #[derive(Debug)]
 pub struct DaemonAdmin {
     backend: Arc<EngineBackend>,
+    /// The NBD server's connections, to refuse or force volume changes under them.
+    nbd: Option<ServerHandle>,
 }
 
 impl DaemonAdmin {
-    pub fn new(backend: Arc<EngineBackend>) -> Self {
-        DaemonAdmin { backend }
+    pub fn new(backend: Arc<EngineBackend>, nbd: Option<ServerHandle>) -> Self {
+        DaemonAdmin { backend, nbd }
     }
 
-    fn volume_id(&self, name: &str) -> Result<shale_engine::VolumeId, String> {
+    fn volume(&self, name: &str) -> Result<VolumeInfo, String> {
         list(&self.backend)
             .map_err(|e| e.to_string())?
             .into_iter()
             .find(|v| v.name == name)
-            .map(|v| v.id)
             .ok_or_else(|| format!("no volume named {name:?}"))
+    }
+
+    /// Clients connected to volume `v`.
+    fn clients(&self, v: &VolumeInfo) -> usize {
+        self.nbd
+            .as_ref()
+            .map_or(0, |h| h.connections_to(EngineBackend::export_id(v.uid)))
+    }
+
+    fn disconnect(&self, v: &VolumeInfo) -> usize {
+        self.nbd
+            .as_ref()
+            .map_or(0, |h| h.disconnect(EngineBackend::export_id(v.uid)))
+    }
+
+    /// Runs a change that connected clients must not see (delete, shrink): the
+    /// volume is hidden from new connections first, then refused if clients remain
+    /// (unless `force`, which disconnects them), changed, and any client that
+    /// connected meanwhile is disconnected too.
+    fn change_without_clients(
+        &self,
+        v: &VolumeInfo,
+        what: &str,
+        force: bool,
+        req: Request,
+    ) -> Result<Reply, String> {
+        let _hidden = self.backend.hide(v.uid);
+        let n = self.clients(v);
+        if n > 0 && !force {
+            return Err(format!(
+                "volume {:?} has {n} connected client{}; disconnect {} or pass --force to {what} it anyway (which disconnects them)",
+                v.name,
+                if n == 1 { "" } else { "s" },
+                if n == 1 { "it" } else { "them" },
+            ));
+        }
+        if n > 0 {
+            tracing::warn!(volume = %v.name, clients = n, "disconnecting clients to {what} the volume");
+            self.disconnect(v);
+        }
+        let r = self.backend.engine().call(req).map_err(|e| e.to_string());
+        self.disconnect(v);
+        self.backend.refresh().map_err(|e| e.to_string())?;
+        r
     }
 }
 
@@ -47,8 +93,14 @@ fn stats(b: &EngineBackend) -> Result<Stats, EngineError> {
     }
 }
 
-fn volume_json(v: &VolumeInfo) -> Value {
-    json!({ "id": v.id.0, "name": v.name, "size_bytes": v.size_bytes })
+fn volume_json(v: &VolumeInfo, clients: usize) -> Value {
+    json!({
+        "id": v.id.0,
+        "uid": v.uid.0,
+        "name": v.name,
+        "size_bytes": v.size_bytes,
+        "clients": clients,
+    })
 }
 
 /// Stats as JSON, with the WAF figures of DESIGN.md spelled out.
@@ -102,29 +154,48 @@ pub fn stats_json(s: &Stats) -> Value {
 impl AdminHandler for DaemonAdmin {
     fn handle(&self, req: AdminRequest) -> Result<Value, String> {
         let engine = self.backend.engine();
-        let volume_reply = |r: Result<Reply, EngineError>| -> Result<Value, String> {
-            let r = r.map_err(|e| e.to_string())?;
+        let volume_reply = |r: Result<Reply, String>| -> Result<Value, String> {
+            let r = r?;
             self.backend.refresh().map_err(|e| e.to_string())?;
             Ok(match r {
-                Reply::Volume(v) => volume_json(&v),
+                Reply::Volume(v) => volume_json(&v, self.clients(&v)),
                 _ => Value::Null,
             })
         };
         match req {
-            AdminRequest::VolumeCreate { name, size_bytes } => {
-                volume_reply(engine.call(Request::CreateVolume { name, size_bytes }))
+            AdminRequest::VolumeCreate { name, size_bytes } => volume_reply(
+                engine
+                    .call(Request::CreateVolume { name, size_bytes })
+                    .map_err(|e| e.to_string()),
+            ),
+            AdminRequest::VolumeResize {
+                name,
+                size_bytes,
+                force,
+            } => {
+                let v = self.volume(&name)?;
+                let req = Request::ResizeVolume {
+                    volume: v.uid,
+                    size_bytes,
+                };
+                volume_reply(if size_bytes < v.size_bytes {
+                    self.change_without_clients(&v, "shrink", force, req)
+                } else {
+                    // Clients keep the size they connected with: growing under them
+                    // changes nothing they can see until they reconnect.
+                    engine.call(req).map_err(|e| e.to_string())
+                })
             }
-            AdminRequest::VolumeResize { name, size_bytes } => {
-                let volume = self.volume_id(&name)?;
-                volume_reply(engine.call(Request::ResizeVolume { volume, size_bytes }))
-            }
-            AdminRequest::VolumeDelete { name } => {
-                let volume = self.volume_id(&name)?;
-                volume_reply(engine.call(Request::DeleteVolume { volume }))
+            AdminRequest::VolumeDelete { name, force } => {
+                let v = self.volume(&name)?;
+                let req = Request::DeleteVolume { volume: v.uid };
+                volume_reply(self.change_without_clients(&v, "delete", force, req))
             }
             AdminRequest::VolumeList => {
                 let v = list(&self.backend).map_err(|e| e.to_string())?;
-                Ok(Value::Array(v.iter().map(volume_json).collect()))
+                Ok(Value::Array(
+                    v.iter().map(|v| volume_json(v, self.clients(v))).collect(),
+                ))
             }
             AdminRequest::Stats => {
                 let s = stats(&self.backend).map_err(|e| e.to_string())?;

@@ -512,9 +512,11 @@ impl Daemon {
             _lock: lock,
         };
         let nbd_config = nbd_server_config(config)?;
-        daemon.nbd = Some(Server::start(nbd_config, backend.clone())?);
+        let nbd = Server::start(nbd_config, backend.clone())?;
+        let nbd_handle = nbd.handle();
+        daemon.nbd = Some(nbd);
         if let Some(path) = config.expand(&config.admin.socket) {
-            let handler = Arc::new(DaemonAdmin::new(Arc::clone(&backend)));
+            let handler = Arc::new(DaemonAdmin::new(Arc::clone(&backend), Some(nbd_handle)));
             daemon.admin = Some(AdminServer::start(&path, handler)?);
         }
         if !config.metrics.listen.is_empty() {

@@ -38,7 +38,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use shale_device::{BlockDevice, FileDevice, MemDevice, ZoneEmu, ZoneEmuConfig};
-use shale_engine::{Config, Engine, MonotonicClock, Reply, Request, Stats, VolumeId};
+use shale_engine::{Config, Engine, MonotonicClock, Reply, Request, Stats, VolumeUid};
 
 const BLOCK: u64 = 4096;
 const ZONE_BYTES: u64 = 4 << 20;
@@ -205,7 +205,7 @@ type Eng = Engine<Box<dyn BlockDevice>, ZoneEmu<FileDevice>, MonotonicClock>;
 
 struct Rig {
     e: Eng,
-    volume: VolumeId,
+    volume: VolumeUid,
     blocks: u64,
     paths: Vec<PathBuf>,
 }
@@ -263,7 +263,7 @@ fn build(a: &Args, run: usize) -> Rig {
     );
     e.run_until_idle().expect("create the volume");
     let volume = match slot.lock().unwrap().take() {
-        Some(Ok(Reply::Volume(v))) => v.id,
+        Some(Ok(Reply::Volume(v))) => v.uid,
         other => panic!("volume create: {other:?}"),
     };
     Rig {

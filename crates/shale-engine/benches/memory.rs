@@ -147,7 +147,7 @@ fn main() {
                 size_bytes: user,
             },
         ) {
-            Reply::Volume(v) => v.id,
+            Reply::Volume(v) => v.uid,
             other => panic!("create: {other:?}"),
         };
         let (cache, cap) = e.shutdown().expect("shutdown");

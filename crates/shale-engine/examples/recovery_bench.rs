@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use shale_device::{FileDevice, ZoneEmu, ZoneEmuConfig};
-use shale_engine::{Config, Engine, MonotonicClock, OpenReport, Reply, Request, VolumeId};
+use shale_engine::{Config, Engine, MonotonicClock, OpenReport, Reply, Request, VolumeUid};
 
 type E = Engine<FileDevice, ZoneEmu<FileDevice>, MonotonicClock>;
 
@@ -106,7 +106,7 @@ fn write_many(e: &mut E, n: u64, len: usize, mut lba: impl FnMut(u64) -> u64) ->
             let d = done.clone();
             e.submit(
                 Request::Write {
-                    volume: VolumeId(0),
+                    volume: VolumeUid(1),
                     offset: lba(submitted) * 4096,
                     data: data.clone(),
                     fua: false,

@@ -46,7 +46,7 @@ fn main() {
     );
     e.run_until_idle().unwrap();
     let v = match slot.lock().unwrap().take().unwrap().unwrap() {
-        Reply::Volume(v) => v.id,
+        Reply::Volume(v) => v.uid,
         _ => unreachable!(),
     };
     println!(

@@ -343,7 +343,7 @@ mod tests {
     use std::sync::{Arc, Mutex};
 
     use shale_device::{CrashMode, FaultDevice, ZoneEmu, ZoneEmuConfig};
-    use shale_format::{Lba, RegionRole, VolumeId};
+    use shale_format::{Lba, RegionRole, VolumeId, VolumeUid};
 
     use crate::{Config, Engine, EngineError, ManualClock, Reply, Request};
 
@@ -398,7 +398,7 @@ mod tests {
             z.zone_count_max = 28;
             let cap = ZoneEmu::format(inner, &z).unwrap();
             let mut e = E::format(cache, cap, ManualClock::new(), config.clone()).unwrap();
-            let v = VolumeId(0);
+            let v = VolumeUid(1);
             call(
                 &mut e,
                 Request::CreateVolume {
@@ -458,7 +458,7 @@ mod tests {
                 newest.insert(l, s);
                 let waits = e
                     .start_write(
-                        v,
+                        VolumeId(0),
                         l * 4096,
                         block(s),
                         false,

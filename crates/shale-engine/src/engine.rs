@@ -554,26 +554,47 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         req: Request,
         done: Answer,
     ) -> Result<Option<(Request, Answer)>, EngineError> {
+        // Checked here, on the engine thread and in queue order with volume changes:
+        // a request for a volume deleted before it was taken fails, whichever volume
+        // holds the slot now.
+        let slot = match &req {
+            Request::Read { volume, .. }
+            | Request::Write { volume, .. }
+            | Request::Trim { volume, .. }
+            | Request::WriteZeroes { volume, .. }
+            | Request::Allocation { volume, .. } => match self.volumes.resolve(*volume) {
+                Some(slot) => slot,
+                None => {
+                    done.send(Err(EngineError::NoSuchVolume { volume: *volume }));
+                    return Ok(None);
+                }
+            },
+            _ => shale_format::VolumeId::NONE,
+        };
         match req {
-            Request::Read {
-                volume,
-                offset,
-                len,
-            } => self.start_read(volume, offset, len, done)?,
+            Request::Read { offset, len, .. } => self.start_read(slot, offset, len, done)?,
             Request::Write {
                 volume,
                 offset,
                 data,
                 fua,
             } => {
-                return self.start_write(volume, offset, data, fua, done);
+                return Ok(self
+                    .start_write(slot, offset, data, fua, done)?
+                    .map(|(data, done)| {
+                        (
+                            Request::Write {
+                                volume,
+                                offset,
+                                data,
+                                fua,
+                            },
+                            done,
+                        )
+                    }));
             }
-            Request::Trim {
-                volume,
-                offset,
-                len,
-            } => {
-                let r = self.trim(volume, offset, len, false);
+            Request::Trim { offset, len, .. } => {
+                let r = self.trim(slot, offset, len, false);
                 done.send(r.map(|_| Reply::Done));
             }
             Request::WriteZeroes {
@@ -581,7 +602,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 offset,
                 len,
             } => {
-                if !self.can_write_zeroes(volume, offset, len) {
+                if !self.can_write_zeroes(slot, offset, len) {
                     return Ok(Some((
                         Request::WriteZeroes {
                             volume,
@@ -591,7 +612,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                         done,
                     )));
                 }
-                let r = self.trim(volume, offset, len, true);
+                let r = self.trim(slot, offset, len, true);
                 done.send(r.map(|_| Reply::Done));
             }
             Request::Flush => {
@@ -611,12 +632,8 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 done.send(r.map(|_| Reply::Done));
             }
             Request::ListVolumes => done.send(Ok(Reply::Volumes(self.volume_list()))),
-            Request::Allocation {
-                volume,
-                offset,
-                len,
-            } => {
-                let r = self.allocation(volume, offset, len);
+            Request::Allocation { offset, len, .. } => {
+                let r = self.allocation(slot, offset, len);
                 done.send(r.map(Reply::Allocation));
             }
             Request::Stats => done.send(Ok(Reply::Stats(Box::new(self.stats())))),
@@ -679,9 +696,12 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     /// Where (volume, lba) is mapped, if anywhere.
     pub fn locate(
         &mut self,
-        volume: shale_format::VolumeId,
+        volume: shale_format::VolumeUid,
         lba: shale_format::Lba,
     ) -> Result<Option<Location>, EngineError> {
+        let Some(volume) = self.volumes.resolve(volume) else {
+            return Ok(None);
+        };
         let Some(pba) = self.l2p.get(&mut self.cache, volume, lba)? else {
             return Ok(None);
         };

@@ -1,13 +1,13 @@
 //! Typed errors, one enum per area. Bad input and bad media are values; bugs are panics.
 
 use shale_device::{DeviceError, ZoneError};
-use shale_format::{FormatError, Lba, Pba, RegionId, VolumeId};
+use shale_format::{FormatError, Lba, Pba, RegionId, VolumeId, VolumeUid};
 
 /// Errors of data-path and admin requests.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
     #[error("{volume}: no such volume")]
-    NoSuchVolume { volume: VolumeId },
+    NoSuchVolume { volume: VolumeUid },
     #[error("{volume}: range {offset}+{len} is beyond the volume end {size_bytes}")]
     OutOfRange {
         volume: VolumeId,

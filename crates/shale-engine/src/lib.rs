@@ -58,4 +58,4 @@ pub use recovery::{OpenReport, ReplayCounts, StepReport};
 pub use request::{Completion, Extent, Reply, Request, VolumeInfo, ALLOCATION_QUERY_BYTES_MAX};
 pub use thread::EngineThread;
 
-pub use shale_format::{Lba, Pba, Sid, VolumeId};
+pub use shale_format::{Lba, Pba, Sid, VolumeId, VolumeUid};

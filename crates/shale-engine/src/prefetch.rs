@@ -17,6 +17,7 @@ use shale_format::{VolumeId, L2P_ENTRIES_PER_PAGE};
 
 use crate::engine::InflightIo;
 use crate::layout::BS;
+use crate::volume::Volumes;
 use crate::{Clock, Engine, EngineError, Request};
 
 /// Queued requests looked at for pages to load.
@@ -29,7 +30,7 @@ const LOADS_MAX: usize = 64;
 const WRITE_BACKS_MAX: usize = 32;
 
 /// The L2P pages of a user request that prefetching covers: (volume, first, end).
-fn request_pages(req: &Request) -> Option<(VolumeId, u64, u64)> {
+fn request_pages(volumes: &Volumes, req: &Request) -> Option<(VolumeId, u64, u64)> {
     let (volume, offset, len) = match req {
         Request::Read {
             volume,
@@ -57,6 +58,8 @@ fn request_pages(req: &Request) -> Option<(VolumeId, u64, u64)> {
     if len == 0 {
         return None;
     }
+    // A request for a volume gone fails when dispatched; it needs no pages.
+    let volume = volumes.resolve(volume)?;
     let per_page = L2P_ENTRIES_PER_PAGE * BS;
     let first = offset / per_page;
     let last = offset.checked_add(len - 1)? / per_page;
@@ -82,7 +85,9 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         let loads_max = self.loads_max();
         let end = self.queue.len().min(PREFETCH_REQUESTS_MAX);
         while self.prefetched < end && self.l2p.loads_in_flight() < loads_max {
-            let Some((volume, first, last)) = request_pages(&self.queue[self.prefetched].0) else {
+            let Some((volume, first, last)) =
+                request_pages(&self.volumes, &self.queue[self.prefetched].0)
+            else {
                 self.prefetched += 1;
                 continue;
             };
@@ -117,7 +122,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         if self.l2p.loads_in_flight() == 0 {
             return false;
         }
-        request_pages(req).is_some_and(|(v, first, last)| {
+        request_pages(&self.volumes, req).is_some_and(|(v, first, last)| {
             self.prefetched == 0 || (first..last).any(|p| self.l2p.is_loading(v, p as usize))
         })
     }

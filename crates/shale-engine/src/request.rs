@@ -1,34 +1,36 @@
 //! What clients ask of the engine, and what they get back.
 //!
 //! Offsets and lengths are in bytes and may have any alignment: the engine does the
-//! read-modify-write of partial blocks. Trim is advisory for partial blocks (only blocks
+//! read-modify-write of partial blocks. A request names its volume by uid, the
+//! identity no later volume shares: a request for a deleted volume fails with
+//! `NoSuchVolume` even when a new volume took its slot. Trim is advisory for partial blocks (only blocks
 //! wholly inside the range are unmapped); write-zeroes is exact.
 
-use shale_format::VolumeId;
+use shale_format::{VolumeId, VolumeUid};
 
 use crate::{EngineError, Stats};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request {
     Read {
-        volume: VolumeId,
+        volume: VolumeUid,
         offset: u64,
         len: u64,
     },
     /// `fua`: durable when completed (costs a flush: see `flush.rs`).
     Write {
-        volume: VolumeId,
+        volume: VolumeUid,
         offset: u64,
         data: Vec<u8>,
         fua: bool,
     },
     Trim {
-        volume: VolumeId,
+        volume: VolumeUid,
         offset: u64,
         len: u64,
     },
     WriteZeroes {
-        volume: VolumeId,
+        volume: VolumeUid,
         offset: u64,
         len: u64,
     },
@@ -39,11 +41,11 @@ pub enum Request {
         size_bytes: u64,
     },
     ResizeVolume {
-        volume: VolumeId,
+        volume: VolumeUid,
         size_bytes: u64,
     },
     DeleteVolume {
-        volume: VolumeId,
+        volume: VolumeUid,
     },
     ListVolumes,
     /// Which bytes of `[offset, offset + len)` are mapped (NBD BLOCK_STATUS
@@ -51,7 +53,7 @@ pub enum Request {
     /// [`ALLOCATION_QUERY_BYTES_MAX`] (larger is refused with `TooLarge`; NBD lets a
     /// server answer a prefix, so front-ends clamp). Any alignment.
     Allocation {
-        volume: VolumeId,
+        volume: VolumeUid,
         offset: u64,
         len: u64,
     },
@@ -62,7 +64,10 @@ pub enum Request {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VolumeInfo {
+    /// The volume's slot (reused after a delete).
     pub id: VolumeId,
+    /// The volume's identity (never reused): what requests name.
+    pub uid: VolumeUid,
     pub name: String,
     pub size_bytes: u64,
 }

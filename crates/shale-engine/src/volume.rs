@@ -3,10 +3,12 @@
 //! checkpoint, so a volume's L2P pages can be recycled safely.
 //!
 //! Invariants: the sum of volume sizes never exceeds the user capacity (no thin
-//! provisioning); names are unique, 1..=32 bytes; ids are table slots < volumes_max.
+//! provisioning); names are unique, 1..=32 bytes; ids are table slots < volumes_max;
+//! uids are issued from the table's `uid_next` and never reused, so a request naming
+//! a deleted volume's uid finds nothing even after its slot is taken again.
 
 use shale_device::{BlockDevice, ZonedDevice};
-use shale_format::{JournalRecord, VolumeEntry, VolumeId, VolumeTable, VOLUME_NAME_MAX};
+use shale_format::{JournalRecord, VolumeEntry, VolumeId, VolumeTable, VolumeUid, VOLUME_NAME_MAX};
 
 use crate::layout::BS;
 use crate::{Clock, Engine, EngineError, VolumeInfo};
@@ -27,9 +29,20 @@ impl Volumes {
         self.table.entries.iter().find(|e| e.id == id)
     }
 
+    /// The slot of the live volume `uid`, if it exists (at most `VOLUMES_MAX` entries:
+    /// a scan is cheaper than keeping an index in step).
+    pub fn resolve(&self, uid: VolumeUid) -> Option<VolumeId> {
+        self.table
+            .entries
+            .iter()
+            .find(|e| e.uid == uid)
+            .map(|e| e.id)
+    }
+
     fn info(e: &VolumeEntry) -> VolumeInfo {
         VolumeInfo {
             id: e.id,
+            uid: e.uid,
             name: e.name.clone(),
             size_bytes: e.size_blocks * BS,
         }
@@ -78,9 +91,15 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 reason: format!("all {} volume slots in use", self.volumes.volumes_max),
             });
         };
+        let Some(uid) = self.volumes.table.issue_uid() else {
+            return Err(EngineError::InvalidVolume {
+                reason: "every volume uid has been issued".into(),
+            });
+        };
         let (created_sid, created_pos) = self.write_position();
         let e = VolumeEntry {
             id,
+            uid,
             name: name.to_string(),
             size_blocks: blocks,
             created_sid,
@@ -95,12 +114,15 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
 
     pub(crate) fn resize_volume(
         &mut self,
-        id: VolumeId,
+        uid: VolumeUid,
         size_bytes: u64,
     ) -> Result<VolumeInfo, EngineError> {
         let blocks = size_blocks(size_bytes)?;
+        let Some(id) = self.volumes.resolve(uid) else {
+            return Err(EngineError::NoSuchVolume { volume: uid });
+        };
         let Some(old) = self.volumes.get(id).map(|e| e.size_blocks) else {
-            return Err(EngineError::NoSuchVolume { volume: id });
+            unreachable!("resolved above");
         };
         if blocks > old {
             let available = self.volumes.user_capacity_blocks - self.volumes.allocated_blocks();
@@ -124,9 +146,12 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         Ok(info)
     }
 
-    pub(crate) fn delete_volume(&mut self, id: VolumeId) -> Result<(), EngineError> {
+    pub(crate) fn delete_volume(&mut self, uid: VolumeUid) -> Result<(), EngineError> {
+        let Some(id) = self.volumes.resolve(uid) else {
+            return Err(EngineError::NoSuchVolume { volume: uid });
+        };
         let Some(size) = self.volumes.get(id).map(|e| e.size_blocks) else {
-            return Err(EngineError::NoSuchVolume { volume: id });
+            unreachable!("resolved above");
         };
         self.unmap_range(id, 0, size)?;
         self.l2p.remove_volume(id);

@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use shale_engine::{EngineError, Request, VolumeId};
+use shale_engine::{EngineError, Request, VolumeUid};
 
 #[test]
 fn write_read_reopen() {
@@ -55,7 +55,7 @@ fn bad_input_is_refused() {
     let mut e = tiny_engine();
     let v = create(&mut e, "a", 1 << 20);
     assert!(matches!(
-        read(&mut e, VolumeId(3), 0, 4096),
+        read(&mut e, VolumeUid(3), 0, 4096),
         Err(EngineError::NoSuchVolume { .. })
     ));
     assert!(matches!(
@@ -112,7 +112,7 @@ fn bad_input_is_refused() {
         call(
             &mut e,
             Request::DeleteVolume {
-                volume: VolumeId(9)
+                volume: VolumeUid(9)
             }
         ),
         Err(EngineError::NoSuchVolume { .. })

@@ -10,13 +10,13 @@ mod common;
 use common::copy_mem;
 use common::rig::{block_of, Model, Rig, BS};
 use shale_device::{BlockDevice, CrashMode, FaultDevice, MemDevice, ZoneEmu};
-use shale_engine::{check, CheckOptions, Engine, ManualClock, Reply, Request, VolumeId};
+use shale_engine::{check, CheckOptions, Engine, ManualClock, Reply, Request, VolumeUid};
 use shale_format::{
     decode_md_header, journal_ring_entries, CacheLayout, Checkpoint, JournalBlock, RegionState,
     Superblock, L2P_SLOT_NONE,
 };
 
-const V: VolumeId = VolumeId(0);
+const V: VolumeUid = VolumeUid(1);
 
 struct Image {
     cache: MemDevice,

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use common::{pattern, tiny_config};
 use shale_device::{ErrorRule, FaultController, FaultDevice, Latency, ZoneEmu, ZoneEmuConfig};
-use shale_engine::{Engine, EngineError, ManualClock, Reply, Request, VolumeId};
+use shale_engine::{Engine, EngineError, ManualClock, Reply, Request, VolumeUid};
 
 type FEng = Engine<FaultDevice, ZoneEmu<FaultDevice>, ManualClock>;
 
@@ -65,7 +65,7 @@ fn call(e: &mut FEng, req: Request) -> Result<Reply, EngineError> {
 }
 
 /// Writes one 4 KiB block of `pattern(seed)` at `offset`.
-fn write_block(e: &mut FEng, v: VolumeId, offset: u64, seed: u64) -> Result<Reply, EngineError> {
+fn write_block(e: &mut FEng, v: VolumeUid, offset: u64, seed: u64) -> Result<Reply, EngineError> {
     call(
         e,
         Request::Write {
@@ -78,7 +78,7 @@ fn write_block(e: &mut FEng, v: VolumeId, offset: u64, seed: u64) -> Result<Repl
 }
 
 /// Creates volume 0 of `bytes`.
-fn create_volume(e: &mut FEng, bytes: u64) -> VolumeId {
+fn create_volume(e: &mut FEng, bytes: u64) -> VolumeUid {
     call(
         e,
         Request::CreateVolume {
@@ -87,7 +87,7 @@ fn create_volume(e: &mut FEng, bytes: u64) -> VolumeId {
         },
     )
     .unwrap();
-    VolumeId(0)
+    VolumeUid(1)
 }
 
 #[test]
@@ -105,7 +105,7 @@ fn late_and_reordered_completions() {
     )
     .unwrap()
     {
-        Reply::Volume(v) => v.id,
+        Reply::Volume(v) => v.uid,
         r => panic!("{r:?}"),
     };
     let mut model: HashMap<u64, u64> = HashMap::new();
@@ -185,7 +185,7 @@ fn late_and_reordered_completions() {
 #[test]
 fn a_read_error_fails_that_read_only() {
     let (mut e, cc, _zc) = fault_engine(3);
-    let v = VolumeId(0);
+    let v = VolumeUid(1);
     call(
         &mut e,
         Request::CreateVolume {
@@ -249,7 +249,7 @@ fn a_read_error_fails_that_read_only() {
 #[test]
 fn a_write_error_stops_the_engine_cleanly() {
     let (mut e, cc, _zc) = fault_engine(5);
-    let v = VolumeId(0);
+    let v = VolumeUid(1);
     call(
         &mut e,
         Request::CreateVolume {
@@ -283,7 +283,7 @@ fn a_write_error_stops_the_engine_cleanly() {
 }
 
 /// Reads `len` bytes at `offset` of volume `v`.
-fn read(e: &mut FEng, v: VolumeId, offset: u64, len: u64) -> Result<Reply, EngineError> {
+fn read(e: &mut FEng, v: VolumeUid, offset: u64, len: u64) -> Result<Reply, EngineError> {
     call(
         e,
         Request::Read {
@@ -295,7 +295,7 @@ fn read(e: &mut FEng, v: VolumeId, offset: u64, len: u64) -> Result<Reply, Engin
 }
 
 /// Reads 4 KiB at each offset and checks it holds `pattern(seed)`.
-fn assert_blocks(e: &mut FEng, v: VolumeId, blocks: &[(u64, u64)]) {
+fn assert_blocks(e: &mut FEng, v: VolumeUid, blocks: &[(u64, u64)]) {
     for &(off, seed) in blocks {
         match read(e, v, off, 4096) {
             Ok(Reply::Read(d)) => assert_eq!(d, pattern(seed, 4096), "offset {off}"),

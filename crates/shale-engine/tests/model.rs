@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use common::*;
 use proptest::prelude::*;
 use proptest::test_runner::{Config as PtConfig, RngAlgorithm, TestCaseError, TestRng, TestRunner};
-use shale_engine::{Config, Engine, EngineError, ManualClock, Reply, Request, VolumeId};
+use shale_engine::{Config, Engine, EngineError, ManualClock, Reply, Request, VolumeUid};
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -52,6 +52,13 @@ enum Op {
     Delete {
         vol: u8,
     },
+    /// A request naming a deleted volume's uid: it must fail and touch nothing, even
+    /// when a newer volume took the slot.
+    Stale {
+        vol: u8,
+        at: u32,
+        write: bool,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -71,6 +78,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (16u16..400).prop_map(|blocks| Op::Create { blocks }),
         1 => (any::<u8>(), 50u16..150).prop_map(|(vol, pct)| Op::Resize { vol, pct }),
         1 => any::<u8>().prop_map(|vol| Op::Delete { vol }),
+        2 => (any::<u8>(), any::<u32>(), any::<bool>()).prop_map(|(vol, at, write)| Op::Stale { vol, at, write }),
     ]
 }
 
@@ -94,7 +102,9 @@ fn fresh(config: Config) -> Eng {
 struct World {
     e: Option<Eng>,
     config: Config,
-    model: BTreeMap<VolumeId, Vec<u8>>,
+    model: BTreeMap<VolumeUid, Vec<u8>>,
+    /// Uids of deleted volumes.
+    deleted: Vec<VolumeUid>,
     names: u32,
 }
 
@@ -103,13 +113,13 @@ impl World {
         self.e.as_mut().unwrap()
     }
 
-    fn pick(&self, vol: u8) -> Option<VolumeId> {
+    fn pick(&self, vol: u8) -> Option<VolumeUid> {
         let ids: Vec<_> = self.model.keys().copied().collect();
         (!ids.is_empty()).then(|| ids[vol as usize % ids.len()])
     }
 
     /// A range inside the volume: offset from `at`, length clamped.
-    fn range(&self, v: VolumeId, at: u32, len: u32) -> (u64, u64) {
+    fn range(&self, v: VolumeUid, at: u32, len: u32) -> (u64, u64) {
         let size = self.model[&v].len() as u64;
         let off = u64::from(at) % size;
         (off, u64::from(len).min(size - off).max(1))
@@ -227,8 +237,8 @@ impl World {
                 match r {
                     Ok(Reply::Volume(info)) => {
                         prop_assert!(allocated + size <= cap);
-                        prop_assert!(!self.model.contains_key(&info.id));
-                        self.model.insert(info.id, vec![0; size as usize]);
+                        prop_assert!(!self.model.contains_key(&info.uid));
+                        self.model.insert(info.uid, vec![0; size as usize]);
                     }
                     Err(EngineError::NoSpace { .. }) => prop_assert!(allocated + size > cap),
                     Err(EngineError::InvalidVolume { .. }) => prop_assert_eq!(self.model.len(), 4),
@@ -266,6 +276,49 @@ impl World {
                 let r = call(self.e(), Request::DeleteVolume { volume: v });
                 prop_assert!(r.is_ok(), "delete: {r:?}");
                 self.model.remove(&v);
+                self.deleted.push(v);
+            }
+            Op::Stale { vol, at, write } => {
+                if self.deleted.is_empty() {
+                    return Ok(());
+                }
+                let v = self.deleted[vol as usize % self.deleted.len()];
+                let offset = u64::from(at % 64) * 4096;
+                let req = if write {
+                    Request::Write {
+                        volume: v,
+                        offset,
+                        data: pattern(u64::from(at), 4096),
+                        fua: false,
+                    }
+                } else {
+                    Request::Read {
+                        volume: v,
+                        offset,
+                        len: 4096,
+                    }
+                };
+                let r = call(self.e(), req);
+                prop_assert!(
+                    matches!(r, Err(EngineError::NoSuchVolume { volume }) if volume == v),
+                    "request to deleted {v}: {r:?}"
+                );
+                for (name, req) in [
+                    (
+                        "resize",
+                        Request::ResizeVolume {
+                            volume: v,
+                            size_bytes: 4096,
+                        },
+                    ),
+                    ("delete", Request::DeleteVolume { volume: v }),
+                ] {
+                    let r = call(self.e(), req);
+                    prop_assert!(
+                        matches!(r, Err(EngineError::NoSuchVolume { .. })),
+                        "{name} of deleted {v}: {r:?}"
+                    );
+                }
             }
         }
         Ok(())
@@ -308,6 +361,7 @@ fn run_case(ops: &[Op], streams: u32) -> Result<(), TestCaseError> {
         e: Some(fresh(config.clone())),
         config,
         model: BTreeMap::new(),
+        deleted: Vec::new(),
         names: 0,
     };
     // Start with two volumes so most sequences do I/O.

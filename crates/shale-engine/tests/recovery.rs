@@ -9,9 +9,9 @@ mod common;
 use common::rig::{Rig, Side, Trigger, BS};
 use common::tiny_config;
 use shale_device::{CrashMode, TearUnit, WriteId};
-use shale_engine::{Config, Lba, Request, Tier, VolumeId};
+use shale_engine::{Config, Lba, Request, Tier, VolumeUid};
 
-const V: VolumeId = VolumeId(0);
+const V: VolumeUid = VolumeUid(1);
 
 fn modes(seed: u64) -> Vec<CrashMode> {
     vec![

@@ -205,7 +205,7 @@ fn foreign_capacity_is_refused_and_unclean_stop_recovers() {
 }
 
 /// Flips a byte of the block holding `lba` on whichever device holds it.
-fn corrupt(e: Eng, v: shale_engine::VolumeId, lba: u64) -> (Eng, Tier, shale_engine::Pba) {
+fn corrupt(e: Eng, v: shale_engine::VolumeUid, lba: u64) -> (Eng, Tier, shale_engine::Pba) {
     let mut e = e;
     let loc = e.locate(v, Lba(lba)).unwrap().unwrap();
     let (mut c, mut z) = shutdown_raw(e);
@@ -255,7 +255,7 @@ fn crc_mismatch_on_read_names_the_location() {
                 pba: p,
                 ..
             }) => {
-                assert_eq!((volume, l, p), (v, Lba(lba), pba));
+                assert_eq!((volume, l, p), (shale_engine::VolumeId(0), Lba(lba), pba));
             }
             r => panic!("expected a checksum mismatch, got {r:?}"),
         }
@@ -293,7 +293,7 @@ fn churn<Z: shale_device::ZonedDevice>(
         drop(d);
         let r = slot.lock().unwrap().take().unwrap().unwrap();
         match r {
-            Reply::Volume(v) => v.id,
+            Reply::Volume(v) => v.uid,
             r => panic!("{r:?}"),
         }
     };
@@ -403,7 +403,7 @@ fn engine_thread_serves_concurrent_clients() {
         })
         .unwrap()
     {
-        Reply::Volume(v) => v.id,
+        Reply::Volume(v) => v.uid,
         r => panic!("{r:?}"),
     };
     let t = std::sync::Arc::new(t);
@@ -465,7 +465,7 @@ mod arbitrary_requests {
     use proptest::prelude::*;
 
     fn req() -> impl Strategy<Value = Request> {
-        let vol = prop_oneof![0u32..3, any::<u32>()].prop_map(shale_engine::VolumeId);
+        let vol = prop_oneof![0u64..4, any::<u64>()].prop_map(shale_engine::VolumeUid);
         let off = prop_oneof![0u64..(2 << 20), any::<u64>()];
         let len = prop_oneof![0u64..70_000, any::<u64>()];
         prop_oneof![

@@ -287,7 +287,7 @@ impl<E, F: FnMut(u64, &[u8]) -> Result<(), E>> Pieces<'_, E, F> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{PageDesc, Sid, VolumeEntry, VolumeId};
+    use crate::{PageDesc, Sid, VolumeEntry, VolumeId, VolumeUid};
     use proptest::prelude::*;
 
     proptest! {
@@ -300,8 +300,8 @@ mod tests {
         fn roundtrip(gen in any::<u64>(), sid in any::<u64>(), jb in any::<u32>(), js in any::<u64>(), time in any::<u64>(),
                      regions in proptest::collection::vec(crate::region_table::tests::entry(), 0..40),
                      dirs in proptest::collection::vec(proptest::collection::vec((any::<u32>(), any::<u32>()), 0..30), 0..5)) {
-            let volumes = VolumeTable { generation: 4, entries: dirs.iter().enumerate().map(|(i, d)| VolumeEntry {
-                id: VolumeId(i as u32), name: format!("v{i}"), size_blocks: d.len() as u64 * 1024, created_sid: Sid(1), created_pos: 0,
+            let volumes = VolumeTable { generation: 4, uid_next: VolumeUid(100), entries: dirs.iter().enumerate().map(|(i, d)| VolumeEntry {
+                id: VolumeId(i as u32), uid: VolumeUid(i as u64 + 1), name: format!("v{i}"), size_blocks: d.len() as u64 * 1024, created_sid: Sid(1), created_pos: 0,
             }).collect() };
             let directories: Vec<L2pDirectory> = dirs.iter().enumerate().map(|(i, d)| L2pDirectory {
                 volume: VolumeId(i as u32), pages: d.iter().map(|&(slot, crc32c)| PageDesc { slot, crc32c }).collect(),
@@ -357,9 +357,11 @@ mod tests {
             regions,
             volumes: VolumeTable {
                 generation: 1,
+                uid_next: VolumeUid(4),
                 entries: (0..3)
                     .map(|i| VolumeEntry {
                         id: VolumeId(i),
+                        uid: VolumeUid(u64::from(i) + 1),
                         name: format!("v{i}"),
                         size_blocks: 6_000_000,
                         created_sid: Sid(1),

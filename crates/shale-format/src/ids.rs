@@ -40,6 +40,11 @@ newtype!(
     VolumeId(u32), "vol:"
 );
 newtype!(
+    /// A volume's identity: issued once per pool from the volume table's `uid_next`,
+    /// never reused, unlike its slot ([`VolumeId`]).
+    VolumeUid(u64), "uid:"
+);
+newtype!(
     /// A cache chunk.
     ChunkId(u32), "chunk:"
 );
@@ -59,6 +64,11 @@ impl Pba {
     pub const fn is_none(self) -> bool {
         self.0 == u32::MAX
     }
+}
+
+impl VolumeUid {
+    /// The first uid a pool issues (0 is never a volume's).
+    pub const FIRST: VolumeUid = VolumeUid(1);
 }
 
 impl VolumeId {

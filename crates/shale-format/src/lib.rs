@@ -25,7 +25,7 @@ pub use checkpoint::{
     Checkpoint, CheckpointHeader, CHECKPOINT_HEADER_LEN, CHECKPOINT_MAGIC, CHECKPOINT_VERSION,
 };
 pub use error::{FormatError, Structure};
-pub use ids::{ChunkId, Lba, Pba, RegionId, Sid, VolumeId, ZoneId};
+pub use ids::{ChunkId, Lba, Pba, RegionId, Sid, VolumeId, VolumeUid, ZoneId};
 pub use journal::{
     journal_ring_entries, JournalBlock, JournalRecord, FLUSH_POINT_REGIONS_MAX, JOURNAL_HEADER_LEN,
     JOURNAL_MAGIC, JOURNAL_PAYLOAD_MAX, JOURNAL_VERSION,
@@ -46,6 +46,7 @@ pub use superblock::{
 };
 pub use volume_table::{
     VolumeEntry, VolumeTable, VOLUMES_MAX, VOLUME_NAME_MAX, VOLUME_TABLE_MAGIC,
+    VOLUME_TABLE_VERSION,
 };
 
 /// The unit of mapping.
@@ -135,6 +136,7 @@ mod tests {
             let _ = decode_region_table(&stamp(bytes.clone(), REGION_TABLE_MAGIC, 1, REGION_TABLE_HEADER_LEN + 96), 0);
             let _ = L2pDirectory::decode(&stamp(bytes.clone(), L2P_DIR_MAGIC, 1, L2P_DIR_HEADER_LEN + 24), 0);
             let _ = VolumeTable::decode(&stamp(bytes.clone(), VOLUME_TABLE_MAGIC, 1, BLOCK_SIZE), 0);
+            let _ = VolumeTable::decode(&stamp(bytes.clone(), VOLUME_TABLE_MAGIC, VOLUME_TABLE_VERSION, BLOCK_SIZE), 0);
             let _ = JournalBlock::decode(&stamp(bytes.clone(), JOURNAL_MAGIC, JOURNAL_VERSION, BLOCK_SIZE), 0);
             let _ = Checkpoint::decode(&stamp(bytes, CHECKPOINT_MAGIC, CHECKPOINT_VERSION, BLOCK_SIZE), 0);
         }

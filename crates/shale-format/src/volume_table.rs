@@ -2,15 +2,24 @@
 //! generation) and snapshotted into each checkpoint.
 //!
 //! Invariants: at most [`VOLUMES_MAX`] entries, ids unique and below `volumes_max`,
-//! names 1..=32 bytes of UTF-8. `created_sid`/`created_pos` is the user-write position
-//! (open chunk SID, write pointer) at creation, so recovery can ignore older md entries
-//! of a deleted volume whose id was reused.
+//! names 1..=32 bytes of UTF-8, uids unique and below `uid_next`.
+//! `created_sid`/`created_pos` is the user-write position (open chunk SID, write
+//! pointer) at creation, so recovery can ignore older md entries of a deleted volume
+//! whose id (slot) was reused. The uid is the volume's identity: issued from
+//! `uid_next`, which only grows, so a uid names one volume for the pool's lifetime
+//! even where its slot is reused; front-ends hold it, not the slot.
+//!
+//! Version 1 had no uids; its tables decode with uid = slot + 1 and `uid_next` =
+//! [`VOLUMES_MAX`] + 1, so the first table written after an upgrade (version 2)
+//! issues uids no version-1 volume was given.
 
 use crate::codec::{check_crc, check_header, seal, Reader, Writer};
-use crate::{FormatError, Sid, Structure, VolumeId, BLOCK_SIZE};
+use crate::{FormatError, Sid, Structure, VolumeId, VolumeUid, BLOCK_SIZE};
 
 pub const VOLUME_TABLE_MAGIC: u32 = u32::from_le_bytes(*b"SHVT");
-pub const VOLUME_TABLE_VERSION: u16 = 1;
+pub const VOLUME_TABLE_VERSION: u16 = 2;
+/// The layout before uids; still read.
+const VOLUME_TABLE_VERSION_1: u16 = 1;
 pub const VOLUME_TABLE_HEADER_LEN: usize = 32;
 pub const VOLUME_ENTRY_LEN: usize = 64;
 pub const VOLUME_NAME_MAX: usize = 32;
@@ -20,20 +29,42 @@ pub const VOLUMES_MAX: u32 = ((BLOCK_SIZE - VOLUME_TABLE_HEADER_LEN) / VOLUME_EN
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VolumeEntry {
     pub id: VolumeId,
+    pub uid: VolumeUid,
     pub name: String,
     pub size_blocks: u64,
     pub created_sid: Sid,
     pub created_pos: u32,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VolumeTable {
     pub generation: u64,
+    /// The uid the next volume created gets; never decreases.
+    pub uid_next: VolumeUid,
     pub entries: Vec<VolumeEntry>,
 }
 
+impl Default for VolumeTable {
+    fn default() -> Self {
+        VolumeTable {
+            generation: 0,
+            uid_next: VolumeUid::FIRST,
+            entries: Vec::new(),
+        }
+    }
+}
+
 impl VolumeTable {
-    /// Encodes into one block. Callers keep the invariants (checked by `validate`).
+    /// Takes the next uid. `None` once 2^64 - 1 have been issued: refusing a create is
+    /// better than naming two volumes alike.
+    pub fn issue_uid(&mut self) -> Option<VolumeUid> {
+        let uid = self.uid_next;
+        self.uid_next = VolumeUid(uid.0.checked_add(1)?);
+        Some(uid)
+    }
+
+    /// Encodes into one block (version 2). Callers keep the invariants (checked by
+    /// `decode`).
     pub fn encode(&self) -> [u8; BLOCK_SIZE] {
         let mut b = [0u8; BLOCK_SIZE];
         let mut w = Writer::new(&mut b);
@@ -43,18 +74,17 @@ impl VolumeTable {
         w.u32(0);
         w.u32(0);
         w.u64(self.generation);
-        w.u64(0);
+        w.u64(self.uid_next.0);
         for e in self.entries.iter().take(VOLUMES_MAX as usize) {
-            w.u32(e.id.0);
+            w.u16(e.id.0 as u16);
             w.u8(1);
             let name = e.name.as_bytes();
             let n = name.len().min(VOLUME_NAME_MAX);
             w.u8(n as u8);
-            w.u16(0);
+            w.u32(e.created_pos);
             w.u64(e.size_blocks);
             w.u64(e.created_sid.0);
-            w.u32(e.created_pos);
-            w.u32(0);
+            w.u64(e.uid.0);
             let mut nb = [0u8; VOLUME_NAME_MAX];
             nb[..n].copy_from_slice(&name[..n]);
             w.bytes(&nb);
@@ -65,14 +95,13 @@ impl VolumeTable {
 
     pub fn decode(buf: &[u8], at: u64) -> Result<VolumeTable, FormatError> {
         let s = Structure::VolumeTable;
-        check_header(
-            buf,
-            s,
-            at,
-            VOLUME_TABLE_MAGIC,
-            VOLUME_TABLE_VERSION,
-            BLOCK_SIZE,
-        )?;
+        let version = match buf.get(4..6) {
+            Some(&[a, b]) if u16::from_le_bytes([a, b]) == VOLUME_TABLE_VERSION_1 => {
+                VOLUME_TABLE_VERSION_1
+            }
+            _ => VOLUME_TABLE_VERSION,
+        };
+        check_header(buf, s, at, VOLUME_TABLE_MAGIC, version, BLOCK_SIZE)?;
         let buf = &buf[..BLOCK_SIZE];
         check_crc(buf, s, at)?;
         let mut r = Reader::at(buf, 6, s, at);
@@ -82,49 +111,209 @@ impl VolumeTable {
         }
         let mut r = Reader::at(buf, 16, s, at);
         let generation = r.u64()?;
-        r.skip(8)?;
+        let uid_next = match version {
+            VOLUME_TABLE_VERSION_1 => {
+                r.skip(8)?;
+                VolumeUid(u64::from(VOLUMES_MAX) + 1)
+            }
+            _ => VolumeUid(r.u64()?),
+        };
         let mut entries: Vec<VolumeEntry> = Vec::with_capacity(count.into());
         for _ in 0..count {
-            let id = VolumeId(r.u32()?);
-            let state = r.u8()?;
-            if state != 1 {
-                return Err(r.invalid("state", format!("{state}")));
+            let e = if version == VOLUME_TABLE_VERSION_1 {
+                decode_entry_v1(&mut r)?
+            } else {
+                decode_entry(&mut r)?
+            };
+            if entries
+                .iter()
+                .any(|o| o.id == e.id || o.name == e.name || o.uid == e.uid)
+            {
+                return Err(r.invalid(
+                    "id",
+                    format!("duplicate volume {} / {} / {:?}", e.id, e.uid, e.name),
+                ));
             }
-            let n = usize::from(r.u8()?);
-            if n == 0 || n > VOLUME_NAME_MAX {
-                return Err(r.invalid("name_len", format!("{n}")));
+            if e.uid.0 == 0 || e.uid >= uid_next {
+                return Err(r.invalid(
+                    "uid",
+                    format!("{} not in 1..{} (uid_next)", e.uid, uid_next),
+                ));
             }
-            r.skip(2)?;
-            let size_blocks = r.u64()?;
-            let created_sid = Sid(r.u64()?);
-            let created_pos = r.u32()?;
-            r.skip(4)?;
-            let nb = r.bytes(VOLUME_NAME_MAX)?;
-            let name = std::str::from_utf8(&nb[..n])
-                .map_err(|e| r.invalid("name", e.to_string()))?
-                .to_string();
-            if entries.iter().any(|e| e.id == id || e.name == name) {
-                return Err(r.invalid("id", format!("duplicate volume {id} / {name:?}")));
-            }
-            entries.push(VolumeEntry {
-                id,
-                name,
-                size_blocks,
-                created_sid,
-                created_pos,
-            });
+            entries.push(e);
         }
         Ok(VolumeTable {
             generation,
+            uid_next,
             entries,
         })
     }
+}
+
+fn decode_name(r: &mut Reader<'_>, n: usize) -> Result<String, FormatError> {
+    let nb = r.bytes(VOLUME_NAME_MAX)?;
+    Ok(std::str::from_utf8(&nb[..n])
+        .map_err(|e| r.invalid("name", e.to_string()))?
+        .to_string())
+}
+
+fn decode_state_and_name_len(r: &mut Reader<'_>) -> Result<usize, FormatError> {
+    let state = r.u8()?;
+    if state != 1 {
+        return Err(r.invalid("state", format!("{state}")));
+    }
+    let n = usize::from(r.u8()?);
+    if n == 0 || n > VOLUME_NAME_MAX {
+        return Err(r.invalid("name_len", format!("{n}")));
+    }
+    Ok(n)
+}
+
+fn decode_entry(r: &mut Reader<'_>) -> Result<VolumeEntry, FormatError> {
+    let id = VolumeId(u32::from(r.u16()?));
+    let n = decode_state_and_name_len(r)?;
+    let created_pos = r.u32()?;
+    let size_blocks = r.u64()?;
+    let created_sid = Sid(r.u64()?);
+    let uid = VolumeUid(r.u64()?);
+    let name = decode_name(r, n)?;
+    Ok(VolumeEntry {
+        id,
+        uid,
+        name,
+        size_blocks,
+        created_sid,
+        created_pos,
+    })
+}
+
+/// Version 1: id u32, state, name length, 2 pad, size, created SID, created position,
+/// 4 pad, name; no uid.
+fn decode_entry_v1(r: &mut Reader<'_>) -> Result<VolumeEntry, FormatError> {
+    let id = r.u32()?;
+    if id >= VOLUMES_MAX {
+        return Err(r.invalid("id", format!("{id} >= {VOLUMES_MAX}")));
+    }
+    let n = decode_state_and_name_len(r)?;
+    r.skip(2)?;
+    let size_blocks = r.u64()?;
+    let created_sid = Sid(r.u64()?);
+    let created_pos = r.u32()?;
+    r.skip(4)?;
+    let name = decode_name(r, n)?;
+    Ok(VolumeEntry {
+        id: VolumeId(id),
+        uid: VolumeUid(u64::from(id) + 1),
+        name,
+        size_blocks,
+        created_sid,
+        created_pos,
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    fn entry(id: u32, uid: u64, name: &str) -> VolumeEntry {
+        VolumeEntry {
+            id: VolumeId(id),
+            uid: VolumeUid(uid),
+            name: name.into(),
+            size_blocks: 256,
+            created_sid: Sid(3),
+            created_pos: 7,
+        }
+    }
+
+    /// A version-1 block as the previous encoder wrote it.
+    fn encode_v1(generation: u64, entries: &[(u32, &str, u64, u64, u32)]) -> [u8; BLOCK_SIZE] {
+        let mut b = [0u8; BLOCK_SIZE];
+        let mut w = Writer::new(&mut b);
+        w.u32(VOLUME_TABLE_MAGIC);
+        w.u16(1);
+        w.u16(entries.len() as u16);
+        w.u32(0);
+        w.u32(0);
+        w.u64(generation);
+        w.u64(0);
+        for &(id, name, size, sid, pos) in entries {
+            w.u32(id);
+            w.u8(1);
+            w.u8(name.len() as u8);
+            w.u16(0);
+            w.u64(size);
+            w.u64(sid);
+            w.u32(pos);
+            w.u32(0);
+            let mut nb = [0u8; VOLUME_NAME_MAX];
+            nb[..name.len()].copy_from_slice(name.as_bytes());
+            w.bytes(&nb);
+        }
+        seal(&mut b, BLOCK_SIZE);
+        b
+    }
+
+    #[test]
+    fn version_1_tables_decode_with_uids_above_every_slot() {
+        let b = encode_v1(9, &[(0, "a", 100, 4, 5), (3, "db", 200, 6, 0)]);
+        let t = VolumeTable::decode(&b, 0).unwrap();
+        assert_eq!(t.generation, 9);
+        assert_eq!(t.uid_next, VolumeUid(u64::from(VOLUMES_MAX) + 1));
+        assert_eq!(
+            t.entries,
+            vec![
+                VolumeEntry {
+                    id: VolumeId(0),
+                    uid: VolumeUid(1),
+                    name: "a".into(),
+                    size_blocks: 100,
+                    created_sid: Sid(4),
+                    created_pos: 5,
+                },
+                VolumeEntry {
+                    id: VolumeId(3),
+                    uid: VolumeUid(4),
+                    name: "db".into(),
+                    size_blocks: 200,
+                    created_sid: Sid(6),
+                    created_pos: 0,
+                },
+            ]
+        );
+        // Written again it is version 2, and reads back the same.
+        let again = t.encode();
+        assert_eq!(u16::from_le_bytes([again[4], again[5]]), 2);
+        assert_eq!(VolumeTable::decode(&again, 0).unwrap(), t);
+    }
+
+    #[test]
+    fn uids_are_unique_and_below_uid_next() {
+        let mut t = VolumeTable::default();
+        let a = t.issue_uid().unwrap();
+        let b = t.issue_uid().unwrap();
+        assert_eq!(
+            (a, b, t.uid_next),
+            (VolumeUid(1), VolumeUid(2), VolumeUid(3))
+        );
+        t.entries = vec![entry(0, 1, "a"), entry(1, 1, "b")];
+        assert!(
+            VolumeTable::decode(&t.encode(), 0).is_err(),
+            "duplicate uid"
+        );
+        t.entries = vec![entry(0, 3, "a")];
+        assert!(
+            VolumeTable::decode(&t.encode(), 0).is_err(),
+            "uid >= uid_next"
+        );
+        t.entries = vec![entry(0, 0, "a")];
+        assert!(VolumeTable::decode(&t.encode(), 0).is_err(), "uid 0");
+        t.entries = vec![entry(0, 2, "a")];
+        assert!(VolumeTable::decode(&t.encode(), 0).is_ok());
+        t.uid_next = VolumeUid(u64::MAX);
+        assert_eq!(t.issue_uid(), None, "the last uid is never issued twice");
+    }
 
     proptest! {
         #[test]
@@ -137,10 +326,12 @@ mod tests {
             let mut names = std::collections::BTreeSet::new();
             let entries: Vec<VolumeEntry> = vols.into_iter()
                 .filter(|(_, (n, ..))| names.insert(n.clone()))
-                .map(|(id, (name, size_blocks, sid, pos))| VolumeEntry {
-                    id: VolumeId(id), name, size_blocks, created_sid: Sid(sid), created_pos: pos,
+                .enumerate()
+                .map(|(i, (id, (name, size_blocks, sid, pos)))| VolumeEntry {
+                    id: VolumeId(id), uid: VolumeUid(1000 + i as u64), name, size_blocks,
+                    created_sid: Sid(sid), created_pos: pos,
                 }).collect();
-            let t = VolumeTable { generation: gen, entries };
+            let t = VolumeTable { generation: gen, uid_next: VolumeUid(5000), entries };
             let b = t.encode();
             prop_assert_eq!(VolumeTable::decode(&b, 0), Ok(t));
         }

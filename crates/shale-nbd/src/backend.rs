@@ -10,9 +10,11 @@ use crate::proto::consts::{
 };
 use crate::proto::reply::Extent;
 
-/// A backend's handle for one export, stable for the backend's lifetime.
+/// A backend's handle for one export. A backend never gives it to another export,
+/// even one created later under the same name: a connection is bound to the id it
+/// negotiated, so it can never reach a newer export.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ExportId(pub u32);
+pub struct ExportId(pub u64);
 
 /// What an export can do. Each `true` becomes a transmission flag.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

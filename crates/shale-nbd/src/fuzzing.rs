@@ -39,6 +39,7 @@ impl ExportCatalog for FuzzCatalog {
 fn catalog() -> FuzzCatalog {
     let e =
         |name: &str, size: u64, flags: u16, tls_only: bool, ids: Option<Vec<String>>| ExportView {
+            id: crate::backend::ExportId(size),
             name: name.into(),
             description: format!("{name} export"),
             size_bytes: size,

@@ -23,5 +23,6 @@ pub use backend::{
 pub use mem::{MemBackend, MemBackendConfig, MemExportSpec};
 pub use proto::negotiate::TlsMode;
 pub use server::{
-    bind_unix, ExportAccess, Server, ServerConfig, ServerError, ServerLimits, TlsSettings,
+    bind_unix, ExportAccess, Server, ServerConfig, ServerError, ServerHandle, ServerLimits,
+    TlsSettings,
 };

@@ -115,7 +115,7 @@ impl MemBackend {
             .enumerate()
             .map(|(i, s)| MemExport {
                 info: ExportInfo {
-                    id: ExportId(u32::try_from(i).unwrap_or(u32::MAX)),
+                    id: ExportId(i as u64),
                     name: s.name,
                     description: s.description,
                     size_bytes: s.size_bytes,
@@ -414,7 +414,7 @@ mod tests {
         )
     }
 
-    fn call(b: &MemBackend, id: u32, req: BackendRequest) -> Result<BackendReply, BackendError> {
+    fn call(b: &MemBackend, id: u64, req: BackendRequest) -> Result<BackendReply, BackendError> {
         let (tx, rx) = mpsc::channel();
         b.submit(ExportId(id), req, Box::new(move |r| drop(tx.send(r))));
         rx.recv().expect("completion")

@@ -32,7 +32,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use shale_engine::VolumeId;
+use shale_engine::VolumeUid;
 
 /// Identifies one request the simulator submitted.
 pub type OpId = u64;
@@ -147,7 +147,7 @@ impl VolModel {
 /// Blocks one request touched, for FUA durability.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BlockRange {
-    pub volume: VolumeId,
+    pub volume: VolumeUid,
     pub incarnation: u64,
     pub first: u64,
     pub end: u64,
@@ -157,7 +157,7 @@ pub struct BlockRange {
 /// submitted: where the floor moves when that flush completes.
 #[derive(Debug, Clone, Default)]
 pub struct FlushCut {
-    points: Vec<(VolumeId, u64, u64, OpId)>,
+    points: Vec<(VolumeUid, u64, u64, OpId)>,
 }
 
 impl FlushCut {
@@ -172,7 +172,7 @@ impl FlushCut {
 /// A block read back with content the model does not allow.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Mismatch {
-    pub volume: VolumeId,
+    pub volume: VolumeUid,
     pub lba: u64,
     pub got: u64,
     /// The allowed versions (request id, content hash), floor first.
@@ -202,19 +202,19 @@ impl std::fmt::Display for Mismatch {
 /// The oracle. See the module docs for the rules.
 #[derive(Debug, Clone)]
 pub struct Model {
-    vols: BTreeMap<VolumeId, VolModel>,
+    vols: BTreeMap<VolumeUid, VolModel>,
     incarnations: u64,
     /// Blocks with versions above the floor.
-    dirty: BTreeSet<(VolumeId, u64)>,
+    dirty: BTreeSet<(VolumeUid, u64)>,
     /// Requests submitted and not (successfully) completed.
     unsettled: BTreeSet<OpId>,
     /// Blocks a failed request may or may not have changed: the engine answers a
     /// failed multi-block request per block, old or new, and says nothing of which.
-    unknown: BTreeSet<(VolumeId, u64)>,
+    unknown: BTreeSet<(VolumeUid, u64)>,
     /// Blocks whose newer versions were computed over a failed request's content (a
     /// sub-block write patches whichever content the engine holds, which the model no
     /// longer knows): reads of them cannot be checked until the next crash settles it.
-    unverifiable: BTreeSet<(VolumeId, u64)>,
+    unverifiable: BTreeSet<(VolumeUid, u64)>,
     zero: u64,
 }
 
@@ -237,11 +237,11 @@ impl Model {
         }
     }
 
-    pub fn volumes(&self) -> &BTreeMap<VolumeId, VolModel> {
+    pub fn volumes(&self) -> &BTreeMap<VolumeUid, VolModel> {
         &self.vols
     }
 
-    pub fn volume(&self, id: VolumeId) -> Option<&VolModel> {
+    pub fn volume(&self, id: VolumeUid) -> Option<&VolModel> {
         self.vols.get(&id)
     }
 
@@ -250,7 +250,7 @@ impl Model {
         self.dirty.len()
     }
 
-    pub fn create(&mut self, id: VolumeId, name: &str, size_blocks: u64) {
+    pub fn create(&mut self, id: VolumeUid, name: &str, size_blocks: u64) {
         self.incarnations += 1;
         let zero = self.zero;
         self.vols.insert(
@@ -265,14 +265,14 @@ impl Model {
         );
     }
 
-    pub fn delete(&mut self, id: VolumeId) {
+    pub fn delete(&mut self, id: VolumeUid) {
         self.vols.remove(&id);
         self.dirty.retain(|&(v, _)| v != id);
     }
 
     /// Shrinking drops blocks; blocks gained read as zeros (durably: a completed
     /// volume change is durable, and a shrink then grow must not bring data back).
-    pub fn resize(&mut self, id: VolumeId, size_blocks: u64) {
+    pub fn resize(&mut self, id: VolumeUid, size_blocks: u64) {
         let zero = self.zero;
         let Some(v) = self.vols.get_mut(&id) else {
             return;
@@ -285,19 +285,19 @@ impl Model {
     }
 
     /// The newest content of `len` bytes at `offset` (what a read returns now).
-    pub fn newest(&self, id: VolumeId, offset: u64, len: u64) -> Option<Vec<u8>> {
+    pub fn newest(&self, id: VolumeUid, offset: u64, len: u64) -> Option<Vec<u8>> {
         let v = self.vols.get(&id)?;
         let end = offset.checked_add(len)?;
         (end <= v.image.len() as u64).then(|| v.image[offset as usize..end as usize].to_vec())
     }
 
     /// A write of `data` at byte `offset` by request `op`.
-    pub fn write(&mut self, op: OpId, id: VolumeId, offset: u64, data: &[u8]) -> BlockRange {
+    pub fn write(&mut self, op: OpId, id: VolumeUid, offset: u64, data: &[u8]) -> BlockRange {
         self.change(op, id, offset, data.len() as u64, Some(data))
     }
 
     /// Bytes `offset..offset+len` become zeros (write-zeroes; trim of whole blocks).
-    pub fn zero(&mut self, op: OpId, id: VolumeId, offset: u64, len: u64) -> BlockRange {
+    pub fn zero(&mut self, op: OpId, id: VolumeUid, offset: u64, len: u64) -> BlockRange {
         self.change(op, id, offset, len, None)
     }
 
@@ -310,7 +310,7 @@ impl Model {
     fn change(
         &mut self,
         op: OpId,
-        id: VolumeId,
+        id: VolumeUid,
         offset: u64,
         len: u64,
         data: Option<&[u8]>,
@@ -376,12 +376,12 @@ impl Model {
 
     /// A read of a block a failed request touched: old or new content are both
     /// right (checked like a read after a crash).
-    pub fn is_unknown(&self, id: VolumeId, lba: u64) -> bool {
+    pub fn is_unknown(&self, id: VolumeUid, lba: u64) -> bool {
         self.unknown.contains(&(id, lba))
     }
 
     /// See the field's docs: such a block cannot be checked before the next crash.
-    pub fn is_unverifiable(&self, id: VolumeId, lba: u64) -> bool {
+    pub fn is_unverifiable(&self, id: VolumeUid, lba: u64) -> bool {
         self.unverifiable.contains(&(id, lba))
     }
 
@@ -466,13 +466,13 @@ impl Model {
     }
 
     /// The allowed versions of a block, floor first.
-    pub fn allowed(&self, id: VolumeId, lba: u64) -> Option<&[(OpId, u64)]> {
+    pub fn allowed(&self, id: VolumeUid, lba: u64) -> Option<&[(OpId, u64)]> {
         let v = self.vols.get(&id)?;
         v.hist.get(lba as usize).map(|h| &h.versions[..])
     }
 
     /// Checks a block read after a crash against its allowed versions.
-    pub fn check(&self, id: VolumeId, lba: u64, data: &[u8]) -> Result<(), Mismatch> {
+    pub fn check(&self, id: VolumeUid, lba: u64, data: &[u8]) -> Result<(), Mismatch> {
         if self.zero_only(id, lba) && is_zero(data) {
             return Ok(());
         }
@@ -499,7 +499,7 @@ impl Model {
     }
 
     /// Checks a block read before any crash: it must be the newest content.
-    pub fn check_newest(&self, id: VolumeId, lba: u64, data: &[u8]) -> Result<(), Mismatch> {
+    pub fn check_newest(&self, id: VolumeUid, lba: u64, data: &[u8]) -> Result<(), Mismatch> {
         let got = block_hash(data);
         let Some(h) = self
             .vols
@@ -527,7 +527,7 @@ impl Model {
         })
     }
 
-    fn diagnose(&self, id: VolumeId, lba: u64, got: u64) -> String {
+    fn diagnose(&self, id: VolumeUid, lba: u64, got: u64) -> String {
         if got == self.zero {
             return "zeros: the data was lost or a trim came back".into();
         }
@@ -548,13 +548,13 @@ impl Model {
 
     /// The block's only allowed content is zeros (never written, or trimmed and
     /// flushed).
-    fn zero_only(&self, id: VolumeId, lba: u64) -> bool {
+    fn zero_only(&self, id: VolumeUid, lba: u64) -> bool {
         self.allowed(id, lba)
             .is_some_and(|a| a.len() == 1 && a[0].1 == self.zero)
     }
 
     /// What recovery returned for a block becomes its floor and newest content.
-    pub fn observe(&mut self, id: VolumeId, lba: u64, data: &[u8]) {
+    pub fn observe(&mut self, id: VolumeUid, lba: u64, data: &[u8]) {
         if self.zero_only(id, lba) && is_zero(data) {
             return;
         }
@@ -573,7 +573,7 @@ impl Model {
     /// Puts a deleted volume back as `before` had it (`None`: removes the volume): a
     /// volume change that failed, showed in the live engine, and was undone by a
     /// crash. Every block may also read as zeros (the change unmapped it in memory).
-    pub fn restore(&mut self, id: VolumeId, before: Option<VolModel>) {
+    pub fn restore(&mut self, id: VolumeUid, before: Option<VolModel>) {
         self.dirty.retain(|&(v, _)| v != id);
         let Some(v) = before else {
             self.vols.remove(&id);
@@ -586,7 +586,7 @@ impl Model {
     /// Undoes a shrink a crash took back: blocks from the shrunk size on come back
     /// from `before` and may also read as zeros; the blocks kept keep their newer
     /// history.
-    pub fn unshrink(&mut self, id: VolumeId, before: &VolModel) {
+    pub fn unshrink(&mut self, id: VolumeUid, before: &VolModel) {
         let Some(v) = self.vols.get_mut(&id) else {
             return;
         };
@@ -600,7 +600,7 @@ impl Model {
         self.allow_zeros_from(id, from as u64);
     }
 
-    fn allow_zeros_from(&mut self, id: VolumeId, from: u64) {
+    fn allow_zeros_from(&mut self, id: VolumeUid, from: u64) {
         let zero = self.zero;
         let Some(v) = self.vols.get_mut(&id) else {
             return;
@@ -628,7 +628,7 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    const V: VolumeId = VolumeId(0);
+    const V: VolumeUid = VolumeUid(0);
 
     fn block(x: u8) -> Vec<u8> {
         vec![x; BS]
@@ -734,13 +734,13 @@ mod tests {
     fn regrown_blocks_are_zero_and_another_volume_is_misdirected() {
         let mut m = Model::new();
         m.create(V, "a", 2);
-        m.create(VolumeId(1), "b", 1);
+        m.create(VolumeUid(1), "b", 1);
         m.write(1, V, BS as u64, &block(3));
         m.resize(V, 1);
         m.resize(V, 2);
         assert!(m.check(V, 1, &block(0)).is_ok());
         assert!(m.check(V, 1, &block(3)).is_err());
-        m.write(2, VolumeId(1), 0, &block(9));
+        m.write(2, VolumeUid(1), 0, &block(9));
         let e = m.check(V, 0, &block(9)).unwrap_err();
         assert!(e.diagnosis.starts_with("misdirected"), "{e}");
     }

@@ -33,8 +33,8 @@ use shale_device::{
     ErrorRule, FaultController, FaultDevice, Latency, ZoneEmu, ZoneEmuConfig, ZonedDevice,
 };
 use shale_engine::{
-    Config, Engine, EngineError, ManualClock, OpenError, Reply, Request, Stats, VolumeId,
-    VolumeInfo,
+    Config, Engine, EngineError, ManualClock, OpenError, Reply, Request, Stats, VolumeInfo,
+    VolumeUid,
 };
 use shale_format::{CacheLayout, Superblock};
 
@@ -250,13 +250,13 @@ enum Pending {
     /// Trim or write-zeroes.
     Change,
     Read {
-        volume: VolumeId,
+        volume: VolumeUid,
         offset: u64,
         expected: Vec<u8>,
     },
     /// A read after a crash: each block is checked against its allowed versions.
     Verify {
-        volume: VolumeId,
+        volume: VolumeUid,
         offset: u64,
     },
     Flush {
@@ -615,7 +615,7 @@ impl Sim {
             self.cfg.restart_prefill_passes
         };
         for _ in 0..passes {
-            let vols: Vec<(VolumeId, u64)> = self
+            let vols: Vec<(VolumeUid, u64)> = self
                 .model
                 .volumes()
                 .iter()
@@ -1206,7 +1206,7 @@ impl Sim {
         };
         self.reconcile_volumes(&listed, false)?;
         let max = self.cfg.engine.request_bytes_max;
-        let vols: Vec<(VolumeId, u64)> = self
+        let vols: Vec<(VolumeUid, u64)> = self
             .model
             .volumes()
             .iter()
@@ -1248,15 +1248,15 @@ impl Sim {
     /// failed (then a change it shows done stays uncertain until a crash or a clean
     /// shutdown decides it); otherwise listed after a reopen.
     fn reconcile_volumes(&mut self, listed: &[VolumeInfo], live: bool) -> Result<(), Violation> {
-        let view = |m: &Model| -> Vec<(u32, String, u64)> {
+        let view = |m: &Model| -> Vec<(u64, String, u64)> {
             m.volumes()
                 .iter()
                 .map(|(id, v)| (id.0, v.name.clone(), v.size_bytes()))
                 .collect()
         };
-        let mut got: Vec<(u32, String, u64)> = listed
+        let mut got: Vec<(u64, String, u64)> = listed
             .iter()
-            .map(|i| (i.id.0, i.name.clone(), i.size_bytes))
+            .map(|i| (i.uid.0, i.name.clone(), i.size_bytes))
             .collect();
         got.sort();
         let uncertain = self.admin_uncertain.take();
@@ -1277,7 +1277,7 @@ impl Sim {
                 match &u.op {
                     Op::Create { name, size_blocks } => {
                         if let Some(i) = listed.iter().find(|i| &i.name == name) {
-                            m.create(i.id, name, *size_blocks);
+                            m.create(i.uid, name, *size_blocks);
                         }
                     }
                     Op::Resize {
@@ -1359,7 +1359,7 @@ impl Sim {
         self.counts.live_checks += 1;
         self.self_check("at a crash point")?;
         let max = self.cfg.engine.request_bytes_max;
-        let vols: Vec<(VolumeId, u64)> = self
+        let vols: Vec<(VolumeUid, u64)> = self
             .model
             .volumes()
             .iter()
@@ -1793,7 +1793,7 @@ impl Sim {
                 match (&a, reply) {
                     (Op::Create { name, size_blocks }, Reply::Volume(info)) => {
                         self.trace.mix(u64::from(info.id.0));
-                        self.model.create(info.id, name, *size_blocks);
+                        self.model.create(info.uid, name, *size_blocks);
                     }
                     (
                         Op::Resize {
@@ -1828,7 +1828,7 @@ impl Sim {
     /// allowed versions, or one the model cannot follow (counted).
     fn explained_by_failure(
         &mut self,
-        volume: VolumeId,
+        volume: VolumeUid,
         offset: u64,
         data: &[u8],
         expected: &[u8],

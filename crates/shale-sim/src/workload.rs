@@ -6,7 +6,7 @@
 
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
-use shale_engine::VolumeId;
+use shale_engine::VolumeUid;
 
 use crate::model::Model;
 
@@ -16,23 +16,23 @@ const BS: u64 = 4096;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Op {
     Write {
-        volume: VolumeId,
+        volume: VolumeUid,
         offset: u64,
         data: Vec<u8>,
         fua: bool,
     },
     Read {
-        volume: VolumeId,
+        volume: VolumeUid,
         offset: u64,
         len: u64,
     },
     Trim {
-        volume: VolumeId,
+        volume: VolumeUid,
         offset: u64,
         len: u64,
     },
     WriteZeroes {
-        volume: VolumeId,
+        volume: VolumeUid,
         offset: u64,
         len: u64,
     },
@@ -42,11 +42,11 @@ pub enum Op {
         size_blocks: u64,
     },
     Resize {
-        volume: VolumeId,
+        volume: VolumeUid,
         size_blocks: u64,
     },
     Delete {
-        volume: VolumeId,
+        volume: VolumeUid,
     },
 }
 
@@ -138,7 +138,7 @@ impl Workload {
         format!("vol{}", self.names)
     }
 
-    fn pick_volume(&mut self, model: &Model) -> Option<(VolumeId, u64)> {
+    fn pick_volume(&mut self, model: &Model) -> Option<(VolumeUid, u64)> {
         let vols = model.volumes();
         if vols.is_empty() {
             return None;

@@ -89,6 +89,7 @@ mod tests {
 
     use super::*;
     use crate::{Config, ManualClock, Reply, Request};
+    use shale_format::VolumeUid;
 
     type E = Engine<MemDevice, ZoneEmu<MemDevice>, ManualClock>;
 
@@ -132,7 +133,7 @@ mod tests {
         panic!("request never completed");
     }
 
-    fn create(e: &mut E, size_bytes: u64) -> VolumeId {
+    fn create(e: &mut E, size_bytes: u64) -> VolumeUid {
         let r = call(
             e,
             Request::CreateVolume {
@@ -141,14 +142,14 @@ mod tests {
             },
         );
         match r.unwrap() {
-            Reply::Volume(v) => v.id,
+            Reply::Volume(v) => v.uid,
             r => panic!("unexpected {r:?}"),
         }
     }
 
     fn alloc(
         e: &mut E,
-        volume: VolumeId,
+        volume: VolumeUid,
         offset: u64,
         len: u64,
     ) -> Result<Vec<Extent>, EngineError> {
@@ -169,7 +170,7 @@ mod tests {
         call(e, r).unwrap();
     }
 
-    fn write(e: &mut E, volume: VolumeId, offset: u64, len: usize) {
+    fn write(e: &mut E, volume: VolumeUid, offset: u64, len: usize) {
         req(
             e,
             Request::Write {
@@ -194,7 +195,7 @@ mod tests {
         out
     }
 
-    fn check_all(e: &mut E, v: VolumeId, mapped: &[bool]) {
+    fn check_all(e: &mut E, v: VolumeUid, mapped: &[bool]) {
         let size = mapped.len() as u64 * BS;
         let ranges = [
             (0, size),
@@ -363,7 +364,7 @@ mod tests {
         let size = ALLOCATION_QUERY_BYTES_MAX + 8 * BS;
         let v = create(&mut e, size);
         assert!(matches!(
-            alloc(&mut e, VolumeId(3), 0, 1),
+            alloc(&mut e, VolumeUid(99), 0, 1),
             Err(EngineError::NoSuchVolume { .. })
         ));
         assert!(matches!(

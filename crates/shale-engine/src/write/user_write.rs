@@ -7,10 +7,11 @@ use shale_format::{JournalRecord, Lba, Pba, VolumeId, BLOCK_SIZE, L2P_ENTRIES_PE
 use crate::engine::PendingWrite;
 use crate::layout::BS;
 use crate::request::Answer;
-use crate::{Clock, Engine, EngineError, Request};
+use crate::{Clock, Engine, EngineError};
 
 impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
-    /// Checks volume, range and size limits of a data request.
+    /// Checks range and size limits of a data request to a live volume (resolved from
+    /// its uid).
     pub(crate) fn check_range(
         &self,
         volume: VolumeId,
@@ -19,7 +20,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         data: bool,
     ) -> Result<(), EngineError> {
         let Some(size_blocks) = self.l2p.volume_size(volume) else {
-            return Err(EngineError::NoSuchVolume { volume });
+            panic!("{volume}: a resolved volume has no L2P");
         };
         if len == 0 {
             return Err(EngineError::ZeroLength { volume, offset });
@@ -43,8 +44,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         Ok(())
     }
 
-    /// Starts a write; returns it back if it must wait for cache space.
-    #[allow(clippy::type_complexity)]
+    /// Starts a write; gives its data and answer back if it must wait for cache space.
     pub(crate) fn start_write(
         &mut self,
         volume: VolumeId,
@@ -52,7 +52,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         data: Vec<u8>,
         fua: bool,
         done: Answer,
-    ) -> Result<Option<(Request, Answer)>, EngineError> {
+    ) -> Result<Option<(Vec<u8>, Answer)>, EngineError> {
         let len = data.len() as u64;
         if let Err(e) = self.check_range(volume, offset, len, true) {
             done.send(Err(e));
@@ -64,15 +64,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             .writer
             .can_append(last - first + 1, self.regions.free_chunks.len())
         {
-            return Ok(Some((
-                Request::Write {
-                    volume,
-                    offset,
-                    data,
-                    fua,
-                },
-                done,
-            )));
+            return Ok(Some((data, done)));
         }
         if let Err(e) = self.write_range(volume, offset, &data, false) {
             if self.fatal.is_some() {

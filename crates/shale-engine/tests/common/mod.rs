@@ -6,7 +6,7 @@ pub mod rig;
 use std::sync::{Arc, Mutex};
 
 use shale_device::{MemDevice, ZoneEmu, ZoneEmuConfig};
-use shale_engine::{Config, Engine, EngineError, ManualClock, Reply, Request, VolumeId};
+use shale_engine::{Config, Engine, EngineError, ManualClock, Reply, Request, VolumeUid};
 
 pub type Cap = ZoneEmu<MemDevice>;
 pub type Eng = Engine<MemDevice, Cap, ManualClock>;
@@ -76,7 +76,7 @@ pub fn call(e: &mut Eng, req: Request) -> Result<Reply, EngineError> {
     panic!("request never completed");
 }
 
-pub fn create(e: &mut Eng, name: &str, bytes: u64) -> VolumeId {
+pub fn create(e: &mut Eng, name: &str, bytes: u64) -> VolumeUid {
     match call(
         e,
         Request::CreateVolume {
@@ -86,12 +86,12 @@ pub fn create(e: &mut Eng, name: &str, bytes: u64) -> VolumeId {
     )
     .unwrap()
     {
-        Reply::Volume(v) => v.id,
+        Reply::Volume(v) => v.uid,
         r => panic!("unexpected {r:?}"),
     }
 }
 
-pub fn write(e: &mut Eng, volume: VolumeId, offset: u64, data: &[u8]) -> Result<(), EngineError> {
+pub fn write(e: &mut Eng, volume: VolumeUid, offset: u64, data: &[u8]) -> Result<(), EngineError> {
     call(
         e,
         Request::Write {
@@ -104,7 +104,7 @@ pub fn write(e: &mut Eng, volume: VolumeId, offset: u64, data: &[u8]) -> Result<
     .map(|_| ())
 }
 
-pub fn read(e: &mut Eng, volume: VolumeId, offset: u64, len: u64) -> Result<Vec<u8>, EngineError> {
+pub fn read(e: &mut Eng, volume: VolumeUid, offset: u64, len: u64) -> Result<Vec<u8>, EngineError> {
     match call(
         e,
         Request::Read {

@@ -10,7 +10,9 @@ use shale_device::{
     BlockDevice, CrashMode, DeviceError, DeviceInfo, FaultController, FaultDevice, IoCompletion,
     IoOp, IoOpKind, IoRequest, ZoneEmu, ZoneEmuConfig,
 };
-use shale_engine::{Config, Engine, EngineError, ManualClock, OpenError, Reply, Request, VolumeId};
+use shale_engine::{
+    Config, Engine, EngineError, ManualClock, OpenError, Reply, Request, VolumeUid,
+};
 use shale_format::{CacheLayout, Superblock};
 
 use super::{pattern, tiny_config};
@@ -212,9 +214,9 @@ pub type REng = Engine<Powered, Cap, ManualClock>;
 /// A version is the pattern seed (0 = zeros).
 #[derive(Debug, Default, Clone)]
 pub struct Model {
-    blocks: HashMap<(u32, u64), Vec<u64>>,
+    blocks: HashMap<(u64, u64), Vec<u64>>,
     /// Versions written since the last completed flush, per block.
-    dirty: Vec<(u32, u64)>,
+    dirty: Vec<(u64, u64)>,
 }
 
 pub fn block_of(seed: u64) -> Vec<u8> {
@@ -226,7 +228,7 @@ pub fn block_of(seed: u64) -> Vec<u8> {
 }
 
 impl Model {
-    pub fn wrote(&mut self, v: VolumeId, lba: u64, seed: u64) {
+    pub fn wrote(&mut self, v: VolumeUid, lba: u64, seed: u64) {
         self.blocks
             .entry((v.0, lba))
             .or_insert_with(|| vec![0])
@@ -242,18 +244,22 @@ impl Model {
             }
         }
     }
-    pub fn allowed(&self, v: VolumeId, lba: u64) -> Vec<u64> {
+    pub fn allowed(&self, v: VolumeUid, lba: u64) -> Vec<u64> {
         self.blocks
             .get(&(v.0, lba))
             .cloned()
             .unwrap_or_else(|| vec![0])
     }
     /// After a crash: what was read becomes the floor.
-    pub fn observed(&mut self, v: VolumeId, lba: u64, seed: u64) {
+    pub fn observed(&mut self, v: VolumeUid, lba: u64, seed: u64) {
         self.blocks.insert((v.0, lba), vec![seed]);
     }
-    pub fn touched(&self) -> Vec<(VolumeId, u64)> {
-        let mut k: Vec<_> = self.blocks.keys().map(|&(v, l)| (VolumeId(v), l)).collect();
+    pub fn touched(&self) -> Vec<(VolumeUid, u64)> {
+        let mut k: Vec<_> = self
+            .blocks
+            .keys()
+            .map(|&(v, l)| (VolumeUid(v), l))
+            .collect();
         k.sort_unstable();
         k
     }
@@ -361,9 +367,9 @@ impl Rig {
     pub fn write(&mut self, lba: u64) -> bool {
         self.seq += 1;
         let seed = self.seq;
-        self.model.wrote(VolumeId(0), lba, seed);
+        self.model.wrote(VolumeUid(1), lba, seed);
         let r = self.try_call(Request::Write {
-            volume: VolumeId(0),
+            volume: VolumeUid(1),
             offset: lba * BS,
             data: block_of(seed),
             fua: false,
@@ -379,10 +385,10 @@ impl Rig {
 
     pub fn trim(&mut self, lba: u64, count: u64) -> bool {
         for l in lba..lba + count {
-            self.model.wrote(VolumeId(0), l, 0);
+            self.model.wrote(VolumeUid(1), l, 0);
         }
         match self.try_call(Request::Trim {
-            volume: VolumeId(0),
+            volume: VolumeUid(1),
             offset: lba * BS,
             len: count * BS,
         }) {
@@ -487,7 +493,7 @@ impl Rig {
     /// Reads one block of volume 0.
     pub fn e_read(&mut self, lba: u64) -> Vec<u8> {
         match self.call(Request::Read {
-            volume: VolumeId(0),
+            volume: VolumeUid(1),
             offset: lba * BS,
             len: BS,
         }) {

@@ -32,6 +32,8 @@ pub enum TlsMode {
 /// What negotiation needs to know about one export.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExportView {
+    /// The backend's id of the export this view describes.
+    pub id: crate::backend::ExportId,
     /// Canonical name.
     pub name: String,
     pub description: String,
@@ -468,6 +470,7 @@ mod tests {
 
     fn export(name: &str) -> ExportView {
         ExportView {
+            id: crate::backend::ExportId(0),
             name: name.into(),
             description: format!("{name} desc"),
             size_bytes: 1 << 20,

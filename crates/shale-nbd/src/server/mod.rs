@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use tracing::{debug, info, info_span, warn};
 
-use crate::backend::Backend;
+use crate::backend::{Backend, ExportId};
 use crate::proto::consts::PAYLOAD_BYTES_DEFAULT;
 use crate::proto::handshake::HandshakeError;
 use crate::proto::negotiate::{CloseReason, TlsMode};
@@ -216,8 +216,15 @@ pub(crate) struct Shared {
     tls: Option<tls::TlsAcceptor>,
     stopping: AtomicBool,
     next_id: AtomicU64,
-    conns: Mutex<HashMap<u64, Arc<Closer>>>,
+    conns: Mutex<HashMap<u64, Conn>>,
     idle: Condvar,
+}
+
+/// One open connection: how to end it, and the export it transmits on (none while
+/// it negotiates).
+struct Conn {
+    closer: Arc<Closer>,
+    export: Option<ExportId>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -270,8 +277,15 @@ impl Shared {
         }
     }
 
-    fn lock_conns(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<Closer>>> {
+    fn lock_conns(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Conn>> {
         self.conns.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Binds connection `id` to `export` for [`ServerHandle`]'s counts and disconnects.
+    fn bind(&self, id: u64, export: ExportId) {
+        if let Some(c) = self.lock_conns().get_mut(&id) {
+            c.export = Some(export);
+        }
     }
 }
 
@@ -482,6 +496,14 @@ impl Server {
         self.shared.lock_conns().len()
     }
 
+    /// A handle for counting and closing connections by export, usable after the
+    /// server is stopped (it then finds none).
+    pub fn handle(&self) -> ServerHandle {
+        ServerHandle {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+
     /// Stops accepting, closes every connection and waits (bounded) for
     /// their threads.
     pub fn shutdown(mut self) {
@@ -514,7 +536,7 @@ impl Server {
         let deadline = Instant::now() + Duration::from_secs(5);
         let mut conns = self.shared.lock_conns();
         for c in conns.values() {
-            c.close();
+            c.closer.close();
         }
         while !conns.is_empty() {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -539,6 +561,57 @@ impl Server {
 impl Drop for Server {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// Counts and closes a server's connections by export (see [`Server::handle`]).
+#[derive(Clone)]
+pub struct ServerHandle {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for ServerHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerHandle").finish_non_exhaustive()
+    }
+}
+
+impl ServerHandle {
+    /// Connections transmitting on `export`.
+    pub fn connections_to(&self, export: ExportId) -> usize {
+        self.shared
+            .lock_conns()
+            .values()
+            .filter(|c| c.export == Some(export))
+            .count()
+    }
+
+    /// Connections transmitting, per export.
+    pub fn connections_by_export(&self) -> HashMap<ExportId, usize> {
+        let mut out = HashMap::new();
+        for e in self.shared.lock_conns().values().filter_map(|c| c.export) {
+            *out.entry(e).or_insert(0) += 1;
+        }
+        out
+    }
+
+    /// Ends every connection transmitting on `export` (hard disconnect: requests in
+    /// flight complete, their replies are dropped). Returns how many were closed.
+    pub fn disconnect(&self, export: ExportId) -> usize {
+        let conns = self.shared.lock_conns();
+        let mut n = 0;
+        for c in conns.values().filter(|c| c.export == Some(export)) {
+            c.closer.close();
+            n += 1;
+        }
+        if n > 0 {
+            info!(
+                export = export.0,
+                connections = n,
+                "disconnected clients of an export"
+            );
+        }
+        n
     }
 }
 
@@ -613,7 +686,13 @@ fn accept_loop(shared: &Arc<Shared>, mut accept: impl FnMut() -> io::Result<Sock
                 closer.close();
                 continue;
             }
-            conns.insert(id, Arc::clone(&closer));
+            conns.insert(
+                id,
+                Conn {
+                    closer: Arc::clone(&closer),
+                    export: None,
+                },
+            );
         }
         let shared2 = Arc::clone(shared);
         let spawned = std::thread::Builder::new()
@@ -628,7 +707,7 @@ fn accept_loop(shared: &Arc<Shared>, mut accept: impl FnMut() -> io::Result<Sock
         if let Err(e) = spawned {
             warn!(error = %e, "cannot spawn connection thread");
             if let Some(c) = shared.lock_conns().remove(&id) {
-                c.close();
+                c.closer.close();
             }
         }
     }
@@ -655,11 +734,18 @@ fn serve(socket: Socket, shared: &Arc<Shared>, closer: Arc<Closer>, id: u64) {
                     Ok(())
                 }
                 Negotiated::Transmit(session) => {
-                    let Some(export) = shared.backend.export(&session.export.name) else {
-                        return Err(ConnError::ExportVanished {
+                    // Bound before the export is looked up again, so whoever removes
+                    // it (hiding it first) either counts this connection or makes the
+                    // lookup fail. The export negotiated, not whatever holds its name
+                    // now: one deleted and created again meanwhile is another export.
+                    shared.bind(id, session.export.id);
+                    let export = shared
+                        .backend
+                        .export(&session.export.name)
+                        .filter(|e| e.id == session.export.id)
+                        .ok_or_else(|| ConnError::ExportVanished {
                             name: session.export.name.clone(),
-                        });
-                    };
+                        })?;
                     info!(
                         export = %export.name,
                         structured = session.structured_replies,

@@ -49,6 +49,7 @@ impl Catalog<'_> {
             }
         }
         ExportView {
+            id: info.id,
             name: info.name,
             description: info.description,
             size_bytes: info.size_bytes,
