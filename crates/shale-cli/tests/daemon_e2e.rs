@@ -24,7 +24,7 @@ fn nbdinfo_sees_each_volume_with_sizes_and_block_sizes() {
     assert_eq!(names, ["default", "second"], "{out}");
     let second = &exports[1];
     assert_eq!(second["export-size"], 64 * MIB);
-    assert_eq!(second["block_size_minimum"], 512);
+    assert_eq!(second["block_size_minimum"], 1);
     assert_eq!(second["block_size_preferred"], 4096);
     assert_eq!(second["block_size_maximum"], 4 * MIB);
     assert_eq!(second["can_multi_conn"], true);

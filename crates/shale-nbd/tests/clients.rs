@@ -52,7 +52,7 @@ fn nbdinfo_lists_every_volume_with_sizes_and_block_sizes() {
             .find(|e| e["export-name"] == "vol0")
             .expect("vol0");
         assert_eq!(vol0["description"], "first volume");
-        assert_eq!(vol0["block_size_minimum"], 512);
+        assert_eq!(vol0["block_size_minimum"], 1);
         assert_eq!(vol0["block_size_preferred"], 4096);
         assert_eq!(vol0["block_size_maximum"], 32 * 1024 * 1024);
         assert_eq!(vol0["can_flush"], true);
