@@ -17,6 +17,7 @@ const SYSTEM_TOOLS: &[(&str, &str)] = &[
     ("qemu-nbd", "qemu-utils"),
     ("nbdinfo", "libnbd-bin"),
     ("nbdcopy", "libnbd-bin"),
+    ("nbdsh", "python3-libnbd"),
     ("nbdfuse", "nbdfuse"),
     ("fio", "fio"),
     ("openssl", "openssl"),

@@ -117,8 +117,11 @@ impl EngineBackend {
                 // over every write completed before it, whichever connection sent it.
                 multi_conn: true,
             },
+            // Any byte offset and length works: the engine does read-modify-write of
+            // partial 4 KiB blocks. A larger minimum would make strict clients
+            // (libnbd) refuse byte-granular I/O the engine handles.
             block_sizes: BlockSizes {
-                minimum: 512,
+                minimum: 1,
                 preferred: 4096,
                 payload_max: self.payload_bytes_max,
             },

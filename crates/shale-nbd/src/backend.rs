@@ -45,9 +45,15 @@ impl Default for ExportCaps {
 
 /// Size constraints advertised in `NBD_INFO_BLOCK_SIZE`.
 ///
-/// The server accepts any offset and length inside the export (the backend
-/// does read-modify-write for sub-block I/O); `minimum` tells well-behaved
-/// clients what alignment is cheap to honour.
+/// The server accepts any offset and length inside the export, whatever
+/// `minimum` says: it never refuses a request for its alignment. `minimum` is
+/// what clients that asked for block sizes must obey (libnbd enforces it in
+/// its default strict mode), so it should be the smallest alignment the
+/// backend serves: a larger one makes strict clients refuse I/O the backend
+/// would do. `preferred` is the size below which I/O gets slower
+/// (read-modify-write). Per the spec `minimum` and `preferred` are powers of
+/// two, `minimum` at most 64 KiB, `preferred` at least `max(minimum, 512)`,
+/// `payload_max` at least `preferred`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BlockSizes {
     pub minimum: u32,
@@ -56,9 +62,12 @@ pub struct BlockSizes {
 }
 
 impl Default for BlockSizes {
+    /// The spec's defaults for a server without constraints: byte-granular
+    /// access (backends do read-modify-write of partial blocks), 4 KiB
+    /// preferred, 32 MiB payload.
     fn default() -> Self {
         BlockSizes {
-            minimum: 512,
+            minimum: 1,
             preferred: 4096,
             payload_max: PAYLOAD_BYTES_DEFAULT,
         }
@@ -173,4 +182,18 @@ pub trait Backend: Send + Sync + 'static {
     fn export(&self, name: &str) -> Option<ExportInfo>;
     /// Queues `req` for `export`; `done` is called when it finishes.
     fn submit(&self, export: ExportId, req: BackendRequest, done: Completion);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_block_sizes_are_the_specs_unconstrained_defaults() {
+        let b = BlockSizes::default();
+        assert_eq!((b.minimum, b.preferred), (1, 4096));
+        assert!(b.minimum.is_power_of_two() && b.minimum <= 1 << 16);
+        assert!(b.preferred.is_power_of_two() && b.preferred >= b.minimum.max(512));
+        assert!(b.payload_max >= b.preferred && b.payload_max >= 1 << 25);
+    }
 }

@@ -44,7 +44,7 @@ fn catalog() -> FuzzCatalog {
             description: format!("{name} export"),
             size_bytes: size,
             flags,
-            block_size_min: 512,
+            block_size_min: 1,
             block_size_preferred: 4096,
             payload_bytes_max: PAYLOAD_BYTES_DEFAULT,
             tls_only,

@@ -1,14 +1,14 @@
 //! End-to-end tests against real NBD clients (nbdinfo, qemu-io, qemu-img,
-//! nbdcopy, fio) talking to an in-process server over MemBackend, on a temp
-//! unix socket and an ephemeral TCP port. A missing client binary skips its
-//! test with a printed reason.
+//! nbdcopy, nbdsh, fio) talking to an in-process server over MemBackend, on a
+//! temp unix socket and an ephemeral TCP port. A missing client binary fails
+//! its test with the packages to install.
 
 mod common;
 
 use std::process::Command;
 use std::time::Duration;
 
-use common::{mem_spec, pattern, run, run_ok, Fixture, MIB};
+use common::{mem_spec, nbdsh_script, pattern, run, run_ok, Fixture, LIBNBD_BYTES_PY, MIB};
 use shale_nbd::MemExportSpec;
 
 const T: Duration = Duration::from_secs(60);
@@ -52,7 +52,7 @@ fn nbdinfo_lists_every_volume_with_sizes_and_block_sizes() {
             .find(|e| e["export-name"] == "vol0")
             .expect("vol0");
         assert_eq!(vol0["description"], "first volume");
-        assert_eq!(vol0["block_size_minimum"], 512);
+        assert_eq!(vol0["block_size_minimum"], 1);
         assert_eq!(vol0["block_size_preferred"], 4096);
         assert_eq!(vol0["block_size_maximum"], 32 * 1024 * 1024);
         assert_eq!(vol0["can_flush"], true);
@@ -68,6 +68,39 @@ fn nbdinfo_lists_every_volume_with_sizes_and_block_sizes() {
     let out = run_ok(Command::new("nbdinfo").arg(f.tcp_uri("vol1")), T);
     assert!(out.contains("export-size: 16777216"), "{out}");
     assert!(out.contains("base:allocation"), "{out}");
+}
+
+/// libnbd in its default strict mode (STRICT_ALIGN enforces the advertised minimum
+/// block size) doing 1-byte and unaligned reads, writes, write-zeroes and trims, every
+/// byte checked against a model (`tests/scripts/libnbd_bytes.py`). A 4 KiB-multiple
+/// export over unix, and one ending 512 bytes into a block over TCP.
+#[test]
+fn nbdsh_strict_byte_granular_io_matches_a_model() {
+    require!("nbdsh");
+    let f = Fixture::start(volumes());
+    for (uri, export, size) in [
+        (f.unix_uri("vol1"), "vol1", 16 * MIB),
+        (f.tcp_uri("odd"), "odd", 10 * MIB + 512),
+    ] {
+        let model = f.path(&format!("{export}.model"));
+        let out = run_ok(
+            nbdsh_script(&uri, LIBNBD_BYTES_PY).env("LIBNBD_BYTES_MODEL", &model),
+            T,
+        );
+        assert!(
+            out.contains("libnbd-bytes: ok ops=") && out.contains(&format!("size={size}\n")),
+            "{export}: {out}"
+        );
+        // The script's model and the backend's store, read directly, agree.
+        let store = f
+            .backend
+            .read_direct(export, 0, u32::try_from(size).expect("size fits"))
+            .expect("export");
+        assert!(
+            std::fs::read(&model).expect("model file") == store,
+            "{export}: the store differs from the script's model"
+        );
+    }
 }
 
 fn qemu_io(uri: &str, cmds: &[&str]) -> String {

@@ -231,7 +231,7 @@ fn options_unknown_invalid_and_too_big_are_answered() {
     );
     assert!(
         r.contains(&OptionReply::Info(shale_nbd::proto::InfoReply::BlockSize {
-            minimum: 512,
+            minimum: 1,
             preferred: 4096,
             maximum_payload: 32 << 20
         }))
@@ -242,6 +242,73 @@ fn options_unknown_invalid_and_too_big_are_answered() {
     assert_eq!(c.option_replies(), vec![OptionReply::Ack]);
     assert!(c.closed());
     healthy(&f, 5);
+}
+
+/// The spec lets a server with non-default size constraints refuse clients that did
+/// not ask for them (`ERR_BLOCK_SIZE_REQD`, or closing after `EXPORT_NAME`). Shale's
+/// are the defaults (minimum 1), so GO without `NBD_INFO_BLOCK_SIZE` and
+/// `EXPORT_NAME` both enter transmission, and byte-granular requests are served.
+#[test]
+fn clients_that_did_not_ask_for_block_sizes_get_byte_granular_io() {
+    let f = fixture();
+    let byte_io = |c: &mut RawClient, cookie: u64| {
+        for (i, offset) in [1u64, 511, 4095, 4096 + 7, 8 * MIB - 1]
+            .into_iter()
+            .enumerate()
+        {
+            let b = [0x40 + i as u8];
+            c.request(CMD_WRITE, 0, cookie, offset, 1, &b);
+            assert_eq!(c.reply(None).expect("write").error, 0, "write at {offset}");
+            c.request(CMD_READ, 0, cookie, offset, 1, &[]);
+            let r = c.reply(Some(1)).expect("read");
+            assert_eq!((r.error, r.data), (0, b.to_vec()), "read at {offset}");
+        }
+        // Unaligned across a block boundary, then write-zeroes and trim inside blocks.
+        let data = pattern(cookie, 5000);
+        c.request(CMD_WRITE, 0, cookie, 4096 - 1000, 5000, &data);
+        assert_eq!(c.reply(None).expect("write").error, 0);
+        c.request(CMD_WRITE_ZEROES, 0, cookie, 4096 - 10, 20, &[]);
+        assert_eq!(c.reply(None).expect("zeroes").error, 0);
+        c.request(CMD_TRIM, 0, cookie, 4096 + 100, 3, &[]);
+        assert_eq!(c.reply(None).expect("trim").error, 0);
+        c.request(CMD_READ, 0, cookie, 4096 - 1000, 1100, &[]);
+        let r = c.reply(Some(1100)).expect("read back");
+        let mut want = data[..990].to_vec();
+        want.extend_from_slice(&[0; 20]);
+        want.extend_from_slice(&data[1010..1100]);
+        assert_eq!((r.error, r.data), (0, want));
+    };
+
+    // GO without any information request: no ERR_BLOCK_SIZE_REQD; the block sizes
+    // come anyway (the spec allows unrequested NBD_INFO_BLOCK_SIZE).
+    let mut c = RawClient::unix(f.socket());
+    c.handshake();
+    c.send_option(&ClientOption::Go(InfoRequest {
+        name: "disk".into(),
+        info_requests: vec![],
+    }));
+    let r = c.option_replies();
+    assert_eq!(r.last(), Some(&OptionReply::Ack), "{r:?}");
+    assert!(
+        r.contains(&OptionReply::Info(shale_nbd::proto::InfoReply::BlockSize {
+            minimum: 1,
+            preferred: 4096,
+            maximum_payload: 32 << 20
+        })),
+        "{r:?}"
+    );
+    byte_io(&mut c, 1);
+
+    // NBD_OPT_EXPORT_NAME: no way to learn block sizes at all.
+    let mut c = RawClient::tcp(f.tcp());
+    c.handshake();
+    c.send_option(&ClientOption::ExportName {
+        name: "disk".into(),
+    });
+    let reply = c.read_n(10).expect("export name reply");
+    assert_eq!(&reply[..8], &(8 * MIB).to_be_bytes());
+    byte_io(&mut c, 2);
+    healthy(&f, 12);
 }
 
 #[test]

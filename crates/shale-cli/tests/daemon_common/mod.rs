@@ -30,6 +30,35 @@ pub fn require(tool: &str, package: &str) {
     );
 }
 
+/// The byte-granular libnbd script shared with shale-nbd's client tests.
+pub const LIBNBD_BYTES_PY: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../shale-nbd/tests/scripts/libnbd_bytes.py"
+);
+
+/// `nbdsh -u uri -c <run the Python file at script>`, compiled under its own name
+/// so a failure's traceback names its lines.
+///
+/// nbdsh is a shell script running the first `python3` on PATH, but the `nbd`
+/// module python3-libnbd installs is built for the distribution's python3 next to
+/// nbdsh; a pyenv or virtualenv `python3` earlier on PATH would not find it. So
+/// nbdsh's own directory goes first.
+pub fn nbdsh_script(uri: &str, script: &str) -> Command {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let mut dirs: Vec<PathBuf> = std::env::split_paths(&path).collect();
+    if let Some(i) = dirs.iter().position(|d| d.join("nbdsh").is_file()) {
+        let own = dirs.remove(i);
+        dirs.insert(0, own);
+    }
+    let mut c = Command::new("nbdsh");
+    c.env("PATH", std::env::join_paths(dirs).expect("PATH joins"))
+        .args(["-u", uri, "-c"])
+        .arg(format!(
+            "exec(compile(open({script:?}).read(), {script:?}, 'exec'))"
+        ));
+    c
+}
+
 pub fn output(cmd: &mut Command) -> Output {
     cmd.stdin(Stdio::null())
         .output()
