@@ -5,18 +5,34 @@
 //! or `{"ok": false, "error": "..."}`. A line longer than [`REQUEST_BYTES_MAX`] or
 //! not valid JSON gets an error reply and the connection is closed; nothing else is
 //! disturbed.
+//!
+//! Each client has a thread, at most [`ADMIN_CONNECTIONS_MAX`] at once; one more
+//! gets the error reply `too many admin connections` and is closed. A client silent
+//! for [`IDLE_TIMEOUT`] is disconnected. Dropping the [`AdminServer`] shuts every
+//! connection's socket down (shutdown(2): a blocked read returns end-of-file at
+//! once) and joins the threads, so when it returns no connection still holds the
+//! handler, and through it the engine, which the daemon's stop waits to own.
 
 use std::io::{BufRead, BufReader, Read, Write};
+use std::net::Shutdown;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
 /// Upper bound on one request line; volume names are short, so this is generous.
 pub const REQUEST_BYTES_MAX: usize = 64 * 1024;
+/// Admin clients served at once. Admin traffic is a person or a script, and each
+/// client costs a thread, so a handful is plenty.
+pub const ADMIN_CONNECTIONS_MAX: usize = 8;
+/// A client that sends nothing (or reads nothing) for this long is disconnected.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long the acceptor sleeps when no client is waiting; a stop is seen this fast.
+const ACCEPT_POLL: Duration = Duration::from_millis(20);
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
@@ -124,19 +140,34 @@ impl Drop for AdminServer {
     }
 }
 
+/// A connection's thread and a handle on its socket to shut it down with.
+struct Connection {
+    stream: UnixStream,
+    thread: JoinHandle<()>,
+}
+
 fn accept_loop(listener: UnixListener, handler: Arc<dyn AdminHandler>, stop: Arc<AtomicBool>) {
+    let mut connections: Vec<Connection> = Vec::new();
     while !stop.load(Ordering::Relaxed) {
         match listener.accept() {
             Ok((stream, _)) => {
-                let handler = handler.clone();
-                // One short-lived thread per admin client: admin traffic is rare and a
-                // slow client must not hold up the next one.
-                let _ = std::thread::Builder::new()
-                    .name("shale-admin-conn".into())
-                    .spawn(move || serve_connection(stream, &*handler));
+                // A finished thread has already dropped its handler; forget it.
+                connections.retain(|c| !c.thread.is_finished());
+                if connections.len() >= ADMIN_CONNECTIONS_MAX {
+                    tracing::warn!(
+                        connections_max = ADMIN_CONNECTIONS_MAX,
+                        "admin connection refused: too many admin connections"
+                    );
+                    refuse(&stream);
+                    continue;
+                }
+                match spawn_connection(stream, Arc::clone(&handler)) {
+                    Ok(c) => connections.push(c),
+                    Err(e) => tracing::warn!(error = %e, "admin connection dropped"),
+                }
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(20));
+                std::thread::sleep(ACCEPT_POLL);
             }
             Err(e) => {
                 tracing::warn!(error = %e, "admin socket accept failed");
@@ -144,14 +175,55 @@ fn accept_loop(listener: UnixListener, handler: Arc<dyn AdminHandler>, stop: Arc
             }
         }
     }
+    // An idle client would otherwise keep its thread, and the engine, for up to the
+    // idle timeout: end-of-file wakes its read now. A request being handled finishes.
+    for c in &connections {
+        let _ = c.stream.shutdown(Shutdown::Both);
+    }
+    for c in connections {
+        let _ = c.thread.join();
+    }
 }
 
-fn serve_connection(stream: UnixStream, handler: &dyn AdminHandler) {
+fn spawn_connection(
+    stream: UnixStream,
+    handler: Arc<dyn AdminHandler>,
+) -> std::io::Result<Connection> {
+    let ours = stream.try_clone()?;
+    let thread = std::thread::Builder::new()
+        .name("shale-admin-conn".into())
+        .spawn(move || {
+            serve_connection(&stream, &*handler);
+            // The acceptor's clone keeps the socket open until it is reaped; the
+            // client must see the end of the connection now.
+            let _ = stream.shutdown(Shutdown::Both);
+        })?;
+    Ok(Connection {
+        stream: ours,
+        thread,
+    })
+}
+
+/// Tells a client over the limit why, and closes it.
+fn refuse(stream: &UnixStream) {
+    // The reply is one short line into an empty socket buffer; the timeout only
+    // guards the acceptor against the impossible.
+    let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
+    let mut w = stream;
+    let _ = reply(
+        &mut w,
+        Err(format!(
+            "too many admin connections (at most {ADMIN_CONNECTIONS_MAX}); try again later"
+        )),
+    );
+    let _ = stream.shutdown(Shutdown::Both);
+}
+
+fn serve_connection(stream: &UnixStream, handler: &dyn AdminHandler) {
     let _ = stream.set_nonblocking(false);
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(60)));
-    let Ok(mut writer) = stream.try_clone() else {
-        return;
-    };
+    let _ = stream.set_read_timeout(Some(IDLE_TIMEOUT));
+    let _ = stream.set_write_timeout(Some(IDLE_TIMEOUT));
+    let mut writer = stream;
     let mut reader = BufReader::new(stream);
     loop {
         let mut line = Vec::new();
@@ -184,7 +256,7 @@ fn serve_connection(stream: UnixStream, handler: &dyn AdminHandler) {
     }
 }
 
-fn reply(w: &mut UnixStream, result: Result<serde_json::Value, String>) -> std::io::Result<()> {
+fn reply(w: &mut impl Write, result: Result<serde_json::Value, String>) -> std::io::Result<()> {
     let r = match result {
         Ok(v) => AdminReply {
             ok: true,
@@ -218,12 +290,17 @@ pub fn call(path: &Path, req: &AdminRequest) -> Result<serde_json::Value, AdminE
     let mut w = stream.try_clone().map_err(io)?;
     let mut text = serde_json::to_vec(req).map_err(|e| AdminError::BadReply(e.to_string()))?;
     text.push(b'\n');
-    w.write_all(&text).map_err(io)?;
+    // A daemon refusing the connection (too many clients) replies and closes without
+    // reading, so a failed write may still have a reply waiting behind it.
+    let written = w.write_all(&text);
     let mut line = String::new();
-    BufReader::new(stream)
+    let read = BufReader::new(stream)
         .take(16 * 1024 * 1024)
-        .read_line(&mut line)
-        .map_err(io)?;
+        .read_line(&mut line);
+    if line.is_empty() {
+        written.map_err(io)?;
+        read.map_err(io)?;
+    }
     let reply: AdminReply =
         serde_json::from_str(&line).map_err(|e| AdminError::BadReply(e.to_string()))?;
     if reply.ok {
@@ -303,6 +380,96 @@ mod tests {
             call(&path, &AdminRequest::VolumeList),
             Err(AdminError::Connect { .. })
         ));
+    }
+
+    /// A client that has had one reply (so its connection thread exists) and then
+    /// says nothing.
+    fn served_idle_client(path: &Path) -> UnixStream {
+        let s = UnixStream::connect(path).expect("connect");
+        (&s).write_all(b"{\"op\":\"volume_list\"}\n")
+            .expect("write");
+        let mut line = String::new();
+        BufReader::new(&s).read_line(&mut line).expect("read");
+        let r: AdminReply = serde_json::from_str(&line).expect("reply");
+        assert!(r.ok, "{line}");
+        s
+    }
+
+    #[test]
+    fn connections_beyond_the_bound_are_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("admin.sock");
+        let _server = AdminServer::start(&path, Arc::new(Volumes::default())).expect("start");
+        let mut idle: Vec<UnixStream> = (0..ADMIN_CONNECTIONS_MAX)
+            .map(|_| served_idle_client(&path))
+            .collect();
+        match call(&path, &AdminRequest::VolumeList) {
+            Err(AdminError::Remote(m)) => assert!(m.contains("too many admin connections"), "{m}"),
+            other => panic!("one client over the bound was served: {other:?}"),
+        }
+        // A client leaving frees its slot.
+        drop(idle.pop());
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            match call(&path, &AdminRequest::VolumeList) {
+                Ok(_) => break,
+                Err(AdminError::Remote(m))
+                    if m.contains("too many") && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(e) => panic!("freed slot not reused: {e}"),
+            }
+        }
+    }
+
+    #[test]
+    fn drop_returns_promptly_and_releases_the_handler_with_idle_clients() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("admin.sock");
+        let handler = Arc::new(Volumes::default());
+        let server = AdminServer::start(&path, handler.clone()).expect("start");
+        let served = served_idle_client(&path);
+        let half = UnixStream::connect(&path).expect("connect");
+        (&half).write_all(b"{\"op\":").expect("write");
+        let _silent = UnixStream::connect(&path).expect("connect");
+        // The acceptor takes clients in order: once a later one is served, the three
+        // above have their threads, each holding the handler.
+        call(&path, &AdminRequest::VolumeList).expect("list");
+        assert!(Arc::strong_count(&handler) >= 5, "connections not running");
+
+        let started = std::time::Instant::now();
+        drop(server);
+        let took = started.elapsed();
+        assert!(took < Duration::from_secs(1), "drop took {took:?}");
+        assert_eq!(
+            Arc::strong_count(&handler),
+            1,
+            "a connection thread outlived the server"
+        );
+        // The idle client sees the end of its connection.
+        served
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        let mut rest = Vec::new();
+        assert_eq!((&served).read_to_end(&mut rest).expect("eof"), 0);
+    }
+
+    #[test]
+    fn a_closed_connection_reaches_the_client() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("admin.sock");
+        let _server = AdminServer::start(&path, Arc::new(Volumes::default())).expect("start");
+        let s = UnixStream::connect(&path).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        (&s).write_all(b"{not json}\n").expect("write");
+        // The server closes after the error reply while its acceptor still holds the
+        // socket: the client reads the reply, then end-of-file (not a timeout).
+        let mut all = String::new();
+        (&s).read_to_string(&mut all)
+            .expect("reply then end of file");
+        assert!(all.contains("malformed request"), "{all}");
     }
 
     #[test]

@@ -19,6 +19,7 @@ use crate::admin::{AdminError, AdminServer};
 use crate::backend::{CacheDevice, CapacityDevice, Engine, EngineBackend};
 use crate::config::{CapacityMode, Config, ConfigError};
 use crate::handler::DaemonAdmin;
+use crate::notify::Notifier;
 
 /// Requests queued between the front-ends and the engine thread.
 const ENGINE_QUEUE_DEPTH: usize = 1024;
@@ -408,15 +409,18 @@ pub fn format(
     Ok(created)
 }
 
-/// Opens formatted devices and starts the engine thread.
-pub fn open(spec: &DeviceSpec) -> Result<Engine, DaemonError> {
+/// Opens formatted devices and starts the engine thread; also returns a one-line
+/// summary of the open for the service manager's status.
+pub fn open(spec: &DeviceSpec) -> Result<(Engine, String), DaemonError> {
     let engine_config = spec.engine_config()?;
     let cache: CacheDevice = Box::new(open_file("cache device", &spec.cache)?);
     let capacity = capacity_device(spec, false)?;
     let started = std::time::Instant::now();
     let engine = shale_engine::Engine::open(cache, capacity, MonotonicClock::new(), engine_config)?;
     log_open(engine.open_report(), started.elapsed());
-    EngineThread::spawn(engine, ENGINE_QUEUE_DEPTH).map_err(DaemonError::Spawn)
+    let status = crate::notify::open_status(engine.open_report(), started.elapsed());
+    let thread = EngineThread::spawn(engine, ENGINE_QUEUE_DEPTH).map_err(DaemonError::Spawn)?;
+    Ok((thread, status))
 }
 
 /// One line saying whether the open was clean or a recovery, and what it cost; the
@@ -458,6 +462,8 @@ pub struct Daemon {
     nbd: Option<Server>,
     admin: Option<AdminServer>,
     metrics: Option<crate::metrics::MetricsServer>,
+    /// What the open did, for `STATUS=` ([`crate::notify`]).
+    open_status: String,
     /// Last, so it is released after everything else (fields drop in order).
     _lock: DeviceLock,
 }
@@ -502,13 +508,15 @@ impl Daemon {
             }
         }
         let lock = DeviceLock::acquire(&spec)?;
-        let engine = Arc::new(open(&spec)?);
+        let (engine, open_status) = open(&spec)?;
+        let engine = Arc::new(engine);
         let backend = Arc::new(EngineBackend::new(Arc::clone(&engine), PAYLOAD_BYTES_MAX)?);
         let mut daemon = Daemon {
             backend: Arc::clone(&backend),
             nbd: None,
             admin: None,
             metrics: None,
+            open_status,
             _lock: lock,
         };
         let nbd_config = nbd_server_config(config)?;
@@ -545,6 +553,11 @@ impl Daemon {
 
     pub fn nbd(&self) -> Option<&Server> {
         self.nbd.as_ref()
+    }
+
+    /// One line on how the devices were opened: clean, or a recovery and what it did.
+    pub fn open_status(&self) -> &str {
+        &self.open_status
     }
 
     /// Drains in-flight I/O, checkpoints, marks the devices clean and stops.
@@ -628,7 +641,10 @@ fn nbd_server_config(config: &Config) -> Result<ServerConfig, DaemonError> {
 
 /// Runs until `stop` is set (by a signal handler), then shuts down cleanly.
 pub fn run(config: &Config, stop: &AtomicBool) -> Result<(), DaemonError> {
-    let daemon = Daemon::start(config)?;
+    let mut notify = Notifier::from_env();
+    notify.status("opening the devices (a recovery after a crash can take a while)");
+    let daemon =
+        Daemon::start(config).inspect_err(|e| notify.status(&format!("failed to start: {e}")))?;
     if let Some(s) = daemon.nbd() {
         if let Some(p) = s.unix_path() {
             tracing::info!(socket = %p.display(), "serving NBD on unix socket");
@@ -638,10 +654,13 @@ pub fn run(config: &Config, stop: &AtomicBool) -> Result<(), DaemonError> {
         }
     }
     tracing::info!("ready");
+    notify.ready(daemon.open_status());
     while !stop.load(Ordering::Relaxed) {
+        notify.watchdog();
         std::thread::sleep(Duration::from_millis(50));
     }
     tracing::info!("stopping: draining I/O and checkpointing");
+    notify.stopping("stopping: draining I/O and checkpointing");
     daemon.stop()?;
     tracing::info!("clean shutdown");
     Ok(())

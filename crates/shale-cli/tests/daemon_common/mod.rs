@@ -3,6 +3,7 @@
 //! test with the package to install (`cargo xtask ci` installs them); nothing is skipped.
 #![allow(dead_code)] // each test binary uses a different part of the harness
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -118,6 +119,8 @@ pub struct Daemon {
     pub dir: tempfile::TempDir,
     child: Option<Child>,
     args: Vec<String>,
+    /// Extra environment of the daemon process.
+    env: Vec<(String, OsString)>,
     /// Starts so far; the n-th start is ready when the log holds n ready lines.
     starts: usize,
     /// Wall time of the last start, from spawn to ready.
@@ -133,11 +136,17 @@ impl Daemon {
     }
 
     pub fn start_with(args: Vec<String>) -> Daemon {
+        Daemon::start_with_env(args, Vec::new())
+    }
+
+    /// Like [`Daemon::start_with`], with extra environment variables for every start.
+    pub fn start_with_env(args: Vec<String>, env: Vec<(String, OsString)>) -> Daemon {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut d = Daemon {
             dir,
             child: None,
             args,
+            env,
             starts: 0,
             last_start: Duration::ZERO,
         };
@@ -169,6 +178,11 @@ impl Daemon {
             .arg("--data-dir")
             .arg(&data)
             .args(&self.args)
+            // A test run under a service manager must not announce its daemons to it.
+            .env_remove("NOTIFY_SOCKET")
+            .env_remove("WATCHDOG_USEC")
+            .env_remove("WATCHDOG_PID")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
