@@ -57,11 +57,10 @@ impl DaemonAdmin {
         let _hidden = self.backend.hide(v.uid);
         let n = self.clients(v);
         if n > 0 && !force {
+            let (s, them) = if n == 1 { ("", "it") } else { ("s", "them") };
             return Err(format!(
-                "volume {:?} has {n} connected client{}; disconnect {} or pass --force to {what} it anyway (which disconnects them)",
-                v.name,
-                if n == 1 { "" } else { "s" },
-                if n == 1 { "it" } else { "them" },
+                "volume {:?} has {n} connected client{s}; disconnect {them}, or pass --force to disconnect {them} and {what} the volume",
+                v.name
             ));
         }
         if n > 0 {
