@@ -146,6 +146,12 @@ fn backend_error(offset: u64, e: EngineError) -> BackendError {
             message: e.to_string(),
         },
         EngineError::ShuttingDown => BackendError::ShuttingDown,
+        // The engine logged its failure once; each request failing after it is not
+        // news.
+        EngineError::Failed { .. } => BackendError::Io {
+            offset,
+            message: e.to_string(),
+        },
         other => {
             tracing::error!(offset, error = %other, "I/O error");
             BackendError::Io {

@@ -196,10 +196,19 @@ impl AdminHandler for DaemonAdmin {
                     v.iter().map(|v| volume_json(v, self.clients(v))).collect(),
                 ))
             }
-            AdminRequest::Stats => {
-                let s = stats(&self.backend).map_err(|e| e.to_string())?;
-                Ok(stats_json(&s))
-            }
+            AdminRequest::Stats => match stats(&self.backend) {
+                Ok(s) => {
+                    let mut v = stats_json(&s);
+                    v["engine"] = json!({ "up": true });
+                    Ok(v)
+                }
+                // A failed engine answers nothing, but why it failed is the one
+                // thing an operator needs to see.
+                Err(e) => match engine.failure() {
+                    Some(reason) => Ok(json!({ "engine": { "up": false, "failure": reason } })),
+                    None => Err(e.to_string()),
+                },
+            },
             AdminRequest::Checkpoint => {
                 engine.call(Request::Flush).map_err(|e| e.to_string())?;
                 Ok(Value::Null)
@@ -208,11 +217,21 @@ impl AdminHandler for DaemonAdmin {
     }
 }
 
-/// Samples for the Prometheus endpoint.
+/// Samples for the Prometheus endpoint: `shale_engine_up` always, the rest while
+/// the engine serves.
 pub fn metrics(b: &EngineBackend) -> Vec<Metric> {
-    let Ok(s) = stats(b) else {
-        return Vec::new();
+    let up = Metric {
+        name: "shale_engine_up",
+        help: "1 while the engine serves requests; 0 once it has failed (the daemon exits).",
+        kind: MetricKind::Gauge,
+        labels: vec![],
+        value: 0.0,
     };
+    let s = match stats(b) {
+        Ok(s) if b.engine().failure().is_none() => s,
+        _ => return vec![up],
+    };
+    let up = Metric { value: 1.0, ..up };
     let c = |name, help, v: u64| Metric {
         name,
         help,
@@ -228,6 +247,7 @@ pub fn metrics(b: &EngineBackend) -> Vec<Metric> {
         value: v,
     };
     let mut m = vec![
+        up,
         c(
             "shale_user_read_bytes_total",
             "Bytes read by clients.",

@@ -61,7 +61,15 @@ pub enum DaemonError {
     },
     #[error("starting the engine thread: {0}")]
     Spawn(std::io::Error),
+    #[error("the engine failed and the daemon stopped serving: {reason}")]
+    EngineFailed { reason: String },
 }
+
+/// How long a daemon whose engine failed keeps answering (every request with an
+/// error) before it exits: long enough for clients to get their error replies and
+/// for a scraper or `shale stats` to see why, short enough for a supervisor to
+/// restart it within seconds.
+const FAILED_EXIT_GRACE: Duration = Duration::from_secs(2);
 
 /// Device paths and format-time geometry taken from a [`Config`].
 #[derive(Debug, Clone)]
@@ -555,6 +563,11 @@ impl Daemon {
         self.nbd.as_ref()
     }
 
+    /// Why the engine stopped serving, once it has (see `EngineThread::failure`).
+    pub fn engine_failure(&self) -> Option<String> {
+        self.backend.engine().failure()
+    }
+
     /// One line on how the devices were opened: clean, or a recovery and what it did.
     pub fn open_status(&self) -> &str {
         &self.open_status
@@ -655,9 +668,35 @@ pub fn run(config: &Config, stop: &AtomicBool) -> Result<(), DaemonError> {
     }
     tracing::info!("ready");
     notify.ready(daemon.open_status());
-    while !stop.load(Ordering::Relaxed) {
+    let failure = loop {
+        if stop.load(Ordering::Relaxed) {
+            break None;
+        }
+        if let Some(reason) = daemon.engine_failure() {
+            break Some(reason);
+        }
         notify.watchdog();
         std::thread::sleep(Duration::from_millis(50));
+    };
+    if let Some(reason) = failure {
+        // Loud and clean: the cause once, every request answered with an error, then
+        // a non-zero exit so a supervisor restarts the daemon; the next start
+        // recovers. Nothing more reached the devices after the failure, so every
+        // flushed byte is where recovery will look for it.
+        tracing::error!(
+            %reason,
+            grace_s = FAILED_EXIT_GRACE.as_secs(),
+            "the engine failed: every request now fails; exiting without a checkpoint so the next start recovers"
+        );
+        notify.status(&format!("engine failed, exiting: {reason}"));
+        let until = std::time::Instant::now() + FAILED_EXIT_GRACE;
+        while std::time::Instant::now() < until && !stop.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        notify.stopping(&format!("engine failed, exiting: {reason}"));
+        // Closes every connection; the failed engine's shutdown writes nothing.
+        let _ = daemon.stop();
+        return Err(DaemonError::EngineFailed { reason });
     }
     tracing::info!("stopping: draining I/O and checkpointing");
     notify.stopping("stopping: draining I/O and checkpointing");

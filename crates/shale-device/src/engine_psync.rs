@@ -71,6 +71,35 @@ pub(crate) fn discard_block_device(fd: RawFd, offset: u64, len: u64) -> Result<(
     Ok(())
 }
 
+/// Writes the rest of a write the kernel cut short. A short write to a regular file
+/// means the filesystem stopped partway (most often it is full); writing the rest
+/// either completes it or returns the errno that says why (ENOSPC), which the short
+/// count alone does not.
+pub(crate) fn finish_write(fd: RawFd, offset: u64, mut rest: &[u8]) -> io::Result<()> {
+    let mut at = offset;
+    while !rest.is_empty() {
+        let off =
+            libc::off_t::try_from(at).map_err(|_| io::Error::from_raw_os_error(libc::EFBIG))?;
+        // SAFETY: pwrite reads `rest.len()` bytes from a live slice it does not keep;
+        // an invalid fd or offset is reported through the return value.
+        let n = unsafe { libc::pwrite(fd, rest.as_ptr().cast(), rest.len(), off) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Err(io::Error::new(io::ErrorKind::WriteZero, "write returned 0"));
+        }
+        let n = n as usize;
+        rest = &rest[n..];
+        at += n as u64;
+    }
+    Ok(())
+}
+
 /// Deallocates a range of a regular file, keeping its size; it reads back as zeros.
 pub(crate) fn punch_hole(fd: RawFd, offset: u64, len: u64) -> Result<(), DeviceError> {
     let (Ok(off), Ok(l)) = (libc::off_t::try_from(offset), libc::off_t::try_from(len)) else {

@@ -20,7 +20,7 @@ use std::os::fd::RawFd;
 
 use io_uring::{opcode, types, IoUring};
 
-use crate::engine_psync::{discard_block_device, FileKind, Job};
+use crate::engine_psync::{discard_block_device, finish_write, FileKind, Job};
 use crate::{DeviceError, IoBuf, IoCompletion, IoOpKind};
 
 #[derive(Debug)]
@@ -265,6 +265,21 @@ impl UringEngine {
                         op: slot.op,
                         offset: slot.offset,
                         source: io::Error::from_raw_os_error(-res),
+                    })
+                } else if slot.op == IoOpKind::Write
+                    && (res as u64) < slot.expect_bytes
+                    && self.kind == FileKind::Regular
+                {
+                    // Finished here, synchronously: rare (a filesystem filling up),
+                    // and the rest's own result names the cause.
+                    let done = res as usize;
+                    let rest = slot.buf.as_deref().map_or(&[][..], |b| &b[done..]);
+                    finish_write(self.fd, slot.offset + done as u64, rest).map_err(|source| {
+                        DeviceError::Io {
+                            op: slot.op,
+                            offset: slot.offset,
+                            source,
+                        }
                     })
                 } else if (res as u64) != slot.expect_bytes && slot.expect_bytes != 0 {
                     // Ranges are validated against the device size, so a short transfer

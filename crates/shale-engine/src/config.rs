@@ -60,6 +60,11 @@ pub struct Config {
     /// the cache tier (fast media written moments ago), and costs a CRC per block,
     /// so compaction skips it unless asked.
     pub verify_compaction_reads: bool,
+    /// How long (engine clock) a write may wait for cache space, or queued work go
+    /// without any progress and no I/O in flight, before the engine declares itself
+    /// stuck and fails. Time, not loop iterations: a slow device slows the loop, a
+    /// fast spin speeds it up, and neither should decide when to give up.
+    pub stuck_after_ms: u64,
 }
 
 impl Default for Config {
@@ -86,6 +91,7 @@ impl Default for Config {
             recover: true,
             open_self_check: true,
             verify_compaction_reads: false,
+            stuck_after_ms: 60_000,
         }
     }
 }
@@ -101,6 +107,9 @@ impl Config {
                     self.chunk_blocks
                 ),
             );
+        }
+        if self.stuck_after_ms == 0 {
+            return bad("stuck_after_ms", "must be positive".into());
         }
         if self.volumes_max == 0 || self.volumes_max > VOLUMES_MAX {
             return bad(

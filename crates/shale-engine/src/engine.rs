@@ -153,6 +153,10 @@ pub struct Engine<C: BlockDevice, Z: ZonedDevice, K: Clock> {
     pub(crate) compaction_zone_blocked: bool,
     pub(crate) stalled_polls: u32,
     pub(crate) blocked_polls: u64,
+    /// Engine-clock time the current stall (no progress) and the current wait of
+    /// the head write for space began: what `Config::stuck_after_ms` measures.
+    pub(crate) stalled_since: Option<u64>,
+    pub(crate) blocked_since: Option<u64>,
     /// md reads in flight for user reads (PBA of copy A), and data blocks waiting for
     /// them: (key, read op, block, PBA, data).
     pub(crate) md_reads: Vec<u32>,
@@ -181,14 +185,12 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> std::fmt::Debug for Engine<C, Z, 
     }
 }
 
-/// Polls without progress (with work waiting) before padding is forced, and before the
-/// engine declares itself stuck.
+/// Polls without progress (with work waiting) before padding is forced. Whether the
+/// engine is stuck is decided by time (`Config::stuck_after_ms`).
 const STALL_FORCE_POLLS: u32 = 8;
-const STALL_FAIL_POLLS: u32 = 10_000;
-/// Polls a write may wait at the head of the queue before padding is forced, and
-/// before the engine declares itself livelocked (a bug, reported as `Failed`).
+/// Polls a write may wait at the head of the queue between forced paddings; a wait
+/// longer than `Config::stuck_after_ms` is a livelock (a bug, reported as `Failed`).
 const BLOCKED_FORCE_POLLS: u64 = 64;
-const BLOCKED_FAIL_POLLS: u64 = 200_000;
 
 impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     /// Queues a request; `done` is called exactly once, from a later `poll` (or at once
@@ -248,18 +250,23 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             self.fail_queued();
             return Ok(true);
         }
+        let now = self.now();
+        let stuck_after_ns = self.config.stuck_after_ms.saturating_mul(1_000_000);
         if dispatched || !self.user_blocked {
             self.blocked_polls = 0;
+            self.blocked_since = None;
         } else {
             self.blocked_polls += 1;
+            let since = *self.blocked_since.get_or_insert(now);
             if self.blocked_polls.is_multiple_of(BLOCKED_FORCE_POLLS) {
                 // A write has waited long: release whatever partial batches hold.
                 progress |= self.force_background()?;
             }
-            if self.blocked_polls >= BLOCKED_FAIL_POLLS {
+            if now.saturating_sub(since) >= stuck_after_ns {
                 return Err(EngineError::Failed {
                     reason: format!(
-                        "a write waited {} polls for cache space: free chunks {}, free zones {}, pending free {}, staged {}",
+                        "a write waited {:.1} s ({} polls) for cache space: free chunks {}, free zones {}, pending free {}, staged {}",
+                        now.saturating_sub(since) as f64 / 1e9,
                         self.blocked_polls,
                         self.regions.free_chunks.len(),
                         self.regions.free_zones.len(),
@@ -278,15 +285,17 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         self.submit_runs()?;
         if !progress && !self.queue.is_empty() && self.io.count == 0 {
             self.stalled_polls += 1;
+            let since = *self.stalled_since.get_or_insert(now);
             if self.stalled_polls >= STALL_FORCE_POLLS {
                 // Victims held hostage by partial batches: pad them out, then make the
                 // freed space reusable.
                 progress |= self.force_background()?;
             }
-            if self.stalled_polls >= STALL_FAIL_POLLS {
+            if now.saturating_sub(since) >= stuck_after_ns {
                 return Err(EngineError::Failed {
                     reason: format!(
-                        "no progress for {} polls: free chunks {}, free zones {}, pending free {}",
+                        "no progress for {:.1} s ({} polls): free chunks {}, free zones {}, pending free {}",
+                        now.saturating_sub(since) as f64 / 1e9,
                         self.stalled_polls,
                         self.regions.free_chunks.len(),
                         self.regions.free_zones.len(),
@@ -296,6 +305,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             }
         } else if progress {
             self.stalled_polls = 0;
+            self.stalled_since = None;
         }
         Ok(progress)
     }
@@ -323,9 +333,12 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         }
     }
 
+    /// Stops the engine for good: logged once, with the first cause; every request
+    /// held and every later one is answered `Failed`, and nothing more reaches the
+    /// devices (so what recovery will find is what was durable).
     pub(crate) fn fail(&mut self, e: EngineError) {
-        tracing::error!(error = %e, "engine failed");
         if self.fatal.is_none() {
+            tracing::error!(error = %e, "engine failed; every request fails from now on");
             self.fatal = Some(e.to_string());
         }
         self.fail_queued();
@@ -465,8 +478,11 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         };
         match io {
             InflightIo::ZonePart { write } => {
+                let at = self.zone_writes[write as usize]
+                    .as_ref()
+                    .map_or(0, |w| self.geo.zone_offset(w.zone, w.first_slot));
                 c.result
-                    .map_err(EngineError::capacity("zone group write", 0))?;
+                    .map_err(EngineError::capacity("zone group write", at))?;
                 if let Some(b) = c.buf {
                     self.bufs.give(b);
                 }

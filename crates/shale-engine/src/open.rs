@@ -132,6 +132,8 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             compaction_zone_blocked: false,
             stalled_polls: 0,
             blocked_polls: 0,
+            stalled_since: None,
+            blocked_since: None,
             md_reads: Vec::new(),
             parked: Vec::new(),
             block_scratch: Some(Box::new([0; BLOCK_SIZE])),

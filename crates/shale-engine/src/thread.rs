@@ -1,7 +1,13 @@
 //! EngineThread: one thread running the engine loop behind a bounded request queue.
 //! Completions are callbacks run on the engine thread; admin calls (volumes, stats,
 //! flush, self-check) travel the same queue, so no locks touch the data path.
+//!
+//! A failed engine keeps its thread and answers every request with `Failed`; the
+//! owner learns of the failure from [`EngineThread::failure`] (set once, by the
+//! thread, when it sees the engine fail or dies), so a daemon can report it and exit
+//! instead of serving errors forever.
 
+use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 
 use crossbeam_channel::{bounded, Receiver, Sender, TryRecvError, TrySendError};
@@ -18,6 +24,7 @@ enum Msg {
 pub struct EngineThread<C, Z> {
     tx: Sender<Msg>,
     handle: Option<JoinHandle<Result<(C, Z), EngineError>>>,
+    failure: Arc<Mutex<Option<String>>>,
 }
 
 impl<C, Z> std::fmt::Debug for EngineThread<C, Z> {
@@ -39,12 +46,31 @@ where
         queue_depth: usize,
     ) -> std::io::Result<Self> {
         let (tx, rx) = bounded(queue_depth.max(1));
+        let failure: Arc<Mutex<Option<String>>> = Arc::default();
+        let failure2 = Arc::clone(&failure);
         let handle = std::thread::Builder::new()
             .name("shale-engine".into())
-            .spawn(move || run(engine, rx))?;
+            .spawn(move || run(engine, rx, &failure2))?;
         Ok(EngineThread {
             tx,
             handle: Some(handle),
+            failure,
+        })
+    }
+
+    /// Why the engine stopped serving, once it has: a fatal error (every request
+    /// fails from then on, and nothing more reaches the devices) or a dead thread.
+    pub fn failure(&self) -> Option<String> {
+        let f = self
+            .failure
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        f.or_else(|| {
+            self.handle
+                .as_ref()
+                .filter(|h| h.is_finished())
+                .map(|_| "the engine thread ended unexpectedly".to_string())
         })
     }
 
@@ -93,9 +119,17 @@ where
 fn run<C: BlockDevice, Z: ZonedDevice, K: Clock>(
     mut engine: Engine<C, Z, K>,
     rx: Receiver<Msg>,
+    failure: &Mutex<Option<String>>,
 ) -> Result<(C, Z), EngineError> {
     let batch = engine.config().requests_per_poll_max as usize;
+    let mut reported = false;
     loop {
+        if !reported {
+            if let Some(reason) = engine.failure() {
+                *failure.lock().unwrap_or_else(PoisonError::into_inner) = Some(reason.into());
+                reported = true;
+            }
+        }
         let mut shutdown = false;
         // Block for work only when the engine has nothing to do.
         if engine.is_idle() {

@@ -397,3 +397,77 @@ fn a_failed_page_load_falls_back_to_the_synchronous_fault() {
     );
     e.self_check().unwrap();
 }
+
+/// Submits `count` one-block writes over the first `blocks` LBAs at once, then polls
+/// for up to `secs` of wall time (or until all are answered); returns the answers.
+fn write_burst(
+    e: &mut FEng,
+    v: VolumeUid,
+    blocks: u64,
+    count: u64,
+    secs: f64,
+    mut every_poll: impl FnMut(&FEng) -> bool,
+) -> Arc<Mutex<Vec<Result<Reply, EngineError>>>> {
+    let answers = Arc::new(Mutex::new(Vec::new()));
+    for i in 0..count {
+        let a = answers.clone();
+        e.submit(
+            Request::Write {
+                volume: v,
+                offset: (i % blocks) * 4096,
+                data: pattern(i, 4096),
+                fua: false,
+            },
+            Box::new(move |r| a.lock().unwrap().push(r)),
+        );
+    }
+    poll_for(e, secs, |e| {
+        every_poll(e);
+        answers.lock().unwrap().len() as u64 == count
+    });
+    answers
+}
+
+/// Polls for up to `secs` of wall time, until `done`, in a spin: never waiting in
+/// the device, so the loop runs as fast as it can while completions are held.
+fn poll_for(e: &mut FEng, secs: f64, mut done: impl FnMut(&FEng) -> bool) {
+    let start = std::time::Instant::now();
+    while start.elapsed().as_secs_f64() < secs && !done(e) {
+        e.poll();
+    }
+}
+
+fn slow_capacity_engine(
+    seed: u64,
+    clock: ManualClock,
+    latency_ms: u64,
+    config: shale_engine::Config,
+) -> (FEng, VolumeUid, u64) {
+    let cache = FaultDevice::new((128 + 8 * 256) * 4096, 4096, seed).unwrap();
+    let inner = FaultDevice::new(30 * 256 * 4096, 4096, seed + 1).unwrap();
+    let zc = inner.controller();
+    let mut cfg = ZoneEmuConfig::new(256 * 4096);
+    cfg.zone_count_max = 28;
+    let cap = ZoneEmu::format(inner, &cfg).unwrap();
+    let mut e = Engine::format(cache, cap, clock, config).unwrap();
+    let blocks = e.user_capacity_bytes() / 4096 / 2;
+    let v = create_volume(&mut e, blocks * 4096);
+    let d = std::time::Duration::from_millis(latency_ms);
+    zc.set_latency(Latency::Duration { min: d, max: d });
+    (e, v, blocks)
+}
+
+/// Stuck is a matter of time on the engine's clock, not of loop iterations: a
+/// capacity device that takes 20 ms per completion, polled in a spin (so the loop runs
+/// as many iterations as it can while writes wait for space), only makes the engine
+/// slow while its clock stands still.
+#[test]
+fn a_slow_device_is_slow_not_stuck() {
+    let count = 6_000;
+    let (mut e, v, blocks) = slow_capacity_engine(31, ManualClock::new(), 20, tiny_config());
+    let answers = write_burst(&mut e, v, blocks, count, 120.0, |_| false);
+    let got = answers.lock().unwrap();
+    assert_eq!(got.len() as u64, count, "writes not all answered");
+    assert!(got.iter().all(|r| r.is_ok()), "a slow device failed writes");
+    assert!(e.failure().is_none(), "{:?}", e.failure());
+}

@@ -205,6 +205,8 @@ impl SimConfig {
                 streams_max: 2,
                 requests_per_poll_max: 8,
                 background_steps_per_poll_max: 4,
+                // The simulated clock moves STEP_NS a poll: 200,000 polls.
+                stuck_after_ms: 4_000,
                 ..Config::default()
             },
             mix: Mix::default(),

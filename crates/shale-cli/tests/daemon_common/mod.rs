@@ -277,6 +277,23 @@ impl Daemon {
         assert!(self.log().contains("clean shutdown"), "{}", self.log());
     }
 
+    /// Waits (bounded) for the daemon to exit on its own, and returns how it exited.
+    pub fn wait_exit(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let mut c = self.child.take().expect("daemon not running");
+        let start = Instant::now();
+        loop {
+            if let Some(status) = c.try_wait().expect("wait") {
+                return status;
+            }
+            if start.elapsed() > limit {
+                let _ = c.kill();
+                let _ = c.wait();
+                panic!("daemon still running after {limit:?}: {}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// SIGKILL: no drain, no checkpoint, no clean flag.
     pub fn kill9(&mut self) {
         let Some(mut c) = self.child.take() else {
