@@ -8,8 +8,9 @@
 //! keeps naming the volume it negotiated, and the engine refuses its requests once
 //! that volume is deleted, whatever volume took the slot or the name since.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::Instant;
 
 use shale_device::{BlockDevice, ZonedDevice};
 use shale_engine::{
@@ -22,6 +23,8 @@ use shale_nbd::backend::{
 use shale_nbd::proto::consts::{STATE_HOLE, STATE_ZERO};
 use shale_nbd::proto::reply::Extent;
 
+use crate::latency::Histogram;
+
 pub type CacheDevice = Box<dyn BlockDevice + Send>;
 pub type CapacityDevice = Box<dyn ZonedDevice + Send>;
 pub type Engine = EngineThread<CacheDevice, CapacityDevice>;
@@ -33,7 +36,16 @@ pub struct EngineBackend {
     volumes: RwLock<Vec<VolumeInfo>>,
     /// Volumes no new connection may negotiate (being deleted or shrunk).
     hidden: Mutex<HashSet<VolumeUid>>,
+    /// Client-visible latency per volume, kept until the daemon stops.
+    latency: RwLock<HashMap<VolumeUid, Arc<VolumeLatency>>>,
     payload_bytes_max: u32,
+}
+
+/// Latency of one volume's reads and writes, submit to completion.
+#[derive(Debug, Default)]
+pub struct VolumeLatency {
+    pub read: Histogram,
+    pub write: Histogram,
 }
 
 /// Keeps a volume hidden from new connections while it lives (see
@@ -56,6 +68,7 @@ impl EngineBackend {
             engine,
             volumes: RwLock::new(Vec::new()),
             hidden: Mutex::default(),
+            latency: RwLock::default(),
             payload_bytes_max,
         };
         b.refresh()?;
@@ -94,6 +107,25 @@ impl EngineBackend {
     pub fn hide(&self, uid: VolumeUid) -> Hidden<'_> {
         self.hidden_set().insert(uid);
         Hidden { backend: self, uid }
+    }
+
+    /// The latency histograms of volume `uid` (created on first use).
+    pub fn latency(&self, uid: VolumeUid) -> Arc<VolumeLatency> {
+        if let Some(l) = self
+            .latency
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&uid)
+        {
+            return Arc::clone(l);
+        }
+        Arc::clone(
+            self.latency
+                .write()
+                .unwrap_or_else(PoisonError::into_inner)
+                .entry(uid)
+                .or_default(),
+        )
     }
 
     /// The export id of a volume.
@@ -278,9 +310,19 @@ impl Backend for EngineBackend {
             return;
         }
         let done2 = done.clone();
+        let timed = match &request {
+            Request::Read { .. } => Some((self.latency(volume), false)),
+            Request::Write { .. } => Some((self.latency(volume), true)),
+            _ => None,
+        };
+        let started = Instant::now();
         let queued = self.engine.submit(
             request,
             Box::new(move |r| {
+                if let Some((l, write)) = timed {
+                    let h = if write { &l.write } else { &l.read };
+                    h.record(started.elapsed());
+                }
                 done2.call(match r {
                     Ok(Reply::Read(data)) => Ok(BackendReply::Data(data)),
                     Ok(Reply::Allocation(extents)) => Ok(BackendReply::Extents(

@@ -102,6 +102,49 @@ fn volume_json(v: &VolumeInfo, clients: usize) -> Value {
     })
 }
 
+fn latency_json(s: &crate::latency::Snapshot) -> Value {
+    json!({
+        "count": s.count(),
+        "p50": s.quantile_us(0.5),
+        "p99": s.quantile_us(0.99),
+        "p999": s.quantile_us(0.999),
+        "max": s.max_us,
+        "buckets": s.buckets(),
+    })
+}
+
+/// The `volumes` array of `shale stats --json`: one object per live volume, the
+/// engine's counters joined with its name and the client-visible latency.
+pub fn volumes_json(s: &Stats, list: &[VolumeInfo], b: &EngineBackend) -> Value {
+    let vols = s.volumes.iter().filter_map(|v| {
+        let info = list.iter().find(|i| i.uid == v.uid)?;
+        let l = b.latency(v.uid);
+        let waf = (v.user_write_bytes > 0).then(|| v.layer_waf());
+        Some(json!({
+            "name": info.name,
+            "uid": v.uid.0,
+            "id": v.id.0,
+            "size_bytes": info.size_bytes,
+            "ops": { "read": v.read_ops, "write": v.write_ops, "trim": v.trim_ops },
+            "bytes": {
+                "user_written": v.user_write_bytes,
+                "user_read": v.user_read_bytes,
+                "user_trimmed": v.user_trim_bytes,
+                "cache_written": v.cache_write_bytes,
+                "capacity_compaction_written": v.capacity_compaction_write_bytes,
+                "capacity_gc_written": v.capacity_gc_write_bytes,
+                "capacity_written": v.capacity_write_bytes(),
+            },
+            "waf": { "layer": waf },
+            "latency_us": {
+                "read": latency_json(&l.read.snapshot()),
+                "write": latency_json(&l.write.snapshot()),
+            },
+        }))
+    });
+    Value::Array(vols.collect())
+}
+
 /// Stats as JSON, with the WAF figures of DESIGN.md spelled out.
 pub fn stats_json(s: &Stats) -> Value {
     json!({
@@ -200,6 +243,8 @@ impl AdminHandler for DaemonAdmin {
                 Ok(s) => {
                     let mut v = stats_json(&s);
                     v["engine"] = json!({ "up": true });
+                    let names = list(&self.backend).map_err(|e| e.to_string())?;
+                    v["volumes"] = volumes_json(&s, &names, &self.backend);
                     Ok(v)
                 }
                 // A failed engine answers nothing, but why it failed is the one
@@ -316,7 +361,7 @@ pub fn metrics(b: &EngineBackend) -> Vec<Metric> {
         ),
     ];
     if let Ok(vols) = list(b) {
-        for v in vols {
+        for v in &vols {
             m.push(Metric {
                 name: "shale_volume_size_bytes",
                 help: "Volume size.",
@@ -325,6 +370,87 @@ pub fn metrics(b: &EngineBackend) -> Vec<Metric> {
                 value: v.size_bytes as f64,
             });
         }
+        volume_metrics(&s, &vols, b, &mut m);
     }
     m
+}
+
+/// Per-volume series, labelled `volume`.
+fn volume_metrics(s: &Stats, list: &[VolumeInfo], b: &EngineBackend, m: &mut Vec<Metric>) {
+    for v in &s.volumes {
+        let Some(info) = list.iter().find(|i| i.uid == v.uid) else {
+            continue;
+        };
+        let label = || vec![("volume", info.name.clone())];
+        let counter = |name, help, value: u64| Metric {
+            name,
+            help,
+            kind: MetricKind::Counter,
+            labels: label(),
+            value: value as f64,
+        };
+        m.extend([
+            counter(
+                "shale_volume_read_ops_total",
+                "Reads by the volume's clients.",
+                v.read_ops,
+            ),
+            counter(
+                "shale_volume_write_ops_total",
+                "Writes by the volume's clients.",
+                v.write_ops,
+            ),
+            counter(
+                "shale_volume_user_read_bytes_total",
+                "Bytes the volume's clients read.",
+                v.user_read_bytes,
+            ),
+            counter(
+                "shale_volume_user_written_bytes_total",
+                "Bytes the volume's clients wrote.",
+                v.user_write_bytes,
+            ),
+            counter(
+                "shale_volume_user_trimmed_bytes_total",
+                "Bytes the volume's clients trimmed.",
+                v.user_trim_bytes,
+            ),
+            counter(
+                "shale_volume_cache_written_bytes_total",
+                "Data bytes appended to the cache for the volume.",
+                v.cache_write_bytes,
+            ),
+            counter(
+                "shale_volume_capacity_written_bytes_total",
+                "The volume's data bytes compaction and GC wrote to capacity zones.",
+                v.capacity_write_bytes(),
+            ),
+            Metric {
+                name: "shale_volume_layer_waf",
+                help: "The volume's capacity bytes written per byte it wrote.",
+                kind: MetricKind::Gauge,
+                labels: label(),
+                value: v.layer_waf(),
+            },
+        ]);
+        let l = b.latency(v.uid);
+        for (op, h) in [("read", &l.read), ("write", &l.write)] {
+            let snap = h.snapshot();
+            for (q, name) in [(0.5, "0.5"), (0.99, "0.99"), (0.999, "0.999")] {
+                if let Some(us) = snap.quantile_us(q) {
+                    m.push(Metric {
+                        name: "shale_volume_latency_seconds",
+                        help: "Client-visible request latency quantiles (bucket upper bounds) since the daemon started.",
+                        kind: MetricKind::Gauge,
+                        labels: vec![
+                            ("volume", info.name.clone()),
+                            ("op", op.to_string()),
+                            ("quantile", name.to_string()),
+                        ],
+                        value: us as f64 / 1e6,
+                    });
+                }
+            }
+        }
+    }
 }

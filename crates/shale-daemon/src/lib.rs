@@ -8,6 +8,7 @@
 //! - [`admin`]: the admin unix socket (JSON lines) used by `shale volume` and `shale stats`.
 //! - [`handler`]: admin requests and metrics answered from the engine.
 //! - [`metrics`]: the Prometheus text endpoint.
+//! - [`latency`]: per-volume request latency histograms.
 //! - [`notify`]: the systemd readiness protocol (`READY=1`, `STOPPING=1`, watchdog).
 #![forbid(unsafe_code)]
 
@@ -15,6 +16,7 @@ pub mod admin;
 pub mod backend;
 pub mod config;
 pub mod handler;
+pub mod latency;
 pub mod metrics;
 pub mod notify;
 pub mod serve;

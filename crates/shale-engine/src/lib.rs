@@ -53,7 +53,7 @@ pub use error::{
     ConfigError, EngineError, FormatDeviceError, OpenError, RecoveryError, SelfCheckError,
 };
 pub use gc::policy::GcPolicyKind;
-pub use metrics::Stats;
+pub use metrics::{Stats, VolumeStats};
 pub use recovery::{OpenReport, ReplayCounts, StepReport};
 pub use request::{Completion, Extent, Reply, Request, VolumeInfo, ALLOCATION_QUERY_BYTES_MAX};
 pub use thread::EngineThread;

@@ -88,6 +88,42 @@ pub struct Stats {
     pub io_buffer_pool_bytes: u64,
     /// Bytes of md blocks cached (at most `md_cache_bytes_max`).
     pub md_cache_bytes: u64,
+
+    /// Per live volume, since the engine opened (or the volume was created). In a
+    /// snapshot from `Engine::stats`, one entry per live volume in slot order.
+    pub volumes: Vec<VolumeStats>,
+}
+
+/// One volume's counters. Capacity bytes count the volume's data blocks that
+/// compaction and GC moved into zones and that were still live when written; md
+/// blocks, padding and copies a newer write overtook are pool-wide overhead, in
+/// [`Stats`] only.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VolumeStats {
+    pub id: shale_format::VolumeId,
+    pub uid: shale_format::VolumeUid,
+    pub read_ops: u64,
+    pub write_ops: u64,
+    pub trim_ops: u64,
+    pub user_read_bytes: u64,
+    pub user_write_bytes: u64,
+    pub user_trim_bytes: u64,
+    /// Data blocks appended to the cache for this volume (writes and
+    /// read-modify-writes).
+    pub cache_write_bytes: u64,
+    pub capacity_compaction_write_bytes: u64,
+    pub capacity_gc_write_bytes: u64,
+}
+
+impl VolumeStats {
+    pub fn capacity_write_bytes(&self) -> u64 {
+        self.capacity_compaction_write_bytes + self.capacity_gc_write_bytes
+    }
+
+    /// This volume's capacity bytes written per byte it wrote.
+    pub fn layer_waf(&self) -> f64 {
+        ratio(self.capacity_write_bytes(), self.user_write_bytes)
+    }
 }
 
 impl Stats {
@@ -151,8 +187,41 @@ impl<C: shale_device::BlockDevice, Z: shale_device::ZonedDevice, K: crate::Clock
         s.io_buffer_pool_bytes = self.bufs.pooled_bytes();
         s.md_cache_bytes = self.md_cache.cached_bytes();
         s.staged_blocks = (self.compactor.staged_blocks() + self.cleaner.staged_blocks()) as u64;
+        s.volumes = self
+            .volumes
+            .table
+            .entries
+            .iter()
+            .map(|v| match self.stats.volumes.get(v.id.0 as usize) {
+                Some(c) if c.uid == v.uid => c.clone(),
+                _ => VolumeStats {
+                    id: v.id,
+                    uid: v.uid,
+                    ..VolumeStats::default()
+                },
+            })
+            .collect();
         debug_assert_eq!(self.cleaner.role(), shale_format::RegionRole::Gc);
         s
+    }
+
+    /// The counters of the volume in `slot`, started afresh when a new volume (uid)
+    /// holds it.
+    pub(crate) fn volume_counters(&mut self, slot: shale_format::VolumeId) -> &mut VolumeStats {
+        let uid = self.volumes.get(slot).map(|v| v.uid).unwrap_or_default();
+        let i = slot.0 as usize;
+        if self.stats.volumes.len() <= i {
+            self.stats.volumes.resize(i + 1, VolumeStats::default());
+        }
+        let c = &mut self.stats.volumes[i];
+        if c.uid != uid {
+            *c = VolumeStats {
+                id: slot,
+                uid,
+                ..VolumeStats::default()
+            };
+        }
+        c
     }
 
     /// User capacity in bytes (the most all volumes together may hold).

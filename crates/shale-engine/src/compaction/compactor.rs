@@ -326,6 +326,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         let Some(zw) = self.zone_writes[w as usize].take() else {
             unreachable!("checked above")
         };
+        let gc = self.regions.get(zw.zone).role == RegionRole::Gc;
         for (i, e) in zw.entries.iter().enumerate() {
             let new = self.geo.pba(zw.zone, zw.first_slot + i as u32);
             let Some((src, _)) = self.geo.region_slot(e.source) else {
@@ -340,6 +341,12 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 self.l2p.relocate(&mut self.cache, e.volume, e.lba, new)?;
                 self.regions.mark_invalid(&self.geo, e.source);
                 self.stats.relocated_blocks += 1;
+                let c = self.volume_counters(e.volume);
+                if gc {
+                    c.capacity_gc_write_bytes += BS;
+                } else {
+                    c.capacity_compaction_write_bytes += BS;
+                }
             } else {
                 self.stats.relocations_superseded += 1;
                 self.regions.maybe_pending_free(src);

@@ -60,6 +60,9 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             return Ok(());
         }
         self.stats.user_read_bytes += len;
+        let c = self.volume_counters(volume);
+        c.read_ops += 1;
+        c.user_read_bytes += len;
         let first = offset / BS;
         let last = (offset + len - 1) / BS;
         let mut op = ReadOp {

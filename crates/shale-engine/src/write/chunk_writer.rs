@@ -71,6 +71,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     /// Appends one block for (volume, lba) at the write pointer; returns its PBA. The
     /// caller checked `can_append`.
     pub(crate) fn append_block(&mut self, volume: VolumeId, lba: Lba, block: &[u8]) -> Pba {
+        self.volume_counters(volume).cache_write_bytes += BLOCK_SIZE as u64;
         let region = match self.writer.open {
             Some(r) => r,
             None => {

@@ -83,6 +83,9 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             return Ok(None);
         }
         self.stats.user_write_bytes += len;
+        let c = self.volume_counters(volume);
+        c.write_ops += 1;
+        c.user_write_bytes += len;
         self.pending_writes.push_back(PendingWrite {
             asn_end: self.asn_next,
             fua,
@@ -183,6 +186,9 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         zeroes: bool,
     ) -> Result<(), EngineError> {
         self.check_range(volume, offset, len, false)?;
+        if !zeroes {
+            self.volume_counters(volume).trim_ops += 1;
+        }
         let end = offset + len;
         let first_full = offset.div_ceil(BS);
         let end_full = end / BS;
@@ -212,6 +218,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 key_pos,
             });
             self.stats.user_trim_bytes += (end_full - first_full) * BS;
+            self.volume_counters(volume).user_trim_bytes += (end_full - first_full) * BS;
         }
         Ok(())
     }
