@@ -182,8 +182,8 @@ mod tests {
         }
         let s = h.snapshot();
         assert_eq!(s.count(), 1000);
-        let p50 = s.quantile_us(0.5).unwrap();
-        let p99 = s.quantile_us(0.99).unwrap();
+        let p50 = s.quantile_us(0.5).expect("p50");
+        let p99 = s.quantile_us(0.99).expect("p99");
         assert!((500..=600).contains(&p50), "p50 {p50}");
         assert!((990..=1000).contains(&p99), "p99 {p99}");
         assert_eq!(s.max_us, 1000);
