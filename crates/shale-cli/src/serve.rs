@@ -133,7 +133,8 @@ pub struct ServeArgs {
     /// CA bundle to verify client certificates (gives clients identities)
     #[arg(long, requires = "tls_cert")]
     pub tls_client_ca: Option<PathBuf>,
-    /// Refuse clients that do not use TLS
+    /// Refuse clients that do not use TLS, and with --tls-client-ca those without a
+    /// certificate it signed
     #[arg(long, requires = "tls_cert")]
     pub tls_required: bool,
     /// DRAM for cached L2P pages; the table is 1/1024 of the user capacity [default: 1GiB]

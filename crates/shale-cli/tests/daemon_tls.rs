@@ -56,6 +56,9 @@ impl Pki {
             put(&format!("{who}/client-cert.pem"), cert.pem());
             put(&format!("{who}/client-key.pem"), key.serialize_pem());
         }
+        // A client that trusts the server but has no certificate of its own.
+        std::fs::create_dir(dir.path().join("anon")).expect("mkdir");
+        put("anon/ca-cert.pem", ca.pem());
         Pki { dir }
     }
 
@@ -195,6 +198,12 @@ fn required_tls_carries_data_and_refuses_plaintext() {
         Command::new("nbdinfo").arg(tls_uri(&d, "tls", &stranger.path("alice"))),
         "a client trusting another CA",
     );
+    // With a client CA, required TLS admits only clients with a certificate it
+    // signed: one that trusts the server but has none is refused.
+    fails(
+        Command::new("nbdinfo").arg(tls_uri(&d, "tls", &pki.path("anon"))),
+        "a TLS client without a certificate",
+    );
     let log = d.log();
     assert!(log.contains("tls=true"), "{log}");
     d.stop();
@@ -272,5 +281,14 @@ allowed_identities = ["alice"]
     let listed = stdout(Command::new("nbdinfo").args(["--list", "--json", &plain("")]));
     assert!(!listed.contains("secret"), "{listed}");
     assert!(listed.contains("default"), "{listed}");
+    // TLS optional does not demand certificates: a TLS client without one opens the
+    // default volume, as a plaintext client may, but not the secret one.
+    let anon = pki.path("anon");
+    let info = stdout(Command::new("nbdinfo").arg(tls_uri(&d, "default", &anon)));
+    assert!(info.contains("export-size"), "{info}");
+    fails(
+        Command::new("nbdinfo").arg(tls_uri(&d, "secret", &anon)),
+        "a TLS client without a certificate opening alice's export",
+    );
     d.stop();
 }

@@ -108,7 +108,8 @@ pub struct TlsConfig {
     /// CA bundle used to verify client certificates (enables client identities).
     #[serde(default)]
     pub client_ca: Option<PathBuf>,
-    /// Refuse clients that do not negotiate TLS.
+    /// Refuse clients that do not negotiate TLS, and, with `client_ca`, clients that
+    /// do not present a certificate it signed.
     #[serde(default)]
     pub required: bool,
     /// Per-export allow lists of client identities (certificate CN or SAN).

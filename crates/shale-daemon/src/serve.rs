@@ -619,7 +619,10 @@ fn nbd_server_config(config: &Config) -> Result<ServerConfig, DaemonError> {
             cert_chain_pem: tls.cert.clone(),
             private_key_pem: tls.key.clone(),
             client_ca_pem: tls.client_ca.clone(),
-            client_cert_required: false,
+            // Required TLS with a client CA means authenticated clients only. Without
+            // this a client offering no certificate would complete the handshake with
+            // no identity and reach every export without an identity list.
+            client_cert_required: tls.required && tls.client_ca.is_some(),
         });
         sc.tls_mode = if tls.required {
             TlsMode::Required
