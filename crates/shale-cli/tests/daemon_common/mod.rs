@@ -297,6 +297,16 @@ impl Drop for Daemon {
     }
 }
 
+/// Permission bits of a file, directory or socket.
+pub fn mode(path: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .permissions()
+        .mode()
+        & 0o777
+}
+
 /// A client process running in the background, killed when dropped.
 pub struct Background {
     pub child: Child,
