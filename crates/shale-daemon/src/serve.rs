@@ -651,6 +651,9 @@ pub fn run(config: &Config, stop: &AtomicBool) -> Result<(), DaemonError> {
         }
         if let Some(a) = s.tcp_addr() {
             tracing::info!(addr = %a, "serving NBD on TCP");
+            if let Some(warning) = config.tcp_exposure()?.and_then(|e| e.warning()) {
+                tracing::warn!(addr = %a, "{warning}");
+            }
         }
     }
     tracing::info!("ready");
