@@ -115,9 +115,15 @@ pub struct ServeArgs {
     /// NBD unix socket ("" disables) [default: DATA_DIR/nbd.sock]
     #[arg(long)]
     pub unix_socket: Option<String>,
-    /// NBD TCP listen address ("" disables) [default: 127.0.0.1:10809]
-    #[arg(long)]
+    /// Also serve NBD over TCP on ADDR, e.g. 127.0.0.1:10809 (loopback: every local
+    /// user can connect); a non-loopback address needs --tls-required or
+    /// --insecure-tcp [default: off, unix socket only]
+    #[arg(long, value_name = "ADDR")]
     pub tcp: Option<String>,
+    /// Allow --tcp on a non-loopback address without required TLS: whoever reaches it
+    /// can read and write every volume
+    #[arg(long)]
+    pub insecure_tcp: bool,
     /// Admin socket [default: DATA_DIR/admin.sock]
     #[arg(long)]
     pub admin_socket: Option<String>,
@@ -133,7 +139,8 @@ pub struct ServeArgs {
     /// CA bundle to verify client certificates (gives clients identities)
     #[arg(long, requires = "tls_cert")]
     pub tls_client_ca: Option<PathBuf>,
-    /// Refuse clients that do not use TLS
+    /// Refuse clients that do not use TLS, and with --tls-client-ca those without a
+    /// certificate it signed
     #[arg(long, requires = "tls_cert")]
     pub tls_required: bool,
     /// DRAM for cached L2P pages; the table is 1/1024 of the user capacity [default: 1GiB]
@@ -168,6 +175,10 @@ pub fn main(args: ServeArgs) -> Result<()> {
     }
     if let Some(v) = &args.tcp {
         c.nbd.tcp = v.clone();
+    }
+    // The flag only opts in; it cannot undo `insecure_tcp = true` in the file.
+    if args.insecure_tcp {
+        c.nbd.insecure_tcp = true;
     }
     if let Some(v) = &args.admin_socket {
         c.admin.socket = v.clone();

@@ -13,11 +13,9 @@ use std::time::{Duration, Instant};
 
 use daemon_common::{Daemon, SMALL_DEVICES};
 
-/// Unix socket only, small devices (as `Daemon::start`).
+/// The default listeners (the unix socket only), small devices (as `Daemon::start`).
 fn args() -> Vec<String> {
-    let mut args: Vec<String> = vec!["--tcp".into(), String::new()];
-    args.extend(SMALL_DEVICES.iter().map(|s| s.to_string()));
-    args
+    SMALL_DEVICES.iter().map(|s| s.to_string()).collect()
 }
 
 /// The service manager's end: a datagram socket the daemon is pointed at.

@@ -56,6 +56,9 @@ impl Pki {
             put(&format!("{who}/client-cert.pem"), cert.pem());
             put(&format!("{who}/client-key.pem"), key.serialize_pem());
         }
+        // A client that trusts the server but has no certificate of its own.
+        std::fs::create_dir(dir.path().join("anon")).expect("mkdir");
+        put("anon/ca-cert.pem", ca.pem());
         Pki { dir }
     }
 
@@ -102,8 +105,9 @@ fn fails(cmd: &mut Command, why: &str) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
-fn tls_daemon(pki: &Pki, extra: &[&str]) -> Daemon {
-    let mut args: Vec<String> = vec!["--tcp".into(), "127.0.0.1:0".into()];
+/// `--tcp addr` with the server certificate and the client CA, then `extra`.
+fn tls_args(pki: &Pki, addr: &str, extra: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = vec!["--tcp".into(), addr.into()];
     args.extend(SMALL_DEVICES.iter().map(|s| s.to_string()));
     for (flag, file) in [
         ("--tls-cert", "server-cert.pem"),
@@ -114,7 +118,11 @@ fn tls_daemon(pki: &Pki, extra: &[&str]) -> Daemon {
         args.push(pki.path(file).display().to_string());
     }
     args.extend(extra.iter().map(|s| s.to_string()));
-    Daemon::start_with(args)
+    args
+}
+
+fn tls_daemon(pki: &Pki, extra: &[&str]) -> Daemon {
+    Daemon::start_with(tls_args(pki, "127.0.0.1:0", extra))
 }
 
 #[test]
@@ -195,8 +203,65 @@ fn required_tls_carries_data_and_refuses_plaintext() {
         Command::new("nbdinfo").arg(tls_uri(&d, "tls", &stranger.path("alice"))),
         "a client trusting another CA",
     );
+    // With a client CA, required TLS admits only clients with a certificate it
+    // signed: one that trusts the server but has none is refused.
+    fails(
+        Command::new("nbdinfo").arg(tls_uri(&d, "tls", &pki.path("anon"))),
+        "a TLS client without a certificate",
+    );
     let log = d.log();
     assert!(log.contains("tls=true"), "{log}");
+    // Loopback, TLS required, client certificates: nothing to warn about.
+    assert!(
+        !log.lines()
+            .any(|l| l.contains("WARN") && l.contains("NBD over TCP")),
+        "{log}"
+    );
+    d.stop();
+}
+
+#[test]
+fn a_non_loopback_address_needs_required_tls() {
+    require("nbdinfo", "libnbd-bin");
+    let pki = Pki::new();
+    // TLS optional would serve plaintext clients on every interface: refused.
+    let args = tls_args(&pki, "0.0.0.0:0", &[]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let scratch = tempfile::tempdir().expect("tempdir");
+    let data = scratch.path().join("data").display().to_string();
+    let err = serve_refused(&[&["--data-dir", data.as_str()], &args[..]].concat());
+    assert!(err.contains("is not a loopback address"), "{err}");
+    assert!(err.contains("--tls-required"), "{err}");
+
+    // Required: it starts, without a warning. Clients connect over 127.0.0.1 only
+    // (the server certificate names it), never another address.
+    let mut d = Daemon::start_with(tls_args(&pki, "0.0.0.0:0", &["--tls-required"]));
+    let addr = d.tcp_addr();
+    let port = addr
+        .strip_prefix("0.0.0.0:")
+        .unwrap_or_else(|| panic!("bound {addr}"));
+    let uri = |export: &str, certs: &str| {
+        format!(
+            "nbds://127.0.0.1:{port}/{export}?tls-certificates={}",
+            pki.path(certs).display()
+        )
+    };
+    let info = stdout(Command::new("nbdinfo").arg(uri("default", "alice")));
+    assert!(info.contains("export-size: 536870912"), "{info}");
+    fails(
+        Command::new("nbdinfo").arg(uri("default", "anon")),
+        "a TLS client without a certificate",
+    );
+    fails(
+        Command::new("nbdinfo").arg(format!("nbd://127.0.0.1:{port}/default")),
+        "a plaintext client",
+    );
+    let log = d.log();
+    assert!(
+        !log.lines()
+            .any(|l| l.contains("WARN") && l.contains("NBD over TCP")),
+        "{log}"
+    );
     d.stop();
 }
 
@@ -272,5 +337,21 @@ allowed_identities = ["alice"]
     let listed = stdout(Command::new("nbdinfo").args(["--list", "--json", &plain("")]));
     assert!(!listed.contains("secret"), "{listed}");
     assert!(listed.contains("default"), "{listed}");
+    // TLS optional does not demand certificates: a TLS client without one opens the
+    // default volume, as a plaintext client may, but not the secret one.
+    let anon = pki.path("anon");
+    let info = stdout(Command::new("nbdinfo").arg(tls_uri(&d, "default", &anon)));
+    assert!(info.contains("export-size"), "{info}");
+    fails(
+        Command::new("nbdinfo").arg(tls_uri(&d, "secret", &anon)),
+        "a TLS client without a certificate opening alice's export",
+    );
+    // Loopback with TLS optional is allowed, and logged as reachable in plaintext.
+    let log = d.log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("WARN") && l.contains("with TLS optional")),
+        "{log}"
+    );
     d.stop();
 }

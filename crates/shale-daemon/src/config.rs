@@ -6,6 +6,12 @@
 //!
 //! Invariant: a [`Config`] returned by [`Config::validate`] has passed every check
 //! here; the daemon does not re-check fields.
+//!
+//! Exposure (docs/security.md): by default the daemon listens on nothing but unix
+//! sockets (mode 0600), so only the data directory's owner reaches the volumes. NBD
+//! over TCP is off until an address is given; a non-loopback address must have TLS
+//! required ([`TcpExposure::check`]) unless `nbd.insecure_tcp` says the exposure is
+//! intended.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -41,6 +47,21 @@ pub enum ConfigError {
     BadSize { field: &'static str, reason: String },
     #[error("config field `{field}`: {reason}")]
     Invalid { field: &'static str, reason: String },
+    #[error(
+        "nbd.tcp = \"{addr}\" is not a loopback address and TLS is not configured: anyone \
+         who can reach it could read and write every volume, in plaintext. Configure TLS \
+         with client certificates (--tls-cert, --tls-key, --tls-client-ca, --tls-required; \
+         [nbd.tls] in the config file), listen on loopback (--tcp 127.0.0.1:10809) or on \
+         the unix socket only (no --tcp), or accept the exposure with --insecure-tcp \
+         (nbd.insecure_tcp = true)"
+    )]
+    TcpWithoutTls { addr: SocketAddr },
+    #[error(
+        "nbd.tcp = \"{addr}\" is not a loopback address and TLS is optional there, so \
+         plaintext clients would be served: add --tls-required (nbd.tls.required = true), \
+         or accept plaintext clients with --insecure-tcp (nbd.insecure_tcp = true)"
+    )]
+    TcpTlsOptional { addr: SocketAddr },
 }
 
 /// How the capacity device presents zones.
@@ -93,8 +114,13 @@ pub struct DevicesConfig {
 pub struct NbdConfig {
     /// Unix socket path; empty disables it.
     pub unix_socket: String,
-    /// TCP listen address; empty disables it. Loopback unless configured otherwise.
+    /// TCP listen address; empty (the default) disables it. A non-loopback address
+    /// needs TLS required, or `insecure_tcp`.
     pub tcp: String,
+    /// Serve NBD over TCP on a non-loopback address without TLS, or with TLS
+    /// optional: an explicit opt-in to letting whoever reaches it read and write
+    /// every volume.
+    pub insecure_tcp: bool,
     pub connections_max: u32,
     pub inflight_per_connection_max: u32,
     pub tls: Option<TlsConfig>,
@@ -108,7 +134,8 @@ pub struct TlsConfig {
     /// CA bundle used to verify client certificates (enables client identities).
     #[serde(default)]
     pub client_ca: Option<PathBuf>,
-    /// Refuse clients that do not negotiate TLS.
+    /// Refuse clients that do not negotiate TLS, and, with `client_ca`, clients that
+    /// do not present a certificate it signed.
     #[serde(default)]
     pub required: bool,
     /// Per-export allow lists of client identities (certificate CN or SAN).
@@ -121,6 +148,81 @@ pub struct TlsConfig {
 pub struct ExportAcl {
     pub name: String,
     pub allowed_identities: Vec<String>,
+}
+
+/// Who can reach the NBD TCP listener, as configured: a pure reading of the config
+/// that [`Config::validate`] checks and the daemon logs at start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TcpExposure {
+    pub addr: SocketAddr,
+    /// 127.0.0.0/8 or ::1: every local user, whatever their uid, and no other host.
+    /// Anything else (0.0.0.0, ::, a LAN address, an IPv4-mapped ::ffff:127.0.0.1)
+    /// counts as reachable from other hosts.
+    pub loopback: bool,
+    pub tls: TlsPolicy,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsPolicy {
+    Off,
+    /// Clients choose; plaintext clients reach every export without an identity list.
+    /// A client CA verifies the certificates clients offer (identities).
+    Optional {
+        client_ca: bool,
+    },
+    /// Every client negotiates TLS. With a client CA every client must also present a
+    /// certificate it signed (its identities); without one, no client is
+    /// authenticated.
+    Required {
+        client_ca: bool,
+    },
+}
+
+impl TcpExposure {
+    /// Refuses a non-loopback listener that would serve plaintext clients, unless
+    /// `insecure_ok` (`nbd.insecure_tcp`). Stricter than asking for TLS alone: with
+    /// TLS optional a plaintext client is served as if there were none.
+    pub fn check(&self, insecure_ok: bool) -> Result<(), ConfigError> {
+        if self.loopback || insecure_ok {
+            return Ok(());
+        }
+        match self.tls {
+            TlsPolicy::Off => Err(ConfigError::TcpWithoutTls { addr: self.addr }),
+            TlsPolicy::Optional { .. } => Err(ConfigError::TcpTlsOptional { addr: self.addr }),
+            TlsPolicy::Required { .. } => Ok(()),
+        }
+    }
+
+    /// What the daemon warns about at start: the listener is allowed but reaches
+    /// further than the unix socket (its owner only). `None` when every client
+    /// must present a certificate the client CA signed.
+    pub fn warning(&self) -> Option<String> {
+        let who = if self.loopback {
+            "any local user (any uid)"
+        } else {
+            "anyone who can reach it"
+        };
+        let place = if self.loopback {
+            "on loopback"
+        } else {
+            "on a non-loopback address (--insecure-tcp)"
+        };
+        match self.tls {
+            TlsPolicy::Off => Some(format!(
+                "NBD over TCP {place} without TLS: {who} can read and write every volume \
+                 through it; the unix socket (mode 0600) admits only the data directory's owner"
+            )),
+            TlsPolicy::Optional { .. } => Some(format!(
+                "NBD over TCP {place} with TLS optional: {who} can connect in plaintext and \
+                 read and write every export without an identity list"
+            )),
+            TlsPolicy::Required { client_ca: false } => Some(format!(
+                "NBD over TCP with TLS but no client CA (--tls-client-ca): no client is \
+                 authenticated, so {who} can read and write every volume, encrypted"
+            )),
+            TlsPolicy::Required { client_ca: true } => None,
+        }
+    }
 }
 
 /// DRAM the engine may use for its caches. Both fill only as pages are touched, so a
@@ -203,7 +305,10 @@ impl Default for NbdConfig {
     fn default() -> NbdConfig {
         NbdConfig {
             unix_socket: "{data_dir}/nbd.sock".into(),
-            tcp: "127.0.0.1:10809".into(),
+            // Off: a TCP listener on loopback is open to every local user, and the
+            // unix socket (0600) only to the data directory's owner.
+            tcp: String::new(),
+            insecure_tcp: false,
             connections_max: 64,
             inflight_per_connection_max: 256,
             tls: None,
@@ -259,6 +364,38 @@ impl Config {
         Some(PathBuf::from(path.replace("{data_dir}", &dir)))
     }
 
+    /// The NBD TCP listener and who can reach it; `None` when TCP is off.
+    pub fn tcp_exposure(&self) -> Result<Option<TcpExposure>, ConfigError> {
+        if self.nbd.tcp.is_empty() {
+            return Ok(None);
+        }
+        let addr = self
+            .nbd
+            .tcp
+            .parse::<SocketAddr>()
+            .map_err(|e| ConfigError::Invalid {
+                field: "nbd.tcp",
+                reason: format!("{:?}: {e}", self.nbd.tcp),
+            })?;
+        let tls = match &self.nbd.tls {
+            None => TlsPolicy::Off,
+            Some(t) => {
+                let client_ca = t.client_ca.is_some();
+                if t.required {
+                    TlsPolicy::Required { client_ca }
+                } else {
+                    TlsPolicy::Optional { client_ca }
+                }
+            }
+        };
+        Ok(Some(TcpExposure {
+            addr,
+            // std's is_loopback: 127.0.0.0/8 and ::1 only, which is the rule.
+            loopback: addr.ip().is_loopback(),
+            tls,
+        }))
+    }
+
     /// Checks every field that can be checked without touching devices.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let d = &self.devices;
@@ -308,14 +445,8 @@ impl Config {
                 reason: "both a cache and a capacity device are needed".into(),
             });
         }
-        if !self.nbd.tcp.is_empty() {
-            self.nbd
-                .tcp
-                .parse::<SocketAddr>()
-                .map_err(|e| ConfigError::Invalid {
-                    field: "nbd.tcp",
-                    reason: format!("{:?}: {e}", self.nbd.tcp),
-                })?;
+        if let Some(exposure) = self.tcp_exposure()? {
+            exposure.check(self.nbd.insecure_tcp)?;
         }
         if self.nbd.tcp.is_empty() && self.nbd.unix_socket.is_empty() {
             return Err(ConfigError::Invalid {
@@ -348,7 +479,9 @@ impl Config {
             if self.nbd.tcp.is_empty() {
                 return Err(ConfigError::Invalid {
                     field: "nbd.tls",
-                    reason: "TLS is configured but TCP is disabled".into(),
+                    reason: "TLS is configured but TCP is off: give an address \
+                             (--tcp ADDR, nbd.tcp)"
+                        .into(),
                 });
             }
             for acl in &tls.exports {
@@ -443,6 +576,169 @@ mod tests {
         c.nbd.tcp.clear();
         c.nbd.unix_socket.clear();
         assert!(matches!(c.validate(), Err(ConfigError::Invalid { .. })));
+    }
+
+    fn tls(required: bool, client_ca: bool) -> TlsConfig {
+        TlsConfig {
+            cert: "server-cert.pem".into(),
+            key: "server-key.pem".into(),
+            client_ca: client_ca.then(|| "ca-cert.pem".into()),
+            required,
+            exports: Vec::new(),
+        }
+    }
+
+    fn with_tcp(addr: &str, tls: Option<TlsConfig>, insecure_tcp: bool) -> Config {
+        let mut c = Config::default();
+        c.nbd.tcp = addr.into();
+        c.nbd.tls = tls;
+        c.nbd.insecure_tcp = insecure_tcp;
+        c
+    }
+
+    #[test]
+    fn default_serves_the_unix_socket_only() {
+        let c = Config::default();
+        assert_eq!(c.nbd.tcp, "");
+        assert!(!c.nbd.insecure_tcp);
+        assert_eq!(c.tcp_exposure().expect("valid"), None);
+        let text = c.to_toml();
+        assert!(text.contains("tcp = \"\""), "{text}");
+        assert!(text.contains("insecure_tcp = false"), "{text}");
+    }
+
+    #[test]
+    fn loopback_tcp_without_tls_is_allowed_with_a_warning() {
+        for addr in ["127.0.0.1:10809", "127.9.8.7:0", "[::1]:10809", "[::1]:0"] {
+            let c = with_tcp(addr, None, false);
+            c.validate().unwrap_or_else(|e| panic!("{addr}: {e}"));
+            let e = c.tcp_exposure().expect("parses").expect("tcp on");
+            assert!(e.loopback, "{addr}");
+            assert_eq!(e.tls, TlsPolicy::Off);
+            let w = e.warning().expect("a warning");
+            assert!(w.contains("any local user"), "{addr}: {w}");
+        }
+    }
+
+    #[test]
+    fn non_loopback_tcp_without_tls_is_refused_with_the_fix() {
+        for addr in [
+            "0.0.0.0:10809",
+            "0.0.0.0:0",
+            "[::]:10809",
+            "192.168.1.20:10809",
+            "10.0.0.1:0",
+            "[fe80::1]:10809",
+            // IPv4-mapped loopback is not 127.0.0.0/8 or ::1: refused, to keep the
+            // rule one line long.
+            "[::ffff:127.0.0.1]:10809",
+        ] {
+            let c = with_tcp(addr, None, false);
+            let err = c.validate().expect_err(addr);
+            assert!(
+                matches!(err, ConfigError::TcpWithoutTls { addr: a } if a.to_string() == addr),
+                "{addr}: {err:?}"
+            );
+            let msg = err.to_string();
+            for fix in [
+                "--insecure-tcp",
+                "--tls-required",
+                "--tls-client-ca",
+                "127.0.0.1",
+            ] {
+                assert!(msg.contains(fix), "{addr}: {msg} lacks {fix}");
+            }
+            assert!(
+                !with_tcp(addr, None, false)
+                    .tcp_exposure()
+                    .expect("parses")
+                    .expect("on")
+                    .loopback
+            );
+        }
+    }
+
+    #[test]
+    fn insecure_tcp_opts_in_with_a_warning() {
+        for addr in ["0.0.0.0:0", "[::]:0", "192.168.1.20:10809"] {
+            let c = with_tcp(addr, None, true);
+            c.validate().unwrap_or_else(|e| panic!("{addr}: {e}"));
+            let w = c.tcp_exposure().expect("parses").expect("on").warning();
+            let w = w.expect("a warning");
+            assert!(w.contains("anyone who can reach it"), "{w}");
+            assert!(w.contains("without TLS"), "{w}");
+            // Optional TLS too.
+            let c = with_tcp(addr, Some(tls(false, true)), true);
+            c.validate().unwrap_or_else(|e| panic!("{addr}: {e}"));
+            let w = c.tcp_exposure().expect("parses").expect("on").warning();
+            assert!(w.expect("a warning").contains("plaintext"));
+        }
+    }
+
+    #[test]
+    fn non_loopback_tcp_needs_tls_required() {
+        for addr in ["0.0.0.0:10809", "[::]:10809", "192.168.1.20:10809"] {
+            // TLS optional serves plaintext clients: refused, naming --tls-required.
+            let err = with_tcp(addr, Some(tls(false, true)), false)
+                .validate()
+                .expect_err(addr);
+            assert!(matches!(err, ConfigError::TcpTlsOptional { .. }), "{err:?}");
+            assert!(err.to_string().contains("--tls-required"), "{err}");
+            // Required, with client certificates: allowed, and nothing to warn about.
+            let c = with_tcp(addr, Some(tls(true, true)), false);
+            c.validate().unwrap_or_else(|e| panic!("{addr}: {e}"));
+            let e = c.tcp_exposure().expect("parses").expect("on");
+            assert_eq!(e.tls, TlsPolicy::Required { client_ca: true });
+            assert_eq!(e.warning(), None);
+            // Required without a client CA: allowed (encrypted), but no client is
+            // authenticated, which the daemon warns about.
+            let c = with_tcp(addr, Some(tls(true, false)), false);
+            c.validate().unwrap_or_else(|e| panic!("{addr}: {e}"));
+            let w = c.tcp_exposure().expect("parses").expect("on").warning();
+            assert!(w.expect("a warning").contains("no client CA"));
+        }
+        // On loopback TLS optional is allowed, with the plaintext warning.
+        let c = with_tcp("127.0.0.1:10809", Some(tls(false, true)), false);
+        c.validate().expect("loopback, TLS optional");
+        let w = c.tcp_exposure().expect("parses").expect("on").warning();
+        assert!(w.expect("a warning").contains("any local user"));
+    }
+
+    #[test]
+    fn the_config_file_form_is_checked_the_same_way() {
+        let parse = |text: &str| Config::from_toml(text, Path::new("t.toml")).expect("parses");
+        let c = parse("[nbd]\ntcp = \"0.0.0.0:10809\"\n");
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::TcpWithoutTls { .. })
+        ));
+        let c = parse("[nbd]\ntcp = \"0.0.0.0:10809\"\ninsecure_tcp = true\n");
+        assert!(c.nbd.insecure_tcp);
+        c.validate().expect("opted in");
+        let c = parse(
+            "[nbd]\ntcp = \"[::]:10809\"\n[nbd.tls]\ncert = \"c.pem\"\nkey = \"k.pem\"\n\
+             client_ca = \"ca.pem\"\nrequired = true\n",
+        );
+        c.validate().expect("TLS required");
+        let c =
+            parse("[nbd]\ntcp = \"[::]:10809\"\n[nbd.tls]\ncert = \"c.pem\"\nkey = \"k.pem\"\n");
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::TcpTlsOptional { .. })
+        ));
+        let c = parse("[nbd]\ntcp = \"127.0.0.1:10809\"\n");
+        c.validate().expect("loopback");
+        // The opt-in round-trips through --print-config's TOML.
+        let c = with_tcp("0.0.0.0:0", None, true);
+        assert_eq!(parse(&c.to_toml()), c);
+    }
+
+    #[test]
+    fn tls_without_tcp_names_the_flag() {
+        let mut c = Config::default();
+        c.nbd.tls = Some(tls(true, true));
+        let err = c.validate().expect_err("TLS without TCP");
+        assert!(err.to_string().contains("--tcp"), "{err}");
     }
 
     proptest::proptest! {

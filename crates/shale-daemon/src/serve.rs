@@ -345,10 +345,7 @@ pub fn format(
         steps.step("create sparse files", || {
             for &(path, size) in &missing {
                 if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                    std::fs::create_dir_all(dir).map_err(|e| DaemonError::Setup {
-                        path: dir.to_path_buf(),
-                        reason: e.to_string(),
-                    })?;
+                    create_private_dir(dir)?;
                 }
                 FileDevice::create_sparse(path, size).map_err(|source| DaemonError::Device {
                     what: "creating",
@@ -481,10 +478,7 @@ impl Daemon {
     /// the first time — and starts every listener.
     pub fn start(config: &Config) -> Result<Daemon, DaemonError> {
         let spec = DeviceSpec::from_config(config)?;
-        std::fs::create_dir_all(&config.data_dir).map_err(|e| DaemonError::Setup {
-            path: config.data_dir.clone(),
-            reason: e.to_string(),
-        })?;
+        create_private_dir(&config.data_dir)?;
         match (spec.cache.exists(), spec.capacity.exists()) {
             (false, false) => {
                 tracing::info!(
@@ -514,6 +508,9 @@ impl Daemon {
                     reason: "missing, but its partner device exists; refusing to guess".into(),
                 });
             }
+        }
+        for path in [&spec.cache, &spec.capacity] {
+            warn_if_shared(path);
         }
         let lock = DeviceLock::acquire(&spec)?;
         let (engine, open_status) = open(&spec)?;
@@ -632,7 +629,10 @@ fn nbd_server_config(config: &Config) -> Result<ServerConfig, DaemonError> {
             cert_chain_pem: tls.cert.clone(),
             private_key_pem: tls.key.clone(),
             client_ca_pem: tls.client_ca.clone(),
-            client_cert_required: false,
+            // Required TLS with a client CA means authenticated clients only. Without
+            // this a client offering no certificate would complete the handshake with
+            // no identity and reach every export without an identity list.
+            client_cert_required: tls.required && tls.client_ca.is_some(),
         });
         sc.tls_mode = if tls.required {
             TlsMode::Required
@@ -664,6 +664,9 @@ pub fn run(config: &Config, stop: &AtomicBool) -> Result<(), DaemonError> {
         }
         if let Some(a) = s.tcp_addr() {
             tracing::info!(addr = %a, "serving NBD on TCP");
+            if let Some(warning) = config.tcp_exposure()?.and_then(|e| e.warning()) {
+                tracing::warn!(addr = %a, "{warning}");
+            }
         }
     }
     tracing::info!("ready");
@@ -703,6 +706,39 @@ pub fn run(config: &Config, stop: &AtomicBool) -> Result<(), DaemonError> {
     daemon.stop()?;
     tracing::info!("clean shutdown");
     Ok(())
+}
+
+/// Creates a directory and its missing parents with mode 0700 (an existing one is
+/// left as it is): it holds the device files and sockets, and every volume's data
+/// is readable from the device files.
+fn create_private_dir(dir: &Path) -> Result<(), DaemonError> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| DaemonError::Setup {
+            path: dir.to_path_buf(),
+            reason: e.to_string(),
+        })
+}
+
+/// Warns when a device file is open to other users: anyone who can read it can read
+/// every volume, bypassing the 0600 sockets. Files created before device files were
+/// made 0600 may still be. Block devices are left to the system's permissions.
+fn warn_if_shared(path: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    if let Ok(m) = std::fs::metadata(path) {
+        let mode = m.permissions().mode() & 0o777;
+        if m.is_file() && mode & 0o077 != 0 {
+            tracing::warn!(
+                path = %path.display(),
+                mode = format!("{mode:o}"),
+                "device file is accessible to other users, who can read every volume from it; \
+                 chmod go-rwx it"
+            );
+        }
+    }
 }
 
 /// Runs one request on an engine that is not on its own thread yet.

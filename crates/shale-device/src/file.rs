@@ -148,7 +148,8 @@ fn ioctl_int(file: &File, req: libc::Ioctl) -> io::Result<u32> {
 impl FileDevice {
     /// Creates (or truncates) a regular file of `size_bytes`, allocating nothing:
     /// the result is a sparse file that reads as zeros. `size_bytes` must be a
-    /// non-zero multiple of 4096.
+    /// non-zero multiple of 4096. A new file gets mode 0600; an existing one keeps its
+    /// mode.
     pub fn create_sparse(path: impl AsRef<Path>, size_bytes: u64) -> Result<(), DeviceError> {
         let path = path.as_ref();
         check_geometry(size_bytes, BLOCK_SIZE as u32)?;
@@ -163,10 +164,12 @@ impl FileDevice {
                 ));
             }
         }
+        // Owner only when created: the file will hold data of every volume on it.
         let f = OpenOptions::new()
             .write(true)
             .create(true)
             .truncate(true)
+            .mode(0o600)
             .open(path)
             .map_err(|e| open_failed(path, e))?;
         f.set_len(size_bytes).map_err(|e| open_failed(path, e))?;

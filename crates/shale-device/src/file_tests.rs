@@ -557,3 +557,14 @@ fn zone_emulation_over_a_file_with_real_async_io() {
         }
     }
 }
+
+/// A device file holds every volume's data: only its owner may open it.
+#[test]
+fn create_sparse_makes_an_owner_only_file() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = dir.path().join("dev");
+    FileDevice::create_sparse(&p, 4096).expect("create");
+    let mode = std::fs::metadata(&p).expect("stat").permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "{mode:o}");
+}

@@ -128,11 +128,9 @@ pub struct Daemon {
 }
 
 impl Daemon {
-    /// Unix socket only, small devices.
+    /// The default listeners (the unix socket only), small devices.
     pub fn start() -> Daemon {
-        let mut args: Vec<String> = vec!["--tcp".into(), String::new()];
-        args.extend(SMALL_DEVICES.iter().map(|s| s.to_string()));
-        Daemon::start_with(args)
+        Daemon::start_with(SMALL_DEVICES.iter().map(|s| s.to_string()).collect())
     }
 
     pub fn start_with(args: Vec<String>) -> Daemon {
@@ -312,6 +310,77 @@ impl Drop for Daemon {
             let _ = c.wait();
         }
     }
+}
+
+/// `shale serve ARGS` that must refuse to start: its stderr. A daemon that starts
+/// instead is killed and the test fails.
+pub fn serve_refused(args: &[&str]) -> String {
+    let mut child = shale()
+        .arg("serve")
+        .args(args)
+        .env_remove("NOTIFY_SOCKET")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn shale serve");
+    let started = Instant::now();
+    while child.try_wait().expect("wait").is_none() {
+        if started.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("wait");
+            panic!(
+                "shale serve {args:?} started instead of refusing: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().expect("wait");
+    assert!(!out.status.success(), "shale serve {args:?} exited 0");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// The TCP ports process `pid` listens on, with their local addresses as
+/// `/proc/net/tcp{,6}` print them (hex, e.g. `0100007F` for 127.0.0.1): its socket
+/// descriptors' inodes matched against listening (state `0A`) entries of its own
+/// network namespace. No `ss` or connection attempt needed, so another process on
+/// the same port cannot confuse it.
+pub fn tcp_listeners(pid: u32) -> Vec<(String, u16)> {
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).expect("read the daemon's fds");
+    let inodes: std::collections::HashSet<String> = fds
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter_map(|target| {
+            let t = target.to_string_lossy();
+            Some(t.strip_prefix("socket:[")?.strip_suffix(']')?.to_string())
+        })
+        .collect();
+    let mut found = Vec::new();
+    for table in ["tcp", "tcp6"] {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")).unwrap_or_default();
+        for line in text.lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            if f.len() < 10 || f[3] != "0A" || !inodes.contains(f[9]) {
+                continue;
+            }
+            let (ip, port) = f[1].rsplit_once(':').expect("address:port");
+            found.push((
+                ip.to_string(),
+                u16::from_str_radix(port, 16).expect("hex port"),
+            ));
+        }
+    }
+    found
+}
+
+/// Permission bits of a file, directory or socket.
+pub fn mode(path: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .permissions()
+        .mode()
+        & 0o777
 }
 
 /// A client process running in the background, killed when dropped.

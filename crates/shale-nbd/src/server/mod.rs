@@ -36,9 +36,6 @@ use crate::proto::request::{FatalRequest, RequestHeaderError};
 use negotiation::Negotiated;
 use transport::{Closer, Socket, Transport};
 
-/// The default TCP address: loopback on the IANA NBD port.
-pub const TCP_DEFAULT: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 10809);
-
 /// Limits of one server. Every queue and buffer is bounded by one of these.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerLimits {
@@ -122,7 +119,9 @@ pub struct TlsSettings {
 pub struct ServerConfig {
     /// Unix socket path, created with mode 0600.
     pub unix_socket: Option<PathBuf>,
-    /// TCP listen address; port 0 picks a free port.
+    /// TCP listen address; port 0 picks a free port. None by default: even on
+    /// loopback every local user could connect, where the unix socket admits only
+    /// its owner.
     pub tcp: Option<SocketAddr>,
     pub tls: Option<TlsSettings>,
     /// `Required` refuses every option but STARTTLS/ABORT before TLS.
@@ -139,7 +138,7 @@ impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
             unix_socket: None,
-            tcp: Some(TCP_DEFAULT),
+            tcp: None,
             tls: None,
             tls_mode: TlsMode::Off,
             export_access: BTreeMap::new(),
