@@ -8,6 +8,7 @@ use shale_nbd::ServerHandle;
 
 use crate::admin::{AdminHandler, AdminRequest};
 use crate::backend::EngineBackend;
+use crate::drive::DriveStats;
 use crate::metrics::{Metric, MetricKind};
 
 #[derive(Debug)]
@@ -15,11 +16,23 @@ pub struct DaemonAdmin {
     backend: Arc<EngineBackend>,
     /// The NBD server's connections, to refuse or force volume changes under them.
     nbd: Option<ServerHandle>,
+    /// The simulated capacity drive, when `--drive` names one.
+    drive: Option<DriveStats>,
 }
 
 impl DaemonAdmin {
     pub fn new(backend: Arc<EngineBackend>, nbd: Option<ServerHandle>) -> Self {
-        DaemonAdmin { backend, nbd }
+        DaemonAdmin {
+            backend,
+            nbd,
+            drive: None,
+        }
+    }
+
+    /// Adds the simulated drive's section to `stats`.
+    pub fn with_drive(mut self, drive: Option<DriveStats>) -> Self {
+        self.drive = drive;
+        self
     }
 
     fn volume(&self, name: &str) -> Result<VolumeInfo, String> {
@@ -198,7 +211,11 @@ impl AdminHandler for DaemonAdmin {
             }
             AdminRequest::Stats => {
                 let s = stats(&self.backend).map_err(|e| e.to_string())?;
-                Ok(stats_json(&s))
+                let mut v = stats_json(&s);
+                if let (Value::Object(m), Some(d)) = (&mut v, &self.drive) {
+                    m.insert("drive".into(), d.json(s.user_write_bytes));
+                }
+                Ok(v)
             }
             AdminRequest::Checkpoint => {
                 engine.call(Request::Flush).map_err(|e| e.to_string())?;
@@ -208,8 +225,8 @@ impl AdminHandler for DaemonAdmin {
     }
 }
 
-/// Samples for the Prometheus endpoint.
-pub fn metrics(b: &EngineBackend) -> Vec<Metric> {
+/// Samples for the Prometheus endpoint, with the simulated drive's if there is one.
+pub fn metrics(b: &EngineBackend, drive: Option<&DriveStats>) -> Vec<Metric> {
     let Ok(s) = stats(b) else {
         return Vec::new();
     };
@@ -295,6 +312,9 @@ pub fn metrics(b: &EngineBackend) -> Vec<Metric> {
             s.layer_waf(),
         ),
     ];
+    if let Some(d) = drive {
+        m.extend(d.metrics(s.user_write_bytes));
+    }
     if let Ok(vols) = list(b) {
         for v in vols {
             m.push(Metric {
