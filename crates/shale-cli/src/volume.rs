@@ -149,13 +149,37 @@ pub fn stats(args: AdminArgs) -> Result<()> {
         println!("{v}");
         return Ok(());
     }
-    for (section, fields) in v.as_object().into_iter().flatten() {
-        println!("{section}:");
-        for (k, val) in fields.as_object().into_iter().flatten() {
-            println!("  {k:<32} {val}");
-        }
-    }
+    print!("{}", stats_text(&v));
     Ok(())
+}
+
+/// Column where values start, whatever the nesting.
+const STATS_VALUE_COLUMN: usize = 35;
+
+/// The human form of `shale stats`: a section per top-level object, nested objects
+/// (the drive's `bytes` and `waf`) as indented subsections after their section's own
+/// figures, strings without JSON quotes.
+fn stats_text(v: &serde_json::Value) -> String {
+    let mut out = String::new();
+    stats_fields(&mut out, v, 0);
+    out
+}
+
+fn stats_fields(out: &mut String, v: &serde_json::Value, depth: usize) {
+    use std::fmt::Write as _;
+    let pad = "  ".repeat(depth);
+    let width = STATS_VALUE_COLUMN.saturating_sub(pad.len() + 1);
+    let fields: Vec<_> = v.as_object().into_iter().flatten().collect();
+    for (k, val) in fields.iter().filter(|(_, val)| !val.is_object()) {
+        let _ = match val {
+            serde_json::Value::String(s) => writeln!(out, "{pad}{k:<width$} {s}"),
+            other => writeln!(out, "{pad}{k:<width$} {other}"),
+        };
+    }
+    for (k, val) in fields.iter().filter(|(_, val)| val.is_object()) {
+        let _ = writeln!(out, "{pad}{k}:");
+        stats_fields(out, val, depth + 1);
+    }
 }
 
 #[cfg(test)]
@@ -180,5 +204,35 @@ mod tests {
             assert_eq!(&l[size_col..size_col + 2], "  ", "{t}");
         }
         assert!(lines[2].starts_with("a-much-longer-name  "), "{t}");
+    }
+
+    #[test]
+    fn stats_text_nests_the_drive_section() {
+        let v = serde_json::json!({
+            "bytes": {"user_written": 4096},
+            "drive": {
+                "preset": "qlc-p5316",
+                "since": "daemon start",
+                "erases": 3,
+                "bytes": {"host_written": 8192, "nand_written": 65536},
+                "waf": {"device": 8.0, "total": 16.0},
+            },
+        });
+        let t = stats_text(&v);
+        let want = [
+            "bytes:",
+            "  user_written                     4096",
+            "drive:",
+            "  erases                           3",
+            "  preset                           qlc-p5316",
+            "  since                            daemon start",
+            "  bytes:",
+            "    host_written                   8192",
+            "    nand_written                   65536",
+            "  waf:",
+            "    device                         8.0",
+            "    total                          16.0",
+        ];
+        assert_eq!(t.lines().collect::<Vec<_>>(), want, "{t}");
     }
 }

@@ -8,6 +8,7 @@ use shale_nbd::ServerHandle;
 
 use crate::admin::{AdminHandler, AdminRequest};
 use crate::backend::EngineBackend;
+use crate::drive::DriveStats;
 use crate::metrics::{Metric, MetricKind};
 
 #[derive(Debug)]
@@ -15,11 +16,23 @@ pub struct DaemonAdmin {
     backend: Arc<EngineBackend>,
     /// The NBD server's connections, to refuse or force volume changes under them.
     nbd: Option<ServerHandle>,
+    /// The simulated capacity drive, when `--drive` names one.
+    drive: Option<DriveStats>,
 }
 
 impl DaemonAdmin {
     pub fn new(backend: Arc<EngineBackend>, nbd: Option<ServerHandle>) -> Self {
-        DaemonAdmin { backend, nbd }
+        DaemonAdmin {
+            backend,
+            nbd,
+            drive: None,
+        }
+    }
+
+    /// Adds the simulated drive's section to `stats`.
+    pub fn with_drive(mut self, drive: Option<DriveStats>) -> Self {
+        self.drive = drive;
+        self
     }
 
     fn volume(&self, name: &str) -> Result<VolumeInfo, String> {
@@ -245,6 +258,9 @@ impl AdminHandler for DaemonAdmin {
                     v["engine"] = json!({ "up": true });
                     let names = list(&self.backend).map_err(|e| e.to_string())?;
                     v["volumes"] = volumes_json(&s, &names, &self.backend);
+                    if let (Value::Object(m), Some(d)) = (&mut v, &self.drive) {
+                        m.insert("drive".into(), d.json(s.user_write_bytes));
+                    }
                     Ok(v)
                 }
                 // A failed engine answers nothing, but why it failed is the one
@@ -262,9 +278,9 @@ impl AdminHandler for DaemonAdmin {
     }
 }
 
-/// Samples for the Prometheus endpoint: `shale_engine_up` always, the rest while
-/// the engine serves.
-pub fn metrics(b: &EngineBackend) -> Vec<Metric> {
+/// Samples for the Prometheus endpoint: `shale_engine_up` always, the rest (with the
+/// simulated drive's, if there is one) while the engine serves.
+pub fn metrics(b: &EngineBackend, drive: Option<&DriveStats>) -> Vec<Metric> {
     let up = Metric {
         name: "shale_engine_up",
         help: "1 while the engine serves requests; 0 once it has failed (the daemon exits).",
@@ -360,6 +376,9 @@ pub fn metrics(b: &EngineBackend) -> Vec<Metric> {
             s.layer_waf(),
         ),
     ];
+    if let Some(d) = drive {
+        m.extend(d.metrics(s.user_write_bytes));
+    }
     if let Ok(vols) = list(b) {
         for v in &vols {
             m.push(Metric {

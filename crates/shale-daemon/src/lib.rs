@@ -7,6 +7,7 @@
 //! - [`backend`]: every volume as an NBD export, requests into the engine's queue.
 //! - [`admin`]: the admin unix socket (JSON lines) used by `shale volume` and `shale stats`.
 //! - [`handler`]: admin requests and metrics answered from the engine.
+//! - [`drive`]: the simulated capacity drive's counters (`--drive`), for both.
 //! - [`metrics`]: the Prometheus text endpoint.
 //! - [`latency`]: per-volume request latency histograms.
 //! - [`notify`]: the systemd readiness protocol (`READY=1`, `STOPPING=1`, watchdog).
@@ -15,6 +16,7 @@
 pub mod admin;
 pub mod backend;
 pub mod config;
+pub mod drive;
 pub mod handler;
 pub mod latency;
 pub mod metrics;

@@ -18,6 +18,7 @@ use shale_nbd::{Server, ServerConfig, ServerError, ServerLimits, TlsMode, TlsSet
 use crate::admin::{AdminError, AdminServer};
 use crate::backend::{CacheDevice, CapacityDevice, Engine, EngineBackend};
 use crate::config::{CapacityMode, Config, ConfigError};
+use crate::drive::DriveStats;
 use crate::handler::DaemonAdmin;
 use crate::notify::Notifier;
 
@@ -157,8 +158,12 @@ fn open_file(what: &'static str, path: &Path) -> Result<FileDevice, DaemonError>
 
 /// The capacity file with zone emulation, and the simulated drive if one is named:
 /// a conventional preset sits under the zone emulation (CSAL-BLK: a zone reset is a
-/// TRIM the drive model sees); a zoned preset sits on top of it (ZNS).
-fn capacity_device(spec: &DeviceSpec, format: bool) -> Result<CapacityDevice, DaemonError> {
+/// TRIM the drive model sees); a zoned preset sits on top of it (ZNS). The drive's
+/// counters come back with it, since the device itself moves into the engine.
+fn capacity_device(
+    spec: &DeviceSpec,
+    format: bool,
+) -> Result<(CapacityDevice, Option<DriveStats>), DaemonError> {
     let file = open_file("capacity device", &spec.capacity)?;
     let preset = match &spec.drive {
         Some(name) => Some(
@@ -177,9 +182,12 @@ fn capacity_device(spec: &DeviceSpec, format: bool) -> Result<CapacityDevice, Da
         preset.as_ref().map(|p| &p.kind),
         Some(shale_flashsim::PresetKind::Zoned { .. })
     );
+    let mut drive = None;
     let inner: Box<dyn BlockDevice + Send> = match &preset {
         Some(p) if !zoned_preset => {
-            Box::new(shale_flashsim::FlashSim::from_preset(file, p).map_err(sim_err)?)
+            let sim = shale_flashsim::FlashSim::from_preset(file, p).map_err(sim_err)?;
+            drive = Some(DriveStats::new(p.name, sim.stats_handle()));
+            Box::new(sim)
         }
         _ => Box::new(file),
     };
@@ -194,10 +202,12 @@ fn capacity_device(spec: &DeviceSpec, format: bool) -> Result<CapacityDevice, Da
         source,
     })?;
     match &preset {
-        Some(p) if zoned_preset => Ok(Box::new(
-            shale_flashsim::ZnsSim::from_preset(emu, p).map_err(sim_err)?,
-        )),
-        _ => Ok(Box::new(emu)),
+        Some(p) if zoned_preset => {
+            let sim = shale_flashsim::ZnsSim::from_preset(emu, p).map_err(sim_err)?;
+            let stats = DriveStats::new(p.name, sim.stats_handle());
+            Ok((Box::new(sim), Some(stats)))
+        }
+        _ => Ok((Box::new(emu), drive)),
     }
 }
 
@@ -369,7 +379,7 @@ pub fn format(
     }
     let engine_config = spec.engine_config()?;
     let capacity = steps.step("capacity: zone emulation, discard", || {
-        let capacity = capacity_device(spec, true)?;
+        let (capacity, _) = capacity_device(spec, true)?;
         let g = capacity.geometry();
         let detail = format!(
             "{} zones of {} MiB, {} discarded",
@@ -415,17 +425,18 @@ pub fn format(
 }
 
 /// Opens formatted devices and starts the engine thread; also returns a one-line
-/// summary of the open for the service manager's status.
-pub fn open(spec: &DeviceSpec) -> Result<(Engine, String), DaemonError> {
+/// summary of the open for the service manager's status, and the simulated drive's
+/// counters (from this open on) if there is one.
+pub fn open(spec: &DeviceSpec) -> Result<(Engine, String, Option<DriveStats>), DaemonError> {
     let engine_config = spec.engine_config()?;
     let cache: CacheDevice = Box::new(open_file("cache device", &spec.cache)?);
-    let capacity = capacity_device(spec, false)?;
+    let (capacity, drive) = capacity_device(spec, false)?;
     let started = std::time::Instant::now();
     let engine = shale_engine::Engine::open(cache, capacity, MonotonicClock::new(), engine_config)?;
     log_open(engine.open_report(), started.elapsed());
     let status = crate::notify::open_status(engine.open_report(), started.elapsed());
     let thread = EngineThread::spawn(engine, ENGINE_QUEUE_DEPTH).map_err(DaemonError::Spawn)?;
-    Ok((thread, status))
+    Ok((thread, status, drive))
 }
 
 /// One line saying whether the open was clean or a recovery, and what it cost; the
@@ -513,7 +524,7 @@ impl Daemon {
             warn_if_shared(path);
         }
         let lock = DeviceLock::acquire(&spec)?;
-        let (engine, open_status) = open(&spec)?;
+        let (engine, open_status, drive) = open(&spec)?;
         let engine = Arc::new(engine);
         let backend = Arc::new(EngineBackend::new(Arc::clone(&engine), PAYLOAD_BYTES_MAX)?);
         let mut daemon = Daemon {
@@ -529,7 +540,9 @@ impl Daemon {
         let nbd_handle = nbd.handle();
         daemon.nbd = Some(nbd);
         if let Some(path) = config.expand(&config.admin.socket) {
-            let handler = Arc::new(DaemonAdmin::new(Arc::clone(&backend), Some(nbd_handle)));
+            let handler = Arc::new(
+                DaemonAdmin::new(Arc::clone(&backend), Some(nbd_handle)).with_drive(drive.clone()),
+            );
             daemon.admin = Some(AdminServer::start(&path, handler)?);
         }
         if !config.metrics.listen.is_empty() {
@@ -545,7 +558,7 @@ impl Daemon {
             let b = Arc::clone(&backend);
             let server = crate::metrics::MetricsServer::start(
                 addr,
-                Arc::new(move || crate::handler::metrics(&b)),
+                Arc::new(move || crate::handler::metrics(&b, drive.as_ref())),
             )
             .map_err(|source| DaemonError::Metrics {
                 addr: config.metrics.listen.clone(),
