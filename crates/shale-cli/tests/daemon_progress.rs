@@ -133,7 +133,7 @@ fn serve_on_a_terminal(d: &Daemon) -> String {
 
 #[test]
 fn recovery_steps_are_drawn_on_a_terminal_and_only_logged_to_a_file() {
-    require("script", "util-linux");
+    require("script", "bsdutils");
     require("nbdcopy", "libnbd-bin");
     let mut d = Daemon::start();
     write_data(&d, 48 * MIB as usize, 1, true);
