@@ -4,6 +4,7 @@
 mod bench;
 mod check;
 mod logging;
+mod progress;
 mod serve;
 mod volume;
 

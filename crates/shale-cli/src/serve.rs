@@ -10,6 +10,9 @@ use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 use shale_daemon::config::{CapacityMode, Config, Size, TlsConfig};
 use shale_daemon::serve::{self, DeviceSpec, FormatProgress};
+use shale_engine::NoProgress;
+
+use crate::progress::{BarSlot, OpenBar};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum Mode {
@@ -213,13 +216,23 @@ pub fn main(args: ServeArgs) -> Result<()> {
         print!("{}", c.to_toml());
         return Ok(());
     }
-    crate::logging::init(&c.log.format, &c.log.level)?;
+    let slot = BarSlot::default();
+    crate::logging::init_above_bar(&c.log.format, &c.log.level, slot.clone())?;
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, Arc::clone(&stop))
             .context("installing the signal handler")?;
     }
-    serve::run(&c, &stop).context("shale serve")?;
+    // The open's steps as a bar on a terminal; otherwise the log lines say it all.
+    let result = if std::io::stderr().is_terminal() {
+        let mut bar = OpenBar::new(slot);
+        let r = serve::run(&c, &stop, &mut bar);
+        bar.finish();
+        r
+    } else {
+        serve::run(&c, &stop, &mut NoProgress)
+    };
+    result.context("shale serve")?;
     Ok(())
 }
 

@@ -426,13 +426,23 @@ pub fn format(
 
 /// Opens formatted devices and starts the engine thread; also returns a one-line
 /// summary of the open for the service manager's status, and the simulated drive's
-/// counters (from this open on) if there is one.
-pub fn open(spec: &DeviceSpec) -> Result<(Engine, String, Option<DriveStats>), DaemonError> {
+/// counters (from this open on) if there is one. `progress` sees the open's steps as
+/// they run (the CLI draws them on a terminal).
+pub fn open(
+    spec: &DeviceSpec,
+    progress: &mut dyn shale_engine::OpenProgress,
+) -> Result<(Engine, String, Option<DriveStats>), DaemonError> {
     let engine_config = spec.engine_config()?;
     let cache: CacheDevice = Box::new(open_file("cache device", &spec.cache)?);
     let (capacity, drive) = capacity_device(spec, false)?;
     let started = std::time::Instant::now();
-    let engine = shale_engine::Engine::open(cache, capacity, MonotonicClock::new(), engine_config)?;
+    let engine = shale_engine::Engine::open_with_progress(
+        cache,
+        capacity,
+        MonotonicClock::new(),
+        engine_config,
+        progress,
+    )?;
     log_open(engine.open_report(), started.elapsed());
     let status = crate::notify::open_status(engine.open_report(), started.elapsed());
     let thread = EngineThread::spawn(engine, ENGINE_QUEUE_DEPTH).map_err(DaemonError::Spawn)?;
@@ -486,8 +496,11 @@ pub struct Daemon {
 
 impl Daemon {
     /// Opens the configured devices — creating and formatting the embedded default
-    /// the first time — and starts every listener.
-    pub fn start(config: &Config) -> Result<Daemon, DaemonError> {
+    /// the first time — and starts every listener. `progress` sees the open's steps.
+    pub fn start(
+        config: &Config,
+        progress: &mut dyn shale_engine::OpenProgress,
+    ) -> Result<Daemon, DaemonError> {
         let spec = DeviceSpec::from_config(config)?;
         create_private_dir(&config.data_dir)?;
         match (spec.cache.exists(), spec.capacity.exists()) {
@@ -524,7 +537,7 @@ impl Daemon {
             warn_if_shared(path);
         }
         let lock = DeviceLock::acquire(&spec)?;
-        let (engine, open_status, drive) = open(&spec)?;
+        let (engine, open_status, drive) = open(&spec, progress)?;
         let engine = Arc::new(engine);
         let backend = Arc::new(EngineBackend::new(Arc::clone(&engine), PAYLOAD_BYTES_MAX)?);
         let mut daemon = Daemon {
@@ -666,11 +679,16 @@ fn nbd_server_config(config: &Config) -> Result<ServerConfig, DaemonError> {
 }
 
 /// Runs until `stop` is set (by a signal handler), then shuts down cleanly.
-pub fn run(config: &Config, stop: &AtomicBool) -> Result<(), DaemonError> {
+/// `progress` sees the steps of the open.
+pub fn run(
+    config: &Config,
+    stop: &AtomicBool,
+    progress: &mut dyn shale_engine::OpenProgress,
+) -> Result<(), DaemonError> {
     let mut notify = Notifier::from_env();
     notify.status("opening the devices (a recovery after a crash can take a while)");
-    let daemon =
-        Daemon::start(config).inspect_err(|e| notify.status(&format!("failed to start: {e}")))?;
+    let daemon = Daemon::start(config, progress)
+        .inspect_err(|e| notify.status(&format!("failed to start: {e}")))?;
     if let Some(s) = daemon.nbd() {
         if let Some(p) = s.unix_path() {
             tracing::info!(socket = %p.display(), "serving NBD on unix socket");

@@ -34,6 +34,7 @@ use shale_format::{
 };
 
 use crate::layout::BS;
+use crate::recovery::Meter;
 use crate::{Clock, Engine, EngineError};
 
 /// SIDs that may be handed out after the committed checkpoint's `sid_next` before the
@@ -127,6 +128,16 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
 
     /// A synchronous checkpoint (abandons an incremental one in progress).
     pub(crate) fn checkpoint(&mut self, clean: bool) -> Result<(), EngineError> {
+        self.checkpoint_metered(clean, &mut Meter::off())
+    }
+
+    /// [`Self::checkpoint`], counting the dirty L2P pages written back on `meter`
+    /// (after a recovery they are most of its time).
+    pub(crate) fn checkpoint_metered(
+        &mut self,
+        clean: bool,
+        meter: &mut Meter<'_>,
+    ) -> Result<(), EngineError> {
         if self.ckpt.take().is_some() {
             self.l2p.clear_checkpoint_pending();
         }
@@ -134,7 +145,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         self.durable_asn = self.asn_next;
         self.drop_stale_relocations();
         self.l2p.apply_deferred(&mut self.cache)?;
-        self.l2p.write_back_all(&mut self.cache)?;
+        self.l2p.write_back_all_metered(&mut self.cache, meter)?;
         self.stats.l2p_page_writes_total = self.l2p.counters.page_writes;
         self.cache.flush().map_err(EngineError::cache("flush", 0))?;
 

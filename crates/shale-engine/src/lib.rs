@@ -12,7 +12,8 @@
 //! - `compaction/`, `gc/`: victim policies (pure) and the Mover that relocates.
 //! - `background`: pacing of compaction, GC, durability points, checkpoints.
 //! - `journal`, `checkpoint`, `open`: persistence; `volume`: volume admin.
-//! - `recovery/`: open and recovery after a crash as named steps ([`OpenReport`]).
+//! - `recovery/`: open and recovery after a crash as named steps ([`OpenReport`]),
+//!   reported while they run to an [`OpenProgress`].
 //! - `metrics` ([`Stats`]), `selfcheck`, `thread` ([`EngineThread`]).
 //! - `check`: the offline checker behind `shale check` ([`check()`]).
 #![forbid(unsafe_code)]
@@ -54,7 +55,7 @@ pub use error::{
 };
 pub use gc::policy::GcPolicyKind;
 pub use metrics::{Stats, VolumeStats};
-pub use recovery::{OpenReport, ReplayCounts, StepReport};
+pub use recovery::{NoProgress, OpenEvent, OpenProgress, OpenReport, ReplayCounts, StepReport};
 pub use request::{Completion, Extent, Reply, Request, VolumeInfo, ALLOCATION_QUERY_BYTES_MAX};
 pub use thread::EngineThread;
 

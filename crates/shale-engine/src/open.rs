@@ -25,7 +25,9 @@ use crate::journal::Journal;
 use crate::l2p::{L2p, VolumeMap};
 use crate::layout::{plan, Geometry, Groups, BS};
 use crate::read::md_cache::MdCache;
-use crate::recovery::{journal_scan, load, replay, OpenReport, Steps};
+use crate::recovery::{
+    journal_scan, load, replay, Meter, NoProgress, OpenProgress, OpenReport, Steps,
+};
 use crate::space::Regions;
 use crate::volume::Volumes;
 use crate::write::chunk_writer::ChunkWriter;
@@ -305,15 +307,22 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     /// Opens formatted devices: after a clean shutdown it loads the checkpoint; after a
     /// crash it recovers (replays everything since the checkpoint) and takes a new
     /// checkpoint before returning. `open_report()` says what it did.
-    pub fn open(
+    pub fn open(cache: C, capacity: Z, clock: K, config: Config) -> Result<Self, OpenError> {
+        Self::open_with_progress(cache, capacity, clock, config, &mut NoProgress)
+    }
+
+    /// [`Engine::open`], reporting each step's start and end, and the progress of
+    /// long steps, to `progress` as it runs (a recovery can take minutes).
+    pub fn open_with_progress(
         mut cache: C,
         mut capacity: Z,
         clock: K,
         mut config: Config,
+        progress: &mut dyn OpenProgress,
     ) -> Result<Self, OpenError> {
         config.validate()?;
         let mut report = OpenReport::default();
-        let mut steps = Steps::new(9);
+        let mut steps = Steps::new(progress);
 
         steps.begin(&clock, "superblock");
         let mut sb = load::superblock(&mut cache, &mut report)?;
@@ -360,7 +369,9 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         steps.begin(&clock, "checkpoint");
         let mut bytes = 0;
         let named = sb.active_checkpoint;
-        let (ck, area) = load::checkpoint(&mut cache, &sb, &mut report, &mut bytes)?;
+        let mut meter = steps.meter("checkpoint blocks");
+        let (ck, area) = load::checkpoint(&mut cache, &sb, &mut report, &mut bytes, &mut meter)?;
+        meter.finish();
         sb.active_checkpoint = area;
         let geo = Geometry::new(&sb.layout, &sb.capacity);
         let inconsistent = |reason: String| OpenError::InconsistentCheckpoint { reason };
@@ -421,7 +432,9 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             return Err(OpenError::NeedsRecovery);
         }
         report.clean = clean;
-        steps.set_total(if clean { 9 } else { 13 });
+        // Six steps so far and L2P directories; then census and resume, or the six
+        // of a replay; then the self-check.
+        steps.set_total(6 + if clean { 2 } else { 6 } + usize::from(config.open_self_check));
 
         steps.begin(&clock, "L2P directories");
         let regions = Regions::from_entries(&geo, &ck.regions);
@@ -513,7 +526,9 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         if clean {
             steps.begin(&e.clock, "census");
             let zone_wps = e.zone_write_pointers()?;
-            let bytes = e.census(true, &zone_wps)?;
+            let mut meter = steps.meter("L2P pages");
+            let bytes = e.census(true, &zone_wps, &mut meter)?;
+            meter.finish();
             steps.end(&e.clock, &mut report, bytes, e.census_detail());
 
             steps.begin(&e.clock, "resume");
@@ -521,7 +536,9 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             // too: a checkpoint records zones freed since the last durability point
             // as Free before their resets, and a crash can come between the two (then
             // a later clean shutdown carries the Free state forward).
-            let stray = e.reset_stray_zones()?;
+            let mut meter = steps.meter("free zones");
+            let stray = e.reset_stray_zones(&mut meter)?;
+            meter.finish();
             e.resume_open_regions(now)?;
             e.write_superblock_dirty()?;
             steps.end(
@@ -542,7 +559,9 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
 
             steps.begin(&e.clock, "md scan");
             let zone_wps = e.zone_write_pointers()?;
-            let bytes = e.scan_md(&mut rp, &mut report.warnings)?;
+            let mut meter = steps.meter("md groups");
+            let bytes = e.scan_md(&mut rp, &mut report.warnings, &mut meter)?;
+            meter.finish();
             let detail = format!(
                 "{} md groups, {} entries",
                 rp.counts.md_groups_read, rp.counts.entries_seen
@@ -550,7 +569,9 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             steps.end(&e.clock, &mut report, bytes, detail);
 
             steps.begin(&e.clock, "resolve");
-            let bytes = e.apply_replay(&mut rp)?;
+            let mut meter = steps.meter("versions");
+            let bytes = e.apply_replay(&mut rp, &mut meter)?;
+            meter.finish();
             let detail = format!(
                 "{} versions mapped, {} superseded",
                 rp.counts.entries_applied, rp.counts.entries_superseded
@@ -559,11 +580,15 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
 
             steps.begin(&e.clock, "census");
             e.close_replayed(&rp, now)?;
-            let bytes = e.census(false, &zone_wps)?;
+            let mut meter = steps.meter("L2P pages");
+            let bytes = e.census(false, &zone_wps, &mut meter)?;
+            meter.finish();
             steps.end(&e.clock, &mut report, bytes, e.census_detail());
 
             steps.begin(&e.clock, "regions");
-            rp.counts.stray_zones_reset = e.reset_stray_zones()?;
+            let mut meter = steps.meter("free zones");
+            rp.counts.stray_zones_reset = e.reset_stray_zones(&mut meter)?;
+            meter.finish();
             for i in 0..e.geo.region_count() {
                 e.regions.maybe_pending_free(RegionId(i));
             }
@@ -577,7 +602,10 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             steps.end(&e.clock, &mut report, 0, detail);
 
             steps.begin(&e.clock, "new checkpoint");
-            e.checkpoint(false).map_err(OpenError::Engine)?;
+            let mut meter = steps.meter("dirty L2P pages");
+            e.checkpoint_metered(false, &mut meter)
+                .map_err(OpenError::Engine)?;
+            meter.finish();
             steps.end(
                 &e.clock,
                 &mut report,
@@ -590,12 +618,13 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         if e.config.open_self_check {
             steps.begin(&e.clock, "self-check");
             let reads0 = e.l2p.counters.page_reads;
-            e.self_check()
+            let mut meter = steps.meter("L2P pages");
+            e.self_check_metered(&mut meter)
                 .map_err(|err| OpenError::Engine(EngineError::SelfCheck(err)))?;
+            meter.finish();
             let bytes = (e.l2p.counters.page_reads - reads0) * BS;
             steps.end(&e.clock, &mut report, bytes, "ok".into());
         }
-        steps.finish();
         e.open_report = report;
         Ok(e)
     }
@@ -635,7 +664,12 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     /// match (a clean shutdown recorded them exactly); otherwise they are set. Every
     /// mapped PBA must be a data slot of an open or closed region, below the write
     /// pointer its zone had on the device when the open began. Returns bytes read.
-    fn census(&mut self, check_counts: bool, zone_wps: &[u32]) -> Result<u64, OpenError> {
+    fn census(
+        &mut self,
+        check_counts: bool,
+        zone_wps: &[u32],
+        meter: &mut Meter<'_>,
+    ) -> Result<u64, OpenError> {
         let reads0 = self.l2p.counters.page_reads;
         let geo = self.geo.clone();
         let mut counted = vec![0u32; geo.region_count() as usize];
@@ -645,7 +679,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             let validity = &mut self.regions.validity;
             let regions = &self.regions.regions;
             self.l2p
-                .for_each_mapped(&mut self.cache, |volume, lba, pba| {
+                .for_each_mapped_metered(&mut self.cache, meter, |volume, lba, pba| {
                     if err.is_some() {
                         return;
                     }

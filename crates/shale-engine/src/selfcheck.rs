@@ -5,13 +5,23 @@ use shale_device::{BlockDevice, ZonedDevice};
 use shale_format::{Pba, RegionId, RegionRole, RegionState};
 
 use crate::layout::Groups;
+use crate::recovery::Meter;
 use crate::space::Validity;
 use crate::{Clock, Engine, EngineError, SelfCheckError};
 
 impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     /// Checks every space invariant; the first violation is returned.
     pub fn self_check(&mut self) -> Result<(), SelfCheckError> {
-        match self.self_check_inner() {
+        self.self_check_metered(&mut Meter::off())
+    }
+
+    /// [`Self::self_check`], counting the L2P pages walked on `meter` (the open's
+    /// last step).
+    pub(crate) fn self_check_metered(
+        &mut self,
+        meter: &mut Meter<'_>,
+    ) -> Result<(), SelfCheckError> {
+        match self.self_check_inner(meter) {
             Ok(r) => r,
             Err(e) => Err(SelfCheckError::RegionState {
                 region: RegionId(u32::MAX),
@@ -20,14 +30,17 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         }
     }
 
-    fn self_check_inner(&mut self) -> Result<Result<(), SelfCheckError>, EngineError> {
+    fn self_check_inner(
+        &mut self,
+        meter: &mut Meter<'_>,
+    ) -> Result<Result<(), SelfCheckError>, EngineError> {
         let mut seen = Validity::new(self.geo.pba_count());
         let mut mapped = vec![0u32; self.geo.region_count() as usize];
         let mut first_err = None;
         let geo = self.geo.clone();
         let validity = &self.regions.validity;
         self.l2p
-            .for_each_mapped(&mut self.cache, |volume, lba, pba| {
+            .for_each_mapped_metered(&mut self.cache, meter, |volume, lba, pba| {
                 if first_err.is_some() {
                     return;
                 }

@@ -9,7 +9,7 @@ mod common;
 use common::rig::{Rig, Side, Trigger, BS};
 use common::tiny_config;
 use shale_device::{CrashMode, TearUnit, WriteId};
-use shale_engine::{Config, Lba, Request, Tier, VolumeUid};
+use shale_engine::{Config, Lba, OpenEvent, OpenReport, Request, StepReport, Tier, VolumeUid};
 
 const V: VolumeUid = VolumeUid(1);
 
@@ -689,6 +689,228 @@ fn a_full_journal_forces_a_checkpoint() {
     r.write(3);
     r.crash(CrashMode::KeepRandomSubset { seed: 2 }, CrashMode::KeepAll);
     r.verify();
+}
+
+/// One progress event as a test keeps it.
+#[derive(Debug, Clone, PartialEq)]
+enum Seen {
+    Started(usize, Option<usize>, &'static str),
+    Advanced(&'static str, u64, u64, &'static str),
+    Finished(usize, StepReport),
+}
+
+fn record(seen: &mut Vec<Seen>) -> impl FnMut(&OpenEvent<'_>) + '_ {
+    move |e: &OpenEvent<'_>| {
+        seen.push(match *e {
+            OpenEvent::StepStarted { index, total, name } => Seen::Started(index, total, name),
+            OpenEvent::StepAdvanced {
+                name,
+                done,
+                total,
+                unit,
+            } => Seen::Advanced(name, done, total, unit),
+            OpenEvent::StepFinished { index, step } => Seen::Finished(index, step.clone()),
+        })
+    }
+}
+
+/// Checks an open's events against its report: every step started and finished in
+/// order, the step count known from the journal on, and each metered step's counts
+/// starting at 0, growing, and ending at their total. Returns each metered step's
+/// (name, unit, total).
+fn check_progress(seen: &[Seen], report: &OpenReport) -> Vec<(&'static str, &'static str, u64)> {
+    let n = report.steps.len();
+    let mut metered = Vec::new();
+    let mut i = 0;
+    for (index, step) in report.steps.iter().enumerate() {
+        let Some(Seen::Started(at, total, name)) = seen.get(i) else {
+            panic!(
+                "step {index} ({}) not started: {:?}",
+                step.name,
+                seen.get(i)
+            );
+        };
+        assert_eq!((*at, *name), (index, step.name), "{seen:?}");
+        // Superblock, label, checkpoint, volume table, journal: the count is not
+        // known before the journal says whether the open replays.
+        let want = if index < 5 { None } else { Some(n) };
+        assert_eq!(*total, want, "step {index} ({name})");
+        i += 1;
+        let mut counts = Vec::new();
+        while let Some(Seen::Advanced(s, done, total, unit)) = seen.get(i) {
+            assert_eq!(*s, step.name);
+            counts.push((*done, *total, *unit));
+            i += 1;
+        }
+        if let Some(&(_, total, unit)) = counts.first() {
+            assert_eq!(counts[0].0, 0, "{name}: {counts:?}");
+            assert!(counts.iter().all(|c| (c.1, c.2) == (total, unit)));
+            assert!(counts.windows(2).all(|w| w[0].0 < w[1].0), "{counts:?}");
+            assert_eq!(
+                counts.last().map(|c| c.0),
+                Some(total),
+                "{name}: {counts:?}"
+            );
+            assert!(counts.len() <= 102, "{name}: {} advances", counts.len());
+            metered.push((step.name, unit, total));
+        }
+        assert_eq!(
+            seen.get(i),
+            Some(&Seen::Finished(index, step.clone())),
+            "step {index} ({name})"
+        );
+        i += 1;
+    }
+    assert_eq!(
+        i,
+        seen.len(),
+        "events after the last step: {:?}",
+        &seen[i..]
+    );
+    metered
+}
+
+/// Progress: a clean open reports every step in order, with the L2P walks counted.
+#[test]
+fn a_clean_open_reports_its_steps_and_l2p_walks() {
+    let mut r = Rig::new(52);
+    for l in 0..600 {
+        r.write(l * 5);
+    }
+    let e = r.e.take().unwrap();
+    let (c, z) = e.shutdown().unwrap();
+    r.model.flushed();
+    let mut seen = Vec::new();
+    r.reopen_with_progress(
+        c.into_dev(),
+        z.into_inner().into_dev(),
+        &mut record(&mut seen),
+    )
+    .unwrap();
+    let report = r.e().open_report().clone();
+    assert!(report.clean);
+    let metered = check_progress(&seen, &report);
+    let names: Vec<_> = report.steps.iter().map(|s| s.name).collect();
+    assert_eq!(
+        names,
+        [
+            "superblock",
+            "capacity label",
+            "checkpoint",
+            "volume table",
+            "journal",
+            "L2P directories",
+            "census",
+            "resume",
+            "self-check"
+        ]
+    );
+    // 600 blocks spread over the volume's 3 L2P pages, all walked twice.
+    assert!(metered.contains(&("census", "L2P pages", 3)), "{metered:?}");
+    assert!(
+        metered.contains(&("self-check", "L2P pages", 3)),
+        "{metered:?}"
+    );
+    assert!(
+        metered
+            .iter()
+            .any(|m| m.0 == "checkpoint" && m.1 == "checkpoint blocks" && m.2 > 0),
+        "{metered:?}"
+    );
+    r.verify();
+}
+
+/// Progress: a recovery reports every step in order; the md scan counts exactly the
+/// md groups it reads, and the new checkpoint the dirty L2P pages it writes back.
+#[test]
+fn a_recovery_reports_its_steps_and_counts_its_long_loops() {
+    let mut r = Rig::new(53);
+    for l in 0..400 {
+        r.write(l * 7 % 3000);
+    }
+    r.flush();
+    for l in 0..300 {
+        r.write(l * 11 % 3000);
+    }
+    r.flush();
+    r.write(9);
+    let (c, z) = r.crash_devices(CrashMode::KeepAll, CrashMode::KeepAll);
+    let mut seen = Vec::new();
+    r.reopen_with_progress(c, z, &mut record(&mut seen))
+        .unwrap();
+    let report = r.e().open_report().clone();
+    assert!(!report.clean);
+    let metered = check_progress(&seen, &report);
+    let names: Vec<_> = report.steps.iter().map(|s| s.name).collect();
+    assert_eq!(
+        names,
+        [
+            "superblock",
+            "capacity label",
+            "checkpoint",
+            "volume table",
+            "journal",
+            "L2P directories",
+            "replay plan",
+            "md scan",
+            "resolve",
+            "census",
+            "regions",
+            "new checkpoint",
+            "self-check"
+        ]
+    );
+    let total = |name: &str| {
+        metered
+            .iter()
+            .find(|m| m.0 == name)
+            .map(|m| (m.1, m.2))
+            .unwrap_or_else(|| panic!("{name} not metered: {metered:?}"))
+    };
+    assert!(report.replay.md_groups_read > 0, "{:?}", report.replay);
+    assert_eq!(
+        total("md scan"),
+        ("md groups", report.replay.md_groups_read)
+    );
+    assert_eq!(total("resolve").0, "versions");
+    assert!(total("resolve").1 >= report.replay.entries_applied);
+    assert!(total("census").1 > 0);
+    assert!(total("new checkpoint").1 > 0, "{metered:?}");
+    assert_eq!(total("regions").0, "free zones");
+    r.verify();
+    // Without the self-check there is one step less, and the count says so.
+    let cfg = Config {
+        open_self_check: false,
+        ..r.config.clone()
+    };
+    r.config = cfg;
+    r.write(4);
+    r.flush();
+    let (c, z) = r.crash_devices(CrashMode::KeepAll, CrashMode::KeepAll);
+    let mut seen = Vec::new();
+    r.reopen_with_progress(c, z, &mut record(&mut seen))
+        .unwrap();
+    let report = r.e().open_report().clone();
+    assert_eq!(report.steps.len(), 12);
+    check_progress(&seen, &report);
+    r.verify();
+}
+
+/// Progress: a failing open stops at the step that failed, with no finish for it.
+#[test]
+fn a_failed_open_reports_no_finish_for_the_failing_step() {
+    let mut r = Rig::new(54);
+    r.write(1);
+    r.flush();
+    let (mut c, z) = r.crash_devices(CrashMode::KeepAll, CrashMode::KeepAll);
+    // Both superblock copies gone.
+    use shale_device::BlockDevice;
+    c.write_at(0, &vec![0xA5; 2 * BS as usize]).unwrap();
+    let mut seen = Vec::new();
+    assert!(r
+        .reopen_with_progress(c, z, &mut record(&mut seen))
+        .is_err());
+    assert_eq!(seen, vec![Seen::Started(0, None, "superblock")]);
 }
 
 /// Crashes with everything durable; returns the md copy holding the most entries of

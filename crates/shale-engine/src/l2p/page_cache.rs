@@ -7,6 +7,7 @@ use shale_format::{Lba, PageDesc, Pba, VolumeId, L2P_ENTRIES_PER_PAGE, L2P_SLOT_
 use super::deferred::{Deferred, LINK_NONE};
 use super::directory::{VolumeMap, DEFERRED_BIT, FRAME_NONE};
 use crate::layout::BS;
+use crate::recovery::Meter;
 use crate::EngineError;
 
 /// Dirty pages `write_back_all` has in flight at once.
@@ -749,13 +750,25 @@ impl L2p {
         Ok(true)
     }
 
+    /// [`Self::write_back_all_metered`] without a meter.
+    #[cfg(test)]
+    pub fn write_back_all<C: BlockDevice>(&mut self, dev: &mut C) -> Result<u64, EngineError> {
+        self.write_back_all_metered(dev, &mut Meter::off())
+    }
+
     /// Writes back every dirty page. Returns bytes written.
     ///
     /// With nothing else in flight on the device (a synchronous checkpoint drains it
     /// first), the pages go out as asynchronous writes, `WRITE_BACK_BATCH` at a time:
     /// a recovery or shutdown after many scattered writes has tens of thousands of
     /// them, and one synchronous write each would wait a device round trip apiece.
-    pub fn write_back_all<C: BlockDevice>(&mut self, dev: &mut C) -> Result<u64, EngineError> {
+    ///
+    /// `meter` counts the dirty pages as their writes complete.
+    pub fn write_back_all_metered<C: BlockDevice>(
+        &mut self,
+        dev: &mut C,
+        meter: &mut Meter<'_>,
+    ) -> Result<u64, EngineError> {
         // Callers drain the engine's I/O first: no asynchronous write-back is in flight
         // (a frame being written must not be written again).
         debug_assert_eq!(
@@ -766,10 +779,12 @@ impl L2p {
             .filter(|&f| self.frames[f as usize].is_dirty() && !self.frames[f as usize].wb_inflight)
             .collect();
         let mut n = 0;
+        meter.start(dirty.len() as u64);
         if dev.in_flight() != 0 {
             // Our completions would mix with the caller's: one at a time.
             for f in dirty {
                 n += self.write_back(dev, f)?;
+                meter.add(1);
             }
             return Ok(n);
         }
@@ -824,6 +839,7 @@ impl L2p {
             if let Some((off, e)) = first_error {
                 return Err(EngineError::cache("L2P page write", off)(e));
             }
+            meter.add(batch.len() as u64);
         }
         Ok(n)
     }
@@ -1001,8 +1017,30 @@ impl L2p {
     pub fn for_each_mapped<C: BlockDevice>(
         &mut self,
         dev: &mut C,
+        f: impl FnMut(VolumeId, Lba, Pba),
+    ) -> Result<(), EngineError> {
+        self.for_each_mapped_metered(dev, &mut Meter::off(), f)
+    }
+
+    /// [`Self::for_each_mapped`], counting the pages walked on `meter`.
+    pub fn for_each_mapped_metered<C: BlockDevice>(
+        &mut self,
+        dev: &mut C,
+        meter: &mut Meter<'_>,
         mut f: impl FnMut(VolumeId, Lba, Pba),
     ) -> Result<(), EngineError> {
+        // The pages the walk visits: cached, with deferred switches, or written back.
+        let pages: usize = self
+            .vols
+            .iter()
+            .flatten()
+            .map(|m| {
+                (0..m.dir.len())
+                    .filter(|&p| m.frame[p] != FRAME_NONE || m.dir[p].slot != L2P_SLOT_NONE)
+                    .count()
+            })
+            .sum();
+        meter.start(pages as u64);
         let mut buf = Box::new([0u32; EPP]);
         // (slot, volume, page, descriptor) of the pages to read.
         let mut to_read: Vec<(u32, usize, usize, PageDesc)> = Vec::new();
@@ -1015,6 +1053,7 @@ impl L2p {
                     Slot::Frame(fr) => {
                         decode(&self.frames[fr as usize].data, &mut buf);
                         emit(VolumeId(v as u32), p, m.size_blocks, &buf, &mut f);
+                        meter.add(1);
                     }
                     _ if m.dir[p].slot != L2P_SLOT_NONE => {
                         to_read.push((m.dir[p].slot, v, p, m.dir[p]));
@@ -1025,6 +1064,7 @@ impl L2p {
                         buf.fill(Pba::NONE.0);
                         self.deferred.for_each(head, |i, pba| buf[i as usize] = pba);
                         emit(VolumeId(v as u32), p, m.size_blocks, &buf, &mut f);
+                        meter.add(1);
                     }
                     Slot::Empty => {}
                 }
@@ -1075,6 +1115,7 @@ impl L2p {
                 }
                 let size = self.vols[v].as_ref().map_or(0, |m| m.size_blocks);
                 emit(VolumeId(v as u32), p, size, &buf, &mut f);
+                meter.add(1);
             }
             i = j;
         }

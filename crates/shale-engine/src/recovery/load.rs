@@ -9,7 +9,7 @@ use shale_format::{
     CapacityLabel, Checkpoint, FormatError, Superblock, VolumeTable, BLOCK_SIZE, LABEL_COPIES,
 };
 
-use super::OpenReport;
+use super::{Meter, OpenReport};
 use crate::layout::BS;
 use crate::{EngineError, OpenError};
 
@@ -94,35 +94,62 @@ pub(crate) fn checkpoint<C: BlockDevice>(
     sb: &Superblock,
     report: &mut OpenReport,
     bytes: &mut u64,
+    meter: &mut Meter<'_>,
 ) -> Result<(Checkpoint, u8), OpenError> {
     let named = sb.active_checkpoint;
-    let read = |cache: &mut C,
-                area: u8,
-                bytes: &mut u64|
-     -> Result<Result<Checkpoint, FormatError>, OpenError> {
+    let read_err = |off| move |e| OpenError::Engine(EngineError::cache("checkpoint read", off)(e));
+    // Both headers first: an unwritten area need not be read in full, and the two
+    // payloads are the step's total.
+    let header = |cache: &mut C, area: u8, bytes: &mut u64| -> Result<Area, OpenError> {
         let off = sb.layout.checkpoint_start(area) * BS;
-        let mut cb = vec![0u8; sb.layout.checkpoint_blocks as usize * BLOCK_SIZE];
-        // Read the header first: an unwritten area need not be read in full.
-        cache
-            .read_at(off, &mut cb[..BLOCK_SIZE])
-            .map_err(|e| OpenError::Engine(EngineError::cache("checkpoint read", off)(e)))?;
+        let mut head = vec![0u8; BLOCK_SIZE];
+        cache.read_at(off, &mut head).map_err(read_err(off))?;
         *bytes += BS;
-        let payload_blocks = match shale_format::CheckpointHeader::decode(&cb[..BLOCK_SIZE], off) {
-            Ok(h) => h
-                .payload_bytes
+        let payload_blocks = shale_format::CheckpointHeader::decode(&head, off).map(|h| {
+            h.payload_bytes
                 .div_ceil(BS)
-                .min(u64::from(sb.layout.checkpoint_blocks) - 1),
+                .min(u64::from(sb.layout.checkpoint_blocks) - 1)
+        });
+        Ok(Area {
+            off,
+            head,
+            payload_blocks,
+        })
+    };
+    let read = |cache: &mut C,
+                area: Area,
+                bytes: &mut u64,
+                meter: &mut Meter<'_>|
+     -> Result<Result<Checkpoint, FormatError>, OpenError> {
+        let payload_blocks = match area.payload_blocks {
+            Ok(n) => n,
             Err(e) => return Ok(Err(e)),
         };
         let end = (1 + payload_blocks as usize) * BLOCK_SIZE;
-        cache
-            .read_at(off + BS, &mut cb[BLOCK_SIZE..end])
-            .map_err(|e| OpenError::Engine(EngineError::cache("checkpoint read", off)(e)))?;
+        let mut cb = vec![0u8; end];
+        cb[..BLOCK_SIZE].copy_from_slice(&area.head);
+        // In pieces, so that the L2P directories of a large pool show progress.
+        for (i, piece) in cb[BLOCK_SIZE..]
+            .chunks_mut(CHECKPOINT_READ_PIECE_BYTES)
+            .enumerate()
+        {
+            let off = area.off + BS + (i * CHECKPOINT_READ_PIECE_BYTES) as u64;
+            cache.read_at(off, piece).map_err(read_err(off))?;
+            meter.add((piece.len() / BLOCK_SIZE) as u64);
+        }
         *bytes += payload_blocks * BS;
-        Ok(decode_area(&cb[..end], off))
+        Ok(decode_area(&cb, area.off))
     };
-    let a = read(cache, named, bytes)?;
-    let b = read(cache, 1 - named, bytes)?;
+    let a = header(cache, named, bytes)?;
+    let b = header(cache, 1 - named, bytes)?;
+    meter.start(
+        [&a, &b]
+            .iter()
+            .map(|x| x.payload_blocks.as_ref().map_or(0, |&n| n))
+            .sum(),
+    );
+    let a = read(cache, a, bytes, meter)?;
+    let b = read(cache, b, bytes, meter)?;
     match (a, b) {
         (Ok(x), Ok(y)) if y.header.generation > x.header.generation => {
             report.warn(format!(
@@ -147,6 +174,16 @@ pub(crate) fn checkpoint<C: BlockDevice>(
             source,
         }),
     }
+}
+
+/// Bytes of a checkpoint area read at once (the area is megabytes at TiB scale).
+const CHECKPOINT_READ_PIECE_BYTES: usize = 1 << 20;
+
+/// A checkpoint area's header block and how many payload blocks follow it.
+struct Area {
+    off: u64,
+    head: Vec<u8>,
+    payload_blocks: Result<u64, FormatError>,
 }
 
 /// Decodes a checkpoint area read up to the end of its payload's last block. That

@@ -4,19 +4,23 @@
 //! L2P directories; after a clean shutdown then census and resume; after a crash
 //! (dirty) replay plan, md scan, resolve, census, regions and a new checkpoint; both
 //! end with the self-check. Each step logs its name, duration and the bytes it read
-//! (tracing), and a progress bar shows them when stderr is a terminal.
+//! (tracing), and reports its start, its progress through long loops and its end to
+//! the caller's [`OpenProgress`] (`progress`; the CLI draws them on a terminal).
 //!
 //! - `load`: the superblock, label, checkpoint and volume table copies, choosing the
 //!   valid copies and reporting the others;
 //! - `journal_scan`: the journal entries written since the checkpoint;
+//! - `progress`: the events a caller sees while the open runs, sent at a bounded rate;
 //! - `replay`: which regions to scan and how far, the md scan, conflict resolution
 //!   with the SID rules, and applying the result to the L2P.
 
 pub(crate) mod journal_scan;
 pub(crate) mod load;
+pub(crate) mod progress;
 pub(crate) mod replay;
 
-use std::io::IsTerminal;
+pub(crate) use progress::Meter;
+pub use progress::{NoProgress, OpenEvent, OpenProgress};
 
 use crate::Clock;
 
@@ -82,44 +86,47 @@ impl OpenReport {
     }
 }
 
-/// Times the steps with the engine clock, logs them and drives the progress bar.
-pub(crate) struct Steps {
-    bar: Option<indicatif::ProgressBar>,
+/// Times the steps with the engine clock, logs them and reports them to the caller's
+/// [`OpenProgress`].
+pub(crate) struct Steps<'p> {
+    progress: &'p mut dyn OpenProgress,
+    /// Index of the step running (or next to run).
+    index: usize,
+    /// Unknown until the journal says whether the open replays.
+    total: Option<usize>,
     started: u64,
     name: &'static str,
 }
 
-impl Steps {
-    pub fn new(total: u64) -> Steps {
-        let bar = std::io::stderr().is_terminal().then(|| {
-            let b = indicatif::ProgressBar::new(total);
-            if let Ok(style) = indicatif::ProgressStyle::with_template(
-                "{spinner} open [{bar:24}] {pos}/{len} {msg} ({elapsed})",
-            ) {
-                b.set_style(style.progress_chars("=> "));
-            }
-            b
-        });
+impl<'p> Steps<'p> {
+    pub fn new(progress: &'p mut dyn OpenProgress) -> Steps<'p> {
         Steps {
-            bar,
+            progress,
+            index: 0,
+            total: None,
             started: 0,
             name: "",
         }
     }
 
-    /// The number of steps changed once the open knew whether it must replay.
-    pub fn set_total(&self, total: u64) {
-        if let Some(b) = &self.bar {
-            b.set_length(total);
-        }
+    /// The number of steps, once the open knows whether it must replay.
+    pub fn set_total(&mut self, total: usize) {
+        self.total = Some(total);
     }
 
     pub fn begin<K: Clock>(&mut self, clock: &K, name: &'static str) {
         self.name = name;
         self.started = clock.now_ns();
-        if let Some(b) = &self.bar {
-            b.set_message(name);
-        }
+        self.progress.event(&OpenEvent::StepStarted {
+            index: self.index,
+            total: self.total,
+            name,
+        });
+    }
+
+    /// Counts the running step's units (`unit` names them, plural).
+    pub fn meter(&mut self, unit: &'static str) -> Meter<'_> {
+        Meter::new(&mut *self.progress, self.name, unit)
     }
 
     pub fn end<K: Clock>(
@@ -143,14 +150,12 @@ impl Steps {
             bytes_read,
             detail,
         });
-        if let Some(b) = &self.bar {
-            b.inc(1);
+        if let Some(step) = report.steps.last() {
+            self.progress.event(&OpenEvent::StepFinished {
+                index: self.index,
+                step,
+            });
         }
-    }
-
-    pub fn finish(&self) {
-        if let Some(b) = &self.bar {
-            b.finish_and_clear();
-        }
+        self.index += 1;
     }
 }

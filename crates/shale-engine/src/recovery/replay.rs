@@ -38,7 +38,7 @@ use shale_format::{
     L2P_ENTRIES_PER_PAGE,
 };
 
-use super::ReplayCounts;
+use super::{Meter, ReplayCounts};
 use crate::layout::{Groups, BS};
 use crate::{Clock, Engine, EngineError, OpenError, RecoveryError};
 
@@ -236,17 +236,40 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         &mut self,
         rp: &mut Replay,
         warnings: &mut Vec<String>,
+        meter: &mut Meter<'_>,
     ) -> Result<u64, OpenError> {
         let mut bytes = 0;
-        let ids: Vec<u32> = rp.plans.keys().copied().collect();
+        // Each region's scan end and md groups first, so progress has its total.
+        let mut scans = Vec::with_capacity(rp.plans.len());
+        for (&id, p) in &rp.plans {
+            let r = RegionId(id);
+            let end = self.scan_end(r, p)?;
+            let groups = Groups {
+                blocks: self.geo.region_blocks(r),
+            };
+            let n = if end <= p.start {
+                0
+            } else {
+                let (g0, _) = groups.locate(p.start);
+                (g0..groups.count())
+                    .take_while(|&g| groups.start(g) < end)
+                    .count() as u64
+            };
+            scans.push((id, end, n));
+        }
+        meter.start(scans.iter().map(|s| s.2).sum());
         let mut found: Vec<(u64, Key, Pba)> = Vec::new();
-        for id in ids {
+        for (id, end, groups) in scans {
             let r = RegionId(id);
             let Some(mut p) = rp.plans.get(&id).cloned() else {
                 continue;
             };
             found.clear();
-            bytes += self.scan_region(r, &mut p, &mut found, &mut rp.counts, warnings)?;
+            let read0 = rp.counts.md_groups_read;
+            bytes +=
+                self.scan_region(r, &mut p, end, &mut found, &mut rp.counts, warnings, meter)?;
+            // A reused region's scan stops early: the groups it skipped are done too.
+            meter.add(groups.saturating_sub(rp.counts.md_groups_read - read0));
             if p.reused {
                 rp.counts.entries_ignored += found.len() as u64;
             } else {
@@ -265,21 +288,14 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         Ok(bytes)
     }
 
-    /// Scans one region's md from the plan's start to its claimed end.
-    fn scan_region(
-        &mut self,
-        r: RegionId,
-        p: &mut RegionPlan,
-        found: &mut Vec<(u64, Key, Pba)>,
-        counts: &mut ReplayCounts,
-        warnings: &mut Vec<String>,
-    ) -> Result<u64, OpenError> {
-        let chunk = self.geo.is_chunk(r);
+    /// Where the scan of region `r` ends: its claimed end, for a zone also the
+    /// device's write pointer.
+    fn scan_end(&self, r: RegionId, p: &RegionPlan) -> Result<u32, OpenError> {
         let groups = Groups {
             blocks: self.geo.region_blocks(r),
         };
         let mut end = p.claimed.min(groups.end());
-        if !chunk {
+        if !self.geo.is_chunk(r) {
             let z = self.geo.zone_of(r).0;
             let info = self
                 .capacity
@@ -293,6 +309,26 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             };
             end = end.min(wp);
         }
+        Ok(end)
+    }
+
+    /// Scans one region's md from the plan's start to `end` ([`Self::scan_end`]),
+    /// counting the md groups read on `meter`.
+    #[allow(clippy::too_many_arguments)]
+    fn scan_region(
+        &mut self,
+        r: RegionId,
+        p: &mut RegionPlan,
+        end: u32,
+        found: &mut Vec<(u64, Key, Pba)>,
+        counts: &mut ReplayCounts,
+        warnings: &mut Vec<String>,
+        meter: &mut Meter<'_>,
+    ) -> Result<u64, OpenError> {
+        let chunk = self.geo.is_chunk(r);
+        let groups = Groups {
+            blocks: self.geo.region_blocks(r),
+        };
         if end <= p.start {
             return Ok(0);
         }
@@ -315,6 +351,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             let at = self.read_region(r, md_slot, &mut two)?;
             bytes += 2 * BS;
             counts.md_groups_read += 1;
+            meter.add(1);
             let copies = [
                 md_copy(&two[..BLOCK_SIZE], at, r, g, kind),
                 md_copy(&two[BLOCK_SIZE..], at + BS, r, g, kind),
@@ -437,13 +474,20 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     }
 
     /// Applies trims, then the winning versions, to the L2P. Returns the L2P bytes read.
-    pub(crate) fn apply_replay(&mut self, rp: &mut Replay) -> Result<u64, OpenError> {
+    /// Counts trims and versions on `meter`.
+    pub(crate) fn apply_replay(
+        &mut self,
+        rp: &mut Replay,
+        meter: &mut Meter<'_>,
+    ) -> Result<u64, OpenError> {
         let reads0 = self.l2p.counters.page_reads;
         // Later trims paint over earlier ones: per volume, disjoint ranges with the key
         // of the last trim covering them.
         let mut painted: Vec<BTreeMap<u64, (u64, Key)>> =
             vec![BTreeMap::new(); self.volumes.volumes_max as usize];
+        meter.start((rp.trims.len() + rp.overlay.len()) as u64);
         for t in &rp.trims {
+            meter.add(1);
             let Some(size) = self.l2p.volume_size(t.volume) else {
                 continue;
             };
@@ -464,6 +508,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             .collect();
         entries.sort_unstable_by_key(|e| e.0);
         for (k, key, pba) in entries {
+            meter.add(1);
             let (v, lba) = unpack(k);
             let trimmed = painted
                 .get(v.0 as usize)
@@ -557,10 +602,13 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
 
     /// Zones recorded Free must be empty on the device: writes to a zone whose opening
     /// was never made durable are discarded. Returns how many zones were reset.
-    pub(crate) fn reset_stray_zones(&mut self) -> Result<u64, OpenError> {
+    /// Counts the free zones checked on `meter`.
+    pub(crate) fn reset_stray_zones(&mut self, meter: &mut Meter<'_>) -> Result<u64, OpenError> {
         let mut n = 0;
         let free: Vec<RegionId> = self.regions.free_zones.iter().copied().collect();
+        meter.start(free.len() as u64);
         for r in free {
+            meter.add(1);
             let z = self.geo.zone_of(r).0;
             let info = self
                 .capacity

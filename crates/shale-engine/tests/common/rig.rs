@@ -11,7 +11,8 @@ use shale_device::{
     IoOp, IoOpKind, IoRequest, ZoneEmu, ZoneEmuConfig,
 };
 use shale_engine::{
-    Config, Engine, EngineError, ManualClock, OpenError, Reply, Request, VolumeUid,
+    Config, Engine, EngineError, ManualClock, NoProgress, OpenError, OpenProgress, Reply, Request,
+    VolumeUid,
 };
 use shale_format::{CacheLayout, Superblock};
 
@@ -466,6 +467,40 @@ impl Rig {
         cache_mode: CrashMode,
         cap_mode: CrashMode,
     ) -> Result<(), OpenError> {
+        let (cache, inner) = self.crash_devices(cache_mode, cap_mode);
+        self.reopen(cache, inner)
+    }
+
+    pub fn reopen(&mut self, cache: FaultDevice, inner: FaultDevice) -> Result<(), OpenError> {
+        self.reopen_with_progress(cache, inner, &mut NoProgress)
+    }
+
+    /// [`Rig::reopen`], reporting the open's steps to `progress`.
+    pub fn reopen_with_progress(
+        &mut self,
+        cache: FaultDevice,
+        inner: FaultDevice,
+        progress: &mut dyn OpenProgress,
+    ) -> Result<(), OpenError> {
+        let cap = ZoneEmu::open(Powered::new(inner, Side::Capacity, self.sw.clone())).unwrap();
+        let cache = Powered::new(cache, Side::Cache, self.sw.clone());
+        let e = Engine::open_with_progress(
+            cache,
+            cap,
+            ManualClock::new(),
+            self.config.clone(),
+            progress,
+        )?;
+        self.e = Some(e);
+        Ok(())
+    }
+
+    /// Takes the devices as they are after a crash (power off first), for a reopen.
+    pub fn crash_devices(
+        &mut self,
+        cache_mode: CrashMode,
+        cap_mode: CrashMode,
+    ) -> (FaultDevice, FaultDevice) {
         self.sw.cut();
         if let Some(e) = self.e.take() {
             drop(e.abandon());
@@ -473,15 +508,7 @@ impl Rig {
         let (_, cache) = self.cache_ctl.crash(&cache_mode).unwrap();
         let (_, inner) = self.cap_ctl.crash(&cap_mode).unwrap();
         self.sw.restore();
-        self.reopen(cache, inner)
-    }
-
-    pub fn reopen(&mut self, cache: FaultDevice, inner: FaultDevice) -> Result<(), OpenError> {
-        let cap = ZoneEmu::open(Powered::new(inner, Side::Capacity, self.sw.clone())).unwrap();
-        let cache = Powered::new(cache, Side::Cache, self.sw.clone());
-        let e = Engine::open(cache, cap, ManualClock::new(), self.config.clone())?;
-        self.e = Some(e);
-        Ok(())
+        (cache, inner)
     }
 
     /// Opens the devices parked by a test.
