@@ -21,6 +21,7 @@ const SYSTEM_TOOLS: &[(&str, &str)] = &[
     ("nbdfuse", "nbdfuse"),
     ("fio", "fio"),
     ("openssl", "openssl"),
+    ("tmux", "tmux"),
 ];
 
 fn main() -> ExitCode {
