@@ -22,6 +22,7 @@ const SYSTEM_TOOLS: &[(&str, &str)] = &[
     ("fio", "fio"),
     ("openssl", "openssl"),
     ("script", "bsdutils"),
+    ("tmux", "tmux"),
 ];
 
 fn main() -> ExitCode {

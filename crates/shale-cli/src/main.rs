@@ -6,6 +6,7 @@ mod check;
 mod logging;
 mod progress;
 mod serve;
+mod top;
 mod volume;
 
 use std::process::ExitCode;
@@ -34,6 +35,9 @@ enum Command {
     Volume(volume::VolumeArgs),
     /// Statistics of a running daemon.
     Stats(volume::AdminArgs),
+    /// A live view of a running daemon: pool fill, compaction and GC, and each
+    /// volume's IOPS, throughput, WAF and latency ('q' quits).
+    Top(top::TopArgs),
     /// Run benchmarks against Shale and its baselines on simulated drives.
     Bench(bench::BenchArgs),
     /// Verify a cache and capacity device pair offline (never writes to them).
@@ -47,6 +51,7 @@ fn main() -> ExitCode {
         Command::Format(args) => serve::format(args),
         Command::Volume(args) => volume::volume(args),
         Command::Stats(args) => volume::stats(args),
+        Command::Top(args) => top::main(args),
         Command::Bench(args) => bench::main(args),
         Command::Check(args) => check::main(args),
     };

@@ -7,14 +7,32 @@ use clap::{Args, Subcommand};
 use shale_daemon::admin::{call, AdminRequest};
 use shale_workload::{format_size, parse_size};
 
+/// Where the daemon's admin socket is (shared by `volume`, `stats` and `top`).
 #[derive(Debug, Args)]
-pub struct AdminArgs {
+pub struct SocketArgs {
     /// The daemon's admin socket [default: DATA_DIR/admin.sock]
     #[arg(long, global = true)]
     pub admin_socket: Option<PathBuf>,
     /// The daemon's data directory [default: ./shale-data]
     #[arg(long, global = true)]
     pub data_dir: Option<PathBuf>,
+}
+
+impl SocketArgs {
+    pub fn socket(&self) -> PathBuf {
+        self.admin_socket.clone().unwrap_or_else(|| {
+            self.data_dir
+                .clone()
+                .unwrap_or_else(|| PathBuf::from("./shale-data"))
+                .join("admin.sock")
+        })
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct AdminArgs {
+    #[command(flatten)]
+    pub socket: SocketArgs,
     /// Print JSON
     #[arg(long, global = true)]
     pub json: bool,
@@ -22,12 +40,7 @@ pub struct AdminArgs {
 
 impl AdminArgs {
     fn socket(&self) -> PathBuf {
-        self.admin_socket.clone().unwrap_or_else(|| {
-            self.data_dir
-                .clone()
-                .unwrap_or_else(|| PathBuf::from("./shale-data"))
-                .join("admin.sock")
-        })
+        self.socket.socket()
     }
 }
 
