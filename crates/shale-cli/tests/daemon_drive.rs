@@ -144,6 +144,29 @@ fn qlc_drive_counters_in_stats_and_metrics() {
         sample(&text, &format!("{name}{preset}"));
     }
 
+    // Per-volume series, labelled `volume`, agree with the `volumes` array.
+    assert_eq!(sample(&text, "shale_engine_up"), 1.0, "{text}");
+    let vol = "{volume=\"default\"}";
+    let written = sample(
+        &text,
+        &format!("shale_volume_user_written_bytes_total{vol}"),
+    );
+    let v = &s["volumes"][0];
+    assert_eq!(v["name"], "default", "{s}");
+    assert!(
+        written >= num(v, &["bytes", "user_written"]) && written > 0.0,
+        "{text}"
+    );
+    assert!(num(v, &["bytes", "capacity_written"]) > 0.0, "{s}");
+    assert!(num(v, &["waf", "layer"]) > 0.0, "{s}");
+    assert!(num(v, &["latency_us", "write", "count"]) > 0.0, "{s}");
+    assert!(
+        text.contains(
+            "shale_volume_latency_seconds{volume=\"default\",op=\"write\",quantile=\"0.99\"}"
+        ),
+        "{text}"
+    );
+
     // The human form prints the nested section readably.
     let human = d.admin(&["stats"]);
     assert!(human.contains("\ndrive:\n"), "{human}");

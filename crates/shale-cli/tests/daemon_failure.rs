@@ -124,8 +124,29 @@ fn a_capacity_filesystem_running_out_of_space_fails_loudly_and_recovers() {
         "--io_size=4g",
         "--iodepth=32",
     ]));
+    // Until it exits, the daemon says why its engine stopped.
     let failed_at = Instant::now();
-    let status = d.wait_exit(Duration::from_secs(300));
+    let mut seen_down = None;
+    while !d.has_exited() {
+        let o = output(
+            shale()
+                .args(["stats", "--json", "--data-dir"])
+                .arg(d.data_dir()),
+        );
+        if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&o.stdout) {
+            if v["engine"]["up"] == false {
+                seen_down = Some(v);
+                break;
+            }
+        }
+        assert!(
+            failed_at.elapsed() < Duration::from_secs(300),
+            "no engine failure: {}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let status = d.wait_exit(Duration::from_secs(30));
     assert!(
         !status.success(),
         "the daemon exited 0 after its engine failed"
@@ -134,6 +155,13 @@ fn a_capacity_filesystem_running_out_of_space_fails_loudly_and_recovers() {
     assert!(
         log.contains("No space left on device") && log.contains("engine failed"),
         "the cause is not in the log: {log}"
+    );
+    let down = seen_down.expect("stats never showed the engine down before the exit");
+    assert!(
+        down["engine"]["failure"]
+            .as_str()
+            .is_some_and(|f| f.contains("No space left on device")),
+        "{down}"
     );
     assert_eq!(
         log.matches("engine failed; every request fails").count(),

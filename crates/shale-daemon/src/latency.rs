@@ -2,18 +2,20 @@
 //! a fixed log-linear histogram of atomic counters: recorded from the engine thread's
 //! completions without a lock, read by stats and metrics at any time.
 //!
-//! Buckets: four per power of two from 1 µs to about 68 s (each bucket's upper bound
-//! at most 19% above its lower), plus one for anything longer. Quantiles are reported
-//! as the upper bound of the bucket they fall in, so they never understate.
+//! Buckets: one per µs below 4 µs, then four per power of two up to about 67 s (a
+//! bucket's largest value at most 25% above its smallest), plus one for anything
+//! longer. Quantiles are reported as the largest value of the bucket they fall in, so
+//! they never understate.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 /// Sub-buckets per power of two.
 const SUB: u32 = 4;
-/// Powers of two covered: 2^0 .. 2^26 µs (about 67 s).
+/// Powers of two covered: below 2^2 µs one bucket per µs, then 2^2 .. 2^26 µs (about
+/// 67 s) in `SUB` buckets each.
 const POWERS: u32 = 26;
-const BUCKETS: usize = (POWERS * SUB) as usize + 1;
+const BUCKETS: usize = (SUB + (POWERS - 2) * SUB) as usize + 1;
 
 /// One histogram (e.g. a volume's reads).
 #[derive(Debug)]
@@ -31,29 +33,31 @@ impl Default for Histogram {
     }
 }
 
-/// Upper bound in µs of bucket `i` (the last one is open-ended: `u64::MAX`).
+/// The largest µs value bucket `i` holds (the last one is open-ended: `u64::MAX`).
 fn upper_us(i: usize) -> u64 {
-    if i >= BUCKETS - 1 {
+    let i = i as u32;
+    if i < SUB {
+        return u64::from(i);
+    }
+    if i as usize >= BUCKETS - 1 {
         return u64::MAX;
     }
-    let power = i as u32 / SUB;
-    let sub = u64::from(i as u32 % SUB);
-    let base = 1u64 << power;
-    // Sub-bucket k of [2^p, 2^(p+1)) ends at 2^p + (k+1) * 2^p / SUB.
-    base + ((sub + 1) * base).div_ceil(u64::from(SUB))
+    let power = (i - SUB) / SUB + 2;
+    let sub = u64::from((i - SUB) % SUB);
+    // Sub-bucket k of [2^p, 2^(p+1)) holds 2^p + k * 2^(p-2) ..= 2^p + (k+1) * 2^(p-2) - 1.
+    (1u64 << power) + (sub + 1) * (1u64 << (power - 2)) - 1
 }
 
 fn bucket(us: u64) -> usize {
-    if us < 1 {
-        return 0;
+    if us < u64::from(SUB) {
+        return us as usize;
     }
     let power = 63 - us.leading_zeros();
     if power >= POWERS {
         return BUCKETS - 1;
     }
-    let base = 1u64 << power;
-    let sub = ((us - base) * u64::from(SUB) / base) as usize;
-    (power * SUB) as usize + sub
+    let sub = ((us - (1u64 << power)) >> (power - 2)) as u32;
+    (SUB + (power - 2) * SUB + sub) as usize
 }
 
 impl Histogram {
@@ -140,7 +144,7 @@ mod tests {
         let mut last = 0;
         for i in 0..BUCKETS - 1 {
             let u = upper_us(i);
-            assert!(u > last, "bucket {i}: {u} after {last}");
+            assert!(i == 0 || u > last, "bucket {i}: {u} after {last}");
             last = u;
         }
         for us in [

@@ -275,6 +275,13 @@ impl Daemon {
         assert!(self.log().contains("clean shutdown"), "{}", self.log());
     }
 
+    /// True once the daemon process has exited (its status is kept for `wait_exit`).
+    pub fn has_exited(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_none_or(|c| matches!(c.try_wait(), Ok(Some(_))))
+    }
+
     /// Waits (bounded) for the daemon to exit on its own, and returns how it exited.
     pub fn wait_exit(&mut self, limit: Duration) -> std::process::ExitStatus {
         let mut c = self.child.take().expect("daemon not running");
