@@ -577,6 +577,14 @@ impl Daemon {
                 addr: config.metrics.listen.clone(),
                 source,
             })?;
+            // The bound address, so port 0 is usable.
+            tracing::info!(addr = %server.local_addr(), "serving Prometheus metrics");
+            if !server.local_addr().ip().is_loopback() {
+                tracing::warn!(
+                    addr = %server.local_addr(),
+                    "the metrics endpoint is reachable beyond this host: it shows volume names, sizes and traffic"
+                );
+            }
             daemon.metrics = Some(server);
         }
         Ok(daemon)
