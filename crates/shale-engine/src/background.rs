@@ -8,7 +8,6 @@
 //! pages per iteration (`checkpoint.rs`).
 
 use shale_device::{BlockDevice, ZonedDevice};
-use shale_format::RegionRole;
 
 use crate::{Clock, Engine, EngineError};
 
@@ -17,17 +16,18 @@ const PENDING_FREE_BATCH: usize = 4;
 
 impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     pub(crate) fn compaction_threshold(&self) -> usize {
-        ((self.geo.chunk_count as usize * self.config.compaction_free_chunks_pct as usize)
+        ((self.core.geo.chunk_count as usize
+            * self.core.config.compaction_free_chunks_pct as usize)
             .div_ceil(100))
         .max(1)
     }
 
     pub(crate) fn gc_threshold(&self) -> usize {
-        (self.config.gc_free_zones_min as usize).max(self.gc_reserve() + 1)
+        (self.core.config.gc_free_zones_min as usize).max(self.gc.gc_reserve() + 1)
     }
 
     fn steps_for(&self, free: usize, threshold: usize, urgent: bool) -> u32 {
-        let max = self.config.background_steps_per_poll_max;
+        let max = self.core.config.background_steps_per_poll_max;
         if urgent || free == 0 {
             max
         } else if free < threshold {
@@ -40,35 +40,41 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     /// PendingFree chunks and zones: space the next durability point makes free.
     fn pending_counts(&self) -> (usize, usize) {
         let chunks = self
+            .core
             .regions
             .pending_free
             .iter()
-            .filter(|&&r| self.geo.is_chunk(r))
+            .filter(|&&r| self.core.geo.is_chunk(r))
             .count();
-        (chunks, self.regions.pending_free.len() - chunks)
+        (chunks, self.core.regions.pending_free.len() - chunks)
     }
 
     pub(crate) fn background(&mut self) -> Result<bool, EngineError> {
         let mut progress = false;
-        let blocked = self.compaction_zone_blocked;
-        self.compaction_zone_blocked = false;
+        let blocked = self.compaction.zone_blocked;
+        self.compaction.zone_blocked = false;
 
         // Pacing counts PendingFree regions as free: the next durability point frees
         // them, and running the movers ahead for them would only cost spare space.
         let (pending_chunks, pending_zones) = self.pending_counts();
-        let free_zones = self.regions.free_zones.len() + pending_zones;
+        let free_zones = self.core.regions.free_zones.len() + pending_zones;
         let gc_steps = self.steps_for(free_zones, self.gc_threshold(), blocked);
         for _ in 0..gc_steps {
-            if !self.mover_step(RegionRole::Gc)? {
+            if !self.gc.step(&mut self.core, 0)? {
                 break;
             }
             progress = true;
         }
 
-        let free_chunks = self.regions.free_chunks.len() + pending_chunks;
-        let steps = self.steps_for(free_chunks, self.compaction_threshold(), self.user_blocked);
+        let free_chunks = self.core.regions.free_chunks.len() + pending_chunks;
+        let steps = self.steps_for(
+            free_chunks,
+            self.compaction_threshold(),
+            self.health.user_blocked,
+        );
         for _ in 0..steps {
-            if !self.mover_step(RegionRole::Compaction)? {
+            let (mover, core, floor) = self.mover_with_core(false);
+            if !mover.step(core, floor)? {
                 break;
             }
             progress = true;
@@ -79,16 +85,18 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         // space is about to run out, or when the batch is large.
         let (pending_chunks, pending_zones) = self.pending_counts();
         let chunks_short = pending_chunks > 0
-            && (self.user_blocked
-                || self.regions.free_chunks.len() < self.compaction_threshold().div_ceil(4).max(2));
+            && (self.health.user_blocked
+                || self.core.regions.free_chunks.len()
+                    < self.compaction_threshold().div_ceil(4).max(2));
         let zones_short = pending_zones > 0
             && (blocked
-                || self.compaction_zone_blocked
-                || self.regions.free_zones.len() <= self.gc_reserve() + 1);
+                || self.compaction.zone_blocked
+                || self.core.regions.free_zones.len() <= self.gc.gc_reserve() + 1);
         let batch_full = pending_chunks
-            >= (self.geo.chunk_count as usize / 8).max(PENDING_FREE_BATCH)
-            || pending_zones >= (self.geo.zone_count as usize / 64).clamp(PENDING_FREE_BATCH, 64);
-        if chunks_short || zones_short || batch_full || self.journal.pending_large() {
+            >= (self.core.geo.chunk_count as usize / 8).max(PENDING_FREE_BATCH)
+            || pending_zones
+                >= (self.core.geo.zone_count as usize / 64).clamp(PENDING_FREE_BATCH, 64);
+        if chunks_short || zones_short || batch_full || self.core.journal.pending_large() {
             self.durability_point()?;
             progress = true;
         }
@@ -102,10 +110,11 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
 
     /// Breaks a stall: pads every partial batch and makes freed space reusable.
     pub(crate) fn force_background(&mut self) -> Result<bool, EngineError> {
-        let mut progress = self.pad_streams(RegionRole::Gc)?;
-        progress |= self.pad_streams(RegionRole::Compaction)?;
+        let mut progress = self.gc.pad_streams(&mut self.core, 0)?;
+        let (mover, core, floor) = self.mover_with_core(false);
+        progress |= mover.pad_streams(core, floor)?;
         self.drain_io()?;
-        if !self.regions.pending_free.is_empty() {
+        if !self.core.regions.pending_free.is_empty() {
             self.durability_point()?;
             progress = true;
         }

@@ -347,27 +347,27 @@ fn opened_state<C: BlockDevice, Z: ZonedDevice>(
     if let Err(err) = e.self_check() {
         rep.add(Severity::Error, "self-check", err.to_string());
     }
-    rep.counts.l2p_pages = e.l2p.counters.page_reads;
+    rep.counts.l2p_pages = e.core.l2p.counters.page_reads;
 
     // md of every region in use.
     let mut md_problems = 0usize;
-    for i in 0..e.geo.region_count() {
+    for i in 0..e.core.geo.region_count() {
         let r = RegionId(i);
-        let reg = e.regions.get(r).clone();
+        let reg = e.core.regions.get(r).clone();
         if !matches!(reg.state, RegionState::Open | RegionState::Closed) {
             continue;
         }
         rep.counts.regions_in_use += 1;
-        let chunk = e.geo.is_chunk(r);
+        let chunk = e.core.geo.is_chunk(r);
         let groups = Groups {
-            blocks: e.geo.region_blocks(r),
+            blocks: e.core.geo.region_blocks(r),
         };
         // Zones: only what the device holds; chunks: the groups written (a closed
         // chunk is full, except the remainder left by a recovery or a resume).
         let end = if chunk {
             reg.wp.min(groups.end())
         } else {
-            let z = e.geo.zone_of(r).0 as usize;
+            let z = e.core.geo.zone_of(r).0 as usize;
             raw_zones.get(z).map_or(0, |zi| match zi.state {
                 ZoneState::Full => groups.end(),
                 _ => ((zi.write_pointer - zi.start) / BS) as u32,
@@ -383,15 +383,21 @@ fn opened_state<C: BlockDevice, Z: ZonedDevice>(
             let mut two = vec![0u8; 2 * BLOCK_SIZE];
             let md_slot = groups.md_slot(g);
             let (res, at) = if chunk {
-                let off = e.geo.chunk_offset(r, md_slot);
+                let off = e.core.geo.chunk_offset(r, md_slot);
                 (
-                    e.cache.read_at(off, &mut two).map_err(|x| x.to_string()),
+                    e.core
+                        .cache
+                        .read_at(off, &mut two)
+                        .map_err(|x| x.to_string()),
                     off,
                 )
             } else {
-                let off = e.geo.zone_offset(r, md_slot);
+                let off = e.core.geo.zone_offset(r, md_slot);
                 (
-                    e.capacity.read_at(off, &mut two).map_err(|x| x.to_string()),
+                    e.core
+                        .capacity
+                        .read_at(off, &mut two)
+                        .map_err(|x| x.to_string()),
                     off,
                 )
             };
@@ -440,8 +446,12 @@ fn opened_state<C: BlockDevice, Z: ZonedDevice>(
             if current == 0 {
                 // A chunk group not written since the region opened (a remainder) has
                 // no md of its life; that is only a problem if something maps into it.
-                let mapped = (0..groups.data_slots(g))
-                    .any(|s| e.regions.validity.get(e.geo.pba(r, groups.start(g) + s)));
+                let mapped = (0..groups.data_slots(g)).any(|s| {
+                    e.core
+                        .regions
+                        .validity
+                        .get(e.core.geo.pba(r, groups.start(g) + s))
+                });
                 if mapped || !chunk {
                     note(
                         Severity::Error,
@@ -482,8 +492,9 @@ fn opened_state<C: BlockDevice, Z: ZonedDevice>(
     // L2P against P2L, and optionally the data.
     let mut mapped = Vec::new();
     let res = e
+        .core
         .l2p
-        .for_each_mapped(&mut e.cache, |v, lba, pba| mapped.push((v, lba, pba)));
+        .for_each_mapped(&mut e.core.cache, |v, lba, pba| mapped.push((v, lba, pba)));
     if let Err(x) = res {
         rep.add(Severity::Error, "L2P", format!("unreadable: {x}"));
         return;
@@ -514,10 +525,10 @@ fn opened_state<C: BlockDevice, Z: ZonedDevice>(
     }
 
     // Zone write pointers against the region table.
-    rep.counts.zones = u64::from(e.geo.zone_count.saturating_sub(1));
+    rep.counts.zones = u64::from(e.core.geo.zone_count.saturating_sub(1));
     for zi in raw_zones.iter().skip(1) {
-        let r = e.geo.zone_region(shale_format::ZoneId(zi.index));
-        let reg = e.regions.get(r);
+        let r = e.core.geo.zone_region(shale_format::ZoneId(zi.index));
+        let reg = e.core.regions.get(r);
         let wp = ((zi.write_pointer - zi.start) / BS) as u32;
         match reg.state {
             RegionState::Free | RegionState::PendingFree if zi.state != ZoneState::Empty => rep.add(
@@ -551,7 +562,7 @@ fn check_mapping<C: BlockDevice, Z: ZonedDevice>(
     data: bool,
     buf: &mut [u8],
 ) -> Result<(), String> {
-    let Some((r, slot)) = e.geo.region_slot(pba) else {
+    let Some((r, slot)) = e.core.geo.region_slot(pba) else {
         return Err(format!("{v} {lba} maps to {pba}, outside the data regions"));
     };
     let md = e
@@ -569,12 +580,12 @@ fn check_mapping<C: BlockDevice, Z: ZonedDevice>(
         ));
     }
     if data {
-        let res = if e.geo.is_chunk(r) {
-            let off = e.geo.chunk_offset(r, slot);
-            e.cache.read_at(off, buf).map_err(|x| x.to_string())
+        let res = if e.core.geo.is_chunk(r) {
+            let off = e.core.geo.chunk_offset(r, slot);
+            e.core.cache.read_at(off, buf).map_err(|x| x.to_string())
         } else {
-            let off = e.geo.zone_offset(r, slot);
-            e.capacity.read_at(off, buf).map_err(|x| x.to_string())
+            let off = e.core.geo.zone_offset(r, slot);
+            e.core.capacity.read_at(off, buf).map_err(|x| x.to_string())
         };
         res.map_err(|x| format!("{v} {lba} at {pba}: data unreadable: {x}"))?;
         let got = shale_format::block_crc(buf);

@@ -54,11 +54,22 @@ pub(crate) struct CheckpointInProgress {
     pub time: u64,
 }
 
+/// The checkpointer's state.
+#[derive(Debug)]
+pub(crate) struct Checkpointer {
+    /// The incremental checkpoint in progress, if any.
+    pub current: Option<CheckpointInProgress>,
+    /// `stats.user_write_bytes` when the latest checkpoint began.
+    pub user_bytes_at_start: u64,
+    /// `sid_next` recorded by the committed checkpoint (the SID lease base).
+    pub sid_base: u64,
+}
+
 impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     /// The region table as a checkpoint records it: regions waiting for reuse are
     /// Free (nothing maps into them).
     fn region_snapshot(&self) -> Vec<RegionEntry> {
-        let mut regions = self.regions.entries();
+        let mut regions = self.core.regions.entries();
         for e in regions.iter_mut() {
             if e.state == RegionState::PendingFree {
                 *e = RegionEntry::default();
@@ -70,7 +81,8 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     /// Every volume's L2P directory, moved out of the page cache's maps (no copy; at
     /// TiB scale they are megabytes). `restore_directories` must put them back.
     fn take_directories(&mut self) -> Vec<L2pDirectory> {
-        self.l2p
+        self.core
+            .l2p
             .vols
             .iter_mut()
             .enumerate()
@@ -85,7 +97,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
 
     fn restore_directories(&mut self, dirs: Vec<L2pDirectory>) {
         for d in dirs {
-            if let Some(Some(m)) = self.l2p.vols.get_mut(d.volume.0 as usize) {
+            if let Some(Some(m)) = self.core.l2p.vols.get_mut(d.volume.0 as usize) {
                 m.dir = d.pages;
             }
         }
@@ -97,30 +109,30 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     fn drop_stale_relocations(&mut self) {
         for gc in [false, true] {
             let mover = if gc {
-                &mut self.cleaner
+                &mut self.gc
             } else {
-                &mut self.compactor
+                &mut self.compaction
             };
             for st in mover.streams.iter_mut() {
                 if st
                     .entries
                     .iter()
-                    .all(|e| self.regions.validity.get(e.source))
+                    .all(|e| self.core.regions.validity.get(e.source))
                 {
                     continue;
                 }
-                let validity = &self.regions.validity;
+                let validity = &self.core.regions.validity;
                 let dropped: Vec<_> = st
-                    .retain(&mut self.bufs, |e| validity.get(e.source))
+                    .retain(&mut self.core.bufs, |e| validity.get(e.source))
                     .into_iter()
                     .map(|e| e.source)
                     .collect();
                 for src in dropped {
-                    if let Some((r, _)) = self.geo.region_slot(src) {
-                        self.regions.get_mut(r).relocations -= 1;
-                        self.regions.maybe_pending_free(r);
+                    if let Some((r, _)) = self.core.geo.region_slot(src) {
+                        self.core.regions.get_mut(r).relocations -= 1;
+                        self.core.regions.maybe_pending_free(r);
                     }
-                    self.stats.relocations_superseded += 1;
+                    self.core.stats.relocations_superseded += 1;
                 }
             }
         }
@@ -138,42 +150,47 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         clean: bool,
         meter: &mut Meter<'_>,
     ) -> Result<(), EngineError> {
-        if self.ckpt.take().is_some() {
-            self.l2p.clear_checkpoint_pending();
+        if self.checkpointer.current.take().is_some() {
+            self.core.l2p.clear_checkpoint_pending();
         }
         self.make_durable(false)?;
-        self.durable_asn = self.asn_next;
+        self.durability.durable_asn = self.writer.asn_next;
         self.drop_stale_relocations();
-        self.l2p.apply_deferred(&mut self.cache)?;
-        self.l2p.write_back_all_metered(&mut self.cache, meter)?;
-        self.stats.l2p_page_writes_total = self.l2p.counters.page_writes;
-        self.cache.flush().map_err(EngineError::cache("flush", 0))?;
+        self.core.l2p.apply_deferred(&mut self.core.cache)?;
+        self.core
+            .l2p
+            .write_back_all_metered(&mut self.core.cache, meter)?;
+        self.core.stats.l2p_page_writes_total = self.core.l2p.counters.page_writes;
+        self.core
+            .cache
+            .flush()
+            .map_err(EngineError::cache("flush", 0))?;
 
-        let generation = self.journal.epoch + 1;
+        let generation = self.core.journal.epoch + 1;
         let ck = Checkpoint {
             header: CheckpointHeader {
                 generation,
-                sid_next: self.sid_next,
-                journal_next_block: self.journal.next,
-                journal_sequence: self.journal.sequence,
-                time: self.now(),
+                sid_next: self.core.sid_next,
+                journal_next_block: self.core.journal.next,
+                journal_sequence: self.core.journal.sequence,
+                time: self.core.now(),
                 ..Default::default()
             },
             regions: self.region_snapshot(),
-            volumes: self.volumes.table.clone(),
+            volumes: self.core.volumes.table.clone(),
             directories: self.take_directories(),
         };
         // The checkpoint records freed zones as Free before their resets: the clean
         // flag goes down only once they are reset, so a clean image never has a Free
         // zone with data in it (open resets such zones anyway, after a crash here).
-        let resets_pending = clean && !self.regions.pending_free.is_empty();
+        let resets_pending = clean && !self.core.regions.pending_free.is_empty();
         self.commit_checkpoint(ck, clean && !resets_pending)?;
-        self.journal.after_checkpoint(generation);
-        self.ckpt_sid_base = self.sid_next;
-        self.ckpt_user_bytes = self.stats.user_write_bytes;
+        self.core.journal.after_checkpoint(generation);
+        self.checkpointer.sid_base = self.core.sid_next;
+        self.checkpointer.user_bytes_at_start = self.core.stats.user_write_bytes;
         self.release_pending()?;
         if resets_pending {
-            let mut sb = self.sb.clone();
+            let mut sb = self.core.sb.clone();
             sb.clean = true;
             self.write_superblock_as(sb)?;
         }
@@ -189,21 +206,21 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             ck.directories.iter().map(|d| d.pages.len()).sum(),
             ck.directories.len(),
         );
-        if blocks > u64::from(self.sb.layout.checkpoint_blocks) {
+        if blocks > u64::from(self.core.sb.layout.checkpoint_blocks) {
             self.restore_directories(ck.directories);
             return Err(EngineError::CheckpointTooLarge {
                 needed: blocks,
-                area: self.sb.layout.checkpoint_blocks,
+                area: self.core.sb.layout.checkpoint_blocks,
             });
         }
         // The image is megabytes at TiB scale (every region, every L2P page's slot): it
         // is streamed through one aligned 256 KiB buffer rather than built, so the peak
         // is one piece and an O_DIRECT device needs no bounce copy.
-        let area = 1 - self.sb.active_checkpoint;
-        let off = self.sb.layout.checkpoint_start(area) * BS;
+        let area = 1 - self.core.sb.active_checkpoint;
+        let off = self.core.sb.layout.checkpoint_start(area) * BS;
         let len = (blocks * BS) as usize;
         let mut piece = shale_device::IoBuf::zeroed(len.min(CHECKPOINT_PIECE_BYTES));
-        let cache = &mut self.cache;
+        let cache = &mut self.core.cache;
         let written = ck.encode_to(&mut piece, |at, b| {
             cache
                 .write_at(off + at, b)
@@ -212,65 +229,68 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         self.restore_directories(ck.directories);
         let bytes = written?;
         drop(piece);
-        self.cache.flush().map_err(EngineError::cache("flush", 0))?;
-        self.stats.cache_md_write_bytes += bytes;
+        self.core
+            .cache
+            .flush()
+            .map_err(EngineError::cache("flush", 0))?;
+        self.core.stats.cache_md_write_bytes += bytes;
 
-        let mut sb = self.sb.clone();
+        let mut sb = self.core.sb.clone();
         sb.active_checkpoint = area;
         sb.clean = clean;
         self.write_superblock_as(sb)?;
-        self.l2p.checkpoint_committed();
-        self.stats.checkpoints += 1;
+        self.core.l2p.checkpoint_committed();
+        self.core.stats.checkpoints += 1;
         Ok(())
     }
 
     /// Starts an incremental checkpoint (or takes a synchronous one when the pages
     /// per iteration are 0).
     pub(crate) fn checkpoint_begin(&mut self) -> Result<(), EngineError> {
-        if self.config.checkpoint_pages_per_poll == 0 {
+        if self.core.config.checkpoint_pages_per_poll == 0 {
             return self.checkpoint(false);
         }
-        let before = self.stats.checkpoints;
+        let before = self.core.stats.checkpoints;
         self.durability_point()?;
-        if self.stats.checkpoints != before {
+        if self.core.stats.checkpoints != before {
             // The journal was too full: the durability point became a checkpoint.
             return Ok(());
         }
         self.drop_stale_relocations();
-        let generation = self.journal.epoch + 1;
+        let generation = self.core.journal.epoch + 1;
         let regions = self.region_snapshot();
-        let (journal_next, journal_sequence) = self.journal.begin_epoch(generation);
-        self.l2p.mark_checkpoint_pending();
-        self.ckpt = Some(CheckpointInProgress {
+        let (journal_next, journal_sequence) = self.core.journal.begin_epoch(generation);
+        self.core.l2p.mark_checkpoint_pending();
+        self.checkpointer.current = Some(CheckpointInProgress {
             generation,
             regions,
-            sid_next: self.sid_next,
+            sid_next: self.core.sid_next,
             journal_next,
             journal_sequence,
-            time: self.now(),
+            time: self.core.now(),
         });
-        self.ckpt_user_bytes = self.stats.user_write_bytes;
-        self.stats.checkpoints_started += 1;
+        self.checkpointer.user_bytes_at_start = self.core.stats.user_write_bytes;
+        self.core.stats.checkpoints_started += 1;
         Ok(())
     }
 
     /// One bounded step of the checkpoint in progress; commits it when its pages are
     /// written. Returns true if it did anything.
     pub(crate) fn checkpoint_step(&mut self) -> Result<bool, EngineError> {
-        if self.ckpt.is_none() {
+        if self.checkpointer.current.is_none() {
             return Ok(false);
         }
-        let base = self.config.checkpoint_pages_per_poll as usize;
-        let n = match self.journal.entries_before_full() {
+        let base = self.core.config.checkpoint_pages_per_poll as usize;
+        let n = match self.core.journal.entries_before_full() {
             // Entries recovery needs are about to be overwritten: finish now.
             0 => usize::MAX,
             // Flush-heavy loads fill the journal fast: spread the rest over the entries
             // left (at most about one durability point per loop iteration).
-            left => base.max(self.l2p.pending_pages().div_ceil(left as usize)),
+            left => base.max(self.core.l2p.pending_pages().div_ceil(left as usize)),
         };
-        let bytes = self.l2p.write_back_pending(&mut self.cache, n)?;
-        self.stats.checkpoint_page_writes += bytes / BS;
-        if self.l2p.pending_pages() == 0 {
+        let bytes = self.core.l2p.write_back_pending(&mut self.core.cache, n)?;
+        self.core.stats.checkpoint_page_writes += bytes / BS;
+        if self.core.l2p.pending_pages() == 0 {
             self.checkpoint_end()?;
         }
         Ok(true)
@@ -281,16 +301,20 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         self.drain_io()?;
         let fp = self.flush_point_records();
         let lens: Vec<usize> = fp.iter().map(|r| r.encoded_len()).collect();
-        if !self.journal.fits(self.journal.entries_needed(&lens), 0) {
+        if !self
+            .core
+            .journal
+            .fits(self.core.journal.entries_needed(&lens), 0)
+        {
             return self.checkpoint(false);
         }
         // Every event a page written since the start reflects becomes durable.
         self.make_durable(true)?;
-        self.durable_asn = self.asn_next;
-        let Some(ip) = self.ckpt.take() else {
+        self.durability.durable_asn = self.writer.asn_next;
+        let Some(ip) = self.checkpointer.current.take() else {
             return Ok(());
         };
-        self.stats.l2p_page_writes_total = self.l2p.counters.page_writes;
+        self.core.stats.l2p_page_writes_total = self.core.l2p.counters.page_writes;
         let ck = Checkpoint {
             header: CheckpointHeader {
                 generation: ip.generation,
@@ -301,12 +325,12 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 ..Default::default()
             },
             regions: ip.regions,
-            volumes: self.volumes.table.clone(),
+            volumes: self.core.volumes.table.clone(),
             directories: self.take_directories(),
         };
         self.commit_checkpoint(ck, false)?;
-        self.journal.committed_since_start();
-        self.ckpt_sid_base = ip.sid_next;
+        self.core.journal.committed_since_start();
+        self.checkpointer.sid_base = ip.sid_next;
         self.release_pending()?;
         self.complete_durable_waiters();
         Ok(())
@@ -314,37 +338,42 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
 
     /// True when the next checkpoint is due: bytes written, journal use or SIDs.
     pub(crate) fn checkpoint_due(&self) -> bool {
-        self.ckpt.is_none()
-            && (self.stats.user_write_bytes - self.ckpt_user_bytes
+        self.checkpointer.current.is_none()
+            && (self.core.stats.user_write_bytes - self.checkpointer.user_bytes_at_start
                 >= self.checkpoint_interval_bytes()
-                || self.journal.needs_checkpoint()
-                || self.sid_next - self.ckpt_sid_base >= SID_LEASE / 2)
+                || self.core.journal.needs_checkpoint()
+                || self.core.sid_next - self.checkpointer.sid_base >= SID_LEASE / 2)
     }
 
     pub(crate) fn checkpoint_interval_bytes(&self) -> u64 {
-        self.config
+        self.core
+            .config
             .checkpoint_interval_bytes
-            .unwrap_or(self.volumes.user_capacity_blocks * BS / 16)
+            .unwrap_or(self.core.volumes.user_capacity_blocks * BS / 16)
             .max(BS)
     }
 
     /// Writes the superblock with generation + 1 to the copy that generation selects.
     pub(crate) fn write_superblock(&mut self) -> Result<(), EngineError> {
-        self.write_superblock_as(self.sb.clone())
+        self.write_superblock_as(self.core.sb.clone())
     }
 
     /// Writes `sb` (generation + 1) and makes it the engine's superblock once it is
     /// durable: after a failed write the engine still describes what is on media.
     fn write_superblock_as(&mut self, mut sb: shale_format::Superblock) -> Result<(), EngineError> {
-        sb.generation = self.sb.generation + 1;
+        sb.generation = self.core.sb.generation + 1;
         let copy = sb.generation % 2;
         let off = copy * BS;
-        self.cache
+        self.core
+            .cache
             .write_at(off, &sb.encode())
             .map_err(EngineError::cache("superblock write", off))?;
-        self.cache.flush().map_err(EngineError::cache("flush", 0))?;
-        self.stats.cache_md_write_bytes += BS;
-        self.sb = sb;
+        self.core
+            .cache
+            .flush()
+            .map_err(EngineError::cache("flush", 0))?;
+        self.core.stats.cache_md_write_bytes += BS;
+        self.core.sb = sb;
         Ok(())
     }
 }
@@ -354,7 +383,7 @@ mod tests {
     use std::sync::{Arc, Mutex};
 
     use shale_device::{CrashMode, FaultDevice, ZoneEmu, ZoneEmuConfig};
-    use shale_format::{Lba, RegionRole, VolumeId, VolumeUid};
+    use shale_format::{Lba, VolumeId, VolumeUid};
 
     use crate::{Config, Engine, EngineError, ManualClock, Reply, Request};
 
@@ -442,7 +471,7 @@ mod tests {
                 s += 1;
             }
             let mut next = 600;
-            let staged = |e: &E| e.compactor.staged_blocks() + e.cleaner.staged_blocks();
+            let staged = |e: &E| e.compaction.staged_blocks() + e.gc.staged_blocks();
             while staged(&e) == 0 && next < 2500 {
                 w(&mut e, next, s);
                 s += 1;
@@ -452,7 +481,7 @@ mod tests {
             // checkpoint's drain.
             e.drain_io().unwrap();
             // Overwrite what is staged, in one go, then checkpoint at once.
-            let lbas: Vec<u64> = [&e.compactor, &e.cleaner]
+            let lbas: Vec<u64> = [&e.compaction, &e.gc]
                 .iter()
                 .flat_map(|m| {
                     m.streams
@@ -480,10 +509,10 @@ mod tests {
                 s += 1;
             }
             e.submit_runs().unwrap();
-            let stale = [&e.compactor, &e.cleaner]
+            let stale = [&e.compaction, &e.gc]
                 .iter()
                 .flat_map(|m| m.streams.iter().flat_map(|st| st.entries.iter()))
-                .filter(|x| !e.regions.validity.get(x.source))
+                .filter(|x| !e.core.regions.validity.get(x.source))
                 .count();
             if stale == 0 {
                 continue;
@@ -491,8 +520,9 @@ mod tests {
             exercised += 1;
             e.checkpoint(false).unwrap();
             // Whatever is still staged reaches media after the checkpoint.
-            e.pad_streams(RegionRole::Compaction).unwrap();
-            e.pad_streams(RegionRole::Gc).unwrap();
+            let (mover, core, floor) = e.mover_with_core(false);
+            mover.pad_streams(core, floor).unwrap();
+            e.gc.pad_streams(&mut e.core, 0).unwrap();
             call(&mut e, Request::Flush).unwrap();
             drop(e.abandon());
             let (_, cache) = cc.crash(&CrashMode::DropAll).unwrap();

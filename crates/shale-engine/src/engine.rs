@@ -12,21 +12,17 @@
 use std::collections::VecDeque;
 
 use shale_device::{BlockDevice, IoCompletion, ZoneCompletion, ZonedDevice};
-use shale_format::{Pba, RegionRole, Superblock};
+use shale_format::{Pba, RegionRole};
 
-use crate::buffers::BufPool;
-use crate::compaction::compactor::{Mover, ZoneWrite};
-use crate::journal::Journal;
-use crate::l2p::L2p;
-use crate::layout::Geometry;
-use crate::read::md_cache::MdCache;
-use crate::read::reader::ReadOp;
+use crate::checkpoint::Checkpointer;
+use crate::core::Core;
+use crate::flush::Durability;
+use crate::mover::Mover;
+use crate::prefetch::Prefetch;
+use crate::read::reader::Reader;
 use crate::request::Answer;
-use crate::space::Regions;
-use crate::volume::Volumes;
 use crate::write::chunk_writer::ChunkWriter;
-use crate::write::runs::Runs;
-use crate::{Clock, Completion, Config, EngineError, Reply, Request, Stats};
+use crate::{Clock, Completion, Config, EngineError, Reply, Request};
 
 /// What a device I/O in flight is for.
 #[derive(Debug, Clone, Copy)]
@@ -40,6 +36,7 @@ pub(crate) enum InflightIo {
         group_id: u32,
     },
     ZonePart {
+        gc: bool,
         write: u32,
     },
     /// Both md copies of a group a user read needs (`key`: PBA of copy A).
@@ -102,85 +99,59 @@ impl IoSlab {
 }
 
 /// A write request waiting for its blocks' device writes.
+#[derive(Debug)]
 pub(crate) struct PendingWrite {
     pub asn_end: u64,
     pub fua: bool,
     pub done: Answer,
 }
 
-/// The translation layer. See the crate docs for the data path.
+/// The translation layer: the event loop over the shared core and the roles that own
+/// their state. See the crate docs for the data path.
 pub struct Engine<C: BlockDevice, Z: ZonedDevice, K: Clock> {
-    pub(crate) cache: C,
-    pub(crate) capacity: Z,
-    pub(crate) clock: K,
-    pub(crate) config: Config,
-    pub(crate) sb: Superblock,
-    pub(crate) geo: Geometry,
-    pub(crate) regions: Regions,
-    pub(crate) l2p: L2p,
-    pub(crate) volumes: Volumes,
-    pub(crate) writer: ChunkWriter,
-    pub(crate) md_cache: MdCache,
-    pub(crate) compactor: Mover,
-    pub(crate) cleaner: Mover,
-    pub(crate) zone_writes: Vec<Option<ZoneWrite>>,
-    pub(crate) streams: u32,
-    pub(crate) journal: Journal,
-    pub(crate) sid_next: u64,
-    pub(crate) stats: Stats,
+    pub(crate) core: Core<C, Z, K>,
     pub(crate) queue: VecDeque<(Request, Answer)>,
-    /// Requests at the front of `queue` whose L2P pages were looked at for loading.
-    pub(crate) prefetched: usize,
-    /// Scratch for the L2P write-backs started in one loop iteration.
-    pub(crate) l2p_write_backs: Vec<(u32, crate::l2p::WriteBackTarget)>,
-    pub(crate) io: IoSlab,
-    pub(crate) runs: Runs,
-    pub(crate) asn_next: u64,
-    /// `asn_next` at the last durability point.
-    pub(crate) durable_asn: u64,
-    pub(crate) pending_writes: VecDeque<PendingWrite>,
-    pub(crate) durable_waiters: Vec<Answer>,
-    pub(crate) flush_requested: bool,
-    pub(crate) reads: Vec<Option<ReadOp>>,
-    pub(crate) reads_free: Vec<u32>,
-    pub(crate) cache_done: Vec<IoCompletion>,
-    pub(crate) zone_done: Vec<ZoneCompletion>,
-    pub(crate) capacity_dirty: bool,
-    pub(crate) fatal: Option<String>,
+    pub(crate) writer: ChunkWriter,
+    pub(crate) reader: Reader,
+    pub(crate) compaction: Mover,
+    pub(crate) gc: Mover,
+    pub(crate) durability: Durability,
+    pub(crate) checkpointer: Checkpointer,
+    pub(crate) prefetch: Prefetch,
+    pub(crate) health: Health,
+    /// Scratch for the completions one reap takes from each device.
+    pub(crate) completions: Completions,
+}
+
+/// Device completions taken by one reap (kept to reuse their allocations).
+#[derive(Debug, Default)]
+pub(crate) struct Completions {
+    pub cache: Vec<IoCompletion>,
+    pub zone: Vec<ZoneCompletion>,
+}
+
+/// Whether the engine runs, and how long it has gone without progress.
+#[derive(Debug, Default)]
+pub(crate) struct Health {
+    /// Why the engine stopped for good, once it has.
+    pub fatal: Option<String>,
     /// Set when the head request waits for cache space.
-    pub(crate) user_blocked: bool,
-    /// Set when compaction wanted a zone but the GC reserve forbade it.
-    pub(crate) compaction_zone_blocked: bool,
-    pub(crate) stalled_polls: u32,
-    pub(crate) blocked_polls: u64,
+    pub user_blocked: bool,
+    pub stalled_polls: u32,
+    pub blocked_polls: u64,
     /// Engine-clock time the current stall (no progress) and the current wait of
     /// the head write for space began: what `Config::stuck_after_ms` measures.
-    pub(crate) stalled_since: Option<u64>,
-    pub(crate) blocked_since: Option<u64>,
-    /// md reads in flight for user reads (PBA of copy A), and data blocks waiting for
-    /// them: (key, read op, block, PBA, data).
-    pub(crate) md_reads: Vec<u32>,
-    pub(crate) parked: Vec<(u32, u32, u32, Pba, shale_device::IoBuf)>,
-    /// Read-modify-write's block, lent out while a write runs.
-    pub(crate) block_scratch: Option<Box<[u8; 4096]>>,
-    pub(crate) bufs: BufPool,
-    /// The incremental checkpoint in progress, if any.
-    pub(crate) ckpt: Option<crate::checkpoint::CheckpointInProgress>,
-    /// `stats.user_write_bytes` when the latest checkpoint began.
-    pub(crate) ckpt_user_bytes: u64,
-    /// `sid_next` recorded by the committed checkpoint (the SID lease base).
-    pub(crate) ckpt_sid_base: u64,
-    /// What the open (and recovery) did.
-    pub(crate) open_report: crate::recovery::OpenReport,
+    pub stalled_since: Option<u64>,
+    pub blocked_since: Option<u64>,
 }
 
 impl<C: BlockDevice, Z: ZonedDevice, K: Clock> std::fmt::Debug for Engine<C, Z, K> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Engine")
-            .field("chunks", &self.geo.chunk_count)
-            .field("zones", &self.geo.zone_count)
+            .field("chunks", &self.core.geo.chunk_count)
+            .field("zones", &self.core.geo.zone_count)
             .field("queued", &self.queue.len())
-            .field("inflight_io", &self.io.count)
+            .field("inflight_io", &self.core.io.count)
             .finish_non_exhaustive()
     }
 }
@@ -197,7 +168,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     /// if the engine has failed).
     pub fn submit(&mut self, req: Request, done: Completion) {
         let done = Answer::new(done);
-        if let Some(reason) = &self.fatal {
+        if let Some(reason) = &self.health.fatal {
             done.send(Err(EngineError::Failed {
                 reason: reason.clone(),
             }));
@@ -208,7 +179,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
 
     /// Why the engine stopped, once a fatal error has stopped it.
     pub fn failure(&self) -> Option<&str> {
-        self.fatal.as_deref()
+        self.health.fatal.as_deref()
     }
 
     /// Requests queued and not yet started.
@@ -219,10 +190,10 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     /// True when nothing is queued, in flight, or waiting for completion.
     pub fn is_idle(&self) -> bool {
         self.queue.is_empty()
-            && self.io.count == 0
-            && self.pending_writes.is_empty()
-            && self.durable_waiters.is_empty()
-            && !self.flush_requested
+            && self.core.io.count == 0
+            && self.writer.pending.is_empty()
+            && self.durability.waiters.is_empty()
+            && !self.durability.requested
     }
 
     /// One engine loop iteration. Returns true if anything moved.
@@ -237,28 +208,32 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     }
 
     fn poll_inner(&mut self) -> Result<bool, EngineError> {
-        if self.fatal.is_some() {
+        if self.health.fatal.is_some() {
             self.fail_queued();
             return Ok(false);
         }
         let mut progress = self.reap(0)?;
         let dispatched = self.process_requests()?;
         progress |= dispatched;
-        if self.fatal.is_some() {
+        if self.health.fatal.is_some() {
             // A request failed the engine (e.g. a volume change that could not be
             // persisted): nothing more may reach the devices.
             self.fail_queued();
             return Ok(true);
         }
-        let now = self.now();
-        let stuck_after_ns = self.config.stuck_after_ms.saturating_mul(1_000_000);
-        if dispatched || !self.user_blocked {
-            self.blocked_polls = 0;
-            self.blocked_since = None;
+        let now = self.core.now();
+        let stuck_after_ns = self.core.config.stuck_after_ms.saturating_mul(1_000_000);
+        if dispatched || !self.health.user_blocked {
+            self.health.blocked_polls = 0;
+            self.health.blocked_since = None;
         } else {
-            self.blocked_polls += 1;
-            let since = *self.blocked_since.get_or_insert(now);
-            if self.blocked_polls.is_multiple_of(BLOCKED_FORCE_POLLS) {
+            self.health.blocked_polls += 1;
+            let since = *self.health.blocked_since.get_or_insert(now);
+            if self
+                .health
+                .blocked_polls
+                .is_multiple_of(BLOCKED_FORCE_POLLS)
+            {
                 // A write has waited long: release whatever partial batches hold.
                 progress |= self.force_background()?;
             }
@@ -267,26 +242,26 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                     reason: format!(
                         "a write waited {:.1} s ({} polls) for cache space: free chunks {}, free zones {}, pending free {}, staged {}",
                         now.saturating_sub(since) as f64 / 1e9,
-                        self.blocked_polls,
-                        self.regions.free_chunks.len(),
-                        self.regions.free_zones.len(),
-                        self.regions.pending_free.len(),
-                        self.compactor.staged_blocks() + self.cleaner.staged_blocks()
+                        self.health.blocked_polls,
+                        self.core.regions.free_chunks.len(),
+                        self.core.regions.free_zones.len(),
+                        self.core.regions.pending_free.len(),
+                        self.compaction.staged_blocks() + self.gc.staged_blocks()
                     ),
                 });
             }
         }
         self.submit_runs()?;
-        if self.flush_requested {
+        if self.durability.requested {
             self.durability_point()?;
             progress = true;
         }
         progress |= self.background()?;
         self.submit_runs()?;
-        if !progress && !self.queue.is_empty() && self.io.count == 0 {
-            self.stalled_polls += 1;
-            let since = *self.stalled_since.get_or_insert(now);
-            if self.stalled_polls >= STALL_FORCE_POLLS {
+        if !progress && !self.queue.is_empty() && self.core.io.count == 0 {
+            self.health.stalled_polls += 1;
+            let since = *self.health.stalled_since.get_or_insert(now);
+            if self.health.stalled_polls >= STALL_FORCE_POLLS {
                 // Victims held hostage by partial batches: pad them out, then make the
                 // freed space reusable.
                 progress |= self.force_background()?;
@@ -296,16 +271,16 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                     reason: format!(
                         "no progress for {:.1} s ({} polls): free chunks {}, free zones {}, pending free {}",
                         now.saturating_sub(since) as f64 / 1e9,
-                        self.stalled_polls,
-                        self.regions.free_chunks.len(),
-                        self.regions.free_zones.len(),
-                        self.regions.pending_free.len()
+                        self.health.stalled_polls,
+                        self.core.regions.free_chunks.len(),
+                        self.core.regions.free_zones.len(),
+                        self.core.regions.pending_free.len()
                     ),
                 });
             }
         } else if progress {
-            self.stalled_polls = 0;
-            self.stalled_since = None;
+            self.health.stalled_polls = 0;
+            self.health.stalled_since = None;
         }
         Ok(progress)
     }
@@ -321,7 +296,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     pub fn run_until_idle(&mut self) -> Result<(), EngineError> {
         loop {
             let progress = self.poll();
-            if let Some(r) = &self.fatal {
+            if let Some(r) = &self.health.fatal {
                 return Err(EngineError::Failed { reason: r.clone() });
             }
             if self.is_idle() {
@@ -337,15 +312,15 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     /// held and every later one is answered `Failed`, and nothing more reaches the
     /// devices (so what recovery will find is what was durable).
     pub(crate) fn fail(&mut self, e: EngineError) {
-        if self.fatal.is_none() {
+        if self.health.fatal.is_none() {
             tracing::error!(error = %e, "engine failed; every request fails from now on");
-            self.fatal = Some(e.to_string());
+            self.health.fatal = Some(e.to_string());
         }
         self.fail_queued();
     }
 
     fn fail_queued(&mut self) {
-        let reason = self.fatal.clone().unwrap_or_default();
+        let reason = self.health.fatal.clone().unwrap_or_default();
         for done in self.take_answers() {
             done.send(Err(EngineError::Failed {
                 reason: reason.clone(),
@@ -357,11 +332,12 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     /// failure: queued, writes waiting for their blocks, flush waiters, reads.
     fn take_answers(&mut self) -> Vec<Answer> {
         let mut out: Vec<Answer> = self.queue.drain(..).map(|(_, d)| d).collect();
-        self.prefetched = 0;
-        out.extend(self.pending_writes.drain(..).map(|w| w.done));
-        out.append(&mut self.durable_waiters);
+        self.prefetch.looked = 0;
+        out.extend(self.writer.pending.drain(..).map(|w| w.done));
+        out.append(&mut self.durability.waiters);
         out.extend(
-            self.reads
+            self.reader
+                .ops
                 .iter_mut()
                 .filter_map(|r| r.take().and_then(|op| op.done)),
         );
@@ -371,22 +347,24 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     /// Reaps device completions, waiting for `min` if I/O is in flight.
     pub(crate) fn reap(&mut self, min: usize) -> Result<bool, EngineError> {
         let mut any = false;
-        let mut cache_done = std::mem::take(&mut self.cache_done);
-        let mut zone_done = std::mem::take(&mut self.zone_done);
-        let cache_min = if min > 0 && self.cache.in_flight() > 0 {
+        let mut cache_done = std::mem::take(&mut self.completions.cache);
+        let mut zone_done = std::mem::take(&mut self.completions.zone);
+        let cache_min = if min > 0 && self.core.cache.in_flight() > 0 {
             min
         } else {
             0
         };
-        self.cache
+        self.core
+            .cache
             .poll(&mut cache_done, cache_min)
             .map_err(EngineError::cache("poll", 0))?;
-        let zone_min = if min > 0 && cache_done.is_empty() && self.capacity.in_flight() > 0 {
+        let zone_min = if min > 0 && cache_done.is_empty() && self.core.capacity.in_flight() > 0 {
             min
         } else {
             0
         };
-        self.capacity
+        self.core
+            .capacity
             .poll(&mut zone_done, zone_min)
             .map_err(EngineError::cache("capacity poll", 0))?;
         let mut result = Ok(());
@@ -402,8 +380,8 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 result = self.on_zone_completion(c);
             }
         }
-        self.cache_done = cache_done;
-        self.zone_done = zone_done;
+        self.completions.cache = cache_done;
+        self.completions.zone = zone_done;
         result?;
         if any {
             self.complete_writes();
@@ -412,7 +390,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     }
 
     fn on_cache_completion(&mut self, c: IoCompletion) -> Result<(), EngineError> {
-        let Some(io) = self.io.take(c.tag) else {
+        let Some(io) = self.core.io.take(c.tag) else {
             panic!("cache completion with unknown tag {}", c.tag);
         };
         match io {
@@ -423,14 +401,14 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             } => {
                 c.result.map_err(EngineError::cache("user data write", 0))?;
                 if let Some(b) = c.buf {
-                    self.bufs.give(b);
+                    self.core.bufs.give(b);
                 }
                 self.on_run_done(group_id, run_seq, bytes)
             }
             InflightIo::CacheMd { group_id } => {
                 c.result.map_err(EngineError::cache("md write", 0))?;
                 if let Some(b) = c.buf {
-                    self.bufs.give(b);
+                    self.core.bufs.give(b);
                 }
                 self.on_md_done(group_id)
             }
@@ -441,7 +419,10 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             InflightIo::MoverRead { gc, read, part } => {
                 c.result
                     .map_err(EngineError::cache("victim group read", 0))?;
-                self.on_mover_read_done(gc, read, part, c.buf)
+                {
+                    let (mover, core, floor) = self.mover_with_core(gc);
+                    mover.on_read_done(core, floor, read, part, c.buf)
+                }
             }
             InflightIo::MdRead { key } => {
                 let r = c.result.map_err(EngineError::cache("md read", 0));
@@ -450,43 +431,51 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             }
             InflightIo::L2pLoad { volume, page } => {
                 let data = c.result.is_ok().then_some(c.buf.as_deref()).flatten();
-                self.l2p
+                self.core
+                    .l2p
                     .finish_load(shale_format::VolumeId(volume), page as usize, data);
                 if let Some(b) = c.buf {
-                    self.bufs.give(b);
+                    self.core.bufs.give(b);
                 }
-                self.l2p.install_arrived(&mut self.cache).map(|_| ())
+                self.core
+                    .l2p
+                    .install_arrived(&mut self.core.cache)
+                    .map(|_| ())
             }
             InflightIo::L2pWriteBack { frame, target } => {
                 let ok = c.result.is_ok();
-                self.l2p.finish_write_back(frame, target, ok);
+                self.core.l2p.finish_write_back(frame, target, ok);
                 if let Some(b) = c.buf {
-                    self.bufs.give(b);
+                    self.core.bufs.give(b);
                 }
-                let off = self.l2p.target_offset(&target);
+                let off = self.core.l2p.target_offset(&target);
                 c.result
                     .map_err(EngineError::cache("L2P page write", off))?;
-                self.l2p.install_arrived(&mut self.cache).map(|_| ())
+                self.core
+                    .l2p
+                    .install_arrived(&mut self.core.cache)
+                    .map(|_| ())
             }
             InflightIo::ZonePart { .. } => panic!("zone write completed on the cache device"),
         }
     }
 
     fn on_zone_completion(&mut self, c: ZoneCompletion) -> Result<(), EngineError> {
-        let Some(io) = self.io.take(c.tag) else {
+        let Some(io) = self.core.io.take(c.tag) else {
             panic!("capacity completion with unknown tag {}", c.tag);
         };
         match io {
-            InflightIo::ZonePart { write } => {
-                let at = self.zone_writes[write as usize]
+            InflightIo::ZonePart { gc, write } => {
+                let at = self.mover_of(gc).zone_writes[write as usize]
                     .as_ref()
-                    .map_or(0, |w| self.geo.zone_offset(w.zone, w.first_slot));
+                    .map_or(0, |w| self.core.geo.zone_offset(w.zone, w.first_slot));
                 c.result
                     .map_err(EngineError::capacity("zone group write", at))?;
                 if let Some(b) = c.buf {
-                    self.bufs.give(b);
+                    self.core.bufs.give(b);
                 }
-                self.on_zone_part_done(write)
+                let (mover, core, _) = self.mover_with_core(gc);
+                mover.on_zone_part_done(core, write)
             }
             InflightIo::Read { op, block, pba } => {
                 let r = c
@@ -498,7 +487,10 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             InflightIo::MoverRead { gc, read, part } => {
                 c.result
                     .map_err(EngineError::capacity("victim group read", 0))?;
-                self.on_mover_read_done(gc, read, part, c.buf)
+                {
+                    let (mover, core, floor) = self.mover_with_core(gc);
+                    mover.on_read_done(core, floor, read, part, c.buf)
+                }
             }
             InflightIo::MdRead { key } => {
                 let r = c
@@ -514,14 +506,14 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
 
     /// Completes write requests whose blocks are all written.
     pub(crate) fn complete_writes(&mut self) {
-        let wm = self.runs.watermark();
-        while self.pending_writes.front().is_some_and(|w| w.asn_end <= wm) {
-            let Some(w) = self.pending_writes.pop_front() else {
+        let wm = self.writer.runs.watermark();
+        while self.writer.pending.front().is_some_and(|w| w.asn_end <= wm) {
+            let Some(w) = self.writer.pending.pop_front() else {
                 break;
             };
             if w.fua {
-                self.durable_waiters.push(w.done);
-                self.flush_requested = true;
+                self.durability.waiters.push(w.done);
+                self.durability.requested = true;
             } else {
                 w.done.send(Ok(Reply::Done));
             }
@@ -530,13 +522,13 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
 
     fn process_requests(&mut self) -> Result<bool, EngineError> {
         let mut progress = false;
-        self.user_blocked = false;
+        self.health.user_blocked = false;
         if self.prefetch_l2p()? {
             // Hands the loads to the devices now (and takes those already done: a
             // memory device completes them at once) rather than a loop iteration later.
             self.reap(0)?;
         }
-        for _ in 0..self.config.requests_per_poll_max {
+        for _ in 0..self.core.config.requests_per_poll_max {
             if self
                 .queue
                 .front()
@@ -549,13 +541,13 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             let Some((req, done)) = self.queue.pop_front() else {
                 break;
             };
-            self.prefetched = self.prefetched.saturating_sub(1);
+            self.prefetch.looked = self.prefetch.looked.saturating_sub(1);
             match self.dispatch(req, done)? {
                 None => progress = true,
                 Some((req, done)) => {
                     self.queue.push_front((req, done));
-                    self.prefetched += 1;
-                    self.user_blocked = true;
+                    self.prefetch.looked += 1;
+                    self.health.user_blocked = true;
                     break;
                 }
             }
@@ -578,7 +570,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             | Request::Write { volume, .. }
             | Request::Trim { volume, .. }
             | Request::WriteZeroes { volume, .. }
-            | Request::Allocation { volume, .. } => match self.volumes.resolve(*volume) {
+            | Request::Allocation { volume, .. } => match self.core.volumes.resolve(*volume) {
                 Some(slot) => slot,
                 None => {
                     done.send(Err(EngineError::NoSuchVolume { volume: *volume }));
@@ -632,8 +624,8 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 done.send(r.map(|_| Reply::Done));
             }
             Request::Flush => {
-                self.durable_waiters.push(done);
-                self.flush_requested = true;
+                self.durability.waiters.push(done);
+                self.durability.requested = true;
             }
             Request::CreateVolume { name, size_bytes } => {
                 let r = self.create_volume(&name, size_bytes);
@@ -661,32 +653,41 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         Ok(None)
     }
 
-    pub(crate) fn now(&self) -> u64 {
-        self.clock.now_ns()
+    fn mover_of(&self, gc: bool) -> &Mover {
+        if gc {
+            &self.gc
+        } else {
+            &self.compaction
+        }
     }
 
-    pub(crate) fn next_sid(&mut self) -> shale_format::Sid {
-        let s = shale_format::Sid(self.sid_next);
-        self.sid_next += 1;
-        s
+    /// A mover with the core, and the free zones it must leave alone: compaction
+    /// leaves GC its reserve, so GC can always finish what it holds.
+    pub(crate) fn mover_with_core(&mut self, gc: bool) -> (&mut Mover, &mut Core<C, Z, K>, usize) {
+        if gc {
+            (&mut self.gc, &mut self.core, 0)
+        } else {
+            let floor = self.gc.gc_reserve();
+            (&mut self.compaction, &mut self.core, floor)
+        }
     }
 
     pub(crate) fn mover(&mut self, role: RegionRole) -> &mut Mover {
         if role == RegionRole::Gc {
-            &mut self.cleaner
+            &mut self.gc
         } else {
-            &mut self.compactor
+            &mut self.compaction
         }
     }
 
     /// The configuration in force.
     pub fn config(&self) -> &Config {
-        &self.config
+        &self.core.config
     }
 
     /// Placement streams in use.
     pub fn streams(&self) -> u32 {
-        self.streams
+        self.core.streams
     }
 }
 
@@ -715,19 +716,20 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         volume: shale_format::VolumeUid,
         lba: shale_format::Lba,
     ) -> Result<Option<Location>, EngineError> {
-        let Some(volume) = self.volumes.resolve(volume) else {
+        let Some(volume) = self.core.volumes.resolve(volume) else {
             return Ok(None);
         };
-        let Some(pba) = self.l2p.get(&mut self.cache, volume, lba)? else {
+        let Some(pba) = self.core.l2p.get(&mut self.core.cache, volume, lba)? else {
             return Ok(None);
         };
         if pba.is_none() {
             return Ok(None);
         }
-        let Some((on_cache, offset)) = self.geo.device_offset(pba) else {
+        let Some((on_cache, offset)) = self.core.geo.device_offset(pba) else {
             return Ok(None);
         };
         let (r, s) = self
+            .core
             .geo
             .region_slot(pba)
             .unwrap_or((shale_format::RegionId(0), 0));
@@ -751,6 +753,6 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         for d in self.take_answers() {
             d.disarm();
         }
-        (self.cache, self.capacity)
+        (self.core.cache, self.core.capacity)
     }
 }

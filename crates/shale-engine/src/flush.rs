@@ -28,10 +28,21 @@ use crate::layout::{Groups, BS};
 use crate::write::group::MdState;
 use crate::{Clock, Engine, EngineError, Reply};
 
+/// Durability points' state: what the last one covered and who waits for the next.
+#[derive(Debug, Default)]
+pub(crate) struct Durability {
+    /// The writer's `asn_next` at the last durability point.
+    pub durable_asn: u64,
+    /// Flushes and FUA writes waiting for the next durability point.
+    pub waiters: Vec<crate::request::Answer>,
+    /// A durability point is due at the end of this loop iteration.
+    pub requested: bool,
+}
+
 impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     /// Waits for every device I/O in flight.
     pub(crate) fn drain_io(&mut self) -> Result<(), EngineError> {
-        while self.io.count > 0 {
+        while self.core.io.count > 0 {
             self.reap(1)?;
         }
         Ok(())
@@ -40,11 +51,11 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     /// Steps 1-5; with `journal == false` (checkpoints) no journal entry is written and
     /// one cache flush suffices.
     pub(crate) fn make_durable(&mut self, journal: bool) -> Result<(), EngineError> {
-        self.flush_requested = false;
+        self.durability.requested = false;
         self.submit_runs()?;
         self.drain_io()?;
         let groups = Groups {
-            blocks: self.geo.chunk_blocks,
+            blocks: self.core.geo.chunk_blocks,
         };
         let mut blk = Box::new([0u8; BLOCK_SIZE]);
         for gi in 0..self.writer.groups.len() {
@@ -54,39 +65,49 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             }
             let copy = g.seal_partial(&mut blk);
             let off = self
+                .core
                 .geo
                 .chunk_offset(g.region, groups.md_slot(g.group) + copy);
-            self.cache
+            self.core
+                .cache
                 .write_at(off, &blk[..])
                 .map_err(EngineError::cache("partial md write", off))?;
             let g = &mut self.writer.groups[gi];
             g.md_newest = Some(copy);
             g.md_durable_entries = g.filled;
-            self.stats.cache_md_write_bytes += BS;
+            self.core.stats.cache_md_write_bytes += BS;
         }
-        if self.capacity_dirty {
-            self.capacity
+        if self.core.capacity_dirty {
+            self.core
+                .capacity
                 .flush()
                 .map_err(EngineError::capacity("flush", 0))?;
-            self.capacity_dirty = false;
+            self.core.capacity_dirty = false;
         }
-        self.cache.flush().map_err(EngineError::cache("flush", 0))?;
+        self.core
+            .cache
+            .flush()
+            .map_err(EngineError::cache("flush", 0))?;
         if journal {
             for r in self.flush_point_records() {
-                self.journal.append(r);
+                self.core.journal.append(r);
             }
-            self.stats.cache_md_write_bytes += self.journal.write_pending(&mut self.cache)?;
-            self.cache.flush().map_err(EngineError::cache("flush", 0))?;
+            self.core.stats.cache_md_write_bytes +=
+                self.core.journal.write_pending(&mut self.core.cache)?;
+            self.core
+                .cache
+                .flush()
+                .map_err(EngineError::cache("flush", 0))?;
         }
         Ok(())
     }
 
     /// FlushPoint records: the write pointers of the open regions.
     pub(crate) fn flush_point_records(&self) -> Vec<JournalRecord> {
-        let open: Vec<_> = (0..self.geo.region_count())
+        let open: Vec<_> = (0..self.core.geo.region_count())
             .map(shale_format::RegionId)
-            .filter(|&r| self.regions.get(r).state == RegionState::Open)
-            .map(|r| (r, self.regions.get(r).wp))
+            .filter(|&r| self.core.regions.get(r).state == RegionState::Open)
+            .map(|r| (r, self.core.regions.get(r).wp))
             .collect();
         open.chunks(FLUSH_POINT_REGIONS_MAX)
             .map(|part| JournalRecord::FlushPoint {
@@ -104,8 +125,8 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         if self.nothing_to_make_durable() {
             // An idle flush: everything is already durable; skip the journal block and
             // the device flushes.
-            self.flush_requested = false;
-            self.stats.idle_flushes += 1;
+            self.durability.requested = false;
+            self.core.stats.idle_flushes += 1;
             self.complete_durable_waiters();
             return Ok(());
         }
@@ -114,13 +135,17 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             .iter()
             .map(JournalRecord::encoded_len)
             .collect();
-        if !self.journal.fits(self.journal.entries_needed(&lens), 0) {
+        if !self
+            .core
+            .journal
+            .fits(self.core.journal.entries_needed(&lens), 0)
+        {
             return self.checkpoint(false);
         }
         self.make_durable(true)?;
-        self.durable_asn = self.asn_next;
+        self.durability.durable_asn = self.writer.asn_next;
         self.release_pending()?;
-        self.stats.durability_points += 1;
+        self.core.stats.durability_points += 1;
         self.complete_durable_waiters();
         Ok(())
     }
@@ -128,10 +153,10 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     /// True when no write, record, md or freed region happened since the last
     /// durability point (all I/O has been drained by the caller).
     fn nothing_to_make_durable(&self) -> bool {
-        self.asn_next == self.durable_asn
-            && !self.capacity_dirty
-            && self.journal.is_empty()
-            && self.regions.pending_free.is_empty()
+        self.writer.asn_next == self.durability.durable_asn
+            && !self.core.capacity_dirty
+            && self.core.journal.is_empty()
+            && self.core.regions.pending_free.is_empty()
             && self.writer.groups.iter().all(|g| {
                 g.filled == g.md_durable_entries
                     || g.md_state != crate::write::group::MdState::Filling
@@ -140,38 +165,40 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
 
     pub(crate) fn complete_durable_waiters(&mut self) {
         self.complete_writes();
-        for d in self.durable_waiters.drain(..) {
+        for d in self.durability.waiters.drain(..) {
             d.send(Ok(Reply::Done));
         }
     }
 
     /// Step 6: PendingFree regions become Free (zones are reset first).
     pub(crate) fn release_pending(&mut self) -> Result<(), EngineError> {
-        let pending = std::mem::take(&mut self.regions.pending_free);
+        let pending = std::mem::take(&mut self.core.regions.pending_free);
         for r in pending {
-            if self.regions.get(r).state != RegionState::PendingFree {
+            if self.core.regions.get(r).state != RegionState::PendingFree {
                 continue;
             }
-            if self.geo.is_chunk(r) {
-                self.stats.chunk_frees += 1;
+            if self.core.geo.is_chunk(r) {
+                self.core.stats.chunk_frees += 1;
             } else {
-                let z = self.geo.zone_of(r).0;
-                self.capacity
+                let z = self.core.geo.zone_of(r).0;
+                self.core
+                    .capacity
                     .manage(z, ZoneAction::Reset)
                     .map_err(EngineError::capacity(
                         "zone reset",
-                        self.geo.zone_offset(r, 0),
+                        self.core.geo.zone_offset(r, 0),
                     ))?;
-                self.stats.zone_resets += 1;
+                self.core.stats.zone_resets += 1;
             }
-            let len = if self.geo.is_chunk(r) {
-                self.geo.chunk_blocks
+            let len = if self.core.geo.is_chunk(r) {
+                self.core.geo.chunk_blocks
             } else {
-                self.geo.zone_size_blocks
+                self.core.geo.zone_size_blocks
             };
-            self.md_cache
-                .invalidate_range(self.geo.region_base(r).0, len);
-            self.regions.release(&self.geo, r);
+            self.core
+                .md_cache
+                .invalidate_range(self.core.geo.region_base(r).0, len);
+            self.core.regions.release(&self.core.geo, r);
         }
         Ok(())
     }

@@ -9,7 +9,8 @@
 //! - `space/`: region states, validity bitmaps, free lists.
 //! - `read/`: reads from memory or device, verified against md; the md cache.
 //! - `flush`: durability points (flush, FUA, deferred free).
-//! - `compaction/`, `gc/`: victim policies (pure) and the Mover that relocates.
+//! - `mover/`: the mover that relocates live blocks (two instances: compaction, GC);
+//!   `compaction/`, `gc/`: their victim policies (pure).
 //! - `background`: pacing of compaction, GC, durability points, checkpoints.
 //! - `journal`, `checkpoint`, `open`: persistence; `volume`: volume admin.
 //! - `recovery/`: open and recovery after a crash as named steps ([`OpenReport`]),
@@ -26,6 +27,7 @@ mod checkpoint;
 mod clock;
 pub mod compaction;
 mod config;
+mod core;
 mod engine;
 mod error;
 mod flush;
@@ -34,6 +36,7 @@ mod journal;
 mod l2p;
 mod layout;
 mod metrics;
+mod mover;
 mod open;
 mod prefetch;
 mod read;

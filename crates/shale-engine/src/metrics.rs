@@ -162,8 +162,8 @@ impl<C: shale_device::BlockDevice, Z: shale_device::ZonedDevice, K: crate::Clock
 {
     /// A snapshot of the counters, with gauges filled in.
     pub fn stats(&self) -> Stats {
-        let mut s = self.stats.clone();
-        let l = &self.l2p.counters;
+        let mut s = self.core.stats.clone();
+        let l = &self.core.l2p.counters;
         s.l2p_hits = l.hits;
         s.l2p_misses = l.misses;
         s.l2p_page_reads = l.page_reads;
@@ -176,23 +176,24 @@ impl<C: shale_device::BlockDevice, Z: shale_device::ZonedDevice, K: crate::Clock
         s.l2p_deferred_switches = l.deferred;
         s.l2p_deferred_faults = l.deferred_faults;
         s.l2p_evictions_as_switches = l.evicted_as_switches;
-        s.l2p_deferred_waiting = self.l2p.deferred_switches().0 as u64;
-        s.l2p_cached_pages = self.l2p.cached_pages() as u64;
-        s.l2p_cache_pages_max = self.l2p.frames_max() as u64;
-        s.md_cache_hits = self.md_cache.hits;
-        s.md_cache_misses = self.md_cache.misses;
-        s.free_chunks = self.regions.free_chunks.len() as u64;
-        s.free_zones = self.regions.free_zones.len() as u64;
-        s.io_buffer_allocs = self.bufs.allocs;
-        s.io_buffer_pool_bytes = self.bufs.pooled_bytes();
-        s.md_cache_bytes = self.md_cache.cached_bytes();
-        s.staged_blocks = (self.compactor.staged_blocks() + self.cleaner.staged_blocks()) as u64;
+        s.l2p_deferred_waiting = self.core.l2p.deferred_switches().0 as u64;
+        s.l2p_cached_pages = self.core.l2p.cached_pages() as u64;
+        s.l2p_cache_pages_max = self.core.l2p.frames_max() as u64;
+        s.md_cache_hits = self.core.md_cache.hits;
+        s.md_cache_misses = self.core.md_cache.misses;
+        s.free_chunks = self.core.regions.free_chunks.len() as u64;
+        s.free_zones = self.core.regions.free_zones.len() as u64;
+        s.io_buffer_allocs = self.core.bufs.allocs;
+        s.io_buffer_pool_bytes = self.core.bufs.pooled_bytes();
+        s.md_cache_bytes = self.core.md_cache.cached_bytes();
+        s.staged_blocks = (self.compaction.staged_blocks() + self.gc.staged_blocks()) as u64;
         s.volumes = self
+            .core
             .volumes
             .table
             .entries
             .iter()
-            .map(|v| match self.stats.volumes.get(v.id.0 as usize) {
+            .map(|v| match self.core.stats.volumes.get(v.id.0 as usize) {
                 Some(c) if c.uid == v.uid => c.clone(),
                 _ => VolumeStats {
                     id: v.id,
@@ -201,31 +202,12 @@ impl<C: shale_device::BlockDevice, Z: shale_device::ZonedDevice, K: crate::Clock
                 },
             })
             .collect();
-        debug_assert_eq!(self.cleaner.role(), shale_format::RegionRole::Gc);
+        debug_assert_eq!(self.gc.role(), shale_format::RegionRole::Gc);
         s
-    }
-
-    /// The counters of the volume in `slot`, started afresh when a new volume (uid)
-    /// holds it.
-    pub(crate) fn volume_counters(&mut self, slot: shale_format::VolumeId) -> &mut VolumeStats {
-        let uid = self.volumes.get(slot).map(|v| v.uid).unwrap_or_default();
-        let i = slot.0 as usize;
-        if self.stats.volumes.len() <= i {
-            self.stats.volumes.resize(i + 1, VolumeStats::default());
-        }
-        let c = &mut self.stats.volumes[i];
-        if c.uid != uid {
-            *c = VolumeStats {
-                id: slot,
-                uid,
-                ..VolumeStats::default()
-            };
-        }
-        c
     }
 
     /// User capacity in bytes (the most all volumes together may hold).
     pub fn user_capacity_bytes(&self) -> u64 {
-        self.volumes.user_capacity_blocks * crate::layout::BS
+        self.core.volumes.user_capacity_blocks * crate::layout::BS
     }
 }

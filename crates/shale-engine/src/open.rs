@@ -17,21 +17,24 @@ use shale_format::{
     BLOCK_SIZE,
 };
 
+use crate::checkpoint::Checkpointer;
 use crate::checkpoint::SID_LEASE;
-use crate::compaction::compactor::Mover;
-use crate::engine::IoSlab;
-use crate::gc::cleaner::zone_cleaner;
+use crate::core::Core;
+use crate::engine::{Completions, Health, IoSlab};
+use crate::flush::Durability;
 use crate::journal::Journal;
 use crate::l2p::{L2p, VolumeMap};
 use crate::layout::{plan, Geometry, Groups, BS};
+use crate::mover::Mover;
+use crate::prefetch::Prefetch;
 use crate::read::md_cache::MdCache;
+use crate::read::reader::Reader;
 use crate::recovery::{
     journal_scan, load, replay, Meter, NoProgress, OpenProgress, OpenReport, Steps,
 };
 use crate::space::Regions;
 use crate::volume::Volumes;
 use crate::write::chunk_writer::ChunkWriter;
-use crate::write::runs::Runs;
 use crate::{
     Clock, Config, ConfigError, Engine, EngineError, FormatDeviceError, OpenError, RecoveryError,
     Stats,
@@ -100,59 +103,48 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             streams: u64::from(streams),
             ..Default::default()
         };
-        Engine {
-            writer: ChunkWriter::new(config.write_buffers_max, geo.chunk_blocks),
-            md_cache: MdCache::new(config.md_cache_bytes_max),
-            compactor: Mover::new(
-                RegionRole::Compaction,
-                config.compaction_policy.policy(),
-                streams,
-            ),
-            cleaner: zone_cleaner(config.gc_policy, streams),
-            zone_writes: Vec::new(),
+        let writer = ChunkWriter::new(config.write_buffers_max, geo.chunk_blocks);
+        let compaction = Mover::new(
+            RegionRole::Compaction,
+            config.compaction_policy.policy(),
             streams,
-            journal,
-            sid_next,
-            stats,
+        );
+        let gc = Mover::new(RegionRole::Gc, config.gc_policy.policy(), streams);
+        Engine {
+            core: Core {
+                cache,
+                capacity,
+                clock,
+                md_cache: MdCache::new(config.md_cache_bytes_max),
+                config,
+                sb,
+                geo,
+                regions,
+                l2p,
+                volumes,
+                journal,
+                sid_next,
+                stats,
+                io: IoSlab::default(),
+                bufs: crate::buffers::BufPool::new(),
+                streams,
+                capacity_dirty: false,
+                open_report: crate::recovery::OpenReport::default(),
+            },
             queue: VecDeque::new(),
-            prefetched: 0,
-            l2p_write_backs: Vec::new(),
-            io: IoSlab::default(),
-            runs: Runs::default(),
-            asn_next: 0,
-            durable_asn: 0,
-            pending_writes: VecDeque::new(),
-            durable_waiters: Vec::new(),
-            flush_requested: false,
-            reads: Vec::new(),
-            reads_free: Vec::new(),
-            cache_done: Vec::new(),
-            zone_done: Vec::new(),
-            capacity_dirty: false,
-            fatal: None,
-            user_blocked: false,
-            compaction_zone_blocked: false,
-            stalled_polls: 0,
-            blocked_polls: 0,
-            stalled_since: None,
-            blocked_since: None,
-            md_reads: Vec::new(),
-            parked: Vec::new(),
-            block_scratch: Some(Box::new([0; BLOCK_SIZE])),
-            bufs: crate::buffers::BufPool::new(),
-            ckpt: None,
-            ckpt_user_bytes: 0,
-            ckpt_sid_base: sid_next,
-            open_report: crate::recovery::OpenReport::default(),
-            cache,
-            capacity,
-            clock,
-            config,
-            sb,
-            geo,
-            regions,
-            l2p,
-            volumes,
+            writer,
+            reader: Reader::default(),
+            compaction,
+            gc,
+            durability: Durability::default(),
+            checkpointer: Checkpointer {
+                current: None,
+                user_bytes_at_start: 0,
+                sid_base: sid_next,
+            },
+            prefetch: Prefetch::default(),
+            health: Health::default(),
+            completions: Completions::default(),
         }
     }
 
@@ -299,7 +291,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     /// a damaged newest copy would bring back the older clean one, and an open would
     /// then trust a checkpoint the running engine has moved past.
     fn write_superblock_dirty(&mut self) -> Result<(), EngineError> {
-        self.sb.clean = false;
+        self.core.sb.clean = false;
         self.write_superblock()?;
         self.write_superblock()
     }
@@ -518,20 +510,20 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             // The next checkpoint goes to the area the on-disk superblock names: name
             // the loaded one first, or a crash during that write would leave the
             // superblock naming a torn area.
-            e.sb.clean = false;
+            e.core.sb.clean = false;
             e.write_superblock().map_err(OpenError::Engine)?;
         }
-        steps.end(&e.clock, &mut report, 0, format!("{dirs} volumes"));
+        steps.end(&e.core.clock, &mut report, 0, format!("{dirs} volumes"));
 
         if clean {
-            steps.begin(&e.clock, "census");
+            steps.begin(&e.core.clock, "census");
             let zone_wps = e.zone_write_pointers()?;
             let mut meter = steps.meter("L2P pages");
             let bytes = e.census(true, &zone_wps, &mut meter)?;
             meter.finish();
-            steps.end(&e.clock, &mut report, bytes, e.census_detail());
+            steps.end(&e.core.clock, &mut report, bytes, e.census_detail());
 
-            steps.begin(&e.clock, "resume");
+            steps.begin(&e.core.clock, "resume");
             // Free zones must be empty on the device before reuse, after a clean stop
             // too: a checkpoint records zones freed since the last durability point
             // as Free before their resets, and a crash can come between the two (then
@@ -542,22 +534,27 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             e.resume_open_regions(now)?;
             e.write_superblock_dirty()?;
             steps.end(
-                &e.clock,
+                &e.core.clock,
                 &mut report,
                 0,
                 format!("open regions resumed, {stray} stray zones reset"),
             );
         } else {
-            steps.begin(&e.clock, "replay plan");
-            let mut rp = replay::plan(&e.geo, &e.regions, &log.blocks, &mut report.warnings);
+            steps.begin(&e.core.clock, "replay plan");
+            let mut rp = replay::plan(
+                &e.core.geo,
+                &e.core.regions,
+                &log.blocks,
+                &mut report.warnings,
+            );
             let detail = format!(
                 "{} regions to scan, {} trims",
                 rp.plans.len(),
                 rp.trims.len()
             );
-            steps.end(&e.clock, &mut report, 0, detail);
+            steps.end(&e.core.clock, &mut report, 0, detail);
 
-            steps.begin(&e.clock, "md scan");
+            steps.begin(&e.core.clock, "md scan");
             let zone_wps = e.zone_write_pointers()?;
             let mut meter = steps.meter("md groups");
             let bytes = e.scan_md(&mut rp, &mut report.warnings, &mut meter)?;
@@ -566,9 +563,9 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 "{} md groups, {} entries",
                 rp.counts.md_groups_read, rp.counts.entries_seen
             );
-            steps.end(&e.clock, &mut report, bytes, detail);
+            steps.end(&e.core.clock, &mut report, bytes, detail);
 
-            steps.begin(&e.clock, "resolve");
+            steps.begin(&e.core.clock, "resolve");
             let mut meter = steps.meter("versions");
             let bytes = e.apply_replay(&mut rp, &mut meter)?;
             meter.finish();
@@ -576,75 +573,76 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 "{} versions mapped, {} superseded",
                 rp.counts.entries_applied, rp.counts.entries_superseded
             );
-            steps.end(&e.clock, &mut report, bytes, detail);
+            steps.end(&e.core.clock, &mut report, bytes, detail);
 
-            steps.begin(&e.clock, "census");
+            steps.begin(&e.core.clock, "census");
             e.close_replayed(&rp, now)?;
             let mut meter = steps.meter("L2P pages");
             let bytes = e.census(false, &zone_wps, &mut meter)?;
             meter.finish();
-            steps.end(&e.clock, &mut report, bytes, e.census_detail());
+            steps.end(&e.core.clock, &mut report, bytes, e.census_detail());
 
-            steps.begin(&e.clock, "regions");
+            steps.begin(&e.core.clock, "regions");
             let mut meter = steps.meter("free zones");
             rp.counts.stray_zones_reset = e.reset_stray_zones(&mut meter)?;
             meter.finish();
-            for i in 0..e.geo.region_count() {
-                e.regions.maybe_pending_free(RegionId(i));
+            for i in 0..e.core.geo.region_count() {
+                e.core.regions.maybe_pending_free(RegionId(i));
             }
-            e.sid_next = (e.sid_next + SID_LEASE).max(rp.max_sid + 1);
+            e.core.sid_next = (e.core.sid_next + SID_LEASE).max(rp.max_sid + 1);
             let detail = format!(
                 "{} regions closed, {} pending free, {} stray zones reset",
                 rp.plans.len(),
-                e.regions.pending_free.len(),
+                e.core.regions.pending_free.len(),
                 rp.counts.stray_zones_reset
             );
-            steps.end(&e.clock, &mut report, 0, detail);
+            steps.end(&e.core.clock, &mut report, 0, detail);
 
-            steps.begin(&e.clock, "new checkpoint");
+            steps.begin(&e.core.clock, "new checkpoint");
             let mut meter = steps.meter("dirty L2P pages");
             e.checkpoint_metered(false, &mut meter)
                 .map_err(OpenError::Engine)?;
             meter.finish();
             steps.end(
-                &e.clock,
+                &e.core.clock,
                 &mut report,
                 0,
-                format!("generation {}", e.journal.epoch),
+                format!("generation {}", e.core.journal.epoch),
             );
             report.replay = rp.counts;
         }
 
-        if e.config.open_self_check {
-            steps.begin(&e.clock, "self-check");
-            let reads0 = e.l2p.counters.page_reads;
+        if e.core.config.open_self_check {
+            steps.begin(&e.core.clock, "self-check");
+            let reads0 = e.core.l2p.counters.page_reads;
             let mut meter = steps.meter("L2P pages");
             e.self_check_metered(&mut meter)
                 .map_err(|err| OpenError::Engine(EngineError::SelfCheck(err)))?;
             meter.finish();
-            let bytes = (e.l2p.counters.page_reads - reads0) * BS;
-            steps.end(&e.clock, &mut report, bytes, "ok".into());
+            let bytes = (e.core.l2p.counters.page_reads - reads0) * BS;
+            steps.end(&e.core.clock, &mut report, bytes, "ok".into());
         }
-        e.open_report = report;
+        e.core.open_report = report;
         Ok(e)
     }
 
     /// What the last open did: its steps (name, time, bytes read), warnings about
     /// damaged metadata it worked around, and what replay found.
     pub fn open_report(&self) -> &OpenReport {
-        &self.open_report
+        &self.core.open_report
     }
 
     /// Each zone's device write pointer in blocks (its capacity when full).
     fn zone_write_pointers(&self) -> Result<Vec<u32>, OpenError> {
         let mut zones = Vec::new();
-        self.capacity
-            .report_zones(0, self.geo.zone_count, &mut zones)
+        self.core
+            .capacity
+            .report_zones(0, self.core.geo.zone_count, &mut zones)
             .map_err(|e| OpenError::Engine(EngineError::capacity("zone report", 0)(e)))?;
         Ok(zones
             .iter()
             .map(|z| match z.state {
-                ZoneState::Full => self.geo.zone_cap_blocks,
+                ZoneState::Full => self.core.geo.zone_cap_blocks,
                 _ => ((z.write_pointer - z.start) / BS) as u32,
             })
             .collect())
@@ -652,6 +650,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
 
     fn census_detail(&self) -> String {
         let valid: u64 = self
+            .core
             .regions
             .regions
             .iter()
@@ -670,16 +669,17 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         zone_wps: &[u32],
         meter: &mut Meter<'_>,
     ) -> Result<u64, OpenError> {
-        let reads0 = self.l2p.counters.page_reads;
-        let geo = self.geo.clone();
+        let reads0 = self.core.l2p.counters.page_reads;
+        let geo = self.core.geo.clone();
         let mut counted = vec![0u32; geo.region_count() as usize];
         let mut err: Option<OpenError> = None;
-        self.regions.validity.clear_all();
+        self.core.regions.validity.clear_all();
         {
-            let validity = &mut self.regions.validity;
-            let regions = &self.regions.regions;
-            self.l2p
-                .for_each_mapped_metered(&mut self.cache, meter, |volume, lba, pba| {
+            let validity = &mut self.core.regions.validity;
+            let regions = &self.core.regions.regions;
+            self.core
+                .l2p
+                .for_each_mapped_metered(&mut self.core.cache, meter, |volume, lba, pba| {
                     if err.is_some() {
                         return;
                     }
@@ -740,7 +740,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         if let Some(e) = err {
             return Err(e);
         }
-        for (i, reg) in self.regions.regions.iter_mut().enumerate() {
+        for (i, reg) in self.core.regions.regions.iter_mut().enumerate() {
             if check_counts && reg.valid != counted[i] {
                 return Err(OpenError::CensusMismatch {
                     region: RegionId(i as u32),
@@ -750,22 +750,22 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             }
             reg.valid = counted[i];
         }
-        Ok((self.l2p.counters.page_reads - reads0) * BS)
+        Ok((self.core.l2p.counters.page_reads - reads0) * BS)
     }
 
     /// Open regions continue at their next group boundary (the partial group's md was
     /// written at shutdown; its unused slots are skipped).
     fn resume_open_regions(&mut self, now: u64) -> Result<(), OpenError> {
         let inconsistent = |reason: String| OpenError::InconsistentCheckpoint { reason };
-        for i in 0..self.geo.region_count() {
+        for i in 0..self.core.geo.region_count() {
             let r = RegionId(i);
-            let reg = self.regions.get(r).clone();
+            let reg = self.core.regions.get(r).clone();
             if reg.state == RegionState::PendingFree {
-                self.regions.get_mut(r).state = RegionState::Free;
-                if self.geo.is_chunk(r) {
-                    self.regions.free_chunks.push_back(r);
+                self.core.regions.get_mut(r).state = RegionState::Free;
+                if self.core.geo.is_chunk(r) {
+                    self.core.regions.free_chunks.push_back(r);
                 } else {
-                    self.regions.free_zones.push_back(r);
+                    self.core.regions.free_zones.push_back(r);
                 }
                 continue;
             }
@@ -773,7 +773,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 continue;
             }
             let groups = Groups {
-                blocks: self.geo.region_blocks(r),
+                blocks: self.core.geo.region_blocks(r),
             };
             let (g, idx) = groups.locate(reg.wp);
             let wp = if idx == 0 || reg.wp >= groups.end() {
@@ -783,13 +783,13 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             } else {
                 groups.end()
             };
-            self.regions.get_mut(r).wp = wp;
-            if self.geo.is_chunk(r) {
+            self.core.regions.get_mut(r).wp = wp;
+            if self.core.geo.is_chunk(r) {
                 if reg.role != RegionRole::User || self.writer.open.is_some() {
                     return Err(inconsistent(format!("{r}: unexpected open chunk")));
                 }
                 if wp >= groups.end() {
-                    self.regions.try_close(&self.geo, r, false, now);
+                    self.core.regions.try_close(&self.core.geo, r, false, now);
                 } else {
                     self.writer.open = Some(r);
                     let used: u32 = (0..groups.locate(wp).0).map(|x| groups.data_slots(x)).sum();
@@ -797,8 +797,9 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 }
                 continue;
             }
-            let z = self.geo.zone_of(r).0;
+            let z = self.core.geo.zone_of(r).0;
             let info = self
+                .core
                 .capacity
                 .zone_info(z)
                 .map_err(|e| OpenError::Engine(EngineError::capacity("zone report", 0)(e)))?;
@@ -811,7 +812,8 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             }
             let s = usize::from(reg.stream);
             let role = reg.role;
-            let slot_free = s < self.streams as usize && self.mover(role).streams[s].zone.is_none();
+            let slot_free =
+                s < self.core.streams as usize && self.mover(role).streams[s].zone.is_none();
             if wp < groups.end()
                 && slot_free
                 && matches!(role, RegionRole::Compaction | RegionRole::Gc)
@@ -820,13 +822,16 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             } else {
                 // Stream layout changed (or zone full): close it as it is.
                 if info.state != ZoneState::Full {
-                    self.capacity.manage(z, ZoneAction::Finish).map_err(|e| {
-                        OpenError::Engine(EngineError::capacity("zone finish", info.start)(e))
-                    })?;
+                    self.core
+                        .capacity
+                        .manage(z, ZoneAction::Finish)
+                        .map_err(|e| {
+                            OpenError::Engine(EngineError::capacity("zone finish", info.start)(e))
+                        })?;
                 }
-                let reg = self.regions.get_mut(r);
+                let reg = self.core.regions.get_mut(r);
                 reg.wp = groups.end();
-                self.regions.try_close(&self.geo, r, false, now);
+                self.core.regions.try_close(&self.core.geo, r, false, now);
             }
         }
         Ok(())
@@ -835,58 +840,60 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     /// Clean shutdown: drains everything, checkpoints with the clean flag, and returns
     /// the devices.
     pub fn shutdown(mut self) -> Result<(C, Z), EngineError> {
-        if let Some(r) = &self.fatal {
+        if let Some(r) = &self.health.fatal {
             return Err(EngineError::Failed { reason: r.clone() });
         }
         self.run_until_idle()?;
         // Staged relocations are dropped: their sources still hold the live copies.
         for role in [RegionRole::Compaction, RegionRole::Gc] {
-            for s in 0..self.streams as usize {
+            for s in 0..self.core.streams as usize {
                 let entries = match role {
-                    RegionRole::Gc => self.cleaner.streams[s].clear(&mut self.bufs),
-                    _ => self.compactor.streams[s].clear(&mut self.bufs),
+                    RegionRole::Gc => self.gc.streams[s].clear(&mut self.core.bufs),
+                    _ => self.compaction.streams[s].clear(&mut self.core.bufs),
                 };
                 for e in entries {
-                    if let Some((src, _)) = self.geo.region_slot(e.source) {
-                        self.regions.get_mut(src).relocations -= 1;
-                        self.regions.maybe_pending_free(src);
+                    if let Some((src, _)) = self.core.geo.region_slot(e.source) {
+                        self.core.regions.get_mut(src).relocations -= 1;
+                        self.core.regions.maybe_pending_free(src);
                     }
                 }
             }
             let m = self.mover(role);
             if let Some(v) = m.victim.take() {
-                self.regions.get_mut(v).draining = false;
+                self.core.regions.get_mut(v).draining = false;
             }
         }
-        for r in self.regions.regions.iter_mut() {
+        for r in self.core.regions.regions.iter_mut() {
             r.draining = false;
         }
         // The next open resumes open chunks at their next group boundary; record that
         // now, so every slot below a recorded write pointer past the checkpoint was
         // written (recovery relies on it to prove md entries durable).
-        let now = self.now();
-        for c in 0..self.geo.chunk_count {
+        let now = self.core.now();
+        for c in 0..self.core.geo.chunk_count {
             let r = RegionId(c);
-            let reg = self.regions.get(r);
+            let reg = self.core.regions.get(r);
             if reg.state != RegionState::Open {
                 continue;
             }
             let groups = Groups {
-                blocks: self.geo.chunk_blocks,
+                blocks: self.core.geo.chunk_blocks,
             };
             let (g, idx) = groups.locate(reg.wp);
             if idx != 0 && reg.wp < groups.end() {
-                self.regions.get_mut(r).wp = if g + 1 < groups.count() {
+                self.core.regions.get_mut(r).wp = if g + 1 < groups.count() {
                     groups.start(g + 1)
                 } else {
                     groups.end()
                 };
             }
-            if self.regions.try_close(&self.geo, r, false, now) && self.writer.open == Some(r) {
+            if self.core.regions.try_close(&self.core.geo, r, false, now)
+                && self.writer.open == Some(r)
+            {
                 self.writer.open = None;
             }
         }
         self.checkpoint(true)?;
-        Ok((self.cache, self.capacity))
+        Ok((self.core.cache, self.core.capacity))
     }
 }

@@ -70,46 +70,55 @@ fn request_pages(volumes: &Volumes, req: &Request) -> Option<(VolumeId, u64, u64
     ))
 }
 
+/// L2P prefetch's state.
+#[derive(Debug, Default)]
+pub(crate) struct Prefetch {
+    /// Requests at the front of the queue whose L2P pages were looked at for loading.
+    pub looked: usize,
+    /// Scratch for the L2P write-backs started in one loop iteration.
+    pub write_backs: Vec<(u32, crate::l2p::WriteBackTarget)>,
+}
+
 impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     /// A quarter of the budget for pages arriving and a quarter for pages leaving,
     /// so the frames the requests in progress use stay cached.
     fn loads_max(&self) -> usize {
-        (self.l2p.frames_max() / 4).clamp(1, LOADS_MAX)
+        (self.core.l2p.frames_max() / 4).clamp(1, LOADS_MAX)
     }
 
     /// Starts loads for the pages of queued requests not looked at yet. Returns true
     /// if it started any.
     pub(crate) fn prefetch_l2p(&mut self) -> Result<bool, EngineError> {
-        self.l2p.install_arrived(&mut self.cache)?;
+        self.core.l2p.install_arrived(&mut self.core.cache)?;
         let mut started = false;
         let loads_max = self.loads_max();
         let end = self.queue.len().min(PREFETCH_REQUESTS_MAX);
-        while self.prefetched < end && self.l2p.loads_in_flight() < loads_max {
+        while self.prefetch.looked < end && self.core.l2p.loads_in_flight() < loads_max {
             let Some((volume, first, last)) =
-                request_pages(&self.volumes, &self.queue[self.prefetched].0)
+                request_pages(&self.core.volumes, &self.queue[self.prefetch.looked].0)
             else {
-                self.prefetched += 1;
+                self.prefetch.looked += 1;
                 continue;
             };
-            if last - first > (loads_max - self.l2p.loads_in_flight()) as u64 {
+            if last - first > (loads_max - self.core.l2p.loads_in_flight()) as u64 {
                 // Not all of them fit now: look again next time.
                 break;
             }
             for p in first..last {
-                if let Some(offset) = self.l2p.start_load(volume, p as usize) {
-                    let tag = self.io.insert(InflightIo::L2pLoad {
+                if let Some(offset) = self.core.l2p.start_load(volume, p as usize) {
+                    let tag = self.core.io.insert(InflightIo::L2pLoad {
                         volume: volume.0,
                         page: p as u32,
                     });
-                    let buf = self.bufs.take(1);
-                    self.cache.submit(IoRequest {
+                    let buf = self.core.bufs.take(1);
+                    self.core.cache.submit(IoRequest {
                         tag,
                         op: IoOp::Read { offset, buf },
                     });
                     started = true;
                 }
             }
-            self.prefetched += 1;
+            self.prefetch.looked += 1;
         }
         self.start_l2p_write_backs();
         Ok(started)
@@ -119,39 +128,45 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     /// is loading, or it was not looked at yet because the loads in flight were at
     /// their limit (its own start as those complete).
     pub(crate) fn waits_for_l2p(&self, req: &Request) -> bool {
-        if self.l2p.loads_in_flight() == 0 {
+        if self.core.l2p.loads_in_flight() == 0 {
             return false;
         }
-        request_pages(&self.volumes, req).is_some_and(|(v, first, last)| {
-            self.prefetched == 0 || (first..last).any(|p| self.l2p.is_loading(v, p as usize))
+        request_pages(&self.core.volumes, req).is_some_and(|(v, first, last)| {
+            self.prefetch.looked == 0
+                || (first..last).any(|p| self.core.l2p.is_loading(v, p as usize))
         })
     }
 
     /// Keeps clean frames at the LRU tail for the loads in flight and those to come.
     fn start_l2p_write_backs(&mut self) {
-        if !self.l2p.is_full() {
+        if !self.core.l2p.is_full() {
             return;
         }
-        let max_writes = (self.l2p.frames_max() / 4).clamp(1, WRITE_BACKS_MAX);
-        if self.l2p.writes_in_flight() >= max_writes {
+        let max_writes = (self.core.l2p.frames_max() / 4).clamp(1, WRITE_BACKS_MAX);
+        if self.core.l2p.writes_in_flight() >= max_writes {
             return;
         }
-        let want = self.l2p.loads_in_flight() + 4;
-        let mut started = std::mem::take(&mut self.l2p_write_backs);
-        self.l2p.start_write_backs(want, max_writes, &mut started);
+        let want = self.core.l2p.loads_in_flight() + 4;
+        let mut started = std::mem::take(&mut self.prefetch.write_backs);
+        self.core
+            .l2p
+            .start_write_backs(want, max_writes, &mut started);
         for (frame, target) in started.drain(..) {
-            let mut buf = self.bufs.take(1);
-            buf.copy_from_slice(self.l2p.page_bytes(frame));
-            let tag = self.io.insert(InflightIo::L2pWriteBack { frame, target });
-            self.cache.submit(IoRequest {
+            let mut buf = self.core.bufs.take(1);
+            buf.copy_from_slice(self.core.l2p.page_bytes(frame));
+            let tag = self
+                .core
+                .io
+                .insert(InflightIo::L2pWriteBack { frame, target });
+            self.core.cache.submit(IoRequest {
                 tag,
                 op: IoOp::Write {
-                    offset: self.l2p.target_offset(&target),
+                    offset: self.core.l2p.target_offset(&target),
                     buf,
                     fua: false,
                 },
             });
         }
-        self.l2p_write_backs = started;
+        self.prefetch.write_backs = started;
     }
 }

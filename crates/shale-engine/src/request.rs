@@ -108,6 +108,16 @@ pub type Completion = Box<dyn FnOnce(Result<Reply, EngineError>) + Send>;
 /// `Engine::abandon` (a simulated crash) silences the ones still held.
 pub(crate) struct Answer(Option<Completion>);
 
+impl std::fmt::Debug for Answer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Answer"
+        } else {
+            "Answer(sent)"
+        })
+    }
+}
+
 impl Answer {
     pub fn new(done: Completion) -> Answer {
         Answer(Some(done))

@@ -34,13 +34,15 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         &mut self,
         meter: &mut Meter<'_>,
     ) -> Result<Result<(), SelfCheckError>, EngineError> {
-        let mut seen = Validity::new(self.geo.pba_count());
-        let mut mapped = vec![0u32; self.geo.region_count() as usize];
+        let mut seen = Validity::new(self.core.geo.pba_count());
+        let mut mapped = vec![0u32; self.core.geo.region_count() as usize];
         let mut first_err = None;
-        let geo = self.geo.clone();
-        let validity = &self.regions.validity;
-        self.l2p
-            .for_each_mapped_metered(&mut self.cache, meter, |volume, lba, pba| {
+        let geo = self.core.geo.clone();
+        let validity = &self.core.regions.validity;
+        self.core.l2p.for_each_mapped_metered(
+            &mut self.core.cache,
+            meter,
+            |volume, lba, pba| {
                 if first_err.is_some() {
                     return;
                 }
@@ -57,7 +59,8 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                     return;
                 }
                 mapped[r.0 as usize] += 1;
-            })?;
+            },
+        )?;
         if let Some(e) = first_err {
             return Ok(Err(e));
         }
@@ -65,12 +68,12 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     }
 
     fn check_regions(&self, mapped: &[u32], seen: &Validity) -> Result<(), SelfCheckError> {
-        let rs = &self.regions;
+        let rs = &self.core.regions;
         let bad =
             |region: RegionId, reason: String| Err(SelfCheckError::RegionState { region, reason });
         // How often each region is on the free and pending lists (counted once: a
         // search per region would be quadratic in the zone count).
-        let n = self.geo.region_count() as usize;
+        let n = self.core.geo.region_count() as usize;
         let mut listed_free = vec![0u32; n];
         let mut listed_pending = vec![0u32; n];
         for &r in rs.free_chunks.iter().chain(rs.free_zones.iter()) {
@@ -83,14 +86,14 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 *c += 1;
             }
         }
-        for i in 0..self.geo.region_count() {
+        for i in 0..self.core.geo.region_count() {
             let r = RegionId(i);
             let reg = rs.get(r);
-            let base = self.geo.region_base(r);
-            let span = if self.geo.is_chunk(r) {
-                self.geo.chunk_blocks
+            let base = self.core.geo.region_base(r);
+            let span = if self.core.geo.is_chunk(r) {
+                self.core.geo.chunk_blocks
             } else {
-                self.geo.zone_size_blocks
+                self.core.geo.zone_size_blocks
             };
             let bits = rs.validity.count_range(base, span);
             if bits != reg.valid || reg.valid != mapped[i as usize] {
@@ -109,7 +112,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 }
             }
             let groups = Groups {
-                blocks: self.geo.region_blocks(r),
+                blocks: self.core.geo.region_blocks(r),
             };
             if reg.wp > groups.end() {
                 return bad(
@@ -164,7 +167,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                     }
                 }
                 RegionState::Reserved => {
-                    if i != self.geo.chunk_count || reg.valid != 0 {
+                    if i != self.core.geo.chunk_count || reg.valid != 0 {
                         return bad(r, "Reserved region is not zone 0".into());
                     }
                 }
@@ -172,7 +175,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                     if in_free != 0 || in_pending != 0 {
                         return bad(r, format!("{:?} but on a free/pending list", reg.state));
                     }
-                    let chunk = self.geo.is_chunk(r);
+                    let chunk = self.core.geo.is_chunk(r);
                     let role_ok = if chunk {
                         reg.role == RegionRole::User
                     } else {
@@ -193,8 +196,8 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         }
         for (list, chunk) in [(&rs.free_chunks, true), (&rs.free_zones, false)] {
             for &r in list.iter() {
-                if r.0 >= self.geo.region_count()
-                    || self.geo.is_chunk(r) != chunk
+                if r.0 >= self.core.geo.region_count()
+                    || self.core.geo.is_chunk(r) != chunk
                     || rs.get(r).state != RegionState::Free
                 {
                     return Err(SelfCheckError::FreeList {
@@ -213,7 +216,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 });
             }
         }
-        let open_user = (0..self.geo.chunk_count)
+        let open_user = (0..self.core.geo.chunk_count)
             .filter(|&c| rs.get(RegionId(c)).state == RegionState::Open)
             .count();
         let unsettled_chunks = {

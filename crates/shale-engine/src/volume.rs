@@ -70,12 +70,20 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 reason: format!("name {name:?} must be 1..={VOLUME_NAME_MAX} bytes"),
             });
         }
-        if self.volumes.table.entries.iter().any(|e| e.name == name) {
+        if self
+            .core
+            .volumes
+            .table
+            .entries
+            .iter()
+            .any(|e| e.name == name)
+        {
             return Err(EngineError::InvalidVolume {
                 reason: format!("a volume named {name:?} exists"),
             });
         }
-        let available = self.volumes.user_capacity_blocks - self.volumes.allocated_blocks();
+        let available =
+            self.core.volumes.user_capacity_blocks - self.core.volumes.allocated_blocks();
         if blocks > available {
             return Err(EngineError::NoSpace {
                 what: "volume create",
@@ -83,15 +91,15 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 available,
             });
         }
-        let Some(id) = (0..self.volumes.volumes_max)
+        let Some(id) = (0..self.core.volumes.volumes_max)
             .map(VolumeId)
-            .find(|&id| self.volumes.get(id).is_none())
+            .find(|&id| self.core.volumes.get(id).is_none())
         else {
             return Err(EngineError::InvalidVolume {
-                reason: format!("all {} volume slots in use", self.volumes.volumes_max),
+                reason: format!("all {} volume slots in use", self.core.volumes.volumes_max),
             });
         };
-        let Some(uid) = self.volumes.table.issue_uid() else {
+        let Some(uid) = self.core.volumes.table.issue_uid() else {
             return Err(EngineError::InvalidVolume {
                 reason: "every volume uid has been issued".into(),
             });
@@ -106,8 +114,8 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             created_pos,
         };
         let info = Volumes::info(&e);
-        self.volumes.table.entries.push(e);
-        self.l2p.add_volume(id, blocks);
+        self.core.volumes.table.entries.push(e);
+        self.core.l2p.add_volume(id, blocks);
         self.volume_changed(id, blocks, true)?;
         Ok(info)
     }
@@ -118,14 +126,15 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         size_bytes: u64,
     ) -> Result<VolumeInfo, EngineError> {
         let blocks = size_blocks(size_bytes)?;
-        let Some(id) = self.volumes.resolve(uid) else {
+        let Some(id) = self.core.volumes.resolve(uid) else {
             return Err(EngineError::NoSuchVolume { volume: uid });
         };
-        let Some(old) = self.volumes.get(id).map(|e| e.size_blocks) else {
+        let Some(old) = self.core.volumes.get(id).map(|e| e.size_blocks) else {
             unreachable!("resolved above");
         };
         if blocks > old {
-            let available = self.volumes.user_capacity_blocks - self.volumes.allocated_blocks();
+            let available =
+                self.core.volumes.user_capacity_blocks - self.core.volumes.allocated_blocks();
             if blocks - old > available {
                 return Err(EngineError::NoSpace {
                     what: "volume grow",
@@ -136,8 +145,15 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         } else if blocks < old {
             self.unmap_range(id, blocks, old - blocks)?;
         }
-        self.l2p.resize_volume(id, blocks);
-        let Some(e) = self.volumes.table.entries.iter_mut().find(|e| e.id == id) else {
+        self.core.l2p.resize_volume(id, blocks);
+        let Some(e) = self
+            .core
+            .volumes
+            .table
+            .entries
+            .iter_mut()
+            .find(|e| e.id == id)
+        else {
             unreachable!("volume checked above");
         };
         e.size_blocks = blocks;
@@ -147,15 +163,15 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     }
 
     pub(crate) fn delete_volume(&mut self, uid: VolumeUid) -> Result<(), EngineError> {
-        let Some(id) = self.volumes.resolve(uid) else {
+        let Some(id) = self.core.volumes.resolve(uid) else {
             return Err(EngineError::NoSuchVolume { volume: uid });
         };
-        let Some(size) = self.volumes.get(id).map(|e| e.size_blocks) else {
+        let Some(size) = self.core.volumes.get(id).map(|e| e.size_blocks) else {
             unreachable!("resolved above");
         };
         self.unmap_range(id, 0, size)?;
-        self.l2p.remove_volume(id);
-        self.volumes.table.entries.retain(|e| e.id != id);
+        self.core.l2p.remove_volume(id);
+        self.core.volumes.table.entries.retain(|e| e.id != id);
         self.volume_changed(id, 0, false)
     }
 
@@ -181,15 +197,16 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         size_blocks: u64,
         live: bool,
     ) -> Result<(), EngineError> {
-        self.volumes.table.generation += 1;
-        self.volumes.table.entries.sort_by_key(|e| e.id);
-        let copy = self.volumes.table.generation % 2;
-        let off = (self.sb.layout.volume_table_start + copy) * BS;
-        self.cache
-            .write_at(off, &self.volumes.table.encode())
+        self.core.volumes.table.generation += 1;
+        self.core.volumes.table.entries.sort_by_key(|e| e.id);
+        let copy = self.core.volumes.table.generation % 2;
+        let off = (self.core.sb.layout.volume_table_start + copy) * BS;
+        self.core
+            .cache
+            .write_at(off, &self.core.volumes.table.encode())
             .map_err(EngineError::cache("volume table write", off))?;
-        self.stats.cache_md_write_bytes += BS;
-        self.journal.append(JournalRecord::VolumeChanged {
+        self.core.stats.cache_md_write_bytes += BS;
+        self.core.journal.append(JournalRecord::VolumeChanged {
             volume: id,
             size_blocks,
             live,
@@ -198,7 +215,8 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     }
 
     pub(crate) fn volume_list(&self) -> Vec<VolumeInfo> {
-        self.volumes
+        self.core
+            .volumes
             .table
             .entries
             .iter()

@@ -59,8 +59,9 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             let p = lba / EPP;
             let stop = ((p + 1) * EPP).min(last + 1);
             if !self
+                .core
                 .l2p
-                .peek_page(&mut self.cache, volume, p as usize, &mut page)?
+                .peek_page(&mut self.core.cache, volume, p as usize, &mut page)?
             {
                 push(&mut out, bytes(lba, stop), false);
                 lba = stop;
@@ -76,7 +77,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 lba = run_end;
             }
         }
-        self.stats.allocation_queries += 1;
+        self.core.stats.allocation_queries += 1;
         Ok(out)
     }
 }

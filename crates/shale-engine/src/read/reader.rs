@@ -47,6 +47,18 @@ impl ReadOp {
     }
 }
 
+/// The read path's state: user reads in flight and the md reads they wait for.
+#[derive(Debug, Default)]
+pub(crate) struct Reader {
+    /// Reads in flight (a slab; the index travels in the I/O tag).
+    pub ops: Vec<Option<ReadOp>>,
+    pub free: Vec<u32>,
+    /// md reads in flight for user reads (PBA of copy A), and data blocks waiting for
+    /// them: (key, read op, block, PBA, data).
+    pub md_reads: Vec<u32>,
+    pub parked: Vec<(u32, u32, u32, Pba, shale_device::IoBuf)>,
+}
+
 impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     pub(crate) fn start_read(
         &mut self,
@@ -59,8 +71,8 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             done.send(Err(e));
             return Ok(());
         }
-        self.stats.user_read_bytes += len;
-        let c = self.volume_counters(volume);
+        self.core.stats.user_read_bytes += len;
+        let c = self.core.volume_counters(volume);
         c.read_ops += 1;
         c.user_read_bytes += len;
         let first = offset / BS;
@@ -74,16 +86,16 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             pending: 0,
             error: None,
         };
-        let op_id = match self.reads_free.pop() {
+        let op_id = match self.reader.free.pop() {
             Some(i) => i,
             None => {
-                self.reads.push(None);
-                (self.reads.len() - 1) as u32
+                self.reader.ops.push(None);
+                (self.reader.ops.len() - 1) as u32
             }
         };
         for lba in first..=last {
             let i = (lba - first) as u32;
-            let pba = match self.l2p.get(&mut self.cache, volume, Lba(lba)) {
+            let pba = match self.core.l2p.get(&mut self.core.cache, volume, Lba(lba)) {
                 Ok(Some(p)) => p,
                 Ok(None) => Pba::NONE,
                 Err(e) => {
@@ -94,53 +106,53 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             if pba.is_none() {
                 continue; // zeros
             }
-            let Some((region, slot)) = self.geo.region_slot(pba) else {
+            let Some((region, slot)) = self.core.geo.region_slot(pba) else {
                 panic!("L2P maps {volume} {lba} to {pba} outside the data regions");
             };
             if let Some(b) = self.writer.find(region, slot) {
                 op.put(i, b);
                 continue;
             }
-            let buf = self.bufs.take(1);
-            let tag = self.io.insert(InflightIo::Read {
+            let buf = self.core.bufs.take(1);
+            let tag = self.core.io.insert(InflightIo::Read {
                 op: op_id,
                 block: i,
                 pba,
             });
             op.pending += 1;
-            if self.geo.is_chunk(region) {
-                let offset = self.geo.chunk_offset(region, slot);
-                self.cache.submit(IoRequest {
+            if self.core.geo.is_chunk(region) {
+                let offset = self.core.geo.chunk_offset(region, slot);
+                self.core.cache.submit(IoRequest {
                     tag,
                     op: IoOp::Read { offset, buf },
                 });
-                self.stats.cache_read_bytes += BS;
+                self.core.stats.cache_read_bytes += BS;
             } else {
-                let offset = self.geo.zone_offset(region, slot);
-                self.capacity.submit(ZoneRequest {
+                let offset = self.core.geo.zone_offset(region, slot);
+                self.core.capacity.submit(ZoneRequest {
                     tag,
                     op: ZoneOp::Read { offset, buf },
                 });
-                self.stats.capacity_read_bytes += BS;
+                self.core.stats.capacity_read_bytes += BS;
             }
             self.prefetch_md(pba);
         }
-        self.reads[op_id as usize] = Some(op);
+        self.reader.ops[op_id as usize] = Some(op);
         self.maybe_finish_read(op_id);
         Ok(())
     }
 
     fn maybe_finish_read(&mut self, op_id: u32) {
-        let finished = self.reads[op_id as usize]
+        let finished = self.reader.ops[op_id as usize]
             .as_ref()
             .is_some_and(|o| o.pending == 0);
         if !finished {
             return;
         }
-        let Some(mut op) = self.reads[op_id as usize].take() else {
+        let Some(mut op) = self.reader.ops[op_id as usize].take() else {
             return;
         };
-        self.reads_free.push(op_id);
+        self.reader.free.push(op_id);
         let r = match op.error.take() {
             Some(e) => Err(e),
             None => Ok(Reply::Read(std::mem::take(&mut op.data))),
@@ -160,8 +172,10 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         let key = self.md_key(pba).3 .0;
         match r {
             // Its md is still on the way: wait for it rather than read it synchronously.
-            Ok(Some(buf)) if self.md_reads.contains(&key) && !self.md_cache.contains(key) => {
-                self.parked.push((key, op_id, block, pba, buf));
+            Ok(Some(buf))
+                if self.reader.md_reads.contains(&key) && !self.core.md_cache.contains(key) =>
+            {
+                self.reader.parked.push((key, op_id, block, pba, buf));
             }
             r => self.finish_block_read(op_id, block, pba, r),
         }
@@ -176,7 +190,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         pba: Pba,
         r: Result<Option<IoBuf>, EngineError>,
     ) {
-        let Some((volume, lba)) = self.reads[op_id as usize]
+        let Some((volume, lba)) = self.reader.ops[op_id as usize]
             .as_ref()
             .map(|o| (o.volume, o.first_lba + u64::from(block)))
         else {
@@ -186,19 +200,19 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             Ok(Some(buf)) => match self.verify_block(volume, Lba(lba), pba, &buf) {
                 Ok(()) => Ok(buf),
                 Err(e) => {
-                    self.bufs.give(buf);
+                    self.core.bufs.give(buf);
                     Err(e)
                 }
             },
             Ok(None) => panic!("read completion without its buffer"),
             Err(e) => Err(e),
         };
-        if let Some(op) = self.reads[op_id as usize].as_mut() {
+        if let Some(op) = self.reader.ops[op_id as usize].as_mut() {
             op.pending -= 1;
             match checked {
                 Ok(buf) => {
                     op.put(block, &buf);
-                    self.bufs.give(buf);
+                    self.core.bufs.give(buf);
                 }
                 Err(e) => {
                     op.error.get_or_insert(e);
@@ -216,32 +230,35 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         out: &mut [u8; BLOCK_SIZE],
     ) -> Result<(), EngineError> {
         let pba = self
+            .core
             .l2p
-            .get(&mut self.cache, volume, lba)?
+            .get(&mut self.core.cache, volume, lba)?
             .unwrap_or(Pba::NONE);
         if pba.is_none() {
             out.fill(0);
             return Ok(());
         }
-        let Some((region, slot)) = self.geo.region_slot(pba) else {
+        let Some((region, slot)) = self.core.geo.region_slot(pba) else {
             panic!("L2P maps {volume} {lba} to {pba} outside the data regions");
         };
         if let Some(b) = self.writer.find(region, slot) {
             out.copy_from_slice(b);
             return Ok(());
         }
-        if self.geo.is_chunk(region) {
-            let off = self.geo.chunk_offset(region, slot);
-            self.cache
+        if self.core.geo.is_chunk(region) {
+            let off = self.core.geo.chunk_offset(region, slot);
+            self.core
+                .cache
                 .read_at(off, out)
                 .map_err(EngineError::cache("read-modify-write read", off))?;
-            self.stats.cache_read_bytes += BS;
+            self.core.stats.cache_read_bytes += BS;
         } else {
-            let off = self.geo.zone_offset(region, slot);
-            self.capacity
+            let off = self.core.geo.zone_offset(region, slot);
+            self.core
+                .capacity
                 .read_at(off, out)
                 .map_err(EngineError::capacity("read-modify-write read", off))?;
-            self.stats.capacity_read_bytes += BS;
+            self.core.stats.capacity_read_bytes += BS;
         }
         self.verify_block(volume, lba, pba, &out[..])
     }
@@ -254,7 +271,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         pba: Pba,
         data: &[u8],
     ) -> Result<(), EngineError> {
-        let Some((region, slot)) = self.geo.region_slot(pba) else {
+        let Some((region, slot)) = self.core.geo.region_slot(pba) else {
             panic!("verify of {pba} outside the data regions");
         };
         let idx = (slot % shale_format::GROUP_BLOCKS) as usize;
@@ -266,7 +283,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             || e.volume != volume
             || e.lba != lba
         {
-            self.stats.crc_errors += 1;
+            self.core.stats.crc_errors += 1;
             return Err(EngineError::Misdirected {
                 volume,
                 lba,
@@ -276,7 +293,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             });
         }
         if e.data_crc != got {
-            self.stats.crc_errors += 1;
+            self.core.stats.crc_errors += 1;
             tracing::warn!(%volume, %lba, %pba, %region, "data CRC mismatch");
             return Err(EngineError::ChecksumMismatch {
                 volume,
@@ -293,15 +310,15 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     /// and take the valid one with the higher generation).
     /// (region, group, md slot, key = PBA of md copy A) of the group holding `pba`.
     pub(crate) fn md_key(&self, pba: Pba) -> (RegionId, u32, u32, Pba) {
-        let Some((region, slot)) = self.geo.region_slot(pba) else {
+        let Some((region, slot)) = self.core.geo.region_slot(pba) else {
             panic!("md lookup of {pba} outside the data regions");
         };
         let groups = Groups {
-            blocks: self.geo.region_blocks(region),
+            blocks: self.core.geo.region_blocks(region),
         };
         let (g, _) = groups.locate(slot);
         let md_slot = groups.md_slot(g);
-        (region, g, md_slot, self.geo.pba(region, md_slot))
+        (region, g, md_slot, self.core.geo.pba(region, md_slot))
     }
 
     /// The valid md block of the group holding `pba` (md cache, else a synchronous read
@@ -309,7 +326,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     pub(crate) fn md_block(&mut self, pba: Pba) -> Result<Box<[u8; BLOCK_SIZE]>, EngineError> {
         let (_, _, _, key) = self.md_key(pba);
         let mut out = Box::new([0u8; BLOCK_SIZE]);
-        if let Some(b) = self.md_cache.get(key.0) {
+        if let Some(b) = self.core.md_cache.get(key.0) {
             out.copy_from_slice(b);
             return Ok(out);
         }
@@ -319,20 +336,22 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     /// Reads both md copies of the group holding `pba` synchronously and picks one.
     fn md_block_read_both(&mut self, pba: Pba) -> Result<Box<[u8; BLOCK_SIZE]>, EngineError> {
         let (region, g, md_slot, key) = self.md_key(pba);
-        self.stats.md_reads_sync += 1;
+        self.core.stats.md_reads_sync += 1;
         let mut two = vec![0u8; 2 * BLOCK_SIZE];
-        if self.geo.is_chunk(region) {
-            let off = self.geo.chunk_offset(region, md_slot);
-            self.cache
+        if self.core.geo.is_chunk(region) {
+            let off = self.core.geo.chunk_offset(region, md_slot);
+            self.core
+                .cache
                 .read_at(off, &mut two)
                 .map_err(EngineError::cache("md read", off))?;
-            self.stats.cache_read_bytes += 2 * BS;
+            self.core.stats.cache_read_bytes += 2 * BS;
         } else {
-            let off = self.geo.zone_offset(region, md_slot);
-            self.capacity
+            let off = self.core.geo.zone_offset(region, md_slot);
+            self.core
+                .capacity
                 .read_at(off, &mut two)
                 .map_err(EngineError::capacity("md read", off))?;
-            self.stats.capacity_read_bytes += 2 * BS;
+            self.core.stats.capacity_read_bytes += 2 * BS;
         }
         self.pick_md(region, g, key, &two)
     }
@@ -348,7 +367,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         two: &[u8],
     ) -> Result<Box<[u8; BLOCK_SIZE]>, EngineError> {
         // A copy left from an earlier life of the region (other SID) is not valid.
-        let sid = self.regions.get(region).sid;
+        let sid = self.core.regions.get(region).sid;
         let stale = |h: shale_format::MdHeader, at: u64| {
             if h.region_sid == sid {
                 Ok(h)
@@ -415,7 +434,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             .iter()
             .any(|x| x.region == region && x.group == g);
         if cacheable {
-            self.md_cache.insert(key.0, &out[..]);
+            self.core.md_cache.insert(key.0, &out[..]);
         }
         Ok(out)
     }
@@ -424,27 +443,27 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     /// being read, so a data block and its md travel together.
     fn prefetch_md(&mut self, pba: Pba) {
         let (region, _, md_slot, key) = self.md_key(pba);
-        if self.md_cache.contains(key.0) || self.md_reads.contains(&key.0) {
+        if self.core.md_cache.contains(key.0) || self.reader.md_reads.contains(&key.0) {
             return;
         }
-        self.md_reads.push(key.0);
-        self.stats.md_reads += 1;
-        let tag = self.io.insert(InflightIo::MdRead { key: key.0 });
-        if self.geo.is_chunk(region) {
-            let buf = self.bufs.take(2);
-            let offset = self.geo.chunk_offset(region, md_slot);
-            self.stats.cache_read_bytes += 2 * BS;
-            self.cache.submit(IoRequest {
+        self.reader.md_reads.push(key.0);
+        self.core.stats.md_reads += 1;
+        let tag = self.core.io.insert(InflightIo::MdRead { key: key.0 });
+        if self.core.geo.is_chunk(region) {
+            let buf = self.core.bufs.take(2);
+            let offset = self.core.geo.chunk_offset(region, md_slot);
+            self.core.stats.cache_read_bytes += 2 * BS;
+            self.core.cache.submit(IoRequest {
                 tag,
                 op: IoOp::Read { offset, buf },
             });
         } else {
             // A zone group is written once, both md copies in the same write: they are
             // the same block, and copy B is read only if copy A turns out bad.
-            let buf = self.bufs.take(1);
-            let offset = self.geo.zone_offset(region, md_slot);
-            self.stats.capacity_read_bytes += BS;
-            self.capacity.submit(ZoneRequest {
+            let buf = self.core.bufs.take(1);
+            let offset = self.core.geo.zone_offset(region, md_slot);
+            self.core.stats.capacity_read_bytes += BS;
+            self.core.capacity.submit(ZoneRequest {
                 tag,
                 op: ZoneOp::Read { offset, buf },
             });
@@ -454,12 +473,12 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     /// An md read arrived: cache it and verify the data blocks that waited for it. Errors
     /// fail only the reads that needed it.
     pub(crate) fn on_md_read_done(&mut self, key: u32, r: Result<Option<IoBuf>, EngineError>) {
-        self.md_reads.retain(|&k| k != key);
+        self.reader.md_reads.retain(|&k| k != key);
         let (region, g, _, _) = self.md_key(Pba(key));
         let picked = match r {
             Ok(Some(buf)) => {
                 let p = self.pick_md(region, g, Pba(key), &buf).map(|_| ());
-                self.bufs.give(buf);
+                self.core.bufs.give(buf);
                 p
             }
             Ok(None) => panic!("md read completed without its buffer"),
@@ -467,20 +486,22 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         };
         let picked = match picked {
             // Copy A of a zone group bad or unreadable: both copies, as for a chunk.
-            Err(_) if !self.geo.is_chunk(region) => self.md_block_read_both(Pba(key)).map(|_| ()),
+            Err(_) if !self.core.geo.is_chunk(region) => {
+                self.md_block_read_both(Pba(key)).map(|_| ())
+            }
             p => p,
         };
         let mut i = 0;
-        while i < self.parked.len() {
-            if self.parked[i].0 != key {
+        while i < self.reader.parked.len() {
+            if self.reader.parked[i].0 != key {
                 i += 1;
                 continue;
             }
-            let (_, op, block, pba, buf) = self.parked.swap_remove(i);
+            let (_, op, block, pba, buf) = self.reader.parked.swap_remove(i);
             let r = match &picked {
                 Ok(()) => Ok(Some(buf)),
                 Err(e) => {
-                    self.bufs.give(buf);
+                    self.core.bufs.give(buf);
                     Err(EngineError::Failed {
                         reason: format!("md read for {pba}: {e}"),
                     })
@@ -491,6 +512,6 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     }
 
     fn md_offset(&self, key: Pba) -> u64 {
-        self.geo.device_offset(key).map_or(0, |(_, o)| o)
+        self.core.geo.device_offset(key).map_or(0, |(_, o)| o)
     }
 }

@@ -245,7 +245,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             let r = RegionId(id);
             let end = self.scan_end(r, p)?;
             let groups = Groups {
-                blocks: self.geo.region_blocks(r),
+                blocks: self.core.geo.region_blocks(r),
             };
             let n = if end <= p.start {
                 0
@@ -292,12 +292,13 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     /// device's write pointer.
     fn scan_end(&self, r: RegionId, p: &RegionPlan) -> Result<u32, OpenError> {
         let groups = Groups {
-            blocks: self.geo.region_blocks(r),
+            blocks: self.core.geo.region_blocks(r),
         };
         let mut end = p.claimed.min(groups.end());
-        if !self.geo.is_chunk(r) {
-            let z = self.geo.zone_of(r).0;
+        if !self.core.geo.is_chunk(r) {
+            let z = self.core.geo.zone_of(r).0;
             let info = self
+                .core
                 .capacity
                 .zone_info(z)
                 .map_err(|e| OpenError::Engine(EngineError::capacity("zone report", 0)(e)))?;
@@ -325,9 +326,9 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         warnings: &mut Vec<String>,
         meter: &mut Meter<'_>,
     ) -> Result<u64, OpenError> {
-        let chunk = self.geo.is_chunk(r);
+        let chunk = self.core.geo.is_chunk(r);
         let groups = Groups {
-            blocks: self.geo.region_blocks(r),
+            blocks: self.core.geo.region_blocks(r),
         };
         if end <= p.start {
             return Ok(0);
@@ -433,7 +434,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                     counts.entries_ignored += 1;
                     continue;
                 }
-                found.push((pack(e.volume, e.lba.0), key, self.geo.pba(r, slot)));
+                found.push((pack(e.volume, e.lba.0), key, self.core.geo.pba(r, slot)));
             }
         }
         Ok(bytes)
@@ -441,15 +442,17 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
 
     /// Reads `buf.len()` bytes of region `r` from `slot`; returns the byte offset.
     fn read_region(&mut self, r: RegionId, slot: u32, buf: &mut [u8]) -> Result<u64, OpenError> {
-        if self.geo.is_chunk(r) {
-            let off = self.geo.chunk_offset(r, slot);
-            self.cache
+        if self.core.geo.is_chunk(r) {
+            let off = self.core.geo.chunk_offset(r, slot);
+            self.core
+                .cache
                 .read_at(off, buf)
                 .map_err(|e| OpenError::Engine(EngineError::cache("md scan read", off)(e)))?;
             Ok(off)
         } else {
-            let off = self.geo.zone_offset(r, slot);
-            self.capacity
+            let off = self.core.geo.zone_offset(r, slot);
+            self.core
+                .capacity
                 .read_at(off, buf)
                 .map_err(|e| OpenError::Engine(EngineError::capacity("md scan read", off)(e)))?;
             Ok(off)
@@ -459,7 +462,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     /// An md entry can be mapped: its volume is live, the LBA inside it, and the
     /// entry not older than the volume (an earlier volume with the same id).
     fn mappable(&self, v: VolumeId, lba: Lba, key: Key) -> bool {
-        let Some(vol) = self.volumes.get(v) else {
+        let Some(vol) = self.core.volumes.get(v) else {
             return false;
         };
         if lba.0 >= vol.size_blocks || lba.0 >= 1 << 58 {
@@ -480,15 +483,15 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         rp: &mut Replay,
         meter: &mut Meter<'_>,
     ) -> Result<u64, OpenError> {
-        let reads0 = self.l2p.counters.page_reads;
+        let reads0 = self.core.l2p.counters.page_reads;
         // Later trims paint over earlier ones: per volume, disjoint ranges with the key
         // of the last trim covering them.
         let mut painted: Vec<BTreeMap<u64, (u64, Key)>> =
-            vec![BTreeMap::new(); self.volumes.volumes_max as usize];
+            vec![BTreeMap::new(); self.core.volumes.volumes_max as usize];
         meter.start((rp.trims.len() + rp.overlay.len()) as u64);
         for t in &rp.trims {
             meter.add(1);
-            let Some(size) = self.l2p.volume_size(t.volume) else {
+            let Some(size) = self.core.l2p.volume_size(t.volume) else {
                 continue;
             };
             let lo = t.lba.min(size);
@@ -517,8 +520,9 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             if trimmed {
                 continue;
             }
-            self.l2p
-                .set(&mut self.cache, v, Lba(lba), pba)
+            self.core
+                .l2p
+                .set(&mut self.core.cache, v, Lba(lba), pba)
                 .map_err(OpenError::Engine)?;
             rp.counts.entries_applied += 1;
         }
@@ -528,7 +532,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         c.entries_superseded = c
             .entries_seen
             .saturating_sub(c.entries_ignored + c.entries_applied);
-        Ok((self.l2p.counters.page_reads - reads0) * BS)
+        Ok((self.core.l2p.counters.page_reads - reads0) * BS)
     }
 
     /// Unmaps `lo..hi` of `v` in the L2P only (validity is rebuilt afterwards).
@@ -537,13 +541,14 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         while lba < hi {
             let page = (lba / L2P_ENTRIES_PER_PAGE) as usize;
             let page_end = ((page as u64 + 1) * L2P_ENTRIES_PER_PAGE).min(hi);
-            if self.l2p.page_is_empty(v, page) {
+            if self.core.l2p.page_is_empty(v, page) {
                 lba = page_end;
                 continue;
             }
             while lba < page_end {
-                self.l2p
-                    .set(&mut self.cache, v, Lba(lba), Pba::NONE)
+                self.core
+                    .l2p
+                    .set(&mut self.core.cache, v, Lba(lba), Pba::NONE)
                     .map_err(OpenError::Engine)?;
                 lba += 1;
             }
@@ -558,17 +563,17 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         for (&id, p) in &rp.plans {
             let r = RegionId(id);
             let groups = Groups {
-                blocks: self.geo.region_blocks(r),
+                blocks: self.core.geo.region_blocks(r),
             };
             let (role, stream) = if p.from_checkpoint {
-                let reg = self.regions.get(r);
+                let reg = self.core.regions.get(r);
                 (reg.role, reg.stream)
-            } else if self.geo.is_chunk(r) {
+            } else if self.core.geo.is_chunk(r) {
                 (RegionRole::User, 0)
             } else {
                 (RegionRole::Compaction, 0)
             };
-            let reg = self.regions.get_mut(r);
+            let reg = self.core.regions.get_mut(r);
             reg.state = RegionState::Closed;
             reg.sid = p.sid;
             reg.role = role;
@@ -576,14 +581,15 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             reg.wp = groups.end();
             reg.valid = 0;
             reg.close_time = now;
-            if !self.geo.is_chunk(r) {
-                let z = self.geo.zone_of(r).0;
-                let info = self
-                    .capacity
-                    .zone_info(z)
-                    .map_err(|e| OpenError::Engine(EngineError::capacity("zone report", 0)(e)))?;
+            if !self.core.geo.is_chunk(r) {
+                let z = self.core.geo.zone_of(r).0;
+                let info =
+                    self.core.capacity.zone_info(z).map_err(|e| {
+                        OpenError::Engine(EngineError::capacity("zone report", 0)(e))
+                    })?;
                 if info.write_pointer > info.start && info.state != ZoneState::Full {
-                    self.capacity
+                    self.core
+                        .capacity
                         .manage(z, shale_device::ZoneAction::Finish)
                         .map_err(|e| {
                             OpenError::Engine(EngineError::capacity("zone finish", info.start)(e))
@@ -591,10 +597,12 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 }
             }
         }
-        self.regions
+        self.core
+            .regions
             .free_chunks
             .retain(|r| !rp.plans.contains_key(&r.0));
-        self.regions
+        self.core
+            .regions
             .free_zones
             .retain(|r| !rp.plans.contains_key(&r.0));
         Ok(())
@@ -605,17 +613,19 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     /// Counts the free zones checked on `meter`.
     pub(crate) fn reset_stray_zones(&mut self, meter: &mut Meter<'_>) -> Result<u64, OpenError> {
         let mut n = 0;
-        let free: Vec<RegionId> = self.regions.free_zones.iter().copied().collect();
+        let free: Vec<RegionId> = self.core.regions.free_zones.iter().copied().collect();
         meter.start(free.len() as u64);
         for r in free {
             meter.add(1);
-            let z = self.geo.zone_of(r).0;
+            let z = self.core.geo.zone_of(r).0;
             let info = self
+                .core
                 .capacity
                 .zone_info(z)
                 .map_err(|e| OpenError::Engine(EngineError::capacity("zone report", 0)(e)))?;
             if info.state != ZoneState::Empty {
-                self.capacity
+                self.core
+                    .capacity
                     .manage(z, shale_device::ZoneAction::Reset)
                     .map_err(|e| {
                         OpenError::Engine(EngineError::capacity("zone reset", info.start)(e))

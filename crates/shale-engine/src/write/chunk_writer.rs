@@ -6,8 +6,12 @@ use shale_format::{
     BLOCK_SIZE,
 };
 
+use std::collections::VecDeque;
+
 use super::group::{GroupBuf, MdState};
+use super::runs::Runs;
 use crate::engine::InflightIo;
+use crate::engine::PendingWrite;
 use crate::layout::Groups;
 use crate::{Clock, Engine, EngineError};
 
@@ -27,6 +31,14 @@ pub(crate) struct ChunkWriter {
     /// Data slots left in the open chunk.
     pub open_remaining: u64,
     pub chunk_data_capacity: u64,
+    /// Appended blocks' device writes, in ASN order.
+    pub runs: Runs,
+    /// The next append sequence number.
+    pub asn_next: u64,
+    /// Write requests waiting for their blocks' device writes.
+    pub pending: VecDeque<PendingWrite>,
+    /// Read-modify-write's block, lent out while a write runs.
+    pub block_scratch: Option<Box<[u8; BLOCK_SIZE]>>,
 }
 
 impl ChunkWriter {
@@ -38,6 +50,10 @@ impl ChunkWriter {
             buffers_max: buffers_max as usize,
             next_id: 0,
             open_remaining: 0,
+            runs: Runs::default(),
+            asn_next: 0,
+            pending: VecDeque::new(),
+            block_scratch: Some(Box::new([0; BLOCK_SIZE])),
             chunk_data_capacity: u64::from(
                 Groups {
                     blocks: chunk_blocks,
@@ -71,28 +87,30 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     /// Appends one block for (volume, lba) at the write pointer; returns its PBA. The
     /// caller checked `can_append`.
     pub(crate) fn append_block(&mut self, volume: VolumeId, lba: Lba, block: &[u8]) -> Pba {
-        self.volume_counters(volume).cache_write_bytes += BLOCK_SIZE as u64;
+        self.core.volume_counters(volume).cache_write_bytes += BLOCK_SIZE as u64;
         let region = match self.writer.open {
             Some(r) => r,
             None => {
-                let Some(r) = self.regions.free_chunks.pop_front() else {
+                let Some(r) = self.core.regions.free_chunks.pop_front() else {
                     panic!("append without a free chunk: can_append was not checked");
                 };
-                let sid = self.next_sid();
-                self.regions.open(r, sid, RegionRole::User, 0);
-                self.journal
+                let sid = self.core.next_sid();
+                self.core.regions.open(r, sid, RegionRole::User, 0);
+                self.core
+                    .journal
                     .append(JournalRecord::RegionOpened { region: r, sid });
-                self.md_cache
-                    .invalidate_range(self.geo.region_base(r).0, self.geo.chunk_blocks);
+                self.core
+                    .md_cache
+                    .invalidate_range(self.core.geo.region_base(r).0, self.core.geo.chunk_blocks);
                 self.writer.open = Some(r);
                 self.writer.open_remaining = self.writer.chunk_data_capacity;
                 r
             }
         };
         let groups = Groups {
-            blocks: self.geo.chunk_blocks,
+            blocks: self.core.geo.chunk_blocks,
         };
-        let wp = self.regions.get(region).wp;
+        let wp = self.core.regions.get(region).wp;
         let (g, idx) = groups.locate(wp);
         let need_new = self
             .writer
@@ -108,7 +126,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 .unwrap_or_else(|| vec![0u8; shale_format::GROUP_DATA_SLOTS * BLOCK_SIZE]);
             let id = self.writer.next_id;
             self.writer.next_id = self.writer.next_id.wrapping_add(1);
-            let sid = self.regions.get(region).sid;
+            let sid = self.core.regions.get(region).sid;
             self.writer.groups.push(GroupBuf::new(
                 id,
                 region,
@@ -117,7 +135,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 groups.data_slots(g),
                 sid,
                 data,
-                self.asn_next,
+                self.writer.asn_next,
             ));
         }
         let Some(gb) = self.writer.groups.last_mut() else {
@@ -133,13 +151,13 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         };
         let i = gb.append(block, &entry);
         debug_assert_eq!(i, idx);
-        self.asn_next += 1;
+        self.writer.asn_next += 1;
         self.writer.open_remaining -= 1;
         let full = gb.is_full();
         if full {
             gb.seal_final();
         }
-        let reg = self.regions.get_mut(region);
+        let reg = self.core.regions.get_mut(region);
         reg.wp += 1;
         if full {
             reg.wp = if g + 1 < groups.count() {
@@ -152,8 +170,8 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 self.writer.open_remaining = 0;
             }
         }
-        self.stats.user_blocks_appended += 1;
-        self.geo.pba(region, groups.start(g) + i)
+        self.core.stats.user_blocks_appended += 1;
+        self.core.geo.pba(region, groups.start(g) + i)
     }
 
     /// Submits one device write per group with unsubmitted blocks, and pending final
@@ -176,21 +194,22 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             while at < to {
                 let n = 1u32 << (31 - (to - at).leading_zeros());
                 let bytes = n as usize * BLOCK_SIZE;
-                let mut buf = self.bufs.take(n as usize);
+                let mut buf = self.core.bufs.take(n as usize);
                 buf.copy_from_slice(
                     &self.writer.groups[gi].data
                         [at as usize * BLOCK_SIZE..(at + n) as usize * BLOCK_SIZE],
                 );
                 let run_seq = self
+                    .writer
                     .runs
                     .push(asn_base + u64::from(at), asn_base + u64::from(at + n));
-                let tag = self.io.insert(InflightIo::CacheRun {
+                let tag = self.core.io.insert(InflightIo::CacheRun {
                     group_id: id,
                     run_seq,
                     bytes: bytes as u32,
                 });
-                let offset = self.geo.chunk_offset(region, start + at);
-                self.cache.submit(IoRequest {
+                let offset = self.core.geo.chunk_offset(region, start + at);
+                self.core.cache.submit(IoRequest {
                     tag,
                     op: IoOp::Write {
                         offset,
@@ -199,8 +218,8 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                     },
                 });
                 self.writer.groups[gi].inflight += 1;
-                self.regions.get_mut(region).inflight_writes += 1;
-                self.stats.cache_data_write_bytes += bytes as u64;
+                self.core.regions.get_mut(region).inflight_writes += 1;
+                self.core.stats.cache_data_write_bytes += bytes as u64;
                 at += n;
             }
             self.writer.groups[gi].submitted = to;
@@ -208,16 +227,16 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 let g = &mut self.writer.groups[gi];
                 g.md_state = MdState::FinalSubmitted;
                 g.inflight += 1;
-                let mut buf = self.bufs.take(1);
+                let mut buf = self.core.bufs.take(1);
                 buf.copy_from_slice(&g.md[..]);
                 let md_slot = Groups {
-                    blocks: self.geo.chunk_blocks,
+                    blocks: self.core.geo.chunk_blocks,
                 }
                 .md_slot(g.group)
                     + g.md_final_copy;
-                let offset = self.geo.chunk_offset(region, md_slot);
-                let tag = self.io.insert(InflightIo::CacheMd { group_id: id });
-                self.cache.submit(IoRequest {
+                let offset = self.core.geo.chunk_offset(region, md_slot);
+                let tag = self.core.io.insert(InflightIo::CacheMd { group_id: id });
+                self.core.cache.submit(IoRequest {
                     tag,
                     op: IoOp::Write {
                         offset,
@@ -225,8 +244,8 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                         fua: false,
                     },
                 });
-                self.regions.get_mut(region).inflight_writes += 1;
-                self.stats.cache_md_write_bytes += BLOCK_SIZE as u64;
+                self.core.regions.get_mut(region).inflight_writes += 1;
+                self.core.stats.cache_md_write_bytes += BLOCK_SIZE as u64;
             }
         }
         Ok(())
@@ -245,11 +264,11 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         run_seq: u64,
         _bytes: u32,
     ) -> Result<(), EngineError> {
-        self.runs.complete(run_seq);
+        self.writer.runs.complete(run_seq);
         let i = self.group_index(group_id);
         self.writer.groups[i].inflight -= 1;
         let region = self.writer.groups[i].region;
-        self.regions.get_mut(region).inflight_writes -= 1;
+        self.core.regions.get_mut(region).inflight_writes -= 1;
         self.maybe_settle(i);
         Ok(())
     }
@@ -260,7 +279,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         g.inflight -= 1;
         g.md_newest = Some(g.md_final_copy);
         let region = g.region;
-        self.regions.get_mut(region).inflight_writes -= 1;
+        self.core.regions.get_mut(region).inflight_writes -= 1;
         self.maybe_settle(i);
         Ok(())
     }
@@ -272,23 +291,28 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             return;
         }
         let g = self.writer.groups.remove(i);
-        let md_a = self.geo.pba(
+        let md_a = self.core.geo.pba(
             g.region,
             Groups {
-                blocks: self.geo.chunk_blocks,
+                blocks: self.core.geo.chunk_blocks,
             }
             .md_slot(g.group),
         );
-        self.md_cache.insert(md_a.0, &g.md[..]);
+        self.core.md_cache.insert(md_a.0, &g.md[..]);
         if self.writer.pool.len() < GROUP_BUFFERS_IDLE_MAX {
             self.writer.pool.push(g.data);
         }
         let unsettled = self.writer.has_unsettled(g.region);
-        let now = self.now();
-        if self.regions.try_close(&self.geo, g.region, unsettled, now) {
-            self.journal
+        let now = self.core.now();
+        if self
+            .core
+            .regions
+            .try_close(&self.core.geo, g.region, unsettled, now)
+        {
+            self.core
+                .journal
                 .append(JournalRecord::RegionClosed { region: g.region });
         }
-        debug_assert!(self.regions.get(g.region).state != RegionState::Free);
+        debug_assert!(self.core.regions.get(g.region).state != RegionState::Free);
     }
 }

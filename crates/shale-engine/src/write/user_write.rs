@@ -19,7 +19,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         len: u64,
         data: bool,
     ) -> Result<(), EngineError> {
-        let Some(size_blocks) = self.l2p.volume_size(volume) else {
+        let Some(size_blocks) = self.core.l2p.volume_size(volume) else {
             panic!("{volume}: a resolved volume has no L2P");
         };
         if len == 0 {
@@ -34,11 +34,11 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 size_bytes,
             });
         }
-        if data && len > self.config.request_bytes_max {
+        if data && len > self.core.config.request_bytes_max {
             return Err(EngineError::TooLarge {
                 volume,
                 len,
-                max: self.config.request_bytes_max,
+                max: self.core.config.request_bytes_max,
             });
         }
         Ok(())
@@ -62,12 +62,12 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         let last = (offset + len - 1) / BS;
         if !self
             .writer
-            .can_append(last - first + 1, self.regions.free_chunks.len())
+            .can_append(last - first + 1, self.core.regions.free_chunks.len())
         {
             return Ok(Some((data, done)));
         }
         if let Err(e) = self.write_range(volume, offset, &data, false) {
-            if self.fatal.is_some() {
+            if self.health.fatal.is_some() {
                 // This request is in no queue `fail` drained: it learns of it here.
                 done.send(Err(EngineError::Failed {
                     reason: e.to_string(),
@@ -82,12 +82,12 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             done.send(Err(e));
             return Ok(None);
         }
-        self.stats.user_write_bytes += len;
-        let c = self.volume_counters(volume);
+        self.core.stats.user_write_bytes += len;
+        let c = self.core.volume_counters(volume);
         c.write_ops += 1;
         c.user_write_bytes += len;
-        self.pending_writes.push_back(PendingWrite {
-            asn_end: self.asn_next,
+        self.writer.pending.push_back(PendingWrite {
+            asn_end: self.writer.asn_next,
             fua,
             done,
         });
@@ -107,6 +107,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         let first = offset / BS;
         let last = (offset + len - 1) / BS;
         let mut block = self
+            .writer
             .block_scratch
             .take()
             .unwrap_or_else(|| Box::new([0; BLOCK_SIZE]));
@@ -140,28 +141,29 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 break;
             }
         }
-        self.block_scratch = Some(block);
+        self.writer.block_scratch = Some(block);
         result
     }
 
     fn map_new_block(&mut self, volume: VolumeId, lba: Lba, src: &[u8]) -> Result<(), EngineError> {
         // Fault the page in before appending so a failing fault leaves nothing behind
         // (the request fails; the engine carries on).
-        self.l2p.get(&mut self.cache, volume, lba)?;
+        self.core.l2p.get(&mut self.core.cache, volume, lba)?;
         let pba = self.append_block(volume, lba, src);
-        self.regions.mark_valid(&self.geo, pba);
+        self.core.regions.mark_valid(&self.core.geo, pba);
         // The page is cached now (appending touches no page); an error here would leave
         // a valid block unmapped, so it stops the engine.
         let old = self
+            .core
             .l2p
-            .set(&mut self.cache, volume, lba, pba)
+            .set(&mut self.core.cache, volume, lba, pba)
             .inspect_err(|e| {
                 self.fail(EngineError::Failed {
                     reason: format!("mapping {volume} {lba} to {pba}: {e}"),
                 })
             })?;
         if !old.is_none() {
-            self.regions.mark_invalid(&self.geo, old);
+            self.core.regions.mark_invalid(&self.core.geo, old);
         }
         Ok(())
     }
@@ -174,7 +176,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         let edges =
             u64::from(!offset.is_multiple_of(BS)) + u64::from(!(offset + len).is_multiple_of(BS));
         self.writer
-            .can_append(edges, self.regions.free_chunks.len())
+            .can_append(edges, self.core.regions.free_chunks.len())
     }
 
     /// Trim (`zeroes == false`: whole blocks only) or write-zeroes (exact).
@@ -187,7 +189,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     ) -> Result<(), EngineError> {
         self.check_range(volume, offset, len, false)?;
         if !zeroes {
-            self.volume_counters(volume).trim_ops += 1;
+            self.core.volume_counters(volume).trim_ops += 1;
         }
         let end = offset + len;
         let first_full = offset.div_ceil(BS);
@@ -210,15 +212,15 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         if end_full > first_full {
             self.unmap_range(volume, first_full, end_full - first_full)?;
             let (key_sid, key_pos) = self.write_position();
-            self.journal.append(JournalRecord::Trim {
+            self.core.journal.append(JournalRecord::Trim {
                 volume,
                 lba: Lba(first_full),
                 count: end_full - first_full,
                 key_sid,
                 key_pos,
             });
-            self.stats.user_trim_bytes += (end_full - first_full) * BS;
-            self.volume_counters(volume).user_trim_bytes += (end_full - first_full) * BS;
+            self.core.stats.user_trim_bytes += (end_full - first_full) * BS;
+            self.core.volume_counters(volume).user_trim_bytes += (end_full - first_full) * BS;
         }
         Ok(())
     }
@@ -227,8 +229,8 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     /// among writes for recovery.
     pub(crate) fn write_position(&self) -> (shale_format::Sid, u32) {
         match self.writer.open {
-            Some(r) => (self.regions.get(r).sid, self.regions.get(r).wp),
-            None => (shale_format::Sid(self.sid_next), 0),
+            Some(r) => (self.core.regions.get(r).sid, self.core.regions.get(r).wp),
+            None => (shale_format::Sid(self.core.sid_next), 0),
         }
     }
 
@@ -261,14 +263,17 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         while lba < end {
             let page = (lba / L2P_ENTRIES_PER_PAGE) as usize;
             let page_end = ((page as u64 + 1) * L2P_ENTRIES_PER_PAGE).min(end);
-            if self.l2p.page_is_empty(volume, page) {
+            if self.core.l2p.page_is_empty(volume, page) {
                 lba = page_end;
                 continue;
             }
             while lba < page_end {
-                let old = self.l2p.set(&mut self.cache, volume, Lba(lba), Pba::NONE)?;
+                let old = self
+                    .core
+                    .l2p
+                    .set(&mut self.core.cache, volume, Lba(lba), Pba::NONE)?;
                 if !old.is_none() {
-                    self.regions.mark_invalid(&self.geo, old);
+                    self.core.regions.mark_invalid(&self.core.geo, old);
                 }
                 lba += 1;
             }

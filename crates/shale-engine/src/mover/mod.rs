@@ -1,7 +1,11 @@
-//! The Mover: reads live blocks of a victim region (one group per step), stages them
+//! The mover: reads live blocks of a victim region (one group per step), stages them
 //! per stream in DRAM, and appends full 126-block groups to the stream's zone in one
 //! sequential write (data, md A, md B). Compaction (chunk victims, compaction zones)
-//! and GC (zone victims, GC zones) are two Movers with different roles.
+//! and GC (zone victims, GC zones) are two instances with different roles; what each
+//! picks as its victim is its policy (`compaction/policy.rs`, `gc/policy.rs`).
+//!
+//! The mover owns its victim, staged blocks, reads and zone writes; everything shared
+//! (devices, regions, L2P, journal, buffers, the I/O table) comes in as the `Core`.
 //!
 //! Invariants:
 //! - a staged or in-flight block counts in its source region's `relocations`, so the
@@ -25,10 +29,13 @@ use shale_format::{
 };
 
 use crate::compaction::policy::{RegionSnapshot, VictimPolicy};
-pub(crate) use crate::compaction::stream::{RelocEntry, Stream};
+mod stream;
+
+use crate::core::Core;
 use crate::engine::InflightIo;
 use crate::layout::{Groups, BS};
-use crate::{Clock, Engine, EngineError};
+use crate::{Clock, EngineError};
+pub(crate) use stream::{RelocEntry, Stream};
 
 #[derive(Debug)]
 pub(crate) struct Mover {
@@ -40,6 +47,10 @@ pub(crate) struct Mover {
     snapshot: Vec<RegionSnapshot>,
     /// Victim group reads in flight (a slab; the index travels in the I/O tag).
     reads: Vec<Option<GroupRead>>,
+    /// Zone group writes in flight (a slab; the index travels in the I/O tag).
+    pub zone_writes: Vec<Option<ZoneWrite>>,
+    /// Set when this mover wanted a zone but the GC reserve forbade it.
+    pub zone_blocked: bool,
 }
 
 /// One victim group being read: its pieces (first slot, buffer once arrived).
@@ -81,6 +92,8 @@ impl Mover {
             streams: (0..streams).map(|_| Stream::default()).collect(),
             snapshot: Vec::new(),
             reads: Vec::new(),
+            zone_writes: Vec::new(),
+            zone_blocked: false,
         }
     }
 
@@ -113,34 +126,38 @@ fn stale_md(at: u64) -> shale_format::FormatError {
     }
 }
 
-impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
+impl Mover {
     /// Zones compaction leaves to GC: one for each GC stream that holds staged blocks
     /// but no open zone (padding those out releases every victim they hold hostage),
     /// plus one for the victim in progress, whose stream's zone may fill part way.
     /// GC needs no more than that to free zones again, whatever compaction took, so
     /// the reserve follows what GC holds instead of one zone per stream.
-    pub(crate) fn gc_reserve(&self) -> usize {
-        self.cleaner
-            .streams
+    pub fn gc_reserve(&self) -> usize {
+        self.streams
             .iter()
             .filter(|s| s.zone.is_none() && !s.is_empty())
             .count()
             + 1
     }
 
-    fn open_zone(&mut self, role: RegionRole, stream: usize) -> Option<RegionId> {
-        if role == RegionRole::Compaction && self.regions.free_zones.len() <= self.gc_reserve() {
-            self.compaction_zone_blocked = true;
+    fn open_zone(
+        &mut self,
+        core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+        zone_floor: usize,
+        stream: usize,
+    ) -> Option<RegionId> {
+        if self.role == RegionRole::Compaction && core.regions.free_zones.len() <= zone_floor {
+            self.zone_blocked = true;
             return None;
         }
-        let z = self.regions.free_zones.pop_front()?;
-        let sid = self.next_sid();
-        self.regions.open(z, sid, role, stream as u16);
-        self.journal
+        let z = core.regions.free_zones.pop_front()?;
+        let sid = core.next_sid();
+        core.regions.open(z, sid, self.role, stream as u16);
+        core.journal
             .append(JournalRecord::RegionOpened { region: z, sid });
-        self.md_cache
-            .invalidate_range(self.geo.region_base(z).0, self.geo.zone_size_blocks);
-        self.mover(role).streams[stream].zone = Some(z);
+        core.md_cache
+            .invalidate_range(core.geo.region_base(z).0, core.geo.zone_size_blocks);
+        self.streams[stream].zone = Some(z);
         Some(z)
     }
 
@@ -148,46 +165,43 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     /// padded, when `force`). Returns true if a write was submitted. Staged blocks
     /// whose source is no longer valid (overwritten or trimmed while they waited) are
     /// dropped instead of written: their copies would be born invalid.
-    pub(crate) fn write_stream_group(
+    pub fn write_stream_group(
         &mut self,
-        role: RegionRole,
+        core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+        zone_floor: usize,
         s: usize,
         force: bool,
     ) -> Result<bool, EngineError> {
-        let n = self.mover(role).streams[s].len();
-        if n == 0 || (!force && n < GROUP_DATA_SLOTS && self.mover(role).streams[s].zone.is_none())
-        {
+        let n = self.streams[s].len();
+        if n == 0 || (!force && n < GROUP_DATA_SLOTS && self.streams[s].zone.is_none()) {
             return Ok(false);
         }
-        let zone = match self.mover(role).streams[s].zone {
+        let zone = match self.streams[s].zone {
             Some(z) => z,
-            None => match self.open_zone(role, s) {
+            None => match self.open_zone(core, zone_floor, s) {
                 Some(z) => z,
                 None => return Ok(false),
             },
         };
         let groups = Groups {
-            blocks: self.geo.zone_cap_blocks,
+            blocks: core.geo.zone_cap_blocks,
         };
-        let wp = self.regions.get(zone).wp;
+        let wp = core.regions.get(zone).wp;
         let (g, _) = groups.locate(wp);
         let k = groups.data_slots(g) as usize;
         let len = groups.len(g) as usize;
         if n < k && !force {
             return Ok(false);
         }
-        self.drop_superseded(role, s);
-        let n = self.mover(role).streams[s].len();
+        self.drop_superseded(core, s);
+        let n = self.streams[s].len();
         if n == 0 || (n < k && !force) {
             return Ok(false);
         }
         let m = n.min(k);
-        let sid = self.regions.get(zone).sid;
+        let sid = core.regions.get(zone).sid;
         let full = if m == GROUP_DATA_SLOTS && len == shale_format::GROUP_BLOCKS as usize {
-            let st = match role {
-                RegionRole::Gc => &mut self.cleaner.streams[s],
-                _ => &mut self.compactor.streams[s],
-            };
+            let st = &mut self.streams[s];
             st.take_full_group()
         } else {
             None
@@ -196,17 +210,14 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             // The common case: the group leaves in the buffer it was staged in.
             Some(taken) => taken,
             None => {
-                let mut buf = self.bufs.take(len);
+                let mut buf = core.bufs.take(len);
                 buf[m * BLOCK_SIZE..k * BLOCK_SIZE].fill(0);
-                let st = match role {
-                    RegionRole::Gc => &mut self.cleaner.streams[s],
-                    _ => &mut self.compactor.streams[s],
-                };
+                let st = &mut self.streams[s];
                 for j in 0..m {
                     buf[j * BLOCK_SIZE..(j + 1) * BLOCK_SIZE].copy_from_slice(st.block(j));
                 }
                 let entries: Vec<RelocEntry> = st.entries.iter().take(m).copied().collect();
-                st.consume(m, &mut self.bufs);
+                st.consume(m, &mut core.bufs);
                 (buf, entries)
             }
         };
@@ -240,7 +251,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         buf[(k + 1) * BLOCK_SIZE..(k + 2) * BLOCK_SIZE].copy_from_slice(&md[..]);
 
         let max_io =
-            (self.capacity.geometry().max_io_bytes as usize / BLOCK_SIZE).max(1) * BLOCK_SIZE;
+            (core.capacity.geometry().max_io_bytes as usize / BLOCK_SIZE).max(1) * BLOCK_SIZE;
         let parts = (len * BLOCK_SIZE).div_ceil(max_io);
         let first_slot = groups.start(g);
         let zw = ZoneWrite {
@@ -251,20 +262,22 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             md,
             parts_left: parts as u32,
         };
-        let w = match self.zone_writes.iter().position(Option::is_none) {
+        let gc = self.role == RegionRole::Gc;
+        let writes = &mut self.zone_writes;
+        let w = match writes.iter().position(Option::is_none) {
             Some(i) => {
-                self.zone_writes[i] = Some(zw);
+                writes[i] = Some(zw);
                 i
             }
             None => {
-                self.zone_writes.push(Some(zw));
-                self.zone_writes.len() - 1
+                writes.push(Some(zw));
+                writes.len() - 1
             }
         } as u32;
-        let base = self.geo.zone_offset(zone, first_slot);
+        let base = core.geo.zone_offset(zone, first_slot);
         if parts == 1 {
-            let tag = self.io.insert(InflightIo::ZonePart { write: w });
-            self.capacity.submit(ZoneRequest {
+            let tag = core.io.insert(InflightIo::ZonePart { gc, write: w });
+            core.capacity.submit(ZoneRequest {
                 tag,
                 op: ZoneOp::Write {
                     offset: base,
@@ -276,10 +289,10 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             for p in 0..parts {
                 let lo = p * max_io;
                 let hi = (lo + max_io).min(len * BLOCK_SIZE);
-                let mut part = self.bufs.take((hi - lo) / BLOCK_SIZE);
+                let mut part = core.bufs.take((hi - lo) / BLOCK_SIZE);
                 part.copy_from_slice(&buf[lo..hi]);
-                let tag = self.io.insert(InflightIo::ZonePart { write: w });
-                self.capacity.submit(ZoneRequest {
+                let tag = core.io.insert(InflightIo::ZonePart { gc, write: w });
+                core.capacity.submit(ZoneRequest {
                     tag,
                     op: ZoneOp::Write {
                         offset: base + lo as u64,
@@ -288,9 +301,9 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                     },
                 });
             }
-            self.bufs.give(buf);
+            core.bufs.give(buf);
         }
-        let reg = self.regions.get_mut(zone);
+        let reg = core.regions.get_mut(zone);
         reg.inflight_writes += 1;
         reg.wp = if g + 1 < groups.count() {
             groups.start(g + 1)
@@ -298,20 +311,25 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             groups.end()
         };
         if reg.wp >= groups.end() {
-            self.mover(role).streams[s].zone = None;
+            self.streams[s].zone = None;
         }
         let bytes = (len * BLOCK_SIZE) as u64;
-        if role == RegionRole::Gc {
-            self.stats.capacity_gc_write_bytes += bytes;
+        if self.role == RegionRole::Gc {
+            core.stats.capacity_gc_write_bytes += bytes;
         } else {
-            self.stats.capacity_compaction_write_bytes += bytes;
+            core.stats.capacity_compaction_write_bytes += bytes;
         }
-        self.stats.capacity_pad_bytes += ((k - m) * BLOCK_SIZE) as u64;
-        self.capacity_dirty = true;
+        core.stats.capacity_pad_bytes += ((k - m) * BLOCK_SIZE) as u64;
+        core.capacity_dirty = true;
         Ok(true)
     }
 
-    pub(crate) fn on_zone_part_done(&mut self, w: u32) -> Result<(), EngineError> {
+    pub fn on_zone_part_done(
+        &mut self,
+        core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+        w: u32,
+    ) -> Result<(), EngineError> {
+        let gc = self.role == RegionRole::Gc;
         let Some(zw) = self
             .zone_writes
             .get_mut(w as usize)
@@ -326,49 +344,48 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         let Some(zw) = self.zone_writes[w as usize].take() else {
             unreachable!("checked above")
         };
-        let gc = self.regions.get(zw.zone).role == RegionRole::Gc;
         for (i, e) in zw.entries.iter().enumerate() {
-            let new = self.geo.pba(zw.zone, zw.first_slot + i as u32);
-            let Some((src, _)) = self.geo.region_slot(e.source) else {
+            let new = core.geo.pba(zw.zone, zw.first_slot + i as u32);
+            let Some((src, _)) = core.geo.region_slot(e.source) else {
                 panic!("relocation source {} outside the data regions", e.source);
             };
-            self.regions.get_mut(src).relocations -= 1;
+            core.regions.get_mut(src).relocations -= 1;
             // The source's validity bit says whether the entry still points at it
             // (a PBA is valid exactly when one L2P entry maps it), so the switch needs
             // no page: it is deferred if the page is not cached.
-            if self.regions.validity.get(e.source) {
-                self.regions.mark_valid(&self.geo, new);
-                self.l2p.relocate(&mut self.cache, e.volume, e.lba, new)?;
-                self.regions.mark_invalid(&self.geo, e.source);
-                self.stats.relocated_blocks += 1;
-                let c = self.volume_counters(e.volume);
+            if core.regions.validity.get(e.source) {
+                core.regions.mark_valid(&core.geo, new);
+                core.l2p.relocate(&mut core.cache, e.volume, e.lba, new)?;
+                core.regions.mark_invalid(&core.geo, e.source);
+                core.stats.relocated_blocks += 1;
+                let c = core.volume_counters(e.volume);
                 if gc {
                     c.capacity_gc_write_bytes += BS;
                 } else {
                     c.capacity_compaction_write_bytes += BS;
                 }
             } else {
-                self.stats.relocations_superseded += 1;
-                self.regions.maybe_pending_free(src);
+                core.stats.relocations_superseded += 1;
+                core.regions.maybe_pending_free(src);
             }
         }
         let groups = Groups {
-            blocks: self.geo.zone_cap_blocks,
+            blocks: core.geo.zone_cap_blocks,
         };
-        let md_a = self.geo.pba(zw.zone, groups.md_slot(zw.group));
-        self.md_cache.insert(md_a.0, &zw.md[..]);
-        self.regions.get_mut(zw.zone).inflight_writes -= 1;
-        let now = self.now();
-        if self.regions.try_close(&self.geo, zw.zone, false, now) {
-            self.journal
+        let md_a = core.geo.pba(zw.zone, groups.md_slot(zw.group));
+        core.md_cache.insert(md_a.0, &zw.md[..]);
+        core.regions.get_mut(zw.zone).inflight_writes -= 1;
+        let now = core.now();
+        if core.regions.try_close(&core.geo, zw.zone, false, now) {
+            core.journal
                 .append(JournalRecord::RegionClosed { region: zw.zone });
-            if groups.end() < self.geo.zone_cap_blocks {
-                let z = self.geo.zone_of(zw.zone).0;
-                self.capacity
+            if groups.end() < core.geo.zone_cap_blocks {
+                let z = core.geo.zone_of(zw.zone).0;
+                core.capacity
                     .manage(z, ZoneAction::Finish)
                     .map_err(EngineError::capacity(
                         "zone finish",
-                        self.geo.zone_offset(zw.zone, 0),
+                        core.geo.zone_offset(zw.zone, 0),
                     ))?;
             }
         }
@@ -376,22 +393,25 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     }
 
     /// Candidates for a mover: closed, not already being drained.
-    fn snapshot(&mut self, role: RegionRole) -> Vec<RegionSnapshot> {
-        let mut snap = std::mem::take(&mut self.mover(role).snapshot);
+    fn snapshot(
+        &mut self,
+        core: &Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+    ) -> Vec<RegionSnapshot> {
+        let mut snap = std::mem::take(&mut self.snapshot);
         snap.clear();
-        let range = if role == RegionRole::Gc {
-            self.geo.chunk_count + 1..self.geo.region_count()
+        let range = if self.role == RegionRole::Gc {
+            core.geo.chunk_count + 1..core.geo.region_count()
         } else {
-            0..self.geo.chunk_count
+            0..core.geo.chunk_count
         };
         for r in range.map(RegionId) {
-            let reg = self.regions.get(r);
+            let reg = core.regions.get(r);
             if reg.state == RegionState::Closed && !reg.draining {
                 snap.push(RegionSnapshot {
                     region: r,
                     valid: reg.valid,
                     capacity: Groups {
-                        blocks: self.geo.region_blocks(r),
+                        blocks: core.geo.region_blocks(r),
                     }
                     .data_capacity(),
                     sid: reg.sid,
@@ -403,77 +423,74 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     }
 
     /// One bounded step: write full staged groups, then read at most one victim group.
-    pub(crate) fn mover_step(&mut self, role: RegionRole) -> Result<bool, EngineError> {
+    pub fn step(
+        &mut self,
+        core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+        zone_floor: usize,
+    ) -> Result<bool, EngineError> {
         let mut progress = false;
-        let streams = self.streams as usize;
+        let streams = core.streams as usize;
         for s in 0..streams {
-            progress |= self.write_stream_group(role, s, false)?;
+            progress |= self.write_stream_group(core, zone_floor, s, false)?;
         }
-        if self
-            .mover(role)
-            .streams
-            .iter()
-            .any(|s| s.len() > GROUP_DATA_SLOTS)
-        {
+        if self.streams.iter().any(|s| s.len() > GROUP_DATA_SLOTS) {
             return Ok(progress);
         }
         // Bounded read-ahead: a few victim groups in flight per mover.
-        if self.mover(role).reads_in_flight() >= self.config.background_steps_per_poll_max as usize
-        {
+        if self.reads_in_flight() >= core.config.background_steps_per_poll_max as usize {
             return Ok(progress);
         }
-        if self.mover(role).victim.is_none() {
-            let snap = self.snapshot(role);
-            let now = self.now();
-            let choice = self.mover(role).policy.choose(&snap, now);
-            self.mover(role).snapshot = snap;
+        if self.victim.is_none() {
+            let snap = self.snapshot(core);
+            let now = core.now();
+            let choice = self.policy.choose(&snap, now);
+            self.snapshot = snap;
             let Some(v) = choice else { return Ok(progress) };
-            self.regions.get_mut(v).draining = true;
-            let m = self.mover(role);
-            m.victim = Some(v);
-            m.cursor = 0;
+            core.regions.get_mut(v).draining = true;
+            self.victim = Some(v);
+            self.cursor = 0;
         }
-        let Some(victim) = self.mover(role).victim else {
+        let Some(victim) = self.victim else {
             return Ok(progress);
         };
         // Overwrites and trims may have emptied the victim before the mover reached its
         // end: it is then PendingFree (or already reused) and must not be read again.
-        let v = self.regions.get(victim);
+        let v = core.regions.get(victim);
         if v.state != RegionState::Closed || !v.draining {
-            self.mover(role).victim = None;
+            self.victim = None;
             return Ok(true);
         }
         let groups = Groups {
-            blocks: self.geo.region_blocks(victim),
+            blocks: core.geo.region_blocks(victim),
         };
         loop {
-            let g = self.mover(role).cursor;
+            let g = self.cursor;
             if g >= groups.count() {
                 // The victim is done once its last group reads have been staged.
-                if self.mover(role).reads_in_flight_for(victim) {
+                if self.reads_in_flight_for(victim) {
                     return Ok(progress);
                 }
-                self.mover(role).victim = None;
-                if role == RegionRole::Gc {
-                    self.stats.gc_victims += 1;
+                self.victim = None;
+                if self.role == RegionRole::Gc {
+                    core.stats.gc_victims += 1;
                 } else {
-                    self.stats.compaction_victims += 1;
+                    core.stats.compaction_victims += 1;
                 }
-                self.regions.maybe_pending_free(victim);
-                self.release_hostages(role)?;
+                core.regions.maybe_pending_free(victim);
+                self.release_hostages(core, zone_floor)?;
                 return Ok(true);
             }
-            self.mover(role).cursor += 1;
-            let start = self.geo.pba(victim, groups.start(g));
+            self.cursor += 1;
+            let start = core.geo.pba(victim, groups.start(g));
             let k = groups.data_slots(g);
-            if self.regions.validity.count_range(start, k) == 0 {
+            if core.regions.validity.count_range(start, k) == 0 {
                 continue;
             }
-            self.read_victim_group(role, victim, g)?;
+            self.read_victim_group(core, victim, g)?;
             break;
         }
         for s in 0..streams {
-            self.write_stream_group(role, s, false)?;
+            self.write_stream_group(core, zone_floor, s, false)?;
         }
         Ok(true)
     }
@@ -482,18 +499,18 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     /// runs. The mover waits for them (one group in flight per mover).
     fn read_victim_group(
         &mut self,
-        role: RegionRole,
+        core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
         victim: RegionId,
         g: u32,
     ) -> Result<(), EngineError> {
         let groups = Groups {
-            blocks: self.geo.region_blocks(victim),
+            blocks: core.geo.region_blocks(victim),
         };
         let len = groups.len(g) as usize;
         let k = groups.data_slots(g) as usize;
         let slot0 = groups.start(g);
-        let base = self.geo.pba(victim, slot0);
-        let valid = self.regions.validity.count_range(base, k as u32) as usize;
+        let base = core.geo.pba(victim, slot0);
+        let valid = core.regions.validity.count_range(base, k as u32) as usize;
         let mut ranges: Vec<(usize, usize)> = Vec::new();
         if valid * 2 >= k {
             ranges.push((0, len));
@@ -503,7 +520,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             // needs only a few sizes.
             let mut runs: Vec<(usize, usize)> = Vec::new();
             for i in 0..k {
-                if self.regions.validity.get(Pba(base.0 + i as u32)) {
+                if core.regions.validity.get(Pba(base.0 + i as u32)) {
                     match runs.last_mut() {
                         Some(r) if i - r.1 <= READ_GAP_BLOCKS => r.1 = i + 1,
                         _ => runs.push((i, i + 1)),
@@ -520,15 +537,15 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             }
             ranges.push((k, len));
         }
-        let gc = role == RegionRole::Gc;
-        let is_chunk = self.geo.is_chunk(victim);
+        let gc = self.role == RegionRole::Gc;
+        let is_chunk = core.geo.is_chunk(victim);
         let read = GroupRead {
             victim,
             group: g,
             parts: ranges.iter().map(|&(lo, _)| (lo, None)).collect(),
             left: ranges.len() as u32,
         };
-        let m = self.mover(role);
+        let m = &mut *self;
         let slot = match m.reads.iter().position(Option::is_none) {
             Some(i) => {
                 m.reads[i] = Some(read);
@@ -540,25 +557,25 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             }
         } as u16;
         for (part, &(lo, hi)) in ranges.iter().enumerate() {
-            let buf = self.bufs.take(hi - lo);
+            let buf = core.bufs.take(hi - lo);
             let bytes = buf.len() as u64;
             let first = slot0 + lo as u32;
-            let tag = self.io.insert(InflightIo::MoverRead {
+            let tag = core.io.insert(InflightIo::MoverRead {
                 gc,
                 read: slot,
                 part: part as u16,
             });
             if is_chunk {
-                let offset = self.geo.chunk_offset(victim, first);
-                self.stats.cache_read_bytes += bytes;
-                self.cache.submit(IoRequest {
+                let offset = core.geo.chunk_offset(victim, first);
+                core.stats.cache_read_bytes += bytes;
+                core.cache.submit(IoRequest {
                     tag,
                     op: IoOp::Read { offset, buf },
                 });
             } else {
-                let offset = self.geo.zone_offset(victim, first);
-                self.stats.capacity_read_bytes += bytes;
-                self.capacity.submit(ZoneRequest {
+                let offset = core.geo.zone_offset(victim, first);
+                core.stats.capacity_read_bytes += bytes;
+                core.capacity.submit(ZoneRequest {
                     tag,
                     op: ZoneOp::Read { offset, buf },
                 });
@@ -568,22 +585,18 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     }
 
     /// One piece of a victim group read arrived; the last one stages the group.
-    pub(crate) fn on_mover_read_done(
+    pub fn on_read_done(
         &mut self,
-        gc: bool,
+        core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+        zone_floor: usize,
         read: u16,
         part: u16,
         buf: Option<IoBuf>,
     ) -> Result<(), EngineError> {
-        let role = if gc {
-            RegionRole::Gc
-        } else {
-            RegionRole::Compaction
-        };
         let Some(buf) = buf else {
             panic!("mover read completed without its buffer")
         };
-        let m = self.mover(role);
+        let m = &mut *self;
         let Some(r) = m.reads.get_mut(usize::from(read)).and_then(Option::as_mut) else {
             panic!("mover read completion for unknown read {read}");
         };
@@ -596,38 +609,37 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             unreachable!("checked above")
         };
         // The victim may have been emptied by overwrites while the read was in flight.
-        let v = self.regions.get(r.victim);
-        if v.state == RegionState::Closed && v.draining && self.mover(role).victim == Some(r.victim)
-        {
-            self.stage_victim_group(role, r.victim, r.group, &r.parts)?;
+        let v = core.regions.get(r.victim);
+        if v.state == RegionState::Closed && v.draining && self.victim == Some(r.victim) {
+            self.stage_victim_group(core, r.victim, r.group, &r.parts)?;
         }
         for (_, b) in r.parts {
             if let Some(b) = b {
-                self.bufs.give(b);
+                core.bufs.give(b);
             }
         }
-        for s in 0..self.streams as usize {
-            self.write_stream_group(role, s, false)?;
+        for s in 0..core.streams as usize {
+            self.write_stream_group(core, zone_floor, s, false)?;
         }
         Ok(())
     }
 
     fn stage_victim_group(
         &mut self,
-        role: RegionRole,
+        core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
         victim: RegionId,
         g: u32,
         parts: &[(usize, Option<IoBuf>)],
     ) -> Result<(), EngineError> {
         let groups = Groups {
-            blocks: self.geo.region_blocks(victim),
+            blocks: core.geo.region_blocks(victim),
         };
         let len = groups.len(g) as usize;
         let k = groups.data_slots(g) as usize;
         let slot0 = groups.start(g);
         debug_assert!(len >= k + 2);
         let md_at = |c: usize| (slot0 as usize + k + c) as u64 * BS;
-        let sid = self.regions.get(victim).sid;
+        let sid = core.regions.get(victim).sid;
         let (Some(md_a), Some(md_b)) = (slot_data(parts, k), slot_data(parts, k + 1)) else {
             panic!("victim group read without its md blocks");
         };
@@ -656,25 +668,25 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 // The group's live blocks cannot be attributed; they stay where they are
                 // (readers get the same error), and the region is never freed.
                 tracing::error!(region = %victim, group = g, error = %e, "both md copies unreadable");
-                self.stats.crc_errors += 1;
+                core.stats.crc_errors += 1;
                 None
             }
         };
         if let Some(c) = pick {
             let md = if c == 0 { md_a } else { md_b };
-            let streams = self.streams;
-            let verify = role == RegionRole::Gc || self.config.verify_compaction_reads;
+            let streams = core.streams;
+            let verify = self.role == RegionRole::Gc || core.config.verify_compaction_reads;
             let mut reread = [0u8; BLOCK_SIZE];
             for i in 0..k {
-                let pba = self.geo.pba(victim, slot0 + i as u32);
-                if !self.regions.validity.get(pba) {
+                let pba = core.geo.pba(victim, slot0 + i as u32);
+                if !core.regions.validity.get(pba) {
                     continue;
                 }
                 let Ok(e) = decode_md_entry(md, i, 0) else {
                     continue;
                 };
                 if !matches!(e.kind, EntryKind::Data | EntryKind::Relocated) {
-                    self.stats.crc_errors += 1;
+                    core.stats.crc_errors += 1;
                     continue;
                 }
                 let Some(data) = slot_data(parts, i) else {
@@ -687,14 +699,14 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 // checks and compaction by default does not.
                 let mut data = data;
                 if verify && shale_format::block_crc(data) != e.data_crc {
-                    if self.reread_block(victim, slot0 + i as u32, &mut reread)
+                    if Self::reread_block(core, victim, slot0 + i as u32, &mut reread)
                         && shale_format::block_crc(&reread[..]) == e.data_crc
                     {
-                        self.stats.crc_reread_fixes += 1;
+                        core.stats.crc_reread_fixes += 1;
                         tracing::warn!(%pba, "victim block read back corrupt; a second read was good");
                         data = &reread[..];
                     } else {
-                        self.stats.crc_errors += 1;
+                        core.stats.crc_errors += 1;
                         tracing::warn!(%pba, "relocating a block whose data CRC does not match its md (it stays detectable: the copy keeps the original CRC)");
                     }
                 }
@@ -706,78 +718,89 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                     crc: e.data_crc,
                     source: pba,
                 };
-                let st = match role {
-                    RegionRole::Gc => &mut self.cleaner.streams[s],
-                    _ => &mut self.compactor.streams[s],
-                };
-                st.push(entry, data, &mut self.bufs);
-                self.regions.get_mut(victim).relocations += 1;
+                let st = &mut self.streams[s];
+                st.push(entry, data, &mut core.bufs);
+                core.regions.get_mut(victim).relocations += 1;
             }
         }
         Ok(())
     }
 
     /// Reads one block of a victim again, synchronously. False on a read error.
-    fn reread_block(&mut self, region: RegionId, slot: u32, out: &mut [u8; BLOCK_SIZE]) -> bool {
-        if self.geo.is_chunk(region) {
-            let off = self.geo.chunk_offset(region, slot);
-            self.stats.cache_read_bytes += BS;
-            self.cache.read_at(off, &mut out[..]).is_ok()
+    fn reread_block(
+        core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+        region: RegionId,
+        slot: u32,
+        out: &mut [u8; BLOCK_SIZE],
+    ) -> bool {
+        if core.geo.is_chunk(region) {
+            let off = core.geo.chunk_offset(region, slot);
+            core.stats.cache_read_bytes += BS;
+            core.cache.read_at(off, &mut out[..]).is_ok()
         } else {
-            let off = self.geo.zone_offset(region, slot);
-            self.stats.capacity_read_bytes += BS;
-            self.capacity.read_at(off, &mut out[..]).is_ok()
+            let off = core.geo.zone_offset(region, slot);
+            core.stats.capacity_read_bytes += BS;
+            core.capacity.read_at(off, &mut out[..]).is_ok()
         }
     }
 
     /// Drops staged blocks whose source was overwritten or trimmed since they were
     /// read: written, they would only be born invalid. Their sources may now be
     /// freed (after a durability point, as always).
-    fn drop_superseded(&mut self, role: RegionRole, s: usize) {
-        let st = match role {
-            RegionRole::Gc => &mut self.cleaner.streams[s],
-            _ => &mut self.compactor.streams[s],
-        };
-        let validity = &self.regions.validity;
+    fn drop_superseded(
+        &mut self,
+        core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+        s: usize,
+    ) {
+        let st = &mut self.streams[s];
+        let validity = &core.regions.validity;
         if st.entries.iter().all(|e| validity.get(e.source)) {
             return;
         }
-        let dropped = st.retain(&mut self.bufs, |e| validity.get(e.source));
+        let dropped = st.retain(&mut core.bufs, |e| validity.get(e.source));
         for e in dropped {
-            if let Some((src, _)) = self.geo.region_slot(e.source) {
-                self.regions.get_mut(src).relocations -= 1;
-                self.regions.maybe_pending_free(src);
+            if let Some((src, _)) = core.geo.region_slot(e.source) {
+                core.regions.get_mut(src).relocations -= 1;
+                core.regions.maybe_pending_free(src);
             }
-            self.stats.relocations_superseded += 1;
+            core.stats.relocations_superseded += 1;
         }
     }
 
     /// Pads out partial batches when the space they hold hostage is needed now and no
     /// other victim could fill them instead (padding costs capacity writes).
-    fn release_hostages(&mut self, role: RegionRole) -> Result<(), EngineError> {
-        let short = if role == RegionRole::Gc {
-            self.regions.free_zones.len() <= 1
+    fn release_hostages(
+        &mut self,
+        core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+        zone_floor: usize,
+    ) -> Result<(), EngineError> {
+        let short = if self.role == RegionRole::Gc {
+            core.regions.free_zones.len() <= 1
         } else {
-            self.regions.free_chunks.is_empty()
+            core.regions.free_chunks.is_empty()
         };
         if !short {
             return Ok(());
         }
-        let snap = self.snapshot(role);
-        let now = self.now();
-        let other = self.mover(role).policy.choose(&snap, now);
-        self.mover(role).snapshot = snap;
+        let snap = self.snapshot(core);
+        let now = core.now();
+        let other = self.policy.choose(&snap, now);
+        self.snapshot = snap;
         if other.is_none() {
-            self.pad_streams(role)?;
+            self.pad_streams(core, zone_floor)?;
         }
         Ok(())
     }
 
-    pub(crate) fn pad_streams(&mut self, role: RegionRole) -> Result<bool, EngineError> {
+    pub fn pad_streams(
+        &mut self,
+        core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+        zone_floor: usize,
+    ) -> Result<bool, EngineError> {
         let mut any = false;
-        for s in 0..self.streams as usize {
-            while !self.mover(role).streams[s].is_empty() {
-                if !self.write_stream_group(role, s, true)? {
+        for s in 0..core.streams as usize {
+            while !self.streams[s].is_empty() {
+                if !self.write_stream_group(core, zone_floor, s, true)? {
                     break;
                 }
                 any = true;

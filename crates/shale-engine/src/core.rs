@@ -1,0 +1,76 @@
+//! The shared core: what every role of the engine reads or changes. The devices, the
+//! clock and configuration, the geometry and region table, the L2P, the journal, the md
+//! cache, I/O buffers, the table of device I/O in flight, and the counters. Roles own
+//! their private state and take the core as an argument; only the event loop
+//! (`engine.rs`) holds both.
+
+use shale_device::{BlockDevice, ZonedDevice};
+use shale_format::Superblock;
+
+use crate::buffers::BufPool;
+use crate::engine::IoSlab;
+use crate::journal::Journal;
+use crate::l2p::L2p;
+use crate::layout::Geometry;
+use crate::read::md_cache::MdCache;
+use crate::space::Regions;
+use crate::volume::Volumes;
+use crate::{Clock, Config, Stats, VolumeStats};
+
+#[derive(Debug)]
+pub(crate) struct Core<C: BlockDevice, Z: ZonedDevice, K: Clock> {
+    pub cache: C,
+    pub capacity: Z,
+    pub clock: K,
+    pub config: Config,
+    pub sb: Superblock,
+    pub geo: Geometry,
+    pub regions: Regions,
+    pub l2p: L2p,
+    pub volumes: Volumes,
+    pub md_cache: MdCache,
+    pub journal: Journal,
+    /// The next SID handed out.
+    pub sid_next: u64,
+    pub stats: Stats,
+    /// Device I/O in flight, keyed by tag.
+    pub io: IoSlab,
+    pub bufs: BufPool,
+    /// Placement streams in use.
+    pub streams: u32,
+    /// Zone writes since the capacity device's last flush.
+    pub capacity_dirty: bool,
+    /// What the open (and recovery) did.
+    pub open_report: crate::recovery::OpenReport,
+}
+
+impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Core<C, Z, K> {
+    pub fn now(&self) -> u64 {
+        self.clock.now_ns()
+    }
+
+    pub fn next_sid(&mut self) -> shale_format::Sid {
+        let s = shale_format::Sid(self.sid_next);
+        self.sid_next += 1;
+        s
+    }
+
+    /// The counters of the volume in `slot`, started afresh when a new volume (uid)
+    /// holds it.
+    pub fn volume_counters(&mut self, slot: shale_format::VolumeId) -> &mut VolumeStats {
+        let uid = self.volumes.get(slot).map(|v| v.uid).unwrap_or_default();
+        let i = slot.0 as usize;
+        if self.stats.volumes.len() <= i {
+            self.stats.volumes.resize(i + 1, VolumeStats::default());
+        }
+        let c = &mut self.stats.volumes[i];
+        if c.uid != uid {
+            *c = VolumeStats {
+                id: slot,
+                uid,
+                ..VolumeStats::default()
+            };
+        }
+        c
+    }
+}
