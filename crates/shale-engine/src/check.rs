@@ -565,8 +565,7 @@ fn check_mapping<C: BlockDevice, Z: ZonedDevice>(
     let Some((r, slot)) = e.core.geo.region_slot(pba) else {
         return Err(format!("{v} {lba} maps to {pba}, outside the data regions"));
     };
-    let md = e
-        .md_block(pba)
+    let md = crate::read::reader::md_block(&mut e.core, &e.writer, pba)
         .map_err(|x| format!("{v} {lba} at {pba}: md unreadable: {x}"))?;
     let idx = (slot % shale_format::GROUP_BLOCKS) as usize;
     let ent = decode_md_entry(&md[..], idx, 0).map_err(|x| format!("{v} {lba} at {pba}: {x}"))?;

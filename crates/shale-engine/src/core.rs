@@ -5,17 +5,18 @@
 //! (`engine.rs`) holds both.
 
 use shale_device::{BlockDevice, ZonedDevice};
-use shale_format::Superblock;
+use shale_format::{Superblock, VolumeId};
 
 use crate::buffers::BufPool;
 use crate::engine::IoSlab;
 use crate::journal::Journal;
 use crate::l2p::L2p;
 use crate::layout::Geometry;
+use crate::layout::BS;
 use crate::read::md_cache::MdCache;
 use crate::space::Regions;
 use crate::volume::Volumes;
-use crate::{Clock, Config, Stats, VolumeStats};
+use crate::{Clock, Config, EngineError, Stats, VolumeStats};
 
 #[derive(Debug)]
 pub(crate) struct Core<C: BlockDevice, Z: ZonedDevice, K: Clock> {
@@ -72,5 +73,39 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Core<C, Z, K> {
             };
         }
         c
+    }
+
+    /// Checks range and size limits of a data request to a live volume (resolved from
+    /// its uid).
+    pub fn check_range(
+        &self,
+        volume: VolumeId,
+        offset: u64,
+        len: u64,
+        data: bool,
+    ) -> Result<(), EngineError> {
+        let Some(size_blocks) = self.l2p.volume_size(volume) else {
+            panic!("{volume}: a resolved volume has no L2P");
+        };
+        if len == 0 {
+            return Err(EngineError::ZeroLength { volume, offset });
+        }
+        let size_bytes = size_blocks * BS;
+        if offset.checked_add(len).is_none_or(|end| end > size_bytes) {
+            return Err(EngineError::OutOfRange {
+                volume,
+                offset,
+                len,
+                size_bytes,
+            });
+        }
+        if data && len > self.config.request_bytes_max {
+            return Err(EngineError::TooLarge {
+                volume,
+                len,
+                max: self.config.request_bytes_max,
+            });
+        }
+        Ok(())
     }
 }

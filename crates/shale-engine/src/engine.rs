@@ -414,7 +414,14 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             }
             InflightIo::Read { op, block, pba } => {
                 let r = c.result.map_err(EngineError::cache("user data read", 0));
-                self.on_read_done(op, block, pba, r.map(|_| c.buf))
+                self.reader.on_read_done(
+                    &mut self.core,
+                    &self.writer,
+                    op,
+                    block,
+                    pba,
+                    r.map(|_| c.buf),
+                )
             }
             InflightIo::MoverRead { gc, read, part } => {
                 c.result
@@ -426,7 +433,8 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             }
             InflightIo::MdRead { key } => {
                 let r = c.result.map_err(EngineError::cache("md read", 0));
-                self.on_md_read_done(key, r.map(|_| c.buf));
+                self.reader
+                    .on_md_read_done(&mut self.core, &self.writer, key, r.map(|_| c.buf));
                 Ok(())
             }
             InflightIo::L2pLoad { volume, page } => {
@@ -482,7 +490,8 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                     .result
                     .map(|_| c.buf)
                     .map_err(EngineError::capacity("user data read", 0));
-                self.on_read_done(op, block, pba, r)
+                self.reader
+                    .on_read_done(&mut self.core, &self.writer, op, block, pba, r)
             }
             InflightIo::MoverRead { gc, read, part } => {
                 c.result
@@ -497,7 +506,8 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                     .result
                     .map(|_| c.buf)
                     .map_err(EngineError::capacity("md read", 0));
-                self.on_md_read_done(key, r);
+                self.reader
+                    .on_md_read_done(&mut self.core, &self.writer, key, r);
                 Ok(())
             }
             _ => panic!("cache I/O completed on the capacity device"),
@@ -580,7 +590,10 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             _ => shale_format::VolumeId::NONE,
         };
         match req {
-            Request::Read { offset, len, .. } => self.start_read(slot, offset, len, done)?,
+            Request::Read { offset, len, .. } => {
+                self.reader
+                    .start_read(&mut self.core, &self.writer, slot, offset, len, done)?
+            }
             Request::Write {
                 volume,
                 offset,

@@ -39,7 +39,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         offset: u64,
         len: u64,
     ) -> Result<Vec<Extent>, EngineError> {
-        self.check_range(volume, offset, len, false)?;
+        self.core.check_range(volume, offset, len, false)?;
         if len > ALLOCATION_QUERY_BYTES_MAX {
             return Err(EngineError::TooLarge {
                 volume,

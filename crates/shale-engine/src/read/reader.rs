@@ -7,10 +7,13 @@ use shale_format::{
     VolumeId, BLOCK_SIZE,
 };
 
+use crate::core::Core;
 use crate::engine::InflightIo;
+use crate::layout::Geometry;
 use crate::layout::{Groups, BS};
 use crate::request::Answer;
-use crate::{Clock, Engine, EngineError, Reply};
+use crate::write::chunk_writer::ChunkWriter;
+use crate::{Clock, EngineError, Reply};
 
 pub(crate) struct ReadOp {
     pub done: Option<Answer>,
@@ -59,20 +62,22 @@ pub(crate) struct Reader {
     pub parked: Vec<(u32, u32, u32, Pba, shale_device::IoBuf)>,
 }
 
-impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
-    pub(crate) fn start_read(
+impl Reader {
+    pub fn start_read(
         &mut self,
+        core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+        writer: &ChunkWriter,
         volume: VolumeId,
         offset: u64,
         len: u64,
         done: Answer,
     ) -> Result<(), EngineError> {
-        if let Err(e) = self.check_range(volume, offset, len, true) {
+        if let Err(e) = core.check_range(volume, offset, len, true) {
             done.send(Err(e));
             return Ok(());
         }
-        self.core.stats.user_read_bytes += len;
-        let c = self.core.volume_counters(volume);
+        core.stats.user_read_bytes += len;
+        let c = core.volume_counters(volume);
         c.read_ops += 1;
         c.user_read_bytes += len;
         let first = offset / BS;
@@ -86,16 +91,16 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             pending: 0,
             error: None,
         };
-        let op_id = match self.reader.free.pop() {
+        let op_id = match self.free.pop() {
             Some(i) => i,
             None => {
-                self.reader.ops.push(None);
-                (self.reader.ops.len() - 1) as u32
+                self.ops.push(None);
+                (self.ops.len() - 1) as u32
             }
         };
         for lba in first..=last {
             let i = (lba - first) as u32;
-            let pba = match self.core.l2p.get(&mut self.core.cache, volume, Lba(lba)) {
+            let pba = match core.l2p.get(&mut core.cache, volume, Lba(lba)) {
                 Ok(Some(p)) => p,
                 Ok(None) => Pba::NONE,
                 Err(e) => {
@@ -106,53 +111,53 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             if pba.is_none() {
                 continue; // zeros
             }
-            let Some((region, slot)) = self.core.geo.region_slot(pba) else {
+            let Some((region, slot)) = core.geo.region_slot(pba) else {
                 panic!("L2P maps {volume} {lba} to {pba} outside the data regions");
             };
-            if let Some(b) = self.writer.find(region, slot) {
+            if let Some(b) = writer.find(region, slot) {
                 op.put(i, b);
                 continue;
             }
-            let buf = self.core.bufs.take(1);
-            let tag = self.core.io.insert(InflightIo::Read {
+            let buf = core.bufs.take(1);
+            let tag = core.io.insert(InflightIo::Read {
                 op: op_id,
                 block: i,
                 pba,
             });
             op.pending += 1;
-            if self.core.geo.is_chunk(region) {
-                let offset = self.core.geo.chunk_offset(region, slot);
-                self.core.cache.submit(IoRequest {
+            if core.geo.is_chunk(region) {
+                let offset = core.geo.chunk_offset(region, slot);
+                core.cache.submit(IoRequest {
                     tag,
                     op: IoOp::Read { offset, buf },
                 });
-                self.core.stats.cache_read_bytes += BS;
+                core.stats.cache_read_bytes += BS;
             } else {
-                let offset = self.core.geo.zone_offset(region, slot);
-                self.core.capacity.submit(ZoneRequest {
+                let offset = core.geo.zone_offset(region, slot);
+                core.capacity.submit(ZoneRequest {
                     tag,
                     op: ZoneOp::Read { offset, buf },
                 });
-                self.core.stats.capacity_read_bytes += BS;
+                core.stats.capacity_read_bytes += BS;
             }
-            self.prefetch_md(pba);
+            self.prefetch_md(core, pba);
         }
-        self.reader.ops[op_id as usize] = Some(op);
+        self.ops[op_id as usize] = Some(op);
         self.maybe_finish_read(op_id);
         Ok(())
     }
 
     fn maybe_finish_read(&mut self, op_id: u32) {
-        let finished = self.reader.ops[op_id as usize]
+        let finished = self.ops[op_id as usize]
             .as_ref()
             .is_some_and(|o| o.pending == 0);
         if !finished {
             return;
         }
-        let Some(mut op) = self.reader.ops[op_id as usize].take() else {
+        let Some(mut op) = self.ops[op_id as usize].take() else {
             return;
         };
-        self.reader.free.push(op_id);
+        self.free.push(op_id);
         let r = match op.error.take() {
             Some(e) => Err(e),
             None => Ok(Reply::Read(std::mem::take(&mut op.data))),
@@ -162,22 +167,22 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         }
     }
 
-    pub(crate) fn on_read_done(
+    pub fn on_read_done(
         &mut self,
+        core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+        writer: &ChunkWriter,
         op_id: u32,
         block: u32,
         pba: Pba,
         r: Result<Option<IoBuf>, EngineError>,
     ) -> Result<(), EngineError> {
-        let key = self.md_key(pba).3 .0;
+        let key = md_key(&core.geo, pba).3 .0;
         match r {
             // Its md is still on the way: wait for it rather than read it synchronously.
-            Ok(Some(buf))
-                if self.reader.md_reads.contains(&key) && !self.core.md_cache.contains(key) =>
-            {
-                self.reader.parked.push((key, op_id, block, pba, buf));
+            Ok(Some(buf)) if self.md_reads.contains(&key) && !core.md_cache.contains(key) => {
+                self.parked.push((key, op_id, block, pba, buf));
             }
-            r => self.finish_block_read(op_id, block, pba, r),
+            r => self.finish_block_read(core, writer, op_id, block, pba, r),
         }
         Ok(())
     }
@@ -185,34 +190,36 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     /// Verifies one block of a read against its md and copies it into the reply.
     fn finish_block_read(
         &mut self,
+        core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+        writer: &ChunkWriter,
         op_id: u32,
         block: u32,
         pba: Pba,
         r: Result<Option<IoBuf>, EngineError>,
     ) {
-        let Some((volume, lba)) = self.reader.ops[op_id as usize]
+        let Some((volume, lba)) = self.ops[op_id as usize]
             .as_ref()
             .map(|o| (o.volume, o.first_lba + u64::from(block)))
         else {
             panic!("read completion for unknown op {op_id}");
         };
         let checked = match r {
-            Ok(Some(buf)) => match self.verify_block(volume, Lba(lba), pba, &buf) {
+            Ok(Some(buf)) => match verify_block(core, writer, volume, Lba(lba), pba, &buf) {
                 Ok(()) => Ok(buf),
                 Err(e) => {
-                    self.core.bufs.give(buf);
+                    core.bufs.give(buf);
                     Err(e)
                 }
             },
             Ok(None) => panic!("read completion without its buffer"),
             Err(e) => Err(e),
         };
-        if let Some(op) = self.reader.ops[op_id as usize].as_mut() {
+        if let Some(op) = self.ops[op_id as usize].as_mut() {
             op.pending -= 1;
             match checked {
                 Ok(buf) => {
                     op.put(block, &buf);
-                    self.core.bufs.give(buf);
+                    core.bufs.give(buf);
                 }
                 Err(e) => {
                     op.error.get_or_insert(e);
@@ -222,248 +229,35 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         self.maybe_finish_read(op_id);
     }
 
-    /// Reads one block synchronously (read-modify-write of partial blocks).
-    pub(crate) fn read_block_sync(
-        &mut self,
-        volume: VolumeId,
-        lba: Lba,
-        out: &mut [u8; BLOCK_SIZE],
-    ) -> Result<(), EngineError> {
-        let pba = self
-            .core
-            .l2p
-            .get(&mut self.core.cache, volume, lba)?
-            .unwrap_or(Pba::NONE);
-        if pba.is_none() {
-            out.fill(0);
-            return Ok(());
-        }
-        let Some((region, slot)) = self.core.geo.region_slot(pba) else {
-            panic!("L2P maps {volume} {lba} to {pba} outside the data regions");
-        };
-        if let Some(b) = self.writer.find(region, slot) {
-            out.copy_from_slice(b);
-            return Ok(());
-        }
-        if self.core.geo.is_chunk(region) {
-            let off = self.core.geo.chunk_offset(region, slot);
-            self.core
-                .cache
-                .read_at(off, out)
-                .map_err(EngineError::cache("read-modify-write read", off))?;
-            self.core.stats.cache_read_bytes += BS;
-        } else {
-            let off = self.core.geo.zone_offset(region, slot);
-            self.core
-                .capacity
-                .read_at(off, out)
-                .map_err(EngineError::capacity("read-modify-write read", off))?;
-            self.core.stats.capacity_read_bytes += BS;
-        }
-        self.verify_block(volume, lba, pba, &out[..])
-    }
-
-    /// Checks a data block against its md entry.
-    pub(crate) fn verify_block(
-        &mut self,
-        volume: VolumeId,
-        lba: Lba,
-        pba: Pba,
-        data: &[u8],
-    ) -> Result<(), EngineError> {
-        let Some((region, slot)) = self.core.geo.region_slot(pba) else {
-            panic!("verify of {pba} outside the data regions");
-        };
-        let idx = (slot % shale_format::GROUP_BLOCKS) as usize;
-        let md = self.md_block(pba)?;
-        let e = decode_md_entry(&md[..], idx, 0)
-            .map_err(|source| EngineError::MdCorrupt { pba, source })?;
-        let got = shale_format::block_crc(data);
-        if !matches!(e.kind, EntryKind::Data | EntryKind::Relocated)
-            || e.volume != volume
-            || e.lba != lba
-        {
-            self.core.stats.crc_errors += 1;
-            return Err(EngineError::Misdirected {
-                volume,
-                lba,
-                pba,
-                found_volume: e.volume,
-                found_lba: e.lba,
-            });
-        }
-        if e.data_crc != got {
-            self.core.stats.crc_errors += 1;
-            tracing::warn!(%volume, %lba, %pba, %region, "data CRC mismatch");
-            return Err(EngineError::ChecksumMismatch {
-                volume,
-                lba,
-                pba,
-                expected: e.data_crc,
-                got,
-            });
-        }
-        Ok(())
-    }
-
-    /// The valid md block of the group holding `pba` (md cache, else read both copies
-    /// and take the valid one with the higher generation).
-    /// (region, group, md slot, key = PBA of md copy A) of the group holding `pba`.
-    pub(crate) fn md_key(&self, pba: Pba) -> (RegionId, u32, u32, Pba) {
-        let Some((region, slot)) = self.core.geo.region_slot(pba) else {
-            panic!("md lookup of {pba} outside the data regions");
-        };
-        let groups = Groups {
-            blocks: self.core.geo.region_blocks(region),
-        };
-        let (g, _) = groups.locate(slot);
-        let md_slot = groups.md_slot(g);
-        (region, g, md_slot, self.core.geo.pba(region, md_slot))
-    }
-
-    /// The valid md block of the group holding `pba` (md cache, else a synchronous read
-    /// of both copies; only when an asynchronous one was not possible).
-    pub(crate) fn md_block(&mut self, pba: Pba) -> Result<Box<[u8; BLOCK_SIZE]>, EngineError> {
-        let (_, _, _, key) = self.md_key(pba);
-        let mut out = Box::new([0u8; BLOCK_SIZE]);
-        if let Some(b) = self.core.md_cache.get(key.0) {
-            out.copy_from_slice(b);
-            return Ok(out);
-        }
-        self.md_block_read_both(pba)
-    }
-
-    /// Reads both md copies of the group holding `pba` synchronously and picks one.
-    fn md_block_read_both(&mut self, pba: Pba) -> Result<Box<[u8; BLOCK_SIZE]>, EngineError> {
-        let (region, g, md_slot, key) = self.md_key(pba);
-        self.core.stats.md_reads_sync += 1;
-        let mut two = vec![0u8; 2 * BLOCK_SIZE];
-        if self.core.geo.is_chunk(region) {
-            let off = self.core.geo.chunk_offset(region, md_slot);
-            self.core
-                .cache
-                .read_at(off, &mut two)
-                .map_err(EngineError::cache("md read", off))?;
-            self.core.stats.cache_read_bytes += 2 * BS;
-        } else {
-            let off = self.core.geo.zone_offset(region, md_slot);
-            self.core
-                .capacity
-                .read_at(off, &mut two)
-                .map_err(EngineError::capacity("md read", off))?;
-            self.core.stats.capacity_read_bytes += 2 * BS;
-        }
-        self.pick_md(region, g, key, &two)
-    }
-
-    /// Takes the valid copy (current SID, higher generation) of md A and B and caches it.
-    /// `two` may hold copy A alone (a zone group's, see `prefetch_md`): then it is the
-    /// answer if valid, and an error otherwise.
-    fn pick_md(
-        &mut self,
-        region: RegionId,
-        g: u32,
-        key: Pba,
-        two: &[u8],
-    ) -> Result<Box<[u8; BLOCK_SIZE]>, EngineError> {
-        // A copy left from an earlier life of the region (other SID) is not valid.
-        let sid = self.core.regions.get(region).sid;
-        let stale = |h: shale_format::MdHeader, at: u64| {
-            if h.region_sid == sid {
-                Ok(h)
-            } else {
-                Err(shale_format::FormatError::InvalidField {
-                    structure: shale_format::Structure::MdBlock,
-                    at,
-                    field: "region_sid",
-                    reason: format!("{} is not the region's {sid}", h.region_sid),
-                })
-            }
-        };
-        let at = self.md_offset(key);
-        let copy = |i: usize| &two[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE];
-        let decode = |i: usize| {
-            let at = at + i as u64 * BS;
-            decode_md_header(copy(i), at).and_then(|h| stale(h, at))
-        };
-        // The valid copy of this life of the region with the higher generation wins.
-        // The copy claiming the higher generation is checked first: intact and of this
-        // life, it is the answer whatever the other holds, so the other's CRC is
-        // computed only when it is not (ties go to copy A, as zone groups write both).
-        let both = two.len() >= 2 * BLOCK_SIZE;
-        let first =
-            usize::from(both && md_claimed_generation(copy(1)) > md_claimed_generation(copy(0)));
-        let (pick, h) = match decode(first) {
-            Ok(h) => (first, h),
-            Err(e) if !both => {
-                return Err(EngineError::MdCorrupt {
-                    pba: key,
-                    source: e,
-                })
-            }
-            Err(e_first) => match decode(1 - first) {
-                Ok(h) => (1 - first, h),
-                Err(e_other) => {
-                    return Err(EngineError::MdCorrupt {
-                        pba: key,
-                        source: if first == 0 { e_first } else { e_other },
-                    })
-                }
-            },
-        };
-        if h.region != region || h.group != g {
-            return Err(EngineError::MdCorrupt {
-                pba: key,
-                source: shale_format::FormatError::InvalidField {
-                    structure: shale_format::Structure::MdBlock,
-                    at,
-                    field: "region/group",
-                    reason: format!(
-                        "names {} group {}, expected {region} group {g}",
-                        h.region, h.group
-                    ),
-                },
-            });
-        }
-        let mut out = Box::new([0u8; BLOCK_SIZE]);
-        out.copy_from_slice(&two[pick * BLOCK_SIZE..(pick + 1) * BLOCK_SIZE]);
-        // A group still in memory grows: its md is not final.
-        let cacheable = !self
-            .writer
-            .groups
-            .iter()
-            .any(|x| x.region == region && x.group == g);
-        if cacheable {
-            self.core.md_cache.insert(key.0, &out[..]);
-        }
-        Ok(out)
-    }
-
     /// Starts reading the md of the group holding `pba` unless it is cached or already
     /// being read, so a data block and its md travel together.
-    fn prefetch_md(&mut self, pba: Pba) {
-        let (region, _, md_slot, key) = self.md_key(pba);
-        if self.core.md_cache.contains(key.0) || self.reader.md_reads.contains(&key.0) {
+    fn prefetch_md(
+        &mut self,
+        core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+        pba: Pba,
+    ) {
+        let (region, _, md_slot, key) = md_key(&core.geo, pba);
+        if core.md_cache.contains(key.0) || self.md_reads.contains(&key.0) {
             return;
         }
-        self.reader.md_reads.push(key.0);
-        self.core.stats.md_reads += 1;
-        let tag = self.core.io.insert(InflightIo::MdRead { key: key.0 });
-        if self.core.geo.is_chunk(region) {
-            let buf = self.core.bufs.take(2);
-            let offset = self.core.geo.chunk_offset(region, md_slot);
-            self.core.stats.cache_read_bytes += 2 * BS;
-            self.core.cache.submit(IoRequest {
+        self.md_reads.push(key.0);
+        core.stats.md_reads += 1;
+        let tag = core.io.insert(InflightIo::MdRead { key: key.0 });
+        if core.geo.is_chunk(region) {
+            let buf = core.bufs.take(2);
+            let offset = core.geo.chunk_offset(region, md_slot);
+            core.stats.cache_read_bytes += 2 * BS;
+            core.cache.submit(IoRequest {
                 tag,
                 op: IoOp::Read { offset, buf },
             });
         } else {
             // A zone group is written once, both md copies in the same write: they are
             // the same block, and copy B is read only if copy A turns out bad.
-            let buf = self.core.bufs.take(1);
-            let offset = self.core.geo.zone_offset(region, md_slot);
-            self.core.stats.capacity_read_bytes += BS;
-            self.core.capacity.submit(ZoneRequest {
+            let buf = core.bufs.take(1);
+            let offset = core.geo.zone_offset(region, md_slot);
+            core.stats.capacity_read_bytes += BS;
+            core.capacity.submit(ZoneRequest {
                 tag,
                 op: ZoneOp::Read { offset, buf },
             });
@@ -472,13 +266,19 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
 
     /// An md read arrived: cache it and verify the data blocks that waited for it. Errors
     /// fail only the reads that needed it.
-    pub(crate) fn on_md_read_done(&mut self, key: u32, r: Result<Option<IoBuf>, EngineError>) {
-        self.reader.md_reads.retain(|&k| k != key);
-        let (region, g, _, _) = self.md_key(Pba(key));
+    pub fn on_md_read_done(
+        &mut self,
+        core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+        writer: &ChunkWriter,
+        key: u32,
+        r: Result<Option<IoBuf>, EngineError>,
+    ) {
+        self.md_reads.retain(|&k| k != key);
+        let (region, g, _, _) = md_key(&core.geo, Pba(key));
         let picked = match r {
             Ok(Some(buf)) => {
-                let p = self.pick_md(region, g, Pba(key), &buf).map(|_| ());
-                self.core.bufs.give(buf);
+                let p = pick_md(core, writer, region, g, Pba(key), &buf).map(|_| ());
+                core.bufs.give(buf);
                 p
             }
             Ok(None) => panic!("md read completed without its buffer"),
@@ -486,32 +286,252 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         };
         let picked = match picked {
             // Copy A of a zone group bad or unreadable: both copies, as for a chunk.
-            Err(_) if !self.core.geo.is_chunk(region) => {
-                self.md_block_read_both(Pba(key)).map(|_| ())
+            Err(_) if !core.geo.is_chunk(region) => {
+                md_block_read_both(core, writer, Pba(key)).map(|_| ())
             }
             p => p,
         };
         let mut i = 0;
-        while i < self.reader.parked.len() {
-            if self.reader.parked[i].0 != key {
+        while i < self.parked.len() {
+            if self.parked[i].0 != key {
                 i += 1;
                 continue;
             }
-            let (_, op, block, pba, buf) = self.reader.parked.swap_remove(i);
+            let (_, op, block, pba, buf) = self.parked.swap_remove(i);
             let r = match &picked {
                 Ok(()) => Ok(Some(buf)),
                 Err(e) => {
-                    self.core.bufs.give(buf);
+                    core.bufs.give(buf);
                     Err(EngineError::Failed {
                         reason: format!("md read for {pba}: {e}"),
                     })
                 }
             };
-            self.finish_block_read(op, block, pba, r);
+            self.finish_block_read(core, writer, op, block, pba, r);
         }
     }
+}
 
-    fn md_offset(&self, key: Pba) -> u64 {
-        self.core.geo.device_offset(key).map_or(0, |(_, o)| o)
+/// Reads one block synchronously (read-modify-write of partial blocks).
+pub(crate) fn read_block_sync(
+    core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+    writer: &ChunkWriter,
+    volume: VolumeId,
+    lba: Lba,
+    out: &mut [u8; BLOCK_SIZE],
+) -> Result<(), EngineError> {
+    let pba = core
+        .l2p
+        .get(&mut core.cache, volume, lba)?
+        .unwrap_or(Pba::NONE);
+    if pba.is_none() {
+        out.fill(0);
+        return Ok(());
     }
+    let Some((region, slot)) = core.geo.region_slot(pba) else {
+        panic!("L2P maps {volume} {lba} to {pba} outside the data regions");
+    };
+    if let Some(b) = writer.find(region, slot) {
+        out.copy_from_slice(b);
+        return Ok(());
+    }
+    if core.geo.is_chunk(region) {
+        let off = core.geo.chunk_offset(region, slot);
+        core.cache
+            .read_at(off, out)
+            .map_err(EngineError::cache("read-modify-write read", off))?;
+        core.stats.cache_read_bytes += BS;
+    } else {
+        let off = core.geo.zone_offset(region, slot);
+        core.capacity
+            .read_at(off, out)
+            .map_err(EngineError::capacity("read-modify-write read", off))?;
+        core.stats.capacity_read_bytes += BS;
+    }
+    verify_block(core, writer, volume, lba, pba, &out[..])
+}
+
+/// Checks a data block against its md entry.
+pub(crate) fn verify_block(
+    core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+    writer: &ChunkWriter,
+    volume: VolumeId,
+    lba: Lba,
+    pba: Pba,
+    data: &[u8],
+) -> Result<(), EngineError> {
+    let Some((region, slot)) = core.geo.region_slot(pba) else {
+        panic!("verify of {pba} outside the data regions");
+    };
+    let idx = (slot % shale_format::GROUP_BLOCKS) as usize;
+    let md = md_block(core, writer, pba)?;
+    let e = decode_md_entry(&md[..], idx, 0)
+        .map_err(|source| EngineError::MdCorrupt { pba, source })?;
+    let got = shale_format::block_crc(data);
+    if !matches!(e.kind, EntryKind::Data | EntryKind::Relocated)
+        || e.volume != volume
+        || e.lba != lba
+    {
+        core.stats.crc_errors += 1;
+        return Err(EngineError::Misdirected {
+            volume,
+            lba,
+            pba,
+            found_volume: e.volume,
+            found_lba: e.lba,
+        });
+    }
+    if e.data_crc != got {
+        core.stats.crc_errors += 1;
+        tracing::warn!(%volume, %lba, %pba, %region, "data CRC mismatch");
+        return Err(EngineError::ChecksumMismatch {
+            volume,
+            lba,
+            pba,
+            expected: e.data_crc,
+            got,
+        });
+    }
+    Ok(())
+}
+
+/// (region, group, md slot, key = PBA of md copy A) of the group holding `pba`.
+pub(crate) fn md_key(geo: &Geometry, pba: Pba) -> (RegionId, u32, u32, Pba) {
+    let Some((region, slot)) = geo.region_slot(pba) else {
+        panic!("md lookup of {pba} outside the data regions");
+    };
+    let groups = Groups {
+        blocks: geo.region_blocks(region),
+    };
+    let (g, _) = groups.locate(slot);
+    let md_slot = groups.md_slot(g);
+    (region, g, md_slot, geo.pba(region, md_slot))
+}
+
+/// The valid md block of the group holding `pba` (md cache, else a synchronous read
+/// of both copies; only when an asynchronous one was not possible).
+pub(crate) fn md_block(
+    core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+    writer: &ChunkWriter,
+    pba: Pba,
+) -> Result<Box<[u8; BLOCK_SIZE]>, EngineError> {
+    let (_, _, _, key) = md_key(&core.geo, pba);
+    let mut out = Box::new([0u8; BLOCK_SIZE]);
+    if let Some(b) = core.md_cache.get(key.0) {
+        out.copy_from_slice(b);
+        return Ok(out);
+    }
+    md_block_read_both(core, writer, pba)
+}
+
+/// Reads both md copies of the group holding `pba` synchronously and picks one.
+fn md_block_read_both(
+    core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+    writer: &ChunkWriter,
+    pba: Pba,
+) -> Result<Box<[u8; BLOCK_SIZE]>, EngineError> {
+    let (region, g, md_slot, key) = md_key(&core.geo, pba);
+    core.stats.md_reads_sync += 1;
+    let mut two = vec![0u8; 2 * BLOCK_SIZE];
+    if core.geo.is_chunk(region) {
+        let off = core.geo.chunk_offset(region, md_slot);
+        core.cache
+            .read_at(off, &mut two)
+            .map_err(EngineError::cache("md read", off))?;
+        core.stats.cache_read_bytes += 2 * BS;
+    } else {
+        let off = core.geo.zone_offset(region, md_slot);
+        core.capacity
+            .read_at(off, &mut two)
+            .map_err(EngineError::capacity("md read", off))?;
+        core.stats.capacity_read_bytes += 2 * BS;
+    }
+    pick_md(core, writer, region, g, key, &two)
+}
+
+/// Takes the valid copy (current SID, higher generation) of md A and B and caches it.
+/// `two` may hold copy A alone (a zone group's, see `prefetch_md`): then it is the
+/// answer if valid, and an error otherwise.
+fn pick_md(
+    core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+    writer: &ChunkWriter,
+    region: RegionId,
+    g: u32,
+    key: Pba,
+    two: &[u8],
+) -> Result<Box<[u8; BLOCK_SIZE]>, EngineError> {
+    // A copy left from an earlier life of the region (other SID) is not valid.
+    let sid = core.regions.get(region).sid;
+    let stale = |h: shale_format::MdHeader, at: u64| {
+        if h.region_sid == sid {
+            Ok(h)
+        } else {
+            Err(shale_format::FormatError::InvalidField {
+                structure: shale_format::Structure::MdBlock,
+                at,
+                field: "region_sid",
+                reason: format!("{} is not the region's {sid}", h.region_sid),
+            })
+        }
+    };
+    let at = md_offset(&core.geo, key);
+    let copy = |i: usize| &two[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE];
+    let decode = |i: usize| {
+        let at = at + i as u64 * BS;
+        decode_md_header(copy(i), at).and_then(|h| stale(h, at))
+    };
+    // The valid copy of this life of the region with the higher generation wins.
+    // The copy claiming the higher generation is checked first: intact and of this
+    // life, it is the answer whatever the other holds, so the other's CRC is
+    // computed only when it is not (ties go to copy A, as zone groups write both).
+    let both = two.len() >= 2 * BLOCK_SIZE;
+    let first =
+        usize::from(both && md_claimed_generation(copy(1)) > md_claimed_generation(copy(0)));
+    let (pick, h) = match decode(first) {
+        Ok(h) => (first, h),
+        Err(e) if !both => {
+            return Err(EngineError::MdCorrupt {
+                pba: key,
+                source: e,
+            })
+        }
+        Err(e_first) => match decode(1 - first) {
+            Ok(h) => (1 - first, h),
+            Err(e_other) => {
+                return Err(EngineError::MdCorrupt {
+                    pba: key,
+                    source: if first == 0 { e_first } else { e_other },
+                })
+            }
+        },
+    };
+    if h.region != region || h.group != g {
+        return Err(EngineError::MdCorrupt {
+            pba: key,
+            source: shale_format::FormatError::InvalidField {
+                structure: shale_format::Structure::MdBlock,
+                at,
+                field: "region/group",
+                reason: format!(
+                    "names {} group {}, expected {region} group {g}",
+                    h.region, h.group
+                ),
+            },
+        });
+    }
+    let mut out = Box::new([0u8; BLOCK_SIZE]);
+    out.copy_from_slice(&two[pick * BLOCK_SIZE..(pick + 1) * BLOCK_SIZE]);
+    // A group still in memory grows: its md is not final.
+    let cacheable = !writer
+        .groups
+        .iter()
+        .any(|x| x.region == region && x.group == g);
+    if cacheable {
+        core.md_cache.insert(key.0, &out[..]);
+    }
+    Ok(out)
+}
+
+fn md_offset(geo: &Geometry, key: Pba) -> u64 {
+    geo.device_offset(key).map_or(0, |(_, o)| o)
 }

@@ -6,44 +6,11 @@ use shale_format::{JournalRecord, Lba, Pba, VolumeId, BLOCK_SIZE, L2P_ENTRIES_PE
 
 use crate::engine::PendingWrite;
 use crate::layout::BS;
+use crate::read::reader::read_block_sync;
 use crate::request::Answer;
 use crate::{Clock, Engine, EngineError};
 
 impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
-    /// Checks range and size limits of a data request to a live volume (resolved from
-    /// its uid).
-    pub(crate) fn check_range(
-        &self,
-        volume: VolumeId,
-        offset: u64,
-        len: u64,
-        data: bool,
-    ) -> Result<(), EngineError> {
-        let Some(size_blocks) = self.core.l2p.volume_size(volume) else {
-            panic!("{volume}: a resolved volume has no L2P");
-        };
-        if len == 0 {
-            return Err(EngineError::ZeroLength { volume, offset });
-        }
-        let size_bytes = size_blocks * BS;
-        if offset.checked_add(len).is_none_or(|end| end > size_bytes) {
-            return Err(EngineError::OutOfRange {
-                volume,
-                offset,
-                len,
-                size_bytes,
-            });
-        }
-        if data && len > self.core.config.request_bytes_max {
-            return Err(EngineError::TooLarge {
-                volume,
-                len,
-                max: self.core.config.request_bytes_max,
-            });
-        }
-        Ok(())
-    }
-
     /// Starts a write; gives its data and answer back if it must wait for cache space.
     pub(crate) fn start_write(
         &mut self,
@@ -54,7 +21,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         done: Answer,
     ) -> Result<Option<(Vec<u8>, Answer)>, EngineError> {
         let len = data.len() as u64;
-        if let Err(e) = self.check_range(volume, offset, len, true) {
+        if let Err(e) = self.core.check_range(volume, offset, len, true) {
             done.send(Err(e));
             return Ok(None);
         }
@@ -122,7 +89,9 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 &data[o..o + BLOCK_SIZE]
             } else {
                 if !full {
-                    if let Err(e) = self.read_block_sync(volume, Lba(lba), &mut block) {
+                    if let Err(e) =
+                        read_block_sync(&mut self.core, &self.writer, volume, Lba(lba), &mut block)
+                    {
                         result = Err(e);
                         break;
                     }
@@ -170,7 +139,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
 
     /// Write-zeroes of partial edge blocks needs cache space.
     pub(crate) fn can_write_zeroes(&self, volume: VolumeId, offset: u64, len: u64) -> bool {
-        if self.check_range(volume, offset, len, false).is_err() {
+        if self.core.check_range(volume, offset, len, false).is_err() {
             return true; // fails at once
         }
         let edges =
@@ -187,7 +156,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         len: u64,
         zeroes: bool,
     ) -> Result<(), EngineError> {
-        self.check_range(volume, offset, len, false)?;
+        self.core.check_range(volume, offset, len, false)?;
         if !zeroes {
             self.core.volume_counters(volume).trim_ops += 1;
         }
