@@ -297,7 +297,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     }
 
     fn checkpoint_end(&mut self) -> Result<(), EngineError> {
-        self.submit_runs()?;
+        self.writer.submit_runs(&mut self.core)?;
         self.drain_io()?;
         let fp = self.flush_point_records();
         let lens: Vec<usize> = fp.iter().map(|r| r.encoded_len()).collect();
@@ -497,7 +497,9 @@ mod tests {
             for &l in &lbas {
                 newest.insert(l, s);
                 let waits = e
+                    .writer
                     .start_write(
+                        &mut e.core,
                         VolumeId(0),
                         l * 4096,
                         block(s),
@@ -508,7 +510,7 @@ mod tests {
                 assert!(waits.is_none());
                 s += 1;
             }
-            e.submit_runs().unwrap();
+            e.writer.submit_runs(&mut e.core).unwrap();
             let stale = [&e.compaction, &e.gc]
                 .iter()
                 .flat_map(|m| m.streams.iter().flat_map(|st| st.entries.iter()))

@@ -251,13 +251,13 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 });
             }
         }
-        self.submit_runs()?;
+        self.writer.submit_runs(&mut self.core)?;
         if self.durability.requested {
             self.durability_point()?;
             progress = true;
         }
         progress |= self.background()?;
-        self.submit_runs()?;
+        self.writer.submit_runs(&mut self.core)?;
         if !progress && !self.queue.is_empty() && self.core.io.count == 0 {
             self.health.stalled_polls += 1;
             let since = *self.health.stalled_since.get_or_insert(now);
@@ -384,7 +384,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         self.completions.zone = zone_done;
         result?;
         if any {
-            self.complete_writes();
+            self.writer.complete_writes(&mut self.durability);
         }
         Ok(any)
     }
@@ -403,14 +403,15 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 if let Some(b) = c.buf {
                     self.core.bufs.give(b);
                 }
-                self.on_run_done(group_id, run_seq, bytes)
+                self.writer
+                    .on_run_done(&mut self.core, group_id, run_seq, bytes)
             }
             InflightIo::CacheMd { group_id } => {
                 c.result.map_err(EngineError::cache("md write", 0))?;
                 if let Some(b) = c.buf {
                     self.core.bufs.give(b);
                 }
-                self.on_md_done(group_id)
+                self.writer.on_md_done(&mut self.core, group_id)
             }
             InflightIo::Read { op, block, pba } => {
                 let r = c.result.map_err(EngineError::cache("user data read", 0));
@@ -514,22 +515,6 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         }
     }
 
-    /// Completes write requests whose blocks are all written.
-    pub(crate) fn complete_writes(&mut self) {
-        let wm = self.writer.runs.watermark();
-        while self.writer.pending.front().is_some_and(|w| w.asn_end <= wm) {
-            let Some(w) = self.writer.pending.pop_front() else {
-                break;
-            };
-            if w.fua {
-                self.durability.waiters.push(w.done);
-                self.durability.requested = true;
-            } else {
-                w.done.send(Ok(Reply::Done));
-            }
-        }
-    }
-
     fn process_requests(&mut self) -> Result<bool, EngineError> {
         let mut progress = false;
         self.health.user_blocked = false;
@@ -565,9 +550,23 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         Ok(progress)
     }
 
-    /// Starts one request. Returns it back if it must wait for space.
+    /// Starts one request. Returns it back if it must wait for space. A failure the
+    /// write path recorded stops the engine before anything else happens.
     #[allow(clippy::type_complexity)]
     fn dispatch(
+        &mut self,
+        req: Request,
+        done: Answer,
+    ) -> Result<Option<(Request, Answer)>, EngineError> {
+        let r = self.dispatch_request(req, done);
+        if let Some(e) = self.writer.failure.take() {
+            self.fail(e);
+        }
+        r
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn dispatch_request(
         &mut self,
         req: Request,
         done: Answer,
@@ -601,7 +600,8 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 fua,
             } => {
                 return Ok(self
-                    .start_write(slot, offset, data, fua, done)?
+                    .writer
+                    .start_write(&mut self.core, slot, offset, data, fua, done)?
                     .map(|(data, done)| {
                         (
                             Request::Write {
@@ -615,7 +615,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                     }));
             }
             Request::Trim { offset, len, .. } => {
-                let r = self.trim(slot, offset, len, false);
+                let r = self.writer.trim(&mut self.core, slot, offset, len, false);
                 done.send(r.map(|_| Reply::Done));
             }
             Request::WriteZeroes {
@@ -623,7 +623,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 offset,
                 len,
             } => {
-                if !self.can_write_zeroes(slot, offset, len) {
+                if !self.writer.can_write_zeroes(&self.core, slot, offset, len) {
                     return Ok(Some((
                         Request::WriteZeroes {
                             volume,
@@ -633,7 +633,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                         done,
                     )));
                 }
-                let r = self.trim(slot, offset, len, true);
+                let r = self.writer.trim(&mut self.core, slot, offset, len, true);
                 done.send(r.map(|_| Reply::Done));
             }
             Request::Flush => {

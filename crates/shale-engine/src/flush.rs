@@ -52,7 +52,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     /// one cache flush suffices.
     pub(crate) fn make_durable(&mut self, journal: bool) -> Result<(), EngineError> {
         self.durability.requested = false;
-        self.submit_runs()?;
+        self.writer.submit_runs(&mut self.core)?;
         self.drain_io()?;
         let groups = Groups {
             blocks: self.core.geo.chunk_blocks,
@@ -120,7 +120,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     /// without overwriting entries recovery needs, it is a checkpoint instead (which
     /// makes the same writes durable without the journal).
     pub(crate) fn durability_point(&mut self) -> Result<(), EngineError> {
-        self.submit_runs()?;
+        self.writer.submit_runs(&mut self.core)?;
         self.drain_io()?;
         if self.nothing_to_make_durable() {
             // An idle flush: everything is already durable; skip the journal block and
@@ -164,7 +164,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     }
 
     pub(crate) fn complete_durable_waiters(&mut self) {
-        self.complete_writes();
+        self.writer.complete_writes(&mut self.durability);
         for d in self.durability.waiters.drain(..) {
             d.send(Ok(Reply::Done));
         }

@@ -104,7 +104,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 reason: "every volume uid has been issued".into(),
             });
         };
-        let (created_sid, created_pos) = self.write_position();
+        let (created_sid, created_pos) = self.writer.write_position(&self.core);
         let e = VolumeEntry {
             id,
             uid,
@@ -143,7 +143,8 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 });
             }
         } else if blocks < old {
-            self.unmap_range(id, blocks, old - blocks)?;
+            self.writer
+                .unmap_range(&mut self.core, id, blocks, old - blocks)?;
         }
         self.core.l2p.resize_volume(id, blocks);
         let Some(e) = self
@@ -169,7 +170,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         let Some(size) = self.core.volumes.get(id).map(|e| e.size_blocks) else {
             unreachable!("resolved above");
         };
-        self.unmap_range(id, 0, size)?;
+        self.writer.unmap_range(&mut self.core, id, 0, size)?;
         self.core.l2p.remove_volume(id);
         self.core.volumes.table.entries.retain(|e| e.id != id);
         self.volume_changed(id, 0, false)

@@ -10,10 +10,12 @@ use std::collections::VecDeque;
 
 use super::group::{GroupBuf, MdState};
 use super::runs::Runs;
+use crate::core::Core;
 use crate::engine::InflightIo;
 use crate::engine::PendingWrite;
+use crate::flush::Durability;
 use crate::layout::Groups;
-use crate::{Clock, Engine, EngineError};
+use crate::{Clock, EngineError, Reply};
 
 /// Settled group buffers kept for reuse; a burst beyond this allocates (up to
 /// `write_buffers_max`) and gives the memory back when it settles.
@@ -39,6 +41,9 @@ pub(crate) struct ChunkWriter {
     pub pending: VecDeque<PendingWrite>,
     /// Read-modify-write's block, lent out while a write runs.
     pub block_scratch: Option<Box<[u8; BLOCK_SIZE]>>,
+    /// A failure that must stop the engine (a block appended but not mapped, an unmap
+    /// cut short), for the event loop to act on before anything else happens.
+    pub failure: Option<EngineError>,
 }
 
 impl ChunkWriter {
@@ -54,6 +59,7 @@ impl ChunkWriter {
             asn_next: 0,
             pending: VecDeque::new(),
             block_scratch: Some(Box::new([0; BLOCK_SIZE])),
+            failure: None,
             chunk_data_capacity: u64::from(
                 Groups {
                     blocks: chunk_blocks,
@@ -75,6 +81,28 @@ impl ChunkWriter {
         self.groups.iter().any(|g| g.region == region)
     }
 
+    /// Records a failure that stops the engine; the first one is its cause.
+    pub(crate) fn fail(&mut self, e: EngineError) {
+        self.failure.get_or_insert(e);
+    }
+
+    /// Completes write requests whose blocks are all written; FUA ones wait for the
+    /// next durability point.
+    pub fn complete_writes(&mut self, durability: &mut Durability) {
+        let wm = self.runs.watermark();
+        while self.pending.front().is_some_and(|w| w.asn_end <= wm) {
+            let Some(w) = self.pending.pop_front() else {
+                break;
+            };
+            if w.fua {
+                durability.waiters.push(w.done);
+                durability.requested = true;
+            } else {
+                w.done.send(Ok(Reply::Done));
+            }
+        }
+    }
+
     /// Whether `n` blocks can be appended now without waiting.
     pub fn can_append(&self, n: u64, free_chunks: usize) -> bool {
         let room = self.open_remaining + free_chunks as u64 * self.chunk_data_capacity;
@@ -83,51 +111,53 @@ impl ChunkWriter {
     }
 }
 
-impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
+impl ChunkWriter {
     /// Appends one block for (volume, lba) at the write pointer; returns its PBA. The
     /// caller checked `can_append`.
-    pub(crate) fn append_block(&mut self, volume: VolumeId, lba: Lba, block: &[u8]) -> Pba {
-        self.core.volume_counters(volume).cache_write_bytes += BLOCK_SIZE as u64;
-        let region = match self.writer.open {
+    pub fn append_block(
+        &mut self,
+        core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+        volume: VolumeId,
+        lba: Lba,
+        block: &[u8],
+    ) -> Pba {
+        core.volume_counters(volume).cache_write_bytes += BLOCK_SIZE as u64;
+        let region = match self.open {
             Some(r) => r,
             None => {
-                let Some(r) = self.core.regions.free_chunks.pop_front() else {
+                let Some(r) = core.regions.free_chunks.pop_front() else {
                     panic!("append without a free chunk: can_append was not checked");
                 };
-                let sid = self.core.next_sid();
-                self.core.regions.open(r, sid, RegionRole::User, 0);
-                self.core
-                    .journal
+                let sid = core.next_sid();
+                core.regions.open(r, sid, RegionRole::User, 0);
+                core.journal
                     .append(JournalRecord::RegionOpened { region: r, sid });
-                self.core
-                    .md_cache
-                    .invalidate_range(self.core.geo.region_base(r).0, self.core.geo.chunk_blocks);
-                self.writer.open = Some(r);
-                self.writer.open_remaining = self.writer.chunk_data_capacity;
+                core.md_cache
+                    .invalidate_range(core.geo.region_base(r).0, core.geo.chunk_blocks);
+                self.open = Some(r);
+                self.open_remaining = self.chunk_data_capacity;
                 r
             }
         };
         let groups = Groups {
-            blocks: self.core.geo.chunk_blocks,
+            blocks: core.geo.chunk_blocks,
         };
-        let wp = self.core.regions.get(region).wp;
+        let wp = core.regions.get(region).wp;
         let (g, idx) = groups.locate(wp);
         let need_new = self
-            .writer
             .groups
             .last()
             .is_none_or(|b| b.region != region || b.group != g);
         if need_new {
             debug_assert_eq!(idx, 0);
             let data = self
-                .writer
                 .pool
                 .pop()
                 .unwrap_or_else(|| vec![0u8; shale_format::GROUP_DATA_SLOTS * BLOCK_SIZE]);
-            let id = self.writer.next_id;
-            self.writer.next_id = self.writer.next_id.wrapping_add(1);
-            let sid = self.core.regions.get(region).sid;
-            self.writer.groups.push(GroupBuf::new(
+            let id = self.next_id;
+            self.next_id = self.next_id.wrapping_add(1);
+            let sid = core.regions.get(region).sid;
+            self.groups.push(GroupBuf::new(
                 id,
                 region,
                 g,
@@ -135,10 +165,10 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 groups.data_slots(g),
                 sid,
                 data,
-                self.writer.asn_next,
+                self.asn_next,
             ));
         }
-        let Some(gb) = self.writer.groups.last_mut() else {
+        let Some(gb) = self.groups.last_mut() else {
             unreachable!("group just ensured")
         };
         let entry = MdEntry {
@@ -151,13 +181,13 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         };
         let i = gb.append(block, &entry);
         debug_assert_eq!(i, idx);
-        self.writer.asn_next += 1;
-        self.writer.open_remaining -= 1;
+        self.asn_next += 1;
+        self.open_remaining -= 1;
         let full = gb.is_full();
         if full {
             gb.seal_final();
         }
-        let reg = self.core.regions.get_mut(region);
+        let reg = core.regions.get_mut(region);
         reg.wp += 1;
         if full {
             reg.wp = if g + 1 < groups.count() {
@@ -166,20 +196,23 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 groups.end()
             };
             if reg.wp >= groups.end() {
-                self.writer.open = None;
-                self.writer.open_remaining = 0;
+                self.open = None;
+                self.open_remaining = 0;
             }
         }
-        self.core.stats.user_blocks_appended += 1;
-        self.core.geo.pba(region, groups.start(g) + i)
+        core.stats.user_blocks_appended += 1;
+        core.geo.pba(region, groups.start(g) + i)
     }
 
     /// Submits one device write per group with unsubmitted blocks, and pending final
     /// md writes.
-    pub(crate) fn submit_runs(&mut self) -> Result<(), EngineError> {
-        for gi in 0..self.writer.groups.len() {
+    pub fn submit_runs(
+        &mut self,
+        core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+    ) -> Result<(), EngineError> {
+        for gi in 0..self.groups.len() {
             let (region, start, from, to, asn_base, id) = {
-                let g = &self.writer.groups[gi];
+                let g = &self.groups[gi];
                 (
                     g.region,
                     g.start_slot,
@@ -194,22 +227,20 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             while at < to {
                 let n = 1u32 << (31 - (to - at).leading_zeros());
                 let bytes = n as usize * BLOCK_SIZE;
-                let mut buf = self.core.bufs.take(n as usize);
+                let mut buf = core.bufs.take(n as usize);
                 buf.copy_from_slice(
-                    &self.writer.groups[gi].data
-                        [at as usize * BLOCK_SIZE..(at + n) as usize * BLOCK_SIZE],
+                    &self.groups[gi].data[at as usize * BLOCK_SIZE..(at + n) as usize * BLOCK_SIZE],
                 );
                 let run_seq = self
-                    .writer
                     .runs
                     .push(asn_base + u64::from(at), asn_base + u64::from(at + n));
-                let tag = self.core.io.insert(InflightIo::CacheRun {
+                let tag = core.io.insert(InflightIo::CacheRun {
                     group_id: id,
                     run_seq,
                     bytes: bytes as u32,
                 });
-                let offset = self.core.geo.chunk_offset(region, start + at);
-                self.core.cache.submit(IoRequest {
+                let offset = core.geo.chunk_offset(region, start + at);
+                core.cache.submit(IoRequest {
                     tag,
                     op: IoOp::Write {
                         offset,
@@ -217,26 +248,26 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                         fua: false,
                     },
                 });
-                self.writer.groups[gi].inflight += 1;
-                self.core.regions.get_mut(region).inflight_writes += 1;
-                self.core.stats.cache_data_write_bytes += bytes as u64;
+                self.groups[gi].inflight += 1;
+                core.regions.get_mut(region).inflight_writes += 1;
+                core.stats.cache_data_write_bytes += bytes as u64;
                 at += n;
             }
-            self.writer.groups[gi].submitted = to;
-            if self.writer.groups[gi].md_state == MdState::FinalPending {
-                let g = &mut self.writer.groups[gi];
+            self.groups[gi].submitted = to;
+            if self.groups[gi].md_state == MdState::FinalPending {
+                let g = &mut self.groups[gi];
                 g.md_state = MdState::FinalSubmitted;
                 g.inflight += 1;
-                let mut buf = self.core.bufs.take(1);
+                let mut buf = core.bufs.take(1);
                 buf.copy_from_slice(&g.md[..]);
                 let md_slot = Groups {
-                    blocks: self.core.geo.chunk_blocks,
+                    blocks: core.geo.chunk_blocks,
                 }
                 .md_slot(g.group)
                     + g.md_final_copy;
-                let offset = self.core.geo.chunk_offset(region, md_slot);
-                let tag = self.core.io.insert(InflightIo::CacheMd { group_id: id });
-                self.core.cache.submit(IoRequest {
+                let offset = core.geo.chunk_offset(region, md_slot);
+                let tag = core.io.insert(InflightIo::CacheMd { group_id: id });
+                core.cache.submit(IoRequest {
                     tag,
                     op: IoOp::Write {
                         offset,
@@ -244,75 +275,79 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                         fua: false,
                     },
                 });
-                self.core.regions.get_mut(region).inflight_writes += 1;
-                self.core.stats.cache_md_write_bytes += BLOCK_SIZE as u64;
+                core.regions.get_mut(region).inflight_writes += 1;
+                core.stats.cache_md_write_bytes += BLOCK_SIZE as u64;
             }
         }
         Ok(())
     }
 
     fn group_index(&self, id: u32) -> usize {
-        let Some(i) = self.writer.groups.iter().position(|g| g.id == id) else {
+        let Some(i) = self.groups.iter().position(|g| g.id == id) else {
             panic!("completion for unknown group {id}");
         };
         i
     }
 
-    pub(crate) fn on_run_done(
+    pub fn on_run_done(
         &mut self,
+        core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
         group_id: u32,
         run_seq: u64,
         _bytes: u32,
     ) -> Result<(), EngineError> {
-        self.writer.runs.complete(run_seq);
+        self.runs.complete(run_seq);
         let i = self.group_index(group_id);
-        self.writer.groups[i].inflight -= 1;
-        let region = self.writer.groups[i].region;
-        self.core.regions.get_mut(region).inflight_writes -= 1;
-        self.maybe_settle(i);
+        self.groups[i].inflight -= 1;
+        let region = self.groups[i].region;
+        core.regions.get_mut(region).inflight_writes -= 1;
+        self.maybe_settle(core, i);
         Ok(())
     }
 
-    pub(crate) fn on_md_done(&mut self, group_id: u32) -> Result<(), EngineError> {
+    pub fn on_md_done(
+        &mut self,
+        core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+        group_id: u32,
+    ) -> Result<(), EngineError> {
         let i = self.group_index(group_id);
-        let g = &mut self.writer.groups[i];
+        let g = &mut self.groups[i];
         g.inflight -= 1;
         g.md_newest = Some(g.md_final_copy);
         let region = g.region;
-        self.core.regions.get_mut(region).inflight_writes -= 1;
-        self.maybe_settle(i);
+        core.regions.get_mut(region).inflight_writes -= 1;
+        self.maybe_settle(core, i);
         Ok(())
     }
 
     /// Releases a settled group's buffer, caches its md, and closes its chunk if that
     /// was the chunk's last unsettled group.
-    fn maybe_settle(&mut self, i: usize) {
-        if !self.writer.groups[i].settled() {
+    fn maybe_settle(
+        &mut self,
+        core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+        i: usize,
+    ) {
+        if !self.groups[i].settled() {
             return;
         }
-        let g = self.writer.groups.remove(i);
-        let md_a = self.core.geo.pba(
+        let g = self.groups.remove(i);
+        let md_a = core.geo.pba(
             g.region,
             Groups {
-                blocks: self.core.geo.chunk_blocks,
+                blocks: core.geo.chunk_blocks,
             }
             .md_slot(g.group),
         );
-        self.core.md_cache.insert(md_a.0, &g.md[..]);
-        if self.writer.pool.len() < GROUP_BUFFERS_IDLE_MAX {
-            self.writer.pool.push(g.data);
+        core.md_cache.insert(md_a.0, &g.md[..]);
+        if self.pool.len() < GROUP_BUFFERS_IDLE_MAX {
+            self.pool.push(g.data);
         }
-        let unsettled = self.writer.has_unsettled(g.region);
-        let now = self.core.now();
-        if self
-            .core
-            .regions
-            .try_close(&self.core.geo, g.region, unsettled, now)
-        {
-            self.core
-                .journal
+        let unsettled = self.has_unsettled(g.region);
+        let now = core.now();
+        if core.regions.try_close(&core.geo, g.region, unsettled, now) {
+            core.journal
                 .append(JournalRecord::RegionClosed { region: g.region });
         }
-        debug_assert!(self.core.regions.get(g.region).state != RegionState::Free);
+        debug_assert!(core.regions.get(g.region).state != RegionState::Free);
     }
 }

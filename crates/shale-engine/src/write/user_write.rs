@@ -4,16 +4,19 @@
 use shale_device::{BlockDevice, ZonedDevice};
 use shale_format::{JournalRecord, Lba, Pba, VolumeId, BLOCK_SIZE, L2P_ENTRIES_PER_PAGE};
 
+use crate::core::Core;
 use crate::engine::PendingWrite;
 use crate::layout::BS;
 use crate::read::reader::read_block_sync;
 use crate::request::Answer;
-use crate::{Clock, Engine, EngineError};
+use crate::write::chunk_writer::ChunkWriter;
+use crate::{Clock, EngineError};
 
-impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
+impl ChunkWriter {
     /// Starts a write; gives its data and answer back if it must wait for cache space.
-    pub(crate) fn start_write(
+    pub fn start_write(
         &mut self,
+        core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
         volume: VolumeId,
         offset: u64,
         data: Vec<u8>,
@@ -21,20 +24,17 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         done: Answer,
     ) -> Result<Option<(Vec<u8>, Answer)>, EngineError> {
         let len = data.len() as u64;
-        if let Err(e) = self.core.check_range(volume, offset, len, true) {
+        if let Err(e) = core.check_range(volume, offset, len, true) {
             done.send(Err(e));
             return Ok(None);
         }
         let first = offset / BS;
         let last = (offset + len - 1) / BS;
-        if !self
-            .writer
-            .can_append(last - first + 1, self.core.regions.free_chunks.len())
-        {
+        if !self.can_append(last - first + 1, core.regions.free_chunks.len()) {
             return Ok(Some((data, done)));
         }
-        if let Err(e) = self.write_range(volume, offset, &data, false) {
-            if self.health.fatal.is_some() {
+        if let Err(e) = self.write_range(core, volume, offset, &data, false) {
+            if self.failure.is_some() {
                 // This request is in no queue `fail` drained: it learns of it here.
                 done.send(Err(EngineError::Failed {
                     reason: e.to_string(),
@@ -49,12 +49,12 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             done.send(Err(e));
             return Ok(None);
         }
-        self.core.stats.user_write_bytes += len;
-        let c = self.core.volume_counters(volume);
+        core.stats.user_write_bytes += len;
+        let c = core.volume_counters(volume);
         c.write_ops += 1;
         c.user_write_bytes += len;
-        self.writer.pending.push_back(PendingWrite {
-            asn_end: self.writer.asn_next,
+        self.pending.push_back(PendingWrite {
+            asn_end: self.asn_next,
             fua,
             done,
         });
@@ -65,6 +65,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     /// is ignored and `len` comes from the caller's range).
     fn write_range(
         &mut self,
+        core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
         volume: VolumeId,
         offset: u64,
         data: &[u8],
@@ -74,7 +75,6 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         let first = offset / BS;
         let last = (offset + len - 1) / BS;
         let mut block = self
-            .writer
             .block_scratch
             .take()
             .unwrap_or_else(|| Box::new([0; BLOCK_SIZE]));
@@ -89,9 +89,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 &data[o..o + BLOCK_SIZE]
             } else {
                 if !full {
-                    if let Err(e) =
-                        read_block_sync(&mut self.core, &self.writer, volume, Lba(lba), &mut block)
-                    {
+                    if let Err(e) = read_block_sync(core, self, volume, Lba(lba), &mut block) {
                         result = Err(e);
                         break;
                     }
@@ -105,60 +103,71 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 }
                 &block[..]
             };
-            if let Err(e) = self.map_new_block(volume, Lba(lba), src) {
+            if let Err(e) = self.map_new_block(core, volume, Lba(lba), src) {
                 result = Err(e);
                 break;
             }
         }
-        self.writer.block_scratch = Some(block);
+        self.block_scratch = Some(block);
         result
     }
 
-    fn map_new_block(&mut self, volume: VolumeId, lba: Lba, src: &[u8]) -> Result<(), EngineError> {
+    fn map_new_block(
+        &mut self,
+        core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+        volume: VolumeId,
+        lba: Lba,
+        src: &[u8],
+    ) -> Result<(), EngineError> {
         // Fault the page in before appending so a failing fault leaves nothing behind
         // (the request fails; the engine carries on).
-        self.core.l2p.get(&mut self.core.cache, volume, lba)?;
-        let pba = self.append_block(volume, lba, src);
-        self.core.regions.mark_valid(&self.core.geo, pba);
+        core.l2p.get(&mut core.cache, volume, lba)?;
+        let pba = self.append_block(core, volume, lba, src);
+        core.regions.mark_valid(&core.geo, pba);
         // The page is cached now (appending touches no page); an error here would leave
         // a valid block unmapped, so it stops the engine.
-        let old = self
-            .core
+        let old = core
             .l2p
-            .set(&mut self.core.cache, volume, lba, pba)
+            .set(&mut core.cache, volume, lba, pba)
             .inspect_err(|e| {
                 self.fail(EngineError::Failed {
                     reason: format!("mapping {volume} {lba} to {pba}: {e}"),
                 })
             })?;
         if !old.is_none() {
-            self.core.regions.mark_invalid(&self.core.geo, old);
+            core.regions.mark_invalid(&core.geo, old);
         }
         Ok(())
     }
 
     /// Write-zeroes of partial edge blocks needs cache space.
-    pub(crate) fn can_write_zeroes(&self, volume: VolumeId, offset: u64, len: u64) -> bool {
-        if self.core.check_range(volume, offset, len, false).is_err() {
+    pub fn can_write_zeroes(
+        &self,
+        core: &Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+        volume: VolumeId,
+        offset: u64,
+        len: u64,
+    ) -> bool {
+        if core.check_range(volume, offset, len, false).is_err() {
             return true; // fails at once
         }
         let edges =
             u64::from(!offset.is_multiple_of(BS)) + u64::from(!(offset + len).is_multiple_of(BS));
-        self.writer
-            .can_append(edges, self.core.regions.free_chunks.len())
+        self.can_append(edges, core.regions.free_chunks.len())
     }
 
     /// Trim (`zeroes == false`: whole blocks only) or write-zeroes (exact).
-    pub(crate) fn trim(
+    pub fn trim(
         &mut self,
+        core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
         volume: VolumeId,
         offset: u64,
         len: u64,
         zeroes: bool,
     ) -> Result<(), EngineError> {
-        self.core.check_range(volume, offset, len, false)?;
+        core.check_range(volume, offset, len, false)?;
         if !zeroes {
-            self.core.volume_counters(volume).trim_ops += 1;
+            core.volume_counters(volume).trim_ops += 1;
         }
         let end = offset + len;
         let first_full = offset.div_ceil(BS);
@@ -167,39 +176,42 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             // Partial edges become zeros by read-modify-write.
             if first_full > end_full {
                 let z = vec![0u8; len as usize];
-                return self.write_range(volume, offset, &z, true);
+                return self.write_range(core, volume, offset, &z, true);
             }
             if !offset.is_multiple_of(BS) {
                 let l = first_full * BS - offset;
-                self.write_range(volume, offset, &vec![0u8; l as usize], true)?;
+                self.write_range(core, volume, offset, &vec![0u8; l as usize], true)?;
             }
             if !end.is_multiple_of(BS) && end_full >= first_full {
                 let l = end - end_full * BS;
-                self.write_range(volume, end_full * BS, &vec![0u8; l as usize], true)?;
+                self.write_range(core, volume, end_full * BS, &vec![0u8; l as usize], true)?;
             }
         }
         if end_full > first_full {
-            self.unmap_range(volume, first_full, end_full - first_full)?;
-            let (key_sid, key_pos) = self.write_position();
-            self.core.journal.append(JournalRecord::Trim {
+            self.unmap_range(core, volume, first_full, end_full - first_full)?;
+            let (key_sid, key_pos) = self.write_position(core);
+            core.journal.append(JournalRecord::Trim {
                 volume,
                 lba: Lba(first_full),
                 count: end_full - first_full,
                 key_sid,
                 key_pos,
             });
-            self.core.stats.user_trim_bytes += (end_full - first_full) * BS;
-            self.core.volume_counters(volume).user_trim_bytes += (end_full - first_full) * BS;
+            core.stats.user_trim_bytes += (end_full - first_full) * BS;
+            core.volume_counters(volume).user_trim_bytes += (end_full - first_full) * BS;
         }
         Ok(())
     }
 
     /// The current user-write position (open chunk SID, write pointer), ordering trims
     /// among writes for recovery.
-    pub(crate) fn write_position(&self) -> (shale_format::Sid, u32) {
-        match self.writer.open {
-            Some(r) => (self.core.regions.get(r).sid, self.core.regions.get(r).wp),
-            None => (shale_format::Sid(self.core.sid_next), 0),
+    pub fn write_position(
+        &self,
+        core: &Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+    ) -> (shale_format::Sid, u32) {
+        match self.open {
+            Some(r) => (core.regions.get(r).sid, core.regions.get(r).wp),
+            None => (shale_format::Sid(core.sid_next), 0),
         }
     }
 
@@ -207,22 +219,22 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     /// way stops the engine: the unmaps done so far have no journal record (the trim's
     /// is written only once it is complete), so space they emptied must never be
     /// reused on the strength of them.
-    pub(crate) fn unmap_range(
+    pub fn unmap_range(
         &mut self,
+        core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
         volume: VolumeId,
         first: u64,
         count: u64,
     ) -> Result<(), EngineError> {
-        self.unmap_range_inner(volume, first, count)
-            .inspect_err(|e| {
-                self.fail(EngineError::Failed {
-                    reason: format!("unmapping {volume} {first}+{count}: {e}"),
-                })
+        Self::unmap_range_inner(core, volume, first, count).inspect_err(|e| {
+            self.fail(EngineError::Failed {
+                reason: format!("unmapping {volume} {first}+{count}: {e}"),
             })
+        })
     }
 
     fn unmap_range_inner(
-        &mut self,
+        core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
         volume: VolumeId,
         first: u64,
         count: u64,
@@ -232,17 +244,14 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         while lba < end {
             let page = (lba / L2P_ENTRIES_PER_PAGE) as usize;
             let page_end = ((page as u64 + 1) * L2P_ENTRIES_PER_PAGE).min(end);
-            if self.core.l2p.page_is_empty(volume, page) {
+            if core.l2p.page_is_empty(volume, page) {
                 lba = page_end;
                 continue;
             }
             while lba < page_end {
-                let old = self
-                    .core
-                    .l2p
-                    .set(&mut self.core.cache, volume, Lba(lba), Pba::NONE)?;
+                let old = core.l2p.set(&mut core.cache, volume, Lba(lba), Pba::NONE)?;
                 if !old.is_none() {
-                    self.core.regions.mark_invalid(&self.core.geo, old);
+                    core.regions.mark_invalid(&core.geo, old);
                 }
                 lba += 1;
             }
