@@ -518,7 +518,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     fn process_requests(&mut self) -> Result<bool, EngineError> {
         let mut progress = false;
         self.health.user_blocked = false;
-        if self.prefetch_l2p()? {
+        if self.prefetch.run(&mut self.core, &self.queue)? {
             // Hands the loads to the devices now (and takes those already done: a
             // memory device completes them at once) rather than a loop iteration later.
             self.reap(0)?;
@@ -527,7 +527,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             if self
                 .queue
                 .front()
-                .is_some_and(|(req, _)| self.waits_for_l2p(req))
+                .is_some_and(|(req, _)| self.prefetch.waits_for_l2p(&self.core, req))
             {
                 // Its L2P pages are on their way: dispatch it (and what follows, in
                 // order) when they arrive.
@@ -654,7 +654,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             }
             Request::ListVolumes => done.send(Ok(Reply::Volumes(self.volume_list()))),
             Request::Allocation { offset, len, .. } => {
-                let r = self.allocation(slot, offset, len);
+                let r = crate::read::allocation::allocation(&mut self.core, slot, offset, len);
                 done.send(r.map(Reply::Allocation));
             }
             Request::Stats => done.send(Ok(Reply::Stats(Box::new(self.stats())))),

@@ -12,13 +12,17 @@
 //! what is looked at, and every other user of the map (admin requests, checkpoints,
 //! relocations), fault synchronously as before.
 
+use std::collections::VecDeque;
+
 use shale_device::{BlockDevice, IoOp, IoRequest, ZonedDevice};
 use shale_format::{VolumeId, L2P_ENTRIES_PER_PAGE};
 
+use crate::core::Core;
 use crate::engine::InflightIo;
 use crate::layout::BS;
+use crate::request::Answer;
 use crate::volume::Volumes;
-use crate::{Clock, Engine, EngineError, Request};
+use crate::{Clock, EngineError, Request};
 
 /// Queued requests looked at for pages to load.
 const PREFETCH_REQUESTS_MAX: usize = 256;
@@ -79,94 +83,98 @@ pub(crate) struct Prefetch {
     pub write_backs: Vec<(u32, crate::l2p::WriteBackTarget)>,
 }
 
-impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
+impl Prefetch {
     /// A quarter of the budget for pages arriving and a quarter for pages leaving,
     /// so the frames the requests in progress use stay cached.
-    fn loads_max(&self) -> usize {
-        (self.core.l2p.frames_max() / 4).clamp(1, LOADS_MAX)
+    fn loads_max(core: &Core<impl BlockDevice, impl ZonedDevice, impl Clock>) -> usize {
+        (core.l2p.frames_max() / 4).clamp(1, LOADS_MAX)
     }
 
     /// Starts loads for the pages of queued requests not looked at yet. Returns true
     /// if it started any.
-    pub(crate) fn prefetch_l2p(&mut self) -> Result<bool, EngineError> {
-        self.core.l2p.install_arrived(&mut self.core.cache)?;
+    pub fn run(
+        &mut self,
+        core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+        queue: &VecDeque<(Request, Answer)>,
+    ) -> Result<bool, EngineError> {
+        core.l2p.install_arrived(&mut core.cache)?;
         let mut started = false;
-        let loads_max = self.loads_max();
-        let end = self.queue.len().min(PREFETCH_REQUESTS_MAX);
-        while self.prefetch.looked < end && self.core.l2p.loads_in_flight() < loads_max {
-            let Some((volume, first, last)) =
-                request_pages(&self.core.volumes, &self.queue[self.prefetch.looked].0)
+        let loads_max = Self::loads_max(core);
+        let end = queue.len().min(PREFETCH_REQUESTS_MAX);
+        while self.looked < end && core.l2p.loads_in_flight() < loads_max {
+            let Some((volume, first, last)) = request_pages(&core.volumes, &queue[self.looked].0)
             else {
-                self.prefetch.looked += 1;
+                self.looked += 1;
                 continue;
             };
-            if last - first > (loads_max - self.core.l2p.loads_in_flight()) as u64 {
+            if last - first > (loads_max - core.l2p.loads_in_flight()) as u64 {
                 // Not all of them fit now: look again next time.
                 break;
             }
             for p in first..last {
-                if let Some(offset) = self.core.l2p.start_load(volume, p as usize) {
-                    let tag = self.core.io.insert(InflightIo::L2pLoad {
+                if let Some(offset) = core.l2p.start_load(volume, p as usize) {
+                    let tag = core.io.insert(InflightIo::L2pLoad {
                         volume: volume.0,
                         page: p as u32,
                     });
-                    let buf = self.core.bufs.take(1);
-                    self.core.cache.submit(IoRequest {
+                    let buf = core.bufs.take(1);
+                    core.cache.submit(IoRequest {
                         tag,
                         op: IoOp::Read { offset, buf },
                     });
                     started = true;
                 }
             }
-            self.prefetch.looked += 1;
+            self.looked += 1;
         }
-        self.start_l2p_write_backs();
+        self.start_l2p_write_backs(core);
         Ok(started)
     }
 
     /// True when the head request `req` should wait for page loads: one of its pages
     /// is loading, or it was not looked at yet because the loads in flight were at
     /// their limit (its own start as those complete).
-    pub(crate) fn waits_for_l2p(&self, req: &Request) -> bool {
-        if self.core.l2p.loads_in_flight() == 0 {
+    pub fn waits_for_l2p(
+        &self,
+        core: &Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+        req: &Request,
+    ) -> bool {
+        if core.l2p.loads_in_flight() == 0 {
             return false;
         }
-        request_pages(&self.core.volumes, req).is_some_and(|(v, first, last)| {
-            self.prefetch.looked == 0
-                || (first..last).any(|p| self.core.l2p.is_loading(v, p as usize))
+        request_pages(&core.volumes, req).is_some_and(|(v, first, last)| {
+            self.looked == 0 || (first..last).any(|p| core.l2p.is_loading(v, p as usize))
         })
     }
 
     /// Keeps clean frames at the LRU tail for the loads in flight and those to come.
-    fn start_l2p_write_backs(&mut self) {
-        if !self.core.l2p.is_full() {
+    fn start_l2p_write_backs(
+        &mut self,
+        core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+    ) {
+        if !core.l2p.is_full() {
             return;
         }
-        let max_writes = (self.core.l2p.frames_max() / 4).clamp(1, WRITE_BACKS_MAX);
-        if self.core.l2p.writes_in_flight() >= max_writes {
+        let max_writes = (core.l2p.frames_max() / 4).clamp(1, WRITE_BACKS_MAX);
+        if core.l2p.writes_in_flight() >= max_writes {
             return;
         }
-        let want = self.core.l2p.loads_in_flight() + 4;
-        let mut started = std::mem::take(&mut self.prefetch.write_backs);
-        self.core
-            .l2p
-            .start_write_backs(want, max_writes, &mut started);
+        let want = core.l2p.loads_in_flight() + 4;
+        let mut started = std::mem::take(&mut self.write_backs);
+        core.l2p.start_write_backs(want, max_writes, &mut started);
         for (frame, target) in started.drain(..) {
-            let mut buf = self.core.bufs.take(1);
-            buf.copy_from_slice(self.core.l2p.page_bytes(frame));
-            let tag = self
-                .core
-                .io
-                .insert(InflightIo::L2pWriteBack { frame, target });
-            self.core.cache.submit(IoRequest {
+            let mut buf = core.bufs.take(1);
+            buf.copy_from_slice(core.l2p.page_bytes(frame));
+            let tag = core.io.insert(InflightIo::L2pWriteBack { frame, target });
+            core.cache.submit(IoRequest {
                 tag,
                 op: IoOp::Write {
-                    offset: self.core.l2p.target_offset(&target),
+                    offset: core.l2p.target_offset(&target),
                     buf,
                     fua: false,
                 },
             });
         }
-        self.prefetch.write_backs = started;
+        self.write_backs = started;
     }
 }

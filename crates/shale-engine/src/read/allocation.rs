@@ -13,9 +13,10 @@
 use shale_device::{BlockDevice, ZonedDevice};
 use shale_format::{Pba, VolumeId, L2P_ENTRIES_PER_PAGE};
 
+use crate::core::Core;
 use crate::layout::BS;
 use crate::request::{Extent, ALLOCATION_QUERY_BYTES_MAX};
-use crate::{Clock, Engine, EngineError};
+use crate::{Clock, EngineError};
 
 const EPP: u64 = L2P_ENTRIES_PER_PAGE;
 
@@ -30,56 +31,53 @@ fn push(out: &mut Vec<Extent>, len: u64, mapped: bool) {
     }
 }
 
-impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
-    /// Extents covering exactly `[offset, offset + len)`, in order, adjacent extents
-    /// of equal state merged.
-    pub(crate) fn allocation(
-        &mut self,
-        volume: VolumeId,
-        offset: u64,
-        len: u64,
-    ) -> Result<Vec<Extent>, EngineError> {
-        self.core.check_range(volume, offset, len, false)?;
-        if len > ALLOCATION_QUERY_BYTES_MAX {
-            return Err(EngineError::TooLarge {
-                volume,
-                len,
-                max: ALLOCATION_QUERY_BYTES_MAX,
-            });
-        }
-        let end = offset + len;
-        // Bytes of blocks [a, b) that lie inside the request.
-        let bytes = |a: u64, b: u64| (b * BS).min(end) - (a * BS).max(offset);
-        let mut out = Vec::new();
-        let mut page = Box::new([Pba::NONE.0; L2P_ENTRIES_PER_PAGE as usize]);
-        let first = offset / BS;
-        let last = (end - 1) / BS;
-        let mut lba = first;
-        while lba <= last {
-            let p = lba / EPP;
-            let stop = ((p + 1) * EPP).min(last + 1);
-            if !self
-                .core
-                .l2p
-                .peek_page(&mut self.core.cache, volume, p as usize, &mut page)?
-            {
-                push(&mut out, bytes(lba, stop), false);
-                lba = stop;
-                continue;
-            }
-            while lba < stop {
-                let mapped = page[(lba % EPP) as usize] != Pba::NONE.0;
-                let mut run_end = lba + 1;
-                while run_end < stop && (page[(run_end % EPP) as usize] != Pba::NONE.0) == mapped {
-                    run_end += 1;
-                }
-                push(&mut out, bytes(lba, run_end), mapped);
-                lba = run_end;
-            }
-        }
-        self.core.stats.allocation_queries += 1;
-        Ok(out)
+/// Extents covering exactly `[offset, offset + len)`, in order, adjacent extents
+/// of equal state merged.
+pub(crate) fn allocation(
+    core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+    volume: VolumeId,
+    offset: u64,
+    len: u64,
+) -> Result<Vec<Extent>, EngineError> {
+    core.check_range(volume, offset, len, false)?;
+    if len > ALLOCATION_QUERY_BYTES_MAX {
+        return Err(EngineError::TooLarge {
+            volume,
+            len,
+            max: ALLOCATION_QUERY_BYTES_MAX,
+        });
     }
+    let end = offset + len;
+    // Bytes of blocks [a, b) that lie inside the request.
+    let bytes = |a: u64, b: u64| (b * BS).min(end) - (a * BS).max(offset);
+    let mut out = Vec::new();
+    let mut page = Box::new([Pba::NONE.0; L2P_ENTRIES_PER_PAGE as usize]);
+    let first = offset / BS;
+    let last = (end - 1) / BS;
+    let mut lba = first;
+    while lba <= last {
+        let p = lba / EPP;
+        let stop = ((p + 1) * EPP).min(last + 1);
+        if !core
+            .l2p
+            .peek_page(&mut core.cache, volume, p as usize, &mut page)?
+        {
+            push(&mut out, bytes(lba, stop), false);
+            lba = stop;
+            continue;
+        }
+        while lba < stop {
+            let mapped = page[(lba % EPP) as usize] != Pba::NONE.0;
+            let mut run_end = lba + 1;
+            while run_end < stop && (page[(run_end % EPP) as usize] != Pba::NONE.0) == mapped {
+                run_end += 1;
+            }
+            push(&mut out, bytes(lba, run_end), mapped);
+            lba = run_end;
+        }
+    }
+    core.stats.allocation_queries += 1;
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -89,7 +87,7 @@ mod tests {
     use shale_device::{MemDevice, ZoneEmu, ZoneEmuConfig};
 
     use super::*;
-    use crate::{Config, ManualClock, Reply, Request};
+    use crate::{Config, Engine, ManualClock, Reply, Request};
     use shale_format::VolumeUid;
 
     type E = Engine<MemDevice, ZoneEmu<MemDevice>, ManualClock>;
