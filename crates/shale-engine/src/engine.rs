@@ -693,6 +693,15 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         }
     }
 
+    /// Checks every space invariant; the first violation is returned.
+    pub fn self_check(&mut self) -> Result<(), crate::SelfCheckError> {
+        crate::selfcheck::self_check(
+            &mut self.core,
+            &self.writer,
+            &mut crate::recovery::Meter::off(),
+        )
+    }
+
     /// The configuration in force.
     pub fn config(&self) -> &Config {
         &self.core.config

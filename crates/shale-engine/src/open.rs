@@ -616,7 +616,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             steps.begin(&e.core.clock, "self-check");
             let reads0 = e.core.l2p.counters.page_reads;
             let mut meter = steps.meter("L2P pages");
-            e.self_check_metered(&mut meter)
+            crate::selfcheck::self_check(&mut e.core, &e.writer, &mut meter)
                 .map_err(|err| OpenError::Engine(EngineError::SelfCheck(err)))?;
             meter.finish();
             let bytes = (e.core.l2p.counters.page_reads - reads0) * BS;
