@@ -529,7 +529,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             // as Free before their resets, and a crash can come between the two (then
             // a later clean shutdown carries the Free state forward).
             let mut meter = steps.meter("free zones");
-            let stray = e.reset_stray_zones(&mut meter)?;
+            let stray = replay::reset_stray_zones(&mut e.core, &mut meter)?;
             meter.finish();
             e.resume_open_regions(now)?;
             e.write_superblock_dirty()?;
@@ -557,7 +557,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             steps.begin(&e.core.clock, "md scan");
             let zone_wps = e.zone_write_pointers()?;
             let mut meter = steps.meter("md groups");
-            let bytes = e.scan_md(&mut rp, &mut report.warnings, &mut meter)?;
+            let bytes = replay::scan_md(&mut e.core, &mut rp, &mut report.warnings, &mut meter)?;
             meter.finish();
             let detail = format!(
                 "{} md groups, {} entries",
@@ -567,7 +567,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
 
             steps.begin(&e.core.clock, "resolve");
             let mut meter = steps.meter("versions");
-            let bytes = e.apply_replay(&mut rp, &mut meter)?;
+            let bytes = replay::apply_replay(&mut e.core, &mut rp, &mut meter)?;
             meter.finish();
             let detail = format!(
                 "{} versions mapped, {} superseded",
@@ -576,7 +576,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             steps.end(&e.core.clock, &mut report, bytes, detail);
 
             steps.begin(&e.core.clock, "census");
-            e.close_replayed(&rp, now)?;
+            replay::close_replayed(&mut e.core, &rp, now)?;
             let mut meter = steps.meter("L2P pages");
             let bytes = e.census(false, &zone_wps, &mut meter)?;
             meter.finish();
@@ -584,7 +584,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
 
             steps.begin(&e.core.clock, "regions");
             let mut meter = steps.meter("free zones");
-            rp.counts.stray_zones_reset = e.reset_stray_zones(&mut meter)?;
+            rp.counts.stray_zones_reset = replay::reset_stray_zones(&mut e.core, &mut meter)?;
             meter.finish();
             for i in 0..e.core.geo.region_count() {
                 e.core.regions.maybe_pending_free(RegionId(i));

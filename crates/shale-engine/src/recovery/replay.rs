@@ -39,8 +39,9 @@ use shale_format::{
 };
 
 use super::{Meter, ReplayCounts};
+use crate::core::Core;
 use crate::layout::{Groups, BS};
-use crate::{Clock, Engine, EngineError, OpenError, RecoveryError};
+use crate::{Clock, EngineError, OpenError, RecoveryError};
 
 /// Position in the order of user writes (see the module docs).
 pub(crate) type Key = (u64, u32);
@@ -229,412 +230,434 @@ fn md_copy(
     Ok(h)
 }
 
-impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
-    /// Scans the md of every planned region; collects the winning version per LBA.
-    /// Returns bytes read.
-    pub(crate) fn scan_md(
-        &mut self,
-        rp: &mut Replay,
-        warnings: &mut Vec<String>,
-        meter: &mut Meter<'_>,
-    ) -> Result<u64, OpenError> {
-        let mut bytes = 0;
-        // Each region's scan end and md groups first, so progress has its total.
-        let mut scans = Vec::with_capacity(rp.plans.len());
-        for (&id, p) in &rp.plans {
-            let r = RegionId(id);
-            let end = self.scan_end(r, p)?;
-            let groups = Groups {
-                blocks: self.core.geo.region_blocks(r),
-            };
-            let n = if end <= p.start {
-                0
-            } else {
-                let (g0, _) = groups.locate(p.start);
-                (g0..groups.count())
-                    .take_while(|&g| groups.start(g) < end)
-                    .count() as u64
-            };
-            scans.push((id, end, n));
-        }
-        meter.start(scans.iter().map(|s| s.2).sum());
-        let mut found: Vec<(u64, Key, Pba)> = Vec::new();
-        for (id, end, groups) in scans {
-            let r = RegionId(id);
-            let Some(mut p) = rp.plans.get(&id).cloned() else {
-                continue;
-            };
-            found.clear();
-            let read0 = rp.counts.md_groups_read;
-            bytes +=
-                self.scan_region(r, &mut p, end, &mut found, &mut rp.counts, warnings, meter)?;
-            // A reused region's scan stops early: the groups it skipped are done too.
-            meter.add(groups.saturating_sub(rp.counts.md_groups_read - read0));
-            if p.reused {
-                rp.counts.entries_ignored += found.len() as u64;
-            } else {
-                for &(k, key, pba) in &found {
-                    rp.max_sid = rp.max_sid.max(key.0);
-                    match rp.overlay.get(&k) {
-                        Some(&(old, _)) if old >= key => {}
-                        _ => {
-                            rp.overlay.insert(k, (key, pba));
-                        }
-                    }
-                }
-            }
-            rp.plans.insert(id, p);
-        }
-        Ok(bytes)
-    }
-
-    /// Where the scan of region `r` ends: its claimed end, for a zone also the
-    /// device's write pointer.
-    fn scan_end(&self, r: RegionId, p: &RegionPlan) -> Result<u32, OpenError> {
+/// Scans the md of every planned region; collects the winning version per LBA.
+/// Returns bytes read.
+pub(crate) fn scan_md(
+    core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+    rp: &mut Replay,
+    warnings: &mut Vec<String>,
+    meter: &mut Meter<'_>,
+) -> Result<u64, OpenError> {
+    let mut bytes = 0;
+    // Each region's scan end and md groups first, so progress has its total.
+    let mut scans = Vec::with_capacity(rp.plans.len());
+    for (&id, p) in &rp.plans {
+        let r = RegionId(id);
+        let end = scan_end(core, r, p)?;
         let groups = Groups {
-            blocks: self.core.geo.region_blocks(r),
+            blocks: core.geo.region_blocks(r),
         };
-        let mut end = p.claimed.min(groups.end());
-        if !self.core.geo.is_chunk(r) {
-            let z = self.core.geo.zone_of(r).0;
-            let info = self
-                .core
-                .capacity
-                .zone_info(z)
-                .map_err(|e| OpenError::Engine(EngineError::capacity("zone report", 0)(e)))?;
-            let wp = ((info.write_pointer - info.start) / BS) as u32;
-            let wp = if info.state == ZoneState::Full {
-                groups.end()
-            } else {
-                wp
-            };
-            end = end.min(wp);
-        }
-        Ok(end)
-    }
-
-    /// Scans one region's md from the plan's start to `end` ([`Self::scan_end`]),
-    /// counting the md groups read on `meter`.
-    #[allow(clippy::too_many_arguments)]
-    fn scan_region(
-        &mut self,
-        r: RegionId,
-        p: &mut RegionPlan,
-        end: u32,
-        found: &mut Vec<(u64, Key, Pba)>,
-        counts: &mut ReplayCounts,
-        warnings: &mut Vec<String>,
-        meter: &mut Meter<'_>,
-    ) -> Result<u64, OpenError> {
-        let chunk = self.core.geo.is_chunk(r);
-        let groups = Groups {
-            blocks: self.core.geo.region_blocks(r),
-        };
-        if end <= p.start {
-            return Ok(0);
-        }
-        counts.regions_scanned += 1;
-        let kind = if chunk {
-            MdRegionKind::Chunk
+        let n = if end <= p.start {
+            0
         } else {
-            MdRegionKind::Zone
+            let (g0, _) = groups.locate(p.start);
+            (g0..groups.count())
+                .take_while(|&g| groups.start(g) < end)
+                .count() as u64
         };
-        let mut bytes = 0;
-        let mut two = vec![0u8; 2 * BLOCK_SIZE];
-        let (g0, _) = groups.locate(p.start);
-        for g in g0..groups.count() {
-            let gstart = groups.start(g);
-            if gstart >= end {
-                break;
-            }
-            let k = groups.data_slots(g);
-            let md_slot = groups.md_slot(g);
-            let at = self.read_region(r, md_slot, &mut two)?;
-            bytes += 2 * BS;
-            counts.md_groups_read += 1;
-            meter.add(1);
-            let copies = [
-                md_copy(&two[..BLOCK_SIZE], at, r, g, kind),
-                md_copy(&two[BLOCK_SIZE..], at + BS, r, g, kind),
-            ];
-            let mut best: Option<(usize, &MdHeader)> = None;
-            for (c, h) in copies.iter().enumerate() {
-                match h {
-                    Ok(h) if h.region_sid == p.sid => {
-                        if best.is_none_or(|(_, b)| h.generation > b.generation) {
-                            best = Some((c, h));
-                        }
-                    }
-                    Ok(h) if h.region_sid > p.sid => {
-                        // A newer life of the region: the logged one was freed.
-                        p.reused = true;
-                        counts.regions_reused += 1;
-                        warnings.push(format!(
-                            "{r}: md of group {g} has {} (newer than the logged {}): reused after its last flush; its logged life is skipped",
-                            h.region_sid, p.sid
-                        ));
-                        return Ok(bytes);
-                    }
-                    Ok(_) => {}
-                    Err(e) => {
-                        let never_written = two[c * BLOCK_SIZE..(c + 1) * BLOCK_SIZE]
-                            .iter()
-                            .all(|&b| b == 0);
-                        if !never_written {
-                            warnings.push(format!(
-                                "{r} group {g} md copy {}: {e} (torn by the crash, or damaged; not used)",
-                                ["A", "B"][c]
-                            ));
-                        }
-                    }
-                }
-            }
-            // Data slots of this group the journal says are durable.
-            let proven_n = end.saturating_sub(gstart).min(k);
-            let have = best.map_or(0, |(_, h)| u32::from(h.entry_count));
-            if have < proven_n {
-                return Err(RecoveryError::MdLost {
-                    region: r,
-                    group: g,
-                    have,
-                    need: proven_n,
-                    reason: match (&copies[0], &copies[1]) {
-                        (Err(a), Err(b)) => format!("copy A: {a}; copy B: {b}"),
-                        _ => "the newest valid copy holds fewer entries than a completed flush made durable (the newer copy is damaged)".into(),
-                    },
-                }
-                .into());
-            }
-            let Some((c, h)) = best else { continue };
-            let md = &two[c * BLOCK_SIZE..(c + 1) * BLOCK_SIZE];
-            let n = u32::from(h.entry_count).min(k);
-            for i in 0..n {
-                let slot = gstart + i;
-                if slot < p.start || slot >= end {
-                    continue;
-                }
-                let Ok(e) = decode_md_entry(md, i as usize, at + (c as u64) * BS) else {
-                    continue;
-                };
-                let key = match (e.kind, chunk) {
-                    (EntryKind::Data, true) if e.sid == p.sid => (e.sid.0, slot),
-                    (EntryKind::Relocated, false) => (e.sid.0, RELOCATED_POS),
-                    (EntryKind::Empty | EntryKind::Pad, _) => continue,
+        scans.push((id, end, n));
+    }
+    meter.start(scans.iter().map(|s| s.2).sum());
+    let mut found: Vec<(u64, Key, Pba)> = Vec::new();
+    for (id, end, groups) in scans {
+        let r = RegionId(id);
+        let Some(mut p) = rp.plans.get(&id).cloned() else {
+            continue;
+        };
+        found.clear();
+        let read0 = rp.counts.md_groups_read;
+        bytes += scan_region(
+            core,
+            r,
+            &mut p,
+            end,
+            &mut found,
+            &mut rp.counts,
+            warnings,
+            meter,
+        )?;
+        // A reused region's scan stops early: the groups it skipped are done too.
+        meter.add(groups.saturating_sub(rp.counts.md_groups_read - read0));
+        if p.reused {
+            rp.counts.entries_ignored += found.len() as u64;
+        } else {
+            for &(k, key, pba) in &found {
+                rp.max_sid = rp.max_sid.max(key.0);
+                match rp.overlay.get(&k) {
+                    Some(&(old, _)) if old >= key => {}
                     _ => {
-                        counts.entries_ignored += 1;
-                        warnings.push(format!(
-                            "{r} slot {slot}: md entry of kind {:?} with {} does not belong in this region; ignored",
-                            e.kind, e.sid
-                        ));
-                        continue;
+                        rp.overlay.insert(k, (key, pba));
                     }
-                };
-                counts.entries_seen += 1;
-                if !self.mappable(e.volume, e.lba, key) {
+                }
+            }
+        }
+        rp.plans.insert(id, p);
+    }
+    Ok(bytes)
+}
+
+/// Where the scan of region `r` ends: its claimed end, for a zone also the
+/// device's write pointer.
+fn scan_end(
+    core: &Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+    r: RegionId,
+    p: &RegionPlan,
+) -> Result<u32, OpenError> {
+    let groups = Groups {
+        blocks: core.geo.region_blocks(r),
+    };
+    let mut end = p.claimed.min(groups.end());
+    if !core.geo.is_chunk(r) {
+        let z = core.geo.zone_of(r).0;
+        let info = core
+            .capacity
+            .zone_info(z)
+            .map_err(|e| OpenError::Engine(EngineError::capacity("zone report", 0)(e)))?;
+        let wp = ((info.write_pointer - info.start) / BS) as u32;
+        let wp = if info.state == ZoneState::Full {
+            groups.end()
+        } else {
+            wp
+        };
+        end = end.min(wp);
+    }
+    Ok(end)
+}
+
+/// Scans one region's md from the plan's start to `end` ([`Self::scan_end`]),
+/// counting the md groups read on `meter`.
+#[allow(clippy::too_many_arguments)]
+fn scan_region(
+    core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+    r: RegionId,
+    p: &mut RegionPlan,
+    end: u32,
+    found: &mut Vec<(u64, Key, Pba)>,
+    counts: &mut ReplayCounts,
+    warnings: &mut Vec<String>,
+    meter: &mut Meter<'_>,
+) -> Result<u64, OpenError> {
+    let chunk = core.geo.is_chunk(r);
+    let groups = Groups {
+        blocks: core.geo.region_blocks(r),
+    };
+    if end <= p.start {
+        return Ok(0);
+    }
+    counts.regions_scanned += 1;
+    let kind = if chunk {
+        MdRegionKind::Chunk
+    } else {
+        MdRegionKind::Zone
+    };
+    let mut bytes = 0;
+    let mut two = vec![0u8; 2 * BLOCK_SIZE];
+    let (g0, _) = groups.locate(p.start);
+    for g in g0..groups.count() {
+        let gstart = groups.start(g);
+        if gstart >= end {
+            break;
+        }
+        let k = groups.data_slots(g);
+        let md_slot = groups.md_slot(g);
+        let at = read_region(core, r, md_slot, &mut two)?;
+        bytes += 2 * BS;
+        counts.md_groups_read += 1;
+        meter.add(1);
+        let copies = [
+            md_copy(&two[..BLOCK_SIZE], at, r, g, kind),
+            md_copy(&two[BLOCK_SIZE..], at + BS, r, g, kind),
+        ];
+        let mut best: Option<(usize, &MdHeader)> = None;
+        for (c, h) in copies.iter().enumerate() {
+            match h {
+                Ok(h) if h.region_sid == p.sid => {
+                    if best.is_none_or(|(_, b)| h.generation > b.generation) {
+                        best = Some((c, h));
+                    }
+                }
+                Ok(h) if h.region_sid > p.sid => {
+                    // A newer life of the region: the logged one was freed.
+                    p.reused = true;
+                    counts.regions_reused += 1;
+                    warnings.push(format!(
+                        "{r}: md of group {g} has {} (newer than the logged {}): reused after its last flush; its logged life is skipped",
+                        h.region_sid, p.sid
+                    ));
+                    return Ok(bytes);
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    let never_written = two[c * BLOCK_SIZE..(c + 1) * BLOCK_SIZE]
+                        .iter()
+                        .all(|&b| b == 0);
+                    if !never_written {
+                        warnings.push(format!(
+                            "{r} group {g} md copy {}: {e} (torn by the crash, or damaged; not used)",
+                            ["A", "B"][c]
+                        ));
+                    }
+                }
+            }
+        }
+        // Data slots of this group the journal says are durable.
+        let proven_n = end.saturating_sub(gstart).min(k);
+        let have = best.map_or(0, |(_, h)| u32::from(h.entry_count));
+        if have < proven_n {
+            return Err(RecoveryError::MdLost {
+                region: r,
+                group: g,
+                have,
+                need: proven_n,
+                reason: match (&copies[0], &copies[1]) {
+                    (Err(a), Err(b)) => format!("copy A: {a}; copy B: {b}"),
+                    _ => "the newest valid copy holds fewer entries than a completed flush made durable (the newer copy is damaged)".into(),
+                },
+            }
+            .into());
+        }
+        let Some((c, h)) = best else { continue };
+        let md = &two[c * BLOCK_SIZE..(c + 1) * BLOCK_SIZE];
+        let n = u32::from(h.entry_count).min(k);
+        for i in 0..n {
+            let slot = gstart + i;
+            if slot < p.start || slot >= end {
+                continue;
+            }
+            let Ok(e) = decode_md_entry(md, i as usize, at + (c as u64) * BS) else {
+                continue;
+            };
+            let key = match (e.kind, chunk) {
+                (EntryKind::Data, true) if e.sid == p.sid => (e.sid.0, slot),
+                (EntryKind::Relocated, false) => (e.sid.0, RELOCATED_POS),
+                (EntryKind::Empty | EntryKind::Pad, _) => continue,
+                _ => {
                     counts.entries_ignored += 1;
+                    warnings.push(format!(
+                        "{r} slot {slot}: md entry of kind {:?} with {} does not belong in this region; ignored",
+                        e.kind, e.sid
+                    ));
                     continue;
                 }
-                found.push((pack(e.volume, e.lba.0), key, self.core.geo.pba(r, slot)));
+            };
+            counts.entries_seen += 1;
+            if !mappable(core, e.volume, e.lba, key) {
+                counts.entries_ignored += 1;
+                continue;
             }
-        }
-        Ok(bytes)
-    }
-
-    /// Reads `buf.len()` bytes of region `r` from `slot`; returns the byte offset.
-    fn read_region(&mut self, r: RegionId, slot: u32, buf: &mut [u8]) -> Result<u64, OpenError> {
-        if self.core.geo.is_chunk(r) {
-            let off = self.core.geo.chunk_offset(r, slot);
-            self.core
-                .cache
-                .read_at(off, buf)
-                .map_err(|e| OpenError::Engine(EngineError::cache("md scan read", off)(e)))?;
-            Ok(off)
-        } else {
-            let off = self.core.geo.zone_offset(r, slot);
-            self.core
-                .capacity
-                .read_at(off, buf)
-                .map_err(|e| OpenError::Engine(EngineError::capacity("md scan read", off)(e)))?;
-            Ok(off)
+            found.push((pack(e.volume, e.lba.0), key, core.geo.pba(r, slot)));
         }
     }
+    Ok(bytes)
+}
 
-    /// An md entry can be mapped: its volume is live, the LBA inside it, and the
-    /// entry not older than the volume (an earlier volume with the same id).
-    fn mappable(&self, v: VolumeId, lba: Lba, key: Key) -> bool {
-        let Some(vol) = self.core.volumes.get(v) else {
-            return false;
+/// Reads `buf.len()` bytes of region `r` from `slot`; returns the byte offset.
+fn read_region(
+    core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+    r: RegionId,
+    slot: u32,
+    buf: &mut [u8],
+) -> Result<u64, OpenError> {
+    if core.geo.is_chunk(r) {
+        let off = core.geo.chunk_offset(r, slot);
+        core.cache
+            .read_at(off, buf)
+            .map_err(|e| OpenError::Engine(EngineError::cache("md scan read", off)(e)))?;
+        Ok(off)
+    } else {
+        let off = core.geo.zone_offset(r, slot);
+        core.capacity
+            .read_at(off, buf)
+            .map_err(|e| OpenError::Engine(EngineError::capacity("md scan read", off)(e)))?;
+        Ok(off)
+    }
+}
+
+/// An md entry can be mapped: its volume is live, the LBA inside it, and the
+/// entry not older than the volume (an earlier volume with the same id).
+fn mappable(
+    core: &Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+    v: VolumeId,
+    lba: Lba,
+    key: Key,
+) -> bool {
+    let Some(vol) = core.volumes.get(v) else {
+        return false;
+    };
+    if lba.0 >= vol.size_blocks || lba.0 >= 1 << 58 {
+        return false;
+    }
+    let created = (vol.created_sid.0, vol.created_pos);
+    if key.1 == RELOCATED_POS {
+        key.0 >= created.0
+    } else {
+        key >= created
+    }
+}
+
+/// Applies trims, then the winning versions, to the L2P. Returns the L2P bytes read.
+/// Counts trims and versions on `meter`.
+pub(crate) fn apply_replay(
+    core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+    rp: &mut Replay,
+    meter: &mut Meter<'_>,
+) -> Result<u64, OpenError> {
+    let reads0 = core.l2p.counters.page_reads;
+    // Later trims paint over earlier ones: per volume, disjoint ranges with the key
+    // of the last trim covering them.
+    let mut painted: Vec<BTreeMap<u64, (u64, Key)>> =
+        vec![BTreeMap::new(); core.volumes.volumes_max as usize];
+    meter.start((rp.trims.len() + rp.overlay.len()) as u64);
+    for t in &rp.trims {
+        meter.add(1);
+        let Some(size) = core.l2p.volume_size(t.volume) else {
+            continue;
         };
-        if lba.0 >= vol.size_blocks || lba.0 >= 1 << 58 {
-            return false;
+        let lo = t.lba.min(size);
+        let hi = t.lba.saturating_add(t.count).min(size);
+        if lo >= hi {
+            continue;
         }
-        let created = (vol.created_sid.0, vol.created_pos);
-        if key.1 == RELOCATED_POS {
-            key.0 >= created.0
-        } else {
-            key >= created
+        unmap_replayed(core, t.volume, lo, hi)?;
+        if let Some(m) = painted.get_mut(t.volume.0 as usize) {
+            paint(m, lo, hi, t.key);
         }
     }
-
-    /// Applies trims, then the winning versions, to the L2P. Returns the L2P bytes read.
-    /// Counts trims and versions on `meter`.
-    pub(crate) fn apply_replay(
-        &mut self,
-        rp: &mut Replay,
-        meter: &mut Meter<'_>,
-    ) -> Result<u64, OpenError> {
-        let reads0 = self.core.l2p.counters.page_reads;
-        // Later trims paint over earlier ones: per volume, disjoint ranges with the key
-        // of the last trim covering them.
-        let mut painted: Vec<BTreeMap<u64, (u64, Key)>> =
-            vec![BTreeMap::new(); self.core.volumes.volumes_max as usize];
-        meter.start((rp.trims.len() + rp.overlay.len()) as u64);
-        for t in &rp.trims {
-            meter.add(1);
-            let Some(size) = self.core.l2p.volume_size(t.volume) else {
-                continue;
-            };
-            let lo = t.lba.min(size);
-            let hi = t.lba.saturating_add(t.count).min(size);
-            if lo >= hi {
-                continue;
-            }
-            self.unmap_replayed(t.volume, lo, hi)?;
-            if let Some(m) = painted.get_mut(t.volume.0 as usize) {
-                paint(m, lo, hi, t.key);
-            }
+    let mut entries: Vec<(u64, Key, Pba)> = rp
+        .overlay
+        .drain()
+        .map(|(k, (key, p))| (k, key, p))
+        .collect();
+    entries.sort_unstable_by_key(|e| e.0);
+    for (k, key, pba) in entries {
+        meter.add(1);
+        let (v, lba) = unpack(k);
+        let trimmed = painted
+            .get(v.0 as usize)
+            .and_then(|m| m.range(..=lba).next_back())
+            .is_some_and(|(_, &(end, tkey))| lba < end && tkey > key);
+        if trimmed {
+            continue;
         }
-        let mut entries: Vec<(u64, Key, Pba)> = rp
-            .overlay
-            .drain()
-            .map(|(k, (key, p))| (k, key, p))
-            .collect();
-        entries.sort_unstable_by_key(|e| e.0);
-        for (k, key, pba) in entries {
-            meter.add(1);
-            let (v, lba) = unpack(k);
-            let trimmed = painted
-                .get(v.0 as usize)
-                .and_then(|m| m.range(..=lba).next_back())
-                .is_some_and(|(_, &(end, tkey))| lba < end && tkey > key);
-            if trimmed {
-                continue;
-            }
-            self.core
-                .l2p
-                .set(&mut self.core.cache, v, Lba(lba), pba)
+        core.l2p
+            .set(&mut core.cache, v, Lba(lba), pba)
+            .map_err(OpenError::Engine)?;
+        rp.counts.entries_applied += 1;
+    }
+    // Everything seen that was not ignored, torn or mapped lost to a newer
+    // version (another copy, a later write, or a trim).
+    let c = &mut rp.counts;
+    c.entries_superseded = c
+        .entries_seen
+        .saturating_sub(c.entries_ignored + c.entries_applied);
+    Ok((core.l2p.counters.page_reads - reads0) * BS)
+}
+
+/// Unmaps `lo..hi` of `v` in the L2P only (validity is rebuilt afterwards).
+fn unmap_replayed(
+    core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+    v: VolumeId,
+    lo: u64,
+    hi: u64,
+) -> Result<(), OpenError> {
+    let mut lba = lo;
+    while lba < hi {
+        let page = (lba / L2P_ENTRIES_PER_PAGE) as usize;
+        let page_end = ((page as u64 + 1) * L2P_ENTRIES_PER_PAGE).min(hi);
+        if core.l2p.page_is_empty(v, page) {
+            lba = page_end;
+            continue;
+        }
+        while lba < page_end {
+            core.l2p
+                .set(&mut core.cache, v, Lba(lba), Pba::NONE)
                 .map_err(OpenError::Engine)?;
-            rp.counts.entries_applied += 1;
+            lba += 1;
         }
-        // Everything seen that was not ignored, torn or mapped lost to a newer
-        // version (another copy, a later write, or a trim).
-        let c = &mut rp.counts;
-        c.entries_superseded = c
-            .entries_seen
-            .saturating_sub(c.entries_ignored + c.entries_applied);
-        Ok((self.core.l2p.counters.page_reads - reads0) * BS)
     }
+    Ok(())
+}
 
-    /// Unmaps `lo..hi` of `v` in the L2P only (validity is rebuilt afterwards).
-    fn unmap_replayed(&mut self, v: VolumeId, lo: u64, hi: u64) -> Result<(), OpenError> {
-        let mut lba = lo;
-        while lba < hi {
-            let page = (lba / L2P_ENTRIES_PER_PAGE) as usize;
-            let page_end = ((page as u64 + 1) * L2P_ENTRIES_PER_PAGE).min(hi);
-            if self.core.l2p.page_is_empty(v, page) {
-                lba = page_end;
-                continue;
-            }
-            while lba < page_end {
-                self.core
-                    .l2p
-                    .set(&mut self.core.cache, v, Lba(lba), Pba::NONE)
-                    .map_err(OpenError::Engine)?;
-                lba += 1;
-            }
-        }
-        Ok(())
-    }
-
-    /// After replay: the scanned regions are closed as they are (a life is never
-    /// continued after a crash), zones finished on the device. Their role and stream
-    /// come from the checkpoint when they were open there.
-    pub(crate) fn close_replayed(&mut self, rp: &Replay, now: u64) -> Result<(), OpenError> {
-        for (&id, p) in &rp.plans {
-            let r = RegionId(id);
-            let groups = Groups {
-                blocks: self.core.geo.region_blocks(r),
-            };
-            let (role, stream) = if p.from_checkpoint {
-                let reg = self.core.regions.get(r);
-                (reg.role, reg.stream)
-            } else if self.core.geo.is_chunk(r) {
-                (RegionRole::User, 0)
-            } else {
-                (RegionRole::Compaction, 0)
-            };
-            let reg = self.core.regions.get_mut(r);
-            reg.state = RegionState::Closed;
-            reg.sid = p.sid;
-            reg.role = role;
-            reg.stream = stream;
-            reg.wp = groups.end();
-            reg.valid = 0;
-            reg.close_time = now;
-            if !self.core.geo.is_chunk(r) {
-                let z = self.core.geo.zone_of(r).0;
-                let info =
-                    self.core.capacity.zone_info(z).map_err(|e| {
-                        OpenError::Engine(EngineError::capacity("zone report", 0)(e))
-                    })?;
-                if info.write_pointer > info.start && info.state != ZoneState::Full {
-                    self.core
-                        .capacity
-                        .manage(z, shale_device::ZoneAction::Finish)
-                        .map_err(|e| {
-                            OpenError::Engine(EngineError::capacity("zone finish", info.start)(e))
-                        })?;
-                }
-            }
-        }
-        self.core
-            .regions
-            .free_chunks
-            .retain(|r| !rp.plans.contains_key(&r.0));
-        self.core
-            .regions
-            .free_zones
-            .retain(|r| !rp.plans.contains_key(&r.0));
-        Ok(())
-    }
-
-    /// Zones recorded Free must be empty on the device: writes to a zone whose opening
-    /// was never made durable are discarded. Returns how many zones were reset.
-    /// Counts the free zones checked on `meter`.
-    pub(crate) fn reset_stray_zones(&mut self, meter: &mut Meter<'_>) -> Result<u64, OpenError> {
-        let mut n = 0;
-        let free: Vec<RegionId> = self.core.regions.free_zones.iter().copied().collect();
-        meter.start(free.len() as u64);
-        for r in free {
-            meter.add(1);
-            let z = self.core.geo.zone_of(r).0;
-            let info = self
-                .core
+/// After replay: the scanned regions are closed as they are (a life is never
+/// continued after a crash), zones finished on the device. Their role and stream
+/// come from the checkpoint when they were open there.
+pub(crate) fn close_replayed(
+    core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+    rp: &Replay,
+    now: u64,
+) -> Result<(), OpenError> {
+    for (&id, p) in &rp.plans {
+        let r = RegionId(id);
+        let groups = Groups {
+            blocks: core.geo.region_blocks(r),
+        };
+        let (role, stream) = if p.from_checkpoint {
+            let reg = core.regions.get(r);
+            (reg.role, reg.stream)
+        } else if core.geo.is_chunk(r) {
+            (RegionRole::User, 0)
+        } else {
+            (RegionRole::Compaction, 0)
+        };
+        let reg = core.regions.get_mut(r);
+        reg.state = RegionState::Closed;
+        reg.sid = p.sid;
+        reg.role = role;
+        reg.stream = stream;
+        reg.wp = groups.end();
+        reg.valid = 0;
+        reg.close_time = now;
+        if !core.geo.is_chunk(r) {
+            let z = core.geo.zone_of(r).0;
+            let info = core
                 .capacity
                 .zone_info(z)
                 .map_err(|e| OpenError::Engine(EngineError::capacity("zone report", 0)(e)))?;
-            if info.state != ZoneState::Empty {
-                self.core
-                    .capacity
-                    .manage(z, shale_device::ZoneAction::Reset)
+            if info.write_pointer > info.start && info.state != ZoneState::Full {
+                core.capacity
+                    .manage(z, shale_device::ZoneAction::Finish)
                     .map_err(|e| {
-                        OpenError::Engine(EngineError::capacity("zone reset", info.start)(e))
+                        OpenError::Engine(EngineError::capacity("zone finish", info.start)(e))
                     })?;
-                n += 1;
             }
         }
-        Ok(n)
     }
+    core.regions
+        .free_chunks
+        .retain(|r| !rp.plans.contains_key(&r.0));
+    core.regions
+        .free_zones
+        .retain(|r| !rp.plans.contains_key(&r.0));
+    Ok(())
+}
+
+/// Zones recorded Free must be empty on the device: writes to a zone whose opening
+/// was never made durable are discarded. Returns how many zones were reset.
+/// Counts the free zones checked on `meter`.
+pub(crate) fn reset_stray_zones(
+    core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+    meter: &mut Meter<'_>,
+) -> Result<u64, OpenError> {
+    let mut n = 0;
+    let free: Vec<RegionId> = core.regions.free_zones.iter().copied().collect();
+    meter.start(free.len() as u64);
+    for r in free {
+        meter.add(1);
+        let z = core.geo.zone_of(r).0;
+        let info = core
+            .capacity
+            .zone_info(z)
+            .map_err(|e| OpenError::Engine(EngineError::capacity("zone report", 0)(e)))?;
+        if info.state != ZoneState::Empty {
+            core.capacity
+                .manage(z, shale_device::ZoneAction::Reset)
+                .map_err(|e| {
+                    OpenError::Engine(EngineError::capacity("zone reset", info.start)(e))
+                })?;
+            n += 1;
+        }
+    }
+    Ok(n)
 }
 
 /// Paints `[lo, hi)` with `key` over disjoint ranges.
