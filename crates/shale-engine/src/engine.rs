@@ -702,6 +702,20 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         )
     }
 
+    /// A snapshot of the counters, with gauges filled in.
+    pub fn stats(&self) -> crate::Stats {
+        debug_assert_eq!(self.gc.role(), RegionRole::Gc);
+        crate::metrics::snapshot(
+            &self.core,
+            self.compaction.staged_blocks() + self.gc.staged_blocks(),
+        )
+    }
+
+    /// User capacity in bytes (the most all volumes together may hold).
+    pub fn user_capacity_bytes(&self) -> u64 {
+        self.core.volumes.user_capacity_blocks * crate::layout::BS
+    }
+
     /// The configuration in force.
     pub fn config(&self) -> &Config {
         &self.core.config

@@ -157,57 +157,54 @@ fn ratio(a: u64, b: u64) -> f64 {
     }
 }
 
-impl<C: shale_device::BlockDevice, Z: shale_device::ZonedDevice, K: crate::Clock>
-    crate::Engine<C, Z, K>
-{
-    /// A snapshot of the counters, with gauges filled in.
-    pub fn stats(&self) -> Stats {
-        let mut s = self.core.stats.clone();
-        let l = &self.core.l2p.counters;
-        s.l2p_hits = l.hits;
-        s.l2p_misses = l.misses;
-        s.l2p_page_reads = l.page_reads;
-        s.l2p_page_writes = l.page_writes;
-        s.l2p_page_reads_ahead = l.reads_ahead;
-        s.l2p_page_writes_ahead = l.writes_ahead;
-        // L2P pages are counted here, wherever they were written (evictions,
-        // checkpoints), not at each call site.
-        s.cache_md_write_bytes += l.page_writes * crate::layout::BS;
-        s.l2p_deferred_switches = l.deferred;
-        s.l2p_deferred_faults = l.deferred_faults;
-        s.l2p_evictions_as_switches = l.evicted_as_switches;
-        s.l2p_deferred_waiting = self.core.l2p.deferred_switches().0 as u64;
-        s.l2p_cached_pages = self.core.l2p.cached_pages() as u64;
-        s.l2p_cache_pages_max = self.core.l2p.frames_max() as u64;
-        s.md_cache_hits = self.core.md_cache.hits;
-        s.md_cache_misses = self.core.md_cache.misses;
-        s.free_chunks = self.core.regions.free_chunks.len() as u64;
-        s.free_zones = self.core.regions.free_zones.len() as u64;
-        s.io_buffer_allocs = self.core.bufs.allocs;
-        s.io_buffer_pool_bytes = self.core.bufs.pooled_bytes();
-        s.md_cache_bytes = self.core.md_cache.cached_bytes();
-        s.staged_blocks = (self.compaction.staged_blocks() + self.gc.staged_blocks()) as u64;
-        s.volumes = self
-            .core
-            .volumes
-            .table
-            .entries
-            .iter()
-            .map(|v| match self.core.stats.volumes.get(v.id.0 as usize) {
-                Some(c) if c.uid == v.uid => c.clone(),
-                _ => VolumeStats {
-                    id: v.id,
-                    uid: v.uid,
-                    ..VolumeStats::default()
-                },
-            })
-            .collect();
-        debug_assert_eq!(self.gc.role(), shale_format::RegionRole::Gc);
-        s
-    }
-
-    /// User capacity in bytes (the most all volumes together may hold).
-    pub fn user_capacity_bytes(&self) -> u64 {
-        self.core.volumes.user_capacity_blocks * crate::layout::BS
-    }
+/// A snapshot of the counters, with gauges filled in (the staged blocks are the
+/// movers').
+pub(crate) fn snapshot(
+    core: &crate::core::Core<
+        impl shale_device::BlockDevice,
+        impl shale_device::ZonedDevice,
+        impl crate::Clock,
+    >,
+    staged_blocks: usize,
+) -> Stats {
+    let mut s = core.stats.clone();
+    let l = &core.l2p.counters;
+    s.l2p_hits = l.hits;
+    s.l2p_misses = l.misses;
+    s.l2p_page_reads = l.page_reads;
+    s.l2p_page_writes = l.page_writes;
+    s.l2p_page_reads_ahead = l.reads_ahead;
+    s.l2p_page_writes_ahead = l.writes_ahead;
+    // L2P pages are counted here, wherever they were written (evictions,
+    // checkpoints), not at each call site.
+    s.cache_md_write_bytes += l.page_writes * crate::layout::BS;
+    s.l2p_deferred_switches = l.deferred;
+    s.l2p_deferred_faults = l.deferred_faults;
+    s.l2p_evictions_as_switches = l.evicted_as_switches;
+    s.l2p_deferred_waiting = core.l2p.deferred_switches().0 as u64;
+    s.l2p_cached_pages = core.l2p.cached_pages() as u64;
+    s.l2p_cache_pages_max = core.l2p.frames_max() as u64;
+    s.md_cache_hits = core.md_cache.hits;
+    s.md_cache_misses = core.md_cache.misses;
+    s.free_chunks = core.regions.free_chunks.len() as u64;
+    s.free_zones = core.regions.free_zones.len() as u64;
+    s.io_buffer_allocs = core.bufs.allocs;
+    s.io_buffer_pool_bytes = core.bufs.pooled_bytes();
+    s.md_cache_bytes = core.md_cache.cached_bytes();
+    s.staged_blocks = staged_blocks as u64;
+    s.volumes = core
+        .volumes
+        .table
+        .entries
+        .iter()
+        .map(|v| match core.stats.volumes.get(v.id.0 as usize) {
+            Some(c) if c.uid == v.uid => c.clone(),
+            _ => VolumeStats {
+                id: v.id,
+                uid: v.uid,
+                ..VolumeStats::default()
+            },
+        })
+        .collect();
+    s
 }
