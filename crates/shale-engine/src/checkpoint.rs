@@ -3,7 +3,7 @@
 //! counter), then the superblock naming it.
 //!
 //! Two ways to take one:
-//! - **synchronous** (clean shutdown, volume changes, `Request::Checkpoint`, a journal
+//! - **synchronous** (clean shutdown, volume changes, the admin socket's checkpoint, a journal
 //!   about to overflow): make everything durable, write every dirty L2P page, write the
 //!   area and the superblock. The checkpoint reflects one instant.
 //! - **incremental** (periodic; bounded work per loop iteration): at its start `T0` a
