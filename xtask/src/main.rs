@@ -138,9 +138,11 @@ fn test() -> Result<(), String> {
     )
 }
 
-/// Short fuzzing runs of the parsers strangers feed. cargo-fuzz needs a nightly
-/// toolchain; where there is none, the stable stand-in replays the committed corpus
-/// plus seeded random and mutated inputs through the same parsers.
+/// Short fuzzing runs of what strangers write: the NBD parsers, every on-disk decoder
+/// and the configuration file. cargo-fuzz needs a nightly toolchain; where there is
+/// none, the stable stand-in replays the committed corpus plus seeded random and
+/// mutated inputs through the same entry points (each crate's `tests/fuzz_corpus.rs`,
+/// a few seconds to twenty each in release).
 fn smoke() -> Result<(), String> {
     let nightly_fuzz = Command::new("cargo")
         .args(["+nightly", "fuzz", "--version"])
@@ -148,22 +150,23 @@ fn smoke() -> Result<(), String> {
         .map(|o| o.status.success())
         .unwrap_or(false);
     if nightly_fuzz {
-        run("bash", &["fuzz/smoke.sh", "15"], &[])
-    } else {
-        eprintln!("xtask: no nightly cargo-fuzz here; running the stable fuzz stand-in");
+        return run("bash", &["fuzz/smoke.sh", "15"], &[]);
+    }
+    eprintln!("xtask: no nightly cargo-fuzz here; running the stable fuzz stand-in");
+    // Inputs per target: zone emulation opens a device per input, so it gets fewer.
+    for (krate, iters) in [
+        ("shale-nbd", "300000"),
+        ("shale-format", "300000"),
+        ("shale-device", "100000"),
+        ("shale-daemon", "300000"),
+    ] {
         run(
             "cargo",
-            &[
-                "test",
-                "--release",
-                "-p",
-                "shale-nbd",
-                "--test",
-                "fuzz_corpus",
-            ],
-            &[("SHALE_FUZZ_ITERS", "300000")],
-        )
+            &["test", "--release", "-p", krate, "--test", "fuzz_corpus"],
+            &[("SHALE_FUZZ_ITERS", iters)],
+        )?;
     }
+    Ok(())
 }
 
 fn run(cmd: &str, args: &[&str], env: &[(&str, &str)]) -> Result<(), String> {

@@ -17,6 +17,7 @@ pub mod admin;
 pub mod backend;
 pub mod config;
 pub mod drive;
+pub mod fuzzing;
 pub mod handler;
 pub mod latency;
 pub mod metrics;

@@ -115,7 +115,7 @@ impl DeviceSpec {
         })
     }
 
-    fn engine_config(&self) -> Result<EngineConfig, ConfigError> {
+    pub(crate) fn engine_config(&self) -> Result<EngineConfig, ConfigError> {
         let chunk_blocks =
             u32::try_from(self.chunk_bytes / 4096).map_err(|_| ConfigError::Invalid {
                 field: "devices.chunk_size",

@@ -27,6 +27,7 @@ mod engine_uring;
 mod error;
 mod fault;
 mod file;
+pub mod fuzzing;
 mod mem;
 mod null;
 mod sparse;

@@ -12,6 +12,7 @@
 mod checkpoint;
 mod codec;
 mod error;
+pub mod fuzzing;
 mod ids;
 mod journal;
 mod l2p_dir;

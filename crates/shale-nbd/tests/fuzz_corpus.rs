@@ -1,123 +1,46 @@
-//! Stable-toolchain stand-in for the fuzzers: replays the committed seed
+//! Stable-toolchain stand-in for the NBD fuzzers: replays the committed seed
 //! corpus (`fuzz/corpus/<target>/`) through the same entry points the
 //! cargo-fuzz targets use, then random inputs and random mutations of the
-//! seeds. A failing input is printed with the seed that made it.
+//! seeds (driver in `fuzz/standin.rs`). A failing input is printed with the
+//! seed that made it.
 //!
 //! `SHALE_FUZZ_ITERS` raises the number of random inputs (default 3000 per
 //! target). `cargo test -p shale-nbd --test fuzz_corpus -- --ignored
 //! write_seed_corpus` regenerates the seeds.
 
-use std::path::PathBuf;
+#[path = "../../../fuzz/standin.rs"]
+mod standin;
 
-use rand::{Rng, RngCore, SeedableRng};
-use rand_chacha::ChaCha8Rng;
 use shale_nbd::fuzzing;
 use shale_nbd::proto::consts::*;
 use shale_nbd::proto::{
     ClientFlags, ClientOption, InfoRequest, MetaContextRequest, OptionHeader, RequestHeader,
 };
+use standin::Entry;
 
-type Target = fn(&[u8]);
-
-fn targets() -> [(&'static str, Target); 2] {
+fn targets() -> [Entry; 2] {
     [
-        ("handshake", fuzzing::handshake),
-        ("request", fuzzing::requests),
+        Entry {
+            name: "handshake",
+            run: fuzzing::handshake,
+            random_len_max: 511,
+        },
+        Entry {
+            name: "request",
+            run: fuzzing::requests,
+            random_len_max: 511,
+        },
     ]
-}
-
-fn corpus_dir(target: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fuzz/corpus")
-        .join(target)
-}
-
-fn corpus(target: &str) -> Vec<(String, Vec<u8>)> {
-    let dir = corpus_dir(target);
-    let mut out: Vec<(String, Vec<u8>)> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
-        .filter_map(|e| e.ok())
-        .map(|e| {
-            (
-                e.file_name().to_string_lossy().into_owned(),
-                std::fs::read(e.path()).expect("read seed"),
-            )
-        })
-        .collect();
-    out.sort();
-    out
-}
-
-fn run_guarded(target: &str, f: Target, input: &[u8], what: &str) {
-    let r = std::panic::catch_unwind(|| f(input));
-    if r.is_err() {
-        panic!(
-            "{target}: {what} panicked; input ({} bytes): {:02x?}",
-            input.len(),
-            input
-        );
-    }
 }
 
 #[test]
 fn seed_corpus_replays() {
-    for (name, f) in targets() {
-        let seeds = corpus(name);
-        assert!(seeds.len() >= 5, "{name}: seed corpus missing or tiny");
-        for (file, data) in &seeds {
-            run_guarded(name, f, data, file);
-        }
-    }
+    standin::replay_seeds(&targets(), 5);
 }
 
 #[test]
 fn random_and_mutated_inputs() {
-    let iters: usize = std::env::var("SHALE_FUZZ_ITERS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(3000);
-    let seed: u64 = std::env::var("SHALE_FUZZ_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| rand::thread_rng().gen());
-    eprintln!("fuzz_corpus seed {seed} (SHALE_FUZZ_SEED={seed} to replay)");
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    for (name, f) in targets() {
-        let seeds = corpus(name);
-        for i in 0..iters {
-            let input = if i % 2 == 0 {
-                let mut v = vec![0u8; rng.gen_range(0..512)];
-                rng.fill_bytes(&mut v);
-                v
-            } else {
-                let (_, base) = &seeds[rng.gen_range(0..seeds.len())];
-                let mut v = base.clone();
-                for _ in 0..rng.gen_range(1..8) {
-                    match rng.gen_range(0..4) {
-                        0 if !v.is_empty() => {
-                            let at = rng.gen_range(0..v.len());
-                            v[at] ^= 1 << rng.gen_range(0..8);
-                        }
-                        1 if !v.is_empty() => {
-                            let at = rng.gen_range(0..v.len());
-                            v[at] = [0u8, 0xff, 0x7f, 0x80][rng.gen_range(0..4)];
-                        }
-                        2 if !v.is_empty() => {
-                            v.truncate(rng.gen_range(0..v.len()));
-                        }
-                        _ => {
-                            let at = rng.gen_range(0..=v.len());
-                            let mut extra = vec![0u8; rng.gen_range(1..16)];
-                            rng.fill_bytes(&mut extra);
-                            v.splice(at..at, extra);
-                        }
-                    }
-                }
-                v
-            };
-            run_guarded(name, f, &input, &format!("seed {seed} iteration {i}"));
-        }
-    }
+    standin::random_and_mutated(&targets());
 }
 
 fn opt(o: &ClientOption) -> Vec<u8> {
@@ -339,11 +262,6 @@ fn write_seed_corpus() {
             v
         }),
     ];
-    for (target, seeds) in [("handshake", handshake), ("request", request)] {
-        let dir = corpus_dir(target);
-        std::fs::create_dir_all(&dir).expect("mkdir");
-        for (name, data) in seeds {
-            std::fs::write(dir.join(name), data).expect("write seed");
-        }
-    }
+    standin::write_seeds("handshake", handshake);
+    standin::write_seeds("request", request);
 }
