@@ -114,6 +114,44 @@ impl Mover {
     }
 }
 
+/// The md block of zone group `g` holding `entries` in its first slots and padding
+/// in the rest of its `k` data slots.
+fn zone_group_md(
+    zone: RegionId,
+    g: u32,
+    sid: shale_format::Sid,
+    k: usize,
+    entries: &[RelocEntry],
+) -> Box<[u8; BLOCK_SIZE]> {
+    let mut md_entries = Vec::with_capacity(k);
+    md_entries.extend(entries.iter().map(|e| MdEntry {
+        kind: EntryKind::Relocated,
+        volume: e.volume,
+        lba: e.lba,
+        sid: e.sid,
+        data_crc: e.crc,
+        source: e.source,
+    }));
+    md_entries.resize(
+        k,
+        MdEntry {
+            kind: EntryKind::Pad,
+            ..MdEntry::EMPTY
+        },
+    );
+    let mut md = Box::new([0u8; BLOCK_SIZE]);
+    let h = MdHeader {
+        region_kind: MdRegionKind::Zone,
+        region: zone,
+        group: g,
+        entry_count: k as u16,
+        region_sid: sid,
+        generation: 1,
+    };
+    encode_md(&mut md[..], &h, &md_entries);
+    md
+}
+
 /// Invalid blocks a sparse victim read reads through rather than split the read.
 const READ_GAP_BLOCKS: usize = 8;
 
@@ -200,109 +238,19 @@ impl Mover {
         }
         let m = n.min(k);
         let sid = core.regions.get(zone).sid;
-        let full = if m == GROUP_DATA_SLOTS && len == shale_format::GROUP_BLOCKS as usize {
-            let st = &mut self.streams[s];
-            st.take_full_group()
-        } else {
-            None
-        };
-        let (mut buf, entries) = match full {
-            // The common case: the group leaves in the buffer it was staged in.
-            Some(taken) => taken,
-            None => {
-                let mut buf = core.bufs.take(len);
-                buf[m * BLOCK_SIZE..k * BLOCK_SIZE].fill(0);
-                let st = &mut self.streams[s];
-                for j in 0..m {
-                    buf[j * BLOCK_SIZE..(j + 1) * BLOCK_SIZE].copy_from_slice(st.block(j));
-                }
-                let entries: Vec<RelocEntry> = st.entries.iter().take(m).copied().collect();
-                st.consume(m, &mut core.bufs);
-                (buf, entries)
-            }
-        };
-        let mut md_entries = Vec::with_capacity(k);
-        md_entries.extend(entries.iter().map(|e| MdEntry {
-            kind: EntryKind::Relocated,
-            volume: e.volume,
-            lba: e.lba,
-            sid: e.sid,
-            data_crc: e.crc,
-            source: e.source,
-        }));
-        md_entries.resize(
-            k,
-            MdEntry {
-                kind: EntryKind::Pad,
-                ..MdEntry::EMPTY
-            },
-        );
-        let mut md = Box::new([0u8; BLOCK_SIZE]);
-        let h = MdHeader {
-            region_kind: MdRegionKind::Zone,
-            region: zone,
-            group: g,
-            entry_count: k as u16,
-            region_sid: sid,
-            generation: 1,
-        };
-        encode_md(&mut md[..], &h, &md_entries);
+        let (mut buf, entries) = self.take_group(core, s, m, k, len);
+        let md = zone_group_md(zone, g, sid, k, &entries);
         buf[k * BLOCK_SIZE..(k + 1) * BLOCK_SIZE].copy_from_slice(&md[..]);
         buf[(k + 1) * BLOCK_SIZE..(k + 2) * BLOCK_SIZE].copy_from_slice(&md[..]);
-
-        let max_io =
-            (core.capacity.geometry().max_io_bytes as usize / BLOCK_SIZE).max(1) * BLOCK_SIZE;
-        let parts = (len * BLOCK_SIZE).div_ceil(max_io);
-        let first_slot = groups.start(g);
         let zw = ZoneWrite {
             zone,
             group: g,
-            first_slot,
+            first_slot: groups.start(g),
             entries,
             md,
-            parts_left: parts as u32,
+            parts_left: 0,
         };
-        let gc = self.role == RegionRole::Gc;
-        let writes = &mut self.zone_writes;
-        let w = match writes.iter().position(Option::is_none) {
-            Some(i) => {
-                writes[i] = Some(zw);
-                i
-            }
-            None => {
-                writes.push(Some(zw));
-                writes.len() - 1
-            }
-        } as u32;
-        let base = core.geo.zone_offset(zone, first_slot);
-        if parts == 1 {
-            let tag = core.io.insert(InflightIo::ZonePart { gc, write: w });
-            core.capacity.submit(ZoneRequest {
-                tag,
-                op: ZoneOp::Write {
-                    offset: base,
-                    buf,
-                    fua: false,
-                },
-            });
-        } else {
-            for p in 0..parts {
-                let lo = p * max_io;
-                let hi = (lo + max_io).min(len * BLOCK_SIZE);
-                let mut part = core.bufs.take((hi - lo) / BLOCK_SIZE);
-                part.copy_from_slice(&buf[lo..hi]);
-                let tag = core.io.insert(InflightIo::ZonePart { gc, write: w });
-                core.capacity.submit(ZoneRequest {
-                    tag,
-                    op: ZoneOp::Write {
-                        offset: base + lo as u64,
-                        buf: part,
-                        fua: false,
-                    },
-                });
-            }
-            core.bufs.give(buf);
-        }
+        self.submit_zone_write(core, zw, buf);
         let reg = core.regions.get_mut(zone);
         reg.inflight_writes += 1;
         reg.wp = if g + 1 < groups.count() {
@@ -322,6 +270,89 @@ impl Mover {
         core.stats.capacity_pad_bytes += ((k - m) * BLOCK_SIZE) as u64;
         core.capacity_dirty = true;
         Ok(true)
+    }
+
+    /// The first `m` staged blocks of stream `s` in a group buffer of `len` blocks
+    /// (`k` data slots; slots past `m` zeroed), with their entries.
+    fn take_group(
+        &mut self,
+        core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+        s: usize,
+        m: usize,
+        k: usize,
+        len: usize,
+    ) -> (IoBuf, Vec<RelocEntry>) {
+        let st = &mut self.streams[s];
+        if m == GROUP_DATA_SLOTS && len == shale_format::GROUP_BLOCKS as usize {
+            // The common case: the group leaves in the buffer it was staged in.
+            if let Some(taken) = st.take_full_group() {
+                return taken;
+            }
+        }
+        let mut buf = core.bufs.take(len);
+        buf[m * BLOCK_SIZE..k * BLOCK_SIZE].fill(0);
+        for j in 0..m {
+            buf[j * BLOCK_SIZE..(j + 1) * BLOCK_SIZE].copy_from_slice(st.block(j));
+        }
+        let entries: Vec<RelocEntry> = st.entries.iter().take(m).copied().collect();
+        st.consume(m, &mut core.bufs);
+        (buf, entries)
+    }
+
+    /// Writes a zone group (data and both md copies in `buf`) in pieces of at most the
+    /// device's largest I/O; `zw` waits for them in the zone write slab.
+    fn submit_zone_write(
+        &mut self,
+        core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+        mut zw: ZoneWrite,
+        buf: IoBuf,
+    ) {
+        let len = buf.len();
+        let max_io =
+            (core.capacity.geometry().max_io_bytes as usize / BLOCK_SIZE).max(1) * BLOCK_SIZE;
+        let parts = len.div_ceil(max_io);
+        zw.parts_left = parts as u32;
+        let base = core.geo.zone_offset(zw.zone, zw.first_slot);
+        let gc = self.role == RegionRole::Gc;
+        let writes = &mut self.zone_writes;
+        let w = match writes.iter().position(Option::is_none) {
+            Some(i) => {
+                writes[i] = Some(zw);
+                i
+            }
+            None => {
+                writes.push(Some(zw));
+                writes.len() - 1
+            }
+        } as u32;
+        if parts == 1 {
+            let tag = core.io.insert(InflightIo::ZonePart { gc, write: w });
+            core.capacity.submit(ZoneRequest {
+                tag,
+                op: ZoneOp::Write {
+                    offset: base,
+                    buf,
+                    fua: false,
+                },
+            });
+            return;
+        }
+        for p in 0..parts {
+            let lo = p * max_io;
+            let hi = (lo + max_io).min(len);
+            let mut part = core.bufs.take((hi - lo) / BLOCK_SIZE);
+            part.copy_from_slice(&buf[lo..hi]);
+            let tag = core.io.insert(InflightIo::ZonePart { gc, write: w });
+            core.capacity.submit(ZoneRequest {
+                tag,
+                op: ZoneOp::Write {
+                    offset: base + lo as u64,
+                    buf: part,
+                    fua: false,
+                },
+            });
+        }
+        core.bufs.give(buf);
     }
 
     pub fn on_zone_part_done(
