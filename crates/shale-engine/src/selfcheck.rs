@@ -69,8 +69,6 @@ fn check_regions(
     seen: &Validity,
 ) -> Result<(), SelfCheckError> {
     let rs = &core.regions;
-    let bad =
-        |region: RegionId, reason: String| Err(SelfCheckError::RegionState { region, reason });
     // How often each region is on the free and pending lists (counted once: a
     // search per region would be quadratic in the zone count).
     let n = core.geo.region_count() as usize;
@@ -88,112 +86,150 @@ fn check_regions(
     }
     for i in 0..core.geo.region_count() {
         let r = RegionId(i);
-        let reg = rs.get(r);
-        let base = core.geo.region_base(r);
-        let span = if core.geo.is_chunk(r) {
-            core.geo.chunk_blocks
-        } else {
-            core.geo.zone_size_blocks
-        };
-        let bits = rs.validity.count_range(base, span);
-        if bits != reg.valid || reg.valid != mapped[i as usize] {
-            return Err(SelfCheckError::CountMismatch {
-                region: r,
-                recorded: reg.valid,
-                bits,
-                mapped: mapped[i as usize],
-            });
-        }
-        if bits != seen.count_range(base, span) {
-            for p in base.0..base.0 + span {
-                if rs.validity.get(Pba(p)) && !seen.get(Pba(p)) {
-                    return Err(SelfCheckError::ValidButUnmapped { pba: Pba(p) });
-                }
-            }
-        }
-        let groups = Groups {
-            blocks: core.geo.region_blocks(r),
-        };
-        if reg.wp > groups.end() {
-            return bad(
-                r,
-                format!("write pointer {} past the end {}", reg.wp, groups.end()),
-            );
-        }
-        if bits > 0 {
-            // Only data slots may be valid: the two md slots of each group and the
-            // slots past the last group must be clear.
-            let md = (0..groups.count())
-                .flat_map(|g| [groups.md_slot(g), groups.md_slot(g) + 1])
-                .find(|&s| rs.validity.get(Pba(base.0 + s)));
-            let tail = rs
-                .validity
-                .first_set(
-                    Pba(base.0 + groups.end()),
-                    span.saturating_sub(groups.end()),
-                )
-                .map(|p| p.0 - base.0);
-            if let Some(s) = md.or(tail) {
-                return bad(r, format!("md or unused slot {s} marked valid"));
-            }
-        }
-        let in_free = listed_free[i as usize] as usize;
-        let in_pending = listed_pending[i as usize] as usize;
-        match reg.state {
-            RegionState::Free => {
-                if in_free != 1
-                    || reg.valid != 0
-                    || reg.relocations != 0
-                    || reg.inflight_writes != 0
-                {
-                    return bad(
-                        r,
-                        format!(
-                            "Free but on free list {in_free}x, valid {}, relocations {}",
-                            reg.valid, reg.relocations
-                        ),
-                    );
-                }
-            }
-            RegionState::PendingFree => {
-                if in_pending != 1 || in_free != 0 || reg.valid != 0 || reg.relocations != 0 {
-                    return bad(
-                        r,
-                        format!(
-                            "PendingFree but pending {in_pending}x, free {in_free}x, valid {}",
-                            reg.valid
-                        ),
-                    );
-                }
-            }
-            RegionState::Reserved => {
-                if i != core.geo.chunk_count || reg.valid != 0 {
-                    return bad(r, "Reserved region is not zone 0".into());
-                }
-            }
-            RegionState::Open | RegionState::Closed => {
-                if in_free != 0 || in_pending != 0 {
-                    return bad(r, format!("{:?} but on a free/pending list", reg.state));
-                }
-                let chunk = core.geo.is_chunk(r);
-                let role_ok = if chunk {
-                    reg.role == RegionRole::User
-                } else {
-                    matches!(reg.role, RegionRole::Compaction | RegionRole::Gc)
-                };
-                if !role_ok {
-                    return bad(
-                        r,
-                        format!(
-                            "role {:?} in a {}",
-                            reg.role,
-                            if chunk { "chunk" } else { "zone" }
-                        ),
-                    );
-                }
+        check_region_blocks(core, r, mapped[i as usize], seen)?;
+        check_region_state(
+            core,
+            r,
+            listed_free[i as usize] as usize,
+            listed_pending[i as usize] as usize,
+        )?;
+    }
+    check_lists(core, writer)
+}
+
+fn bad_region(region: RegionId, reason: String) -> Result<(), SelfCheckError> {
+    Err(SelfCheckError::RegionState { region, reason })
+}
+
+/// A region's valid count against its validity bits and the L2P entries mapping into
+/// it, and only data slots valid.
+fn check_region_blocks(
+    core: &Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+    r: RegionId,
+    mapped: u32,
+    seen: &Validity,
+) -> Result<(), SelfCheckError> {
+    let rs = &core.regions;
+    let reg = rs.get(r);
+    let base = core.geo.region_base(r);
+    let span = if core.geo.is_chunk(r) {
+        core.geo.chunk_blocks
+    } else {
+        core.geo.zone_size_blocks
+    };
+    let bits = rs.validity.count_range(base, span);
+    if bits != reg.valid || reg.valid != mapped {
+        return Err(SelfCheckError::CountMismatch {
+            region: r,
+            recorded: reg.valid,
+            bits,
+            mapped,
+        });
+    }
+    if bits != seen.count_range(base, span) {
+        for p in base.0..base.0 + span {
+            if rs.validity.get(Pba(p)) && !seen.get(Pba(p)) {
+                return Err(SelfCheckError::ValidButUnmapped { pba: Pba(p) });
             }
         }
     }
+    let groups = Groups {
+        blocks: core.geo.region_blocks(r),
+    };
+    if reg.wp > groups.end() {
+        return bad_region(
+            r,
+            format!("write pointer {} past the end {}", reg.wp, groups.end()),
+        );
+    }
+    if bits > 0 {
+        // Only data slots may be valid: the two md slots of each group and the
+        // slots past the last group must be clear.
+        let md = (0..groups.count())
+            .flat_map(|g| [groups.md_slot(g), groups.md_slot(g) + 1])
+            .find(|&s| rs.validity.get(Pba(base.0 + s)));
+        let tail = rs
+            .validity
+            .first_set(
+                Pba(base.0 + groups.end()),
+                span.saturating_sub(groups.end()),
+            )
+            .map(|p| p.0 - base.0);
+        if let Some(s) = md.or(tail) {
+            return bad_region(r, format!("md or unused slot {s} marked valid"));
+        }
+    }
+    Ok(())
+}
+
+/// A region's state against the lists it is on, its counts and its role.
+fn check_region_state(
+    core: &Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+    r: RegionId,
+    in_free: usize,
+    in_pending: usize,
+) -> Result<(), SelfCheckError> {
+    let reg = core.regions.get(r);
+    match reg.state {
+        RegionState::Free => {
+            if in_free != 1 || reg.valid != 0 || reg.relocations != 0 || reg.inflight_writes != 0 {
+                return bad_region(
+                    r,
+                    format!(
+                        "Free but on free list {in_free}x, valid {}, relocations {}",
+                        reg.valid, reg.relocations
+                    ),
+                );
+            }
+        }
+        RegionState::PendingFree => {
+            if in_pending != 1 || in_free != 0 || reg.valid != 0 || reg.relocations != 0 {
+                return bad_region(
+                    r,
+                    format!(
+                        "PendingFree but pending {in_pending}x, free {in_free}x, valid {}",
+                        reg.valid
+                    ),
+                );
+            }
+        }
+        RegionState::Reserved => {
+            if r.0 != core.geo.chunk_count || reg.valid != 0 {
+                return bad_region(r, "Reserved region is not zone 0".into());
+            }
+        }
+        RegionState::Open | RegionState::Closed => {
+            if in_free != 0 || in_pending != 0 {
+                return bad_region(r, format!("{:?} but on a free/pending list", reg.state));
+            }
+            let chunk = core.geo.is_chunk(r);
+            let role_ok = if chunk {
+                reg.role == RegionRole::User
+            } else {
+                matches!(reg.role, RegionRole::Compaction | RegionRole::Gc)
+            };
+            if !role_ok {
+                return bad_region(
+                    r,
+                    format!(
+                        "role {:?} in a {}",
+                        reg.role,
+                        if chunk { "chunk" } else { "zone" }
+                    ),
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The free and pending lists hold only regions in those states, and no more chunks
+/// are open than the writer can account for.
+fn check_lists(
+    core: &Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+    writer: &ChunkWriter,
+) -> Result<(), SelfCheckError> {
+    let rs = &core.regions;
     for (list, chunk) in [(&rs.free_chunks, true), (&rs.free_zones, false)] {
         for &r in list.iter() {
             if r.0 >= core.geo.region_count()
