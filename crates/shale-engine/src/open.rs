@@ -304,325 +304,59 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     }
 
     /// [`Engine::open`], reporting each step's start and end, and the progress of
-    /// long steps, to `progress` as it runs (a recovery can take minutes).
+    /// long steps, to `progress` as it runs (a recovery can take minutes). The steps
+    /// are declared in the tables at the end of this file.
     pub fn open_with_progress(
-        mut cache: C,
-        mut capacity: Z,
+        cache: C,
+        capacity: Z,
         clock: K,
-        mut config: Config,
+        config: Config,
         progress: &mut dyn OpenProgress,
     ) -> Result<Self, OpenError> {
         config.validate()?;
-        let mut report = OpenReport::default();
         let mut steps = Steps::new(progress);
-
-        steps.begin(&clock, "superblock");
-        let mut sb = load::superblock(&mut cache, &mut report)?;
-        if sb.cache_size_blocks > cache.info().size_bytes / BS {
-            return Err(OpenError::GeometryMismatch {
-                reason: format!("cache device shrank below {} blocks", sb.cache_size_blocks),
-            });
-        }
-        steps.end(
-            &clock,
-            &mut report,
-            2 * BS,
-            format!("generation {}, clean flag {}", sb.generation, sb.clean),
-        );
-
-        steps.begin(&clock, "capacity label");
-        let label = load::label(&mut capacity, &mut report)?;
-        if label.uuid != sb.uuid {
-            return Err(OpenError::ForeignCapacity);
-        }
-        let zg = capacity.geometry().clone();
-        let cap =
-            capacity_geometry(&zg).map_err(|reason| OpenError::GeometryMismatch { reason })?;
-        if cap != sb.capacity || label.geometry != sb.capacity {
-            return Err(OpenError::GeometryMismatch {
-                reason: format!(
-                    "device {cap:?}, superblock {:?}, label {:?}",
-                    sb.capacity, label.geometry
-                ),
-            });
-        }
-        config.chunk_blocks = sb.layout.chunk_blocks;
-        config.volumes_max = sb.volumes_max;
-        config.journal_blocks = sb.layout.journal_blocks;
-        let streams =
-            streams_for(&config, &zg).map_err(|reason| OpenError::GeometryMismatch { reason })?;
-        steps.end(
-            &clock,
-            &mut report,
-            2 * BS,
-            format!("{} zones", cap.zone_count),
-        );
-
-        steps.begin(&clock, "checkpoint");
-        let mut bytes = 0;
-        let named = sb.active_checkpoint;
-        let mut meter = steps.meter("checkpoint blocks");
-        let (ck, area) = load::checkpoint(&mut cache, &sb, &mut report, &mut bytes, &mut meter)?;
-        meter.finish();
-        sb.active_checkpoint = area;
-        let geo = Geometry::new(&sb.layout, &sb.capacity);
-        let inconsistent = |reason: String| OpenError::InconsistentCheckpoint { reason };
-        if ck.regions.len() != geo.region_count() as usize {
-            return Err(inconsistent(format!(
-                "{} regions, geometry has {}",
-                ck.regions.len(),
-                geo.region_count()
-            )));
-        }
-        steps.end(
-            &clock,
-            &mut report,
-            bytes,
-            format!("area {area}, generation {}", ck.header.generation),
-        );
-
-        steps.begin(&clock, "volume table");
-        let mut bytes = 0;
-        load::volume_tables(&mut cache, &sb, &ck, &mut report, &mut bytes)?;
-        steps.end(
-            &clock,
-            &mut report,
-            bytes,
-            format!("{} volumes", ck.volumes.entries.len()),
-        );
-
-        steps.begin(&clock, "journal");
-        let mut bytes = 0;
-        let log = journal_scan::read(
-            &mut cache,
-            &sb,
-            ck.header.generation,
-            ck.header.journal_next_block,
-            ck.header.journal_sequence,
-            &mut report,
-            &mut bytes,
-        )?;
-        let clean = sb.clean && log.blocks.is_empty() && area == named;
-        if sb.clean && !clean {
-            report.warn(format!(
-                "the clean flag is set but {} journal entries follow the checkpoint{}: recovering",
-                log.blocks.len(),
-                if area == named {
-                    ""
-                } else {
-                    " (and a newer checkpoint exists)"
-                }
-            ));
-        }
-        steps.end(
-            &clock,
-            &mut report,
-            bytes,
-            format!("{} entries since the checkpoint", log.blocks.len()),
-        );
-        if !clean && !config.recover {
-            return Err(OpenError::NeedsRecovery);
-        }
-        report.clean = clean;
-        // Six steps so far and L2P directories; then census and resume, or the six
-        // of a replay; then the self-check.
-        steps.set_total(6 + if clean { 2 } else { 6 } + usize::from(config.open_self_check));
-
-        steps.begin(&clock, "L2P directories");
-        let regions = Regions::from_entries(&geo, &ck.regions);
-        let table_pages = sb
-            .user_capacity_blocks
-            .div_ceil(shale_format::L2P_ENTRIES_PER_PAGE);
-        let frames = config
-            .l2p_budget_pages(table_pages)
-            .map_err(|e: ConfigError| OpenError::Config(e))?;
-        let mut l2p = L2p::new(
-            sb.volumes_max,
-            sb.layout.l2p_pool_pages,
-            frames,
-            sb.layout.l2p_area_start,
-        );
-        for d in &ck.directories {
-            let Some(v) = ck.volumes.entries.iter().find(|e| e.id == d.volume) else {
-                return Err(inconsistent(format!("directory for unknown {}", d.volume)));
-            };
-            let pages = v.size_blocks.div_ceil(shale_format::L2P_ENTRIES_PER_PAGE) as usize;
-            if d.volume.0 >= sb.volumes_max || pages != d.pages.len() {
-                return Err(inconsistent(format!(
-                    "{}: {} directory pages for {} blocks",
-                    d.volume,
-                    d.pages.len(),
-                    v.size_blocks
-                )));
-            }
-            l2p.vols[d.volume.0 as usize] =
-                Some(VolumeMap::from_dir(d.pages.clone(), v.size_blocks));
-        }
-        if ck
-            .volumes
-            .entries
-            .iter()
-            .any(|v| l2p.vols.get(v.id.0 as usize).is_none_or(Option::is_none))
-        {
-            return Err(inconsistent("volume without an L2P directory".into()));
-        }
-        let allocated: u64 = ck.volumes.entries.iter().map(|v| v.size_blocks).sum();
-        if allocated > sb.user_capacity_blocks {
-            return Err(inconsistent(format!(
-                "volumes take {allocated} blocks of {}",
-                sb.user_capacity_blocks
-            )));
-        }
-        l2p.rebuild_pool(sb.layout.l2p_pool_pages)
-            .map_err(inconsistent)?;
-        let volumes = Volumes {
-            table: ck.volumes.clone(),
-            user_capacity_blocks: sb.user_capacity_blocks,
-            volumes_max: sb.volumes_max,
-        };
-        let generation = ck.header.generation;
-        // After a crash the new checkpoint's generation must exceed every epoch the
-        // crashed run could have written (at most generation + 1).
-        let epoch = if clean { generation } else { generation + 1 };
-        let journal = Journal::new(
-            sb.layout.journal_start,
-            sb.layout.journal_blocks,
-            log.next,
-            log.sequence,
-            epoch,
-        );
-        let now = clock.now_ns();
-        let dirs = ck.directories.len();
-        let mut e = Self::assemble(
+        let mut loading = Loading {
             cache,
             capacity,
             clock,
             config,
-            sb,
-            regions,
-            l2p,
-            volumes,
-            journal,
-            ck.header.sid_next,
-            streams,
+            report: OpenReport::default(),
+            found: None,
+            checkpoint: None,
+            log: None,
+            parts: None,
+        };
+        run_steps(&mut steps, &mut loading, &Loading::LOAD_STEPS)?;
+        let clean = loading.clean();
+        if !clean && !loading.config.recover {
+            return Err(OpenError::NeedsRecovery);
+        }
+        loading.report.clean = clean;
+        // The load steps and L2P directories; then census and resume, or the six of a
+        // replay; then the self-check.
+        let self_check = loading.config.open_self_check;
+        steps.set_total(
+            Loading::<C, Z, K>::LOAD_STEPS.len()
+                + 1
+                + if clean {
+                    Opening::<C, Z, K>::CLEAN_STEPS.len()
+                } else {
+                    Opening::<C, Z, K>::REPLAY_STEPS.len()
+                }
+                + usize::from(self_check),
         );
-        if area != named {
-            // The next checkpoint goes to the area the on-disk superblock names: name
-            // the loaded one first, or a crash during that write would leave the
-            // superblock naming a torn area.
-            e.core.sb.clean = false;
-            e.write_superblock().map_err(OpenError::Engine)?;
-        }
-        steps.end(&e.core.clock, &mut report, 0, format!("{dirs} volumes"));
-
+        run_steps(&mut steps, &mut loading, &[Loading::L2P_DIRECTORIES])?;
+        let mut opening = loading.into_engine()?;
         if clean {
-            steps.begin(&e.core.clock, "census");
-            let zone_wps = e.zone_write_pointers()?;
-            let mut meter = steps.meter("L2P pages");
-            let bytes = e.census(true, &zone_wps, &mut meter)?;
-            meter.finish();
-            steps.end(&e.core.clock, &mut report, bytes, e.census_detail());
-
-            steps.begin(&e.core.clock, "resume");
-            // Free zones must be empty on the device before reuse, after a clean stop
-            // too: a checkpoint records zones freed since the last durability point
-            // as Free before their resets, and a crash can come between the two (then
-            // a later clean shutdown carries the Free state forward).
-            let mut meter = steps.meter("free zones");
-            let stray = replay::reset_stray_zones(&mut e.core, &mut meter)?;
-            meter.finish();
-            e.resume_open_regions(now)?;
-            e.write_superblock_dirty()?;
-            steps.end(
-                &e.core.clock,
-                &mut report,
-                0,
-                format!("open regions resumed, {stray} stray zones reset"),
-            );
+            run_steps(&mut steps, &mut opening, &Opening::CLEAN_STEPS)?;
         } else {
-            steps.begin(&e.core.clock, "replay plan");
-            let mut rp = replay::plan(
-                &e.core.geo,
-                &e.core.regions,
-                &log.blocks,
-                &mut report.warnings,
-            );
-            let detail = format!(
-                "{} regions to scan, {} trims",
-                rp.plans.len(),
-                rp.trims.len()
-            );
-            steps.end(&e.core.clock, &mut report, 0, detail);
-
-            steps.begin(&e.core.clock, "md scan");
-            let zone_wps = e.zone_write_pointers()?;
-            let mut meter = steps.meter("md groups");
-            let bytes = replay::scan_md(&mut e.core, &mut rp, &mut report.warnings, &mut meter)?;
-            meter.finish();
-            let detail = format!(
-                "{} md groups, {} entries",
-                rp.counts.md_groups_read, rp.counts.entries_seen
-            );
-            steps.end(&e.core.clock, &mut report, bytes, detail);
-
-            steps.begin(&e.core.clock, "resolve");
-            let mut meter = steps.meter("versions");
-            let bytes = replay::apply_replay(&mut e.core, &mut rp, &mut meter)?;
-            meter.finish();
-            let detail = format!(
-                "{} versions mapped, {} superseded",
-                rp.counts.entries_applied, rp.counts.entries_superseded
-            );
-            steps.end(&e.core.clock, &mut report, bytes, detail);
-
-            steps.begin(&e.core.clock, "census");
-            replay::close_replayed(&mut e.core, &rp, now)?;
-            let mut meter = steps.meter("L2P pages");
-            let bytes = e.census(false, &zone_wps, &mut meter)?;
-            meter.finish();
-            steps.end(&e.core.clock, &mut report, bytes, e.census_detail());
-
-            steps.begin(&e.core.clock, "regions");
-            let mut meter = steps.meter("free zones");
-            rp.counts.stray_zones_reset = replay::reset_stray_zones(&mut e.core, &mut meter)?;
-            meter.finish();
-            for i in 0..e.core.geo.region_count() {
-                e.core.regions.maybe_pending_free(RegionId(i));
-            }
-            e.core.sid_next = (e.core.sid_next + SID_LEASE).max(rp.max_sid + 1);
-            let detail = format!(
-                "{} regions closed, {} pending free, {} stray zones reset",
-                rp.plans.len(),
-                e.core.regions.pending_free.len(),
-                rp.counts.stray_zones_reset
-            );
-            steps.end(&e.core.clock, &mut report, 0, detail);
-
-            steps.begin(&e.core.clock, "new checkpoint");
-            let mut meter = steps.meter("dirty L2P pages");
-            e.checkpoint_metered(false, &mut meter)
-                .map_err(OpenError::Engine)?;
-            meter.finish();
-            steps.end(
-                &e.core.clock,
-                &mut report,
-                0,
-                format!("generation {}", e.core.journal.epoch),
-            );
-            report.replay = rp.counts;
+            run_steps(&mut steps, &mut opening, &Opening::REPLAY_STEPS)?;
         }
-
-        if e.core.config.open_self_check {
-            steps.begin(&e.core.clock, "self-check");
-            let reads0 = e.core.l2p.counters.page_reads;
-            let mut meter = steps.meter("L2P pages");
-            crate::selfcheck::self_check(&mut e.core, &e.writer, &mut meter)
-                .map_err(|err| OpenError::Engine(EngineError::SelfCheck(err)))?;
-            meter.finish();
-            let bytes = (e.core.l2p.counters.page_reads - reads0) * BS;
-            steps.end(&e.core.clock, &mut report, bytes, "ok".into());
+        if self_check {
+            run_steps(&mut steps, &mut opening, &[Opening::SELF_CHECK])?;
         }
-        e.core.open_report = report;
+        let mut e = opening.engine;
+        e.core.open_report = opening.report;
         Ok(e)
     }
 
@@ -895,5 +629,574 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         }
         self.checkpoint(true)?;
         Ok((self.core.cache, self.core.capacity))
+    }
+}
+
+/// What a step returns: the bytes it read and a short detail for the report.
+type StepDone = Result<(u64, String), OpenError>;
+
+/// One named step of an open: timed, logged and reported by `run_steps`.
+struct Step<S> {
+    name: &'static str,
+    /// The units the step counts on a meter, if it reports progress.
+    unit: Option<&'static str>,
+    run: fn(&mut S, &mut Meter<'_>) -> StepDone,
+}
+
+/// What every open state gives the step runner.
+trait OpenState {
+    fn now(&self) -> u64;
+    fn report(&mut self) -> &mut OpenReport;
+}
+
+/// Runs `table` in order; the first failing step ends the open (it gets no
+/// `StepFinished`). Nothing needs undoing on failure: a step writes to the devices
+/// only what a later open can read again (a superblock naming an area already
+/// durable, the clean flag cleared, zone resets, a new checkpoint).
+fn run_steps<S: OpenState>(
+    steps: &mut Steps<'_>,
+    state: &mut S,
+    table: &[Step<S>],
+) -> Result<(), OpenError> {
+    for step in table {
+        steps.begin(state.now(), step.name);
+        let (bytes, detail) = match step.unit {
+            Some(unit) => {
+                let mut meter = steps.meter(unit);
+                let done = (step.run)(state, &mut meter)?;
+                meter.finish();
+                done
+            }
+            None => (step.run)(state, &mut Meter::off())?,
+        };
+        let now = state.now();
+        steps.end(now, state.report(), bytes, detail);
+    }
+    Ok(())
+}
+
+/// The superblock and the capacity's geometry, as the first steps found them.
+struct Found {
+    sb: Superblock,
+    streams: u32,
+    /// The checkpoint area the superblock names.
+    named: u8,
+}
+
+/// The pieces of an engine the L2P directories step builds.
+struct Parts {
+    regions: Regions,
+    l2p: L2p,
+    volumes: Volumes,
+    journal: Journal,
+}
+
+/// An open before the engine exists: the devices and what the steps have read.
+struct Loading<C, Z, K> {
+    cache: C,
+    capacity: Z,
+    clock: K,
+    config: Config,
+    report: OpenReport,
+    found: Option<Found>,
+    /// The checkpoint loaded and the area it came from.
+    checkpoint: Option<(shale_format::Checkpoint, u8)>,
+    log: Option<journal_scan::JournalLog>,
+    parts: Option<Parts>,
+}
+
+impl<C, Z, K: Clock> OpenState for Loading<C, Z, K> {
+    fn now(&self) -> u64 {
+        self.clock.now_ns()
+    }
+    fn report(&mut self) -> &mut OpenReport {
+        &mut self.report
+    }
+}
+
+impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Loading<C, Z, K> {
+    fn found(&self) -> &Found {
+        self.found.as_ref().expect("the superblock step ran")
+    }
+
+    fn checkpoint(&self) -> &(shale_format::Checkpoint, u8) {
+        self.checkpoint.as_ref().expect("the checkpoint step ran")
+    }
+
+    fn log(&self) -> &journal_scan::JournalLog {
+        self.log.as_ref().expect("the journal step ran")
+    }
+
+    /// A clean open: the clean flag set, no journal entries past the checkpoint, and
+    /// the checkpoint loaded the one the superblock names.
+    fn clean(&self) -> bool {
+        let f = self.found();
+        f.sb.clean && self.log().blocks.is_empty() && self.checkpoint().1 == f.named
+    }
+
+    /// Builds the engine from what the steps loaded. When the checkpoint loaded is
+    /// not the one the superblock names, the superblock is made to name it first:
+    /// the next checkpoint goes to the other area, and a crash during that write must
+    /// not leave the superblock naming a torn area.
+    fn into_engine(self) -> Result<Opening<C, Z, K>, OpenError> {
+        let Loading {
+            cache,
+            capacity,
+            clock,
+            config,
+            report,
+            found,
+            checkpoint,
+            log,
+            parts,
+        } = self;
+        let (Some(found), Some((ck, area)), Some(log), Some(parts)) =
+            (found, checkpoint, log, parts)
+        else {
+            unreachable!("into_engine runs after every load step");
+        };
+        let now = clock.now_ns();
+        let mut sb = found.sb;
+        sb.active_checkpoint = area;
+        let mut engine = Engine::assemble(
+            cache,
+            capacity,
+            clock,
+            config,
+            sb,
+            parts.regions,
+            parts.l2p,
+            parts.volumes,
+            parts.journal,
+            ck.header.sid_next,
+            found.streams,
+        );
+        if area != found.named {
+            engine.core.sb.clean = false;
+            engine.write_superblock().map_err(OpenError::Engine)?;
+        }
+        Ok(Opening {
+            engine,
+            report,
+            journal: log.blocks,
+            replay: None,
+            zone_wps: Vec::new(),
+            now,
+        })
+    }
+}
+
+impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Loading<C, Z, K> {
+    /// What an open reads before it knows whether it must replay.
+    const LOAD_STEPS: [Step<Self>; 5] = [
+        Step {
+            name: "superblock",
+            unit: None,
+            run: Self::superblock,
+        },
+        Step {
+            name: "capacity label",
+            unit: None,
+            run: Self::capacity_label,
+        },
+        Step {
+            name: "checkpoint",
+            unit: Some("checkpoint blocks"),
+            run: Self::load_checkpoint,
+        },
+        Step {
+            name: "volume table",
+            unit: None,
+            run: Self::volume_table,
+        },
+        Step {
+            name: "journal",
+            unit: None,
+            run: Self::journal,
+        },
+    ];
+
+    const L2P_DIRECTORIES: Step<Self> = Step {
+        name: "L2P directories",
+        unit: None,
+        run: Self::l2p_directories,
+    };
+
+    fn superblock(&mut self, _: &mut Meter<'_>) -> StepDone {
+        let sb = load::superblock(&mut self.cache, &mut self.report)?;
+        if sb.cache_size_blocks > self.cache.info().size_bytes / BS {
+            return Err(OpenError::GeometryMismatch {
+                reason: format!("cache device shrank below {} blocks", sb.cache_size_blocks),
+            });
+        }
+        let detail = format!("generation {}, clean flag {}", sb.generation, sb.clean);
+        self.found = Some(Found {
+            named: sb.active_checkpoint,
+            sb,
+            streams: 0,
+        });
+        Ok((2 * BS, detail))
+    }
+
+    fn capacity_label(&mut self, _: &mut Meter<'_>) -> StepDone {
+        let label = load::label(&mut self.capacity, &mut self.report)?;
+        let Some(Found { sb, streams, .. }) = self.found.as_mut() else {
+            unreachable!("the superblock step ran");
+        };
+        if label.uuid != sb.uuid {
+            return Err(OpenError::ForeignCapacity);
+        }
+        let zg = self.capacity.geometry().clone();
+        let cap =
+            capacity_geometry(&zg).map_err(|reason| OpenError::GeometryMismatch { reason })?;
+        if cap != sb.capacity || label.geometry != sb.capacity {
+            return Err(OpenError::GeometryMismatch {
+                reason: format!(
+                    "device {cap:?}, superblock {:?}, label {:?}",
+                    sb.capacity, label.geometry
+                ),
+            });
+        }
+        self.config.chunk_blocks = sb.layout.chunk_blocks;
+        self.config.volumes_max = sb.volumes_max;
+        self.config.journal_blocks = sb.layout.journal_blocks;
+        *streams = streams_for(&self.config, &zg)
+            .map_err(|reason| OpenError::GeometryMismatch { reason })?;
+        Ok((2 * BS, format!("{} zones", cap.zone_count)))
+    }
+
+    fn load_checkpoint(&mut self, meter: &mut Meter<'_>) -> StepDone {
+        let mut bytes = 0;
+        let sb = &self.found.as_ref().expect("the superblock step ran").sb;
+        let (ck, area) =
+            load::checkpoint(&mut self.cache, sb, &mut self.report, &mut bytes, meter)?;
+        let geo = Geometry::new(&sb.layout, &sb.capacity);
+        if ck.regions.len() != geo.region_count() as usize {
+            return Err(OpenError::InconsistentCheckpoint {
+                reason: format!(
+                    "{} regions, geometry has {}",
+                    ck.regions.len(),
+                    geo.region_count()
+                ),
+            });
+        }
+        let detail = format!("area {area}, generation {}", ck.header.generation);
+        self.checkpoint = Some((ck, area));
+        Ok((bytes, detail))
+    }
+
+    fn volume_table(&mut self, _: &mut Meter<'_>) -> StepDone {
+        let mut bytes = 0;
+        let (ck, _) = self.checkpoint.as_ref().expect("the checkpoint step ran");
+        let sb = &self.found.as_ref().expect("the superblock step ran").sb;
+        load::volume_tables(&mut self.cache, sb, ck, &mut self.report, &mut bytes)?;
+        Ok((bytes, format!("{} volumes", ck.volumes.entries.len())))
+    }
+
+    fn journal(&mut self, _: &mut Meter<'_>) -> StepDone {
+        let mut bytes = 0;
+        let (ck, area) = self.checkpoint.as_ref().expect("the checkpoint step ran");
+        let f = self.found.as_ref().expect("the superblock step ran");
+        let log = journal_scan::read(
+            &mut self.cache,
+            &f.sb,
+            ck.header.generation,
+            ck.header.journal_next_block,
+            ck.header.journal_sequence,
+            &mut self.report,
+            &mut bytes,
+        )?;
+        let clean = f.sb.clean && log.blocks.is_empty() && *area == f.named;
+        if f.sb.clean && !clean {
+            self.report.warn(format!(
+                "the clean flag is set but {} journal entries follow the checkpoint{}: recovering",
+                log.blocks.len(),
+                if *area == f.named {
+                    ""
+                } else {
+                    " (and a newer checkpoint exists)"
+                }
+            ));
+        }
+        let detail = format!("{} entries since the checkpoint", log.blocks.len());
+        self.log = Some(log);
+        Ok((bytes, detail))
+    }
+
+    /// The region table, the L2P with every volume's directory, the volume table and
+    /// the journal, checked against each other.
+    fn l2p_directories(&mut self, _: &mut Meter<'_>) -> StepDone {
+        let inconsistent = |reason: String| OpenError::InconsistentCheckpoint { reason };
+        let clean = self.clean();
+        let sb = &self.found.as_ref().expect("the superblock step ran").sb;
+        let (ck, _) = self.checkpoint.as_ref().expect("the checkpoint step ran");
+        let geo = Geometry::new(&sb.layout, &sb.capacity);
+        let regions = Regions::from_entries(&geo, &ck.regions);
+        let table_pages = sb
+            .user_capacity_blocks
+            .div_ceil(shale_format::L2P_ENTRIES_PER_PAGE);
+        let frames = self
+            .config
+            .l2p_budget_pages(table_pages)
+            .map_err(|e: ConfigError| OpenError::Config(e))?;
+        let mut l2p = L2p::new(
+            sb.volumes_max,
+            sb.layout.l2p_pool_pages,
+            frames,
+            sb.layout.l2p_area_start,
+        );
+        for d in &ck.directories {
+            let Some(v) = ck.volumes.entries.iter().find(|e| e.id == d.volume) else {
+                return Err(inconsistent(format!("directory for unknown {}", d.volume)));
+            };
+            let pages = v.size_blocks.div_ceil(shale_format::L2P_ENTRIES_PER_PAGE) as usize;
+            if d.volume.0 >= sb.volumes_max || pages != d.pages.len() {
+                return Err(inconsistent(format!(
+                    "{}: {} directory pages for {} blocks",
+                    d.volume,
+                    d.pages.len(),
+                    v.size_blocks
+                )));
+            }
+            l2p.vols[d.volume.0 as usize] =
+                Some(VolumeMap::from_dir(d.pages.clone(), v.size_blocks));
+        }
+        if ck
+            .volumes
+            .entries
+            .iter()
+            .any(|v| l2p.vols.get(v.id.0 as usize).is_none_or(Option::is_none))
+        {
+            return Err(inconsistent("volume without an L2P directory".into()));
+        }
+        let allocated: u64 = ck.volumes.entries.iter().map(|v| v.size_blocks).sum();
+        if allocated > sb.user_capacity_blocks {
+            return Err(inconsistent(format!(
+                "volumes take {allocated} blocks of {}",
+                sb.user_capacity_blocks
+            )));
+        }
+        l2p.rebuild_pool(sb.layout.l2p_pool_pages)
+            .map_err(inconsistent)?;
+        let volumes = Volumes {
+            table: ck.volumes.clone(),
+            user_capacity_blocks: sb.user_capacity_blocks,
+            volumes_max: sb.volumes_max,
+        };
+        let generation = ck.header.generation;
+        // After a crash the new checkpoint's generation must exceed every epoch the
+        // crashed run could have written (at most generation + 1).
+        let epoch = if clean { generation } else { generation + 1 };
+        let log = self.log.as_ref().expect("the journal step ran");
+        let journal = Journal::new(
+            sb.layout.journal_start,
+            sb.layout.journal_blocks,
+            log.next,
+            log.sequence,
+            epoch,
+        );
+        let detail = format!("{} volumes", ck.directories.len());
+        self.parts = Some(Parts {
+            regions,
+            l2p,
+            volumes,
+            journal,
+        });
+        Ok((0, detail))
+    }
+}
+
+/// An open once the engine exists: clean (census, resume) or a replay.
+struct Opening<C: BlockDevice, Z: ZonedDevice, K: Clock> {
+    engine: Engine<C, Z, K>,
+    report: OpenReport,
+    /// The journal entries since the checkpoint.
+    journal: Vec<shale_format::JournalBlock>,
+    replay: Option<replay::Replay>,
+    /// Each zone's device write pointer when the open began.
+    zone_wps: Vec<u32>,
+    /// Engine-clock time the engine was built (regions closed by the open close then).
+    now: u64,
+}
+
+impl<C: BlockDevice, Z: ZonedDevice, K: Clock> OpenState for Opening<C, Z, K> {
+    fn now(&self) -> u64 {
+        self.engine.core.now()
+    }
+    fn report(&mut self) -> &mut OpenReport {
+        &mut self.report
+    }
+}
+
+impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Opening<C, Z, K> {
+    /// After a clean shutdown.
+    const CLEAN_STEPS: [Step<Self>; 2] = [
+        Step {
+            name: "census",
+            unit: Some("L2P pages"),
+            run: Self::census_clean,
+        },
+        Step {
+            name: "resume",
+            unit: Some("free zones"),
+            run: Self::resume,
+        },
+    ];
+
+    /// After a crash.
+    const REPLAY_STEPS: [Step<Self>; 6] = [
+        Step {
+            name: "replay plan",
+            unit: None,
+            run: Self::replay_plan,
+        },
+        Step {
+            name: "md scan",
+            unit: Some("md groups"),
+            run: Self::md_scan,
+        },
+        Step {
+            name: "resolve",
+            unit: Some("versions"),
+            run: Self::resolve,
+        },
+        Step {
+            name: "census",
+            unit: Some("L2P pages"),
+            run: Self::census_replayed,
+        },
+        Step {
+            name: "regions",
+            unit: Some("free zones"),
+            run: Self::regions,
+        },
+        Step {
+            name: "new checkpoint",
+            unit: Some("dirty L2P pages"),
+            run: Self::new_checkpoint,
+        },
+    ];
+
+    const SELF_CHECK: Step<Self> = Step {
+        name: "self-check",
+        unit: Some("L2P pages"),
+        run: Self::self_check,
+    };
+
+    fn replay(&mut self) -> &mut replay::Replay {
+        self.replay.as_mut().expect("the replay plan step ran")
+    }
+
+    fn census_clean(&mut self, meter: &mut Meter<'_>) -> StepDone {
+        let e = &mut self.engine;
+        let zone_wps = e.zone_write_pointers()?;
+        let bytes = e.census(true, &zone_wps, meter)?;
+        Ok((bytes, e.census_detail()))
+    }
+
+    fn resume(&mut self, meter: &mut Meter<'_>) -> StepDone {
+        // Free zones must be empty on the device before reuse, after a clean stop
+        // too: a checkpoint records zones freed since the last durability point
+        // as Free before their resets, and a crash can come between the two (then
+        // a later clean shutdown carries the Free state forward).
+        let e = &mut self.engine;
+        let stray = replay::reset_stray_zones(&mut e.core, meter)?;
+        meter.finish();
+        e.resume_open_regions(self.now)?;
+        e.write_superblock_dirty()?;
+        Ok((
+            0,
+            format!("open regions resumed, {stray} stray zones reset"),
+        ))
+    }
+
+    fn replay_plan(&mut self, _: &mut Meter<'_>) -> StepDone {
+        let core = &self.engine.core;
+        let rp = replay::plan(
+            &core.geo,
+            &core.regions,
+            &self.journal,
+            &mut self.report.warnings,
+        );
+        let detail = format!(
+            "{} regions to scan, {} trims",
+            rp.plans.len(),
+            rp.trims.len()
+        );
+        self.replay = Some(rp);
+        Ok((0, detail))
+    }
+
+    fn md_scan(&mut self, meter: &mut Meter<'_>) -> StepDone {
+        self.zone_wps = self.engine.zone_write_pointers()?;
+        let Some(rp) = self.replay.as_mut() else {
+            unreachable!("the replay plan step ran");
+        };
+        let bytes = replay::scan_md(&mut self.engine.core, rp, &mut self.report.warnings, meter)?;
+        let detail = format!(
+            "{} md groups, {} entries",
+            rp.counts.md_groups_read, rp.counts.entries_seen
+        );
+        Ok((bytes, detail))
+    }
+
+    fn resolve(&mut self, meter: &mut Meter<'_>) -> StepDone {
+        let Some(rp) = self.replay.as_mut() else {
+            unreachable!("the replay plan step ran");
+        };
+        let bytes = replay::apply_replay(&mut self.engine.core, rp, meter)?;
+        let detail = format!(
+            "{} versions mapped, {} superseded",
+            rp.counts.entries_applied, rp.counts.entries_superseded
+        );
+        Ok((bytes, detail))
+    }
+
+    fn census_replayed(&mut self, meter: &mut Meter<'_>) -> StepDone {
+        let now = self.now;
+        let Some(rp) = self.replay.as_ref() else {
+            unreachable!("the replay plan step ran");
+        };
+        let e = &mut self.engine;
+        replay::close_replayed(&mut e.core, rp, now)?;
+        let bytes = e.census(false, &self.zone_wps, meter)?;
+        Ok((bytes, e.census_detail()))
+    }
+
+    fn regions(&mut self, meter: &mut Meter<'_>) -> StepDone {
+        let stray = replay::reset_stray_zones(&mut self.engine.core, meter)?;
+        meter.finish();
+        let core = &mut self.engine.core;
+        for i in 0..core.geo.region_count() {
+            core.regions.maybe_pending_free(RegionId(i));
+        }
+        let Some(rp) = self.replay.as_mut() else {
+            unreachable!("the replay plan step ran");
+        };
+        rp.counts.stray_zones_reset = stray;
+        core.sid_next = (core.sid_next + SID_LEASE).max(rp.max_sid + 1);
+        let detail = format!(
+            "{} regions closed, {} pending free, {} stray zones reset",
+            rp.plans.len(),
+            core.regions.pending_free.len(),
+            stray
+        );
+        Ok((0, detail))
+    }
+
+    fn new_checkpoint(&mut self, meter: &mut Meter<'_>) -> StepDone {
+        let e = &mut self.engine;
+        e.checkpoint_metered(false, meter)
+            .map_err(OpenError::Engine)?;
+        self.report.replay = self.replay().counts.clone();
+        Ok((0, format!("generation {}", self.engine.core.journal.epoch)))
+    }
+
+    fn self_check(&mut self, meter: &mut Meter<'_>) -> StepDone {
+        let e = &mut self.engine;
+        let reads0 = e.core.l2p.counters.page_reads;
+        crate::selfcheck::self_check(&mut e.core, &e.writer, meter)
+            .map_err(|err| OpenError::Engine(EngineError::SelfCheck(err)))?;
+        Ok(((e.core.l2p.counters.page_reads - reads0) * BS, "ok".into()))
     }
 }

@@ -22,8 +22,6 @@ pub(crate) mod replay;
 pub(crate) use progress::Meter;
 pub use progress::{NoProgress, OpenEvent, OpenProgress};
 
-use crate::Clock;
-
 /// One step of an open.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StepReport {
@@ -114,9 +112,10 @@ impl<'p> Steps<'p> {
         self.total = Some(total);
     }
 
-    pub fn begin<K: Clock>(&mut self, clock: &K, name: &'static str) {
+    /// Step `name` starts at engine-clock time `now`.
+    pub fn begin(&mut self, now: u64, name: &'static str) {
         self.name = name;
-        self.started = clock.now_ns();
+        self.started = now;
         self.progress.event(&OpenEvent::StepStarted {
             index: self.index,
             total: self.total,
@@ -129,14 +128,9 @@ impl<'p> Steps<'p> {
         Meter::new(&mut *self.progress, self.name, unit)
     }
 
-    pub fn end<K: Clock>(
-        &mut self,
-        clock: &K,
-        report: &mut OpenReport,
-        bytes_read: u64,
-        detail: String,
-    ) {
-        let duration_ns = clock.now_ns().saturating_sub(self.started);
+    /// The running step ends at `now`.
+    pub fn end(&mut self, now: u64, report: &mut OpenReport, bytes_read: u64, detail: String) {
+        let duration_ns = now.saturating_sub(self.started);
         tracing::info!(
             step = self.name,
             duration_ms = duration_ns as f64 / 1e6,
