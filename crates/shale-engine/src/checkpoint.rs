@@ -188,13 +188,13 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         self.core.journal.after_checkpoint(generation);
         self.checkpointer.sid_base = self.core.sid_next;
         self.checkpointer.user_bytes_at_start = self.core.stats.user_write_bytes;
-        self.release_pending()?;
+        crate::flush::release_pending(&mut self.core)?;
         if resets_pending {
             let mut sb = self.core.sb.clone();
             sb.clean = true;
             self.write_superblock_as(sb)?;
         }
-        self.complete_durable_waiters();
+        self.durability.complete_waiters(&mut self.writer);
         Ok(())
     }
 
@@ -299,7 +299,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     fn checkpoint_end(&mut self) -> Result<(), EngineError> {
         self.writer.submit_runs(&mut self.core)?;
         self.drain_io()?;
-        let fp = self.flush_point_records();
+        let fp = crate::flush::flush_point_records(&self.core);
         let lens: Vec<usize> = fp.iter().map(|r| r.encoded_len()).collect();
         if !self
             .core
@@ -331,8 +331,8 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         self.commit_checkpoint(ck, false)?;
         self.core.journal.committed_since_start();
         self.checkpointer.sid_base = ip.sid_next;
-        self.release_pending()?;
-        self.complete_durable_waiters();
+        crate::flush::release_pending(&mut self.core)?;
+        self.durability.complete_waiters(&mut self.writer);
         Ok(())
     }
 

@@ -550,6 +550,60 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         Ok(progress)
     }
 
+    /// Waits for every device I/O in flight.
+    pub(crate) fn drain_io(&mut self) -> Result<(), EngineError> {
+        while self.core.io.count > 0 {
+            self.reap(1)?;
+        }
+        Ok(())
+    }
+
+    /// Durability steps 1-5 (`flush.rs`): every appended block submitted and all I/O
+    /// drained, then sealed; with `journal == false` (checkpoints) no journal entry.
+    pub(crate) fn make_durable(&mut self, journal: bool) -> Result<(), EngineError> {
+        self.durability.requested = false;
+        self.writer.submit_runs(&mut self.core)?;
+        self.drain_io()?;
+        self.durability
+            .seal(&mut self.core, &mut self.writer, journal)
+    }
+
+    /// A full durability point (steps 1-6). When the journal cannot take its records
+    /// without overwriting entries recovery needs, it is a checkpoint instead (which
+    /// makes the same writes durable without the journal).
+    pub(crate) fn durability_point(&mut self) -> Result<(), EngineError> {
+        self.writer.submit_runs(&mut self.core)?;
+        self.drain_io()?;
+        if self
+            .durability
+            .nothing_to_make_durable(&self.core, &self.writer)
+        {
+            // An idle flush: everything is already durable; skip the journal block and
+            // the device flushes.
+            self.durability.requested = false;
+            self.core.stats.idle_flushes += 1;
+            self.durability.complete_waiters(&mut self.writer);
+            return Ok(());
+        }
+        let lens: Vec<usize> = crate::flush::flush_point_records(&self.core)
+            .iter()
+            .map(shale_format::JournalRecord::encoded_len)
+            .collect();
+        if !self
+            .core
+            .journal
+            .fits(self.core.journal.entries_needed(&lens), 0)
+        {
+            return self.checkpoint(false);
+        }
+        self.make_durable(true)?;
+        self.durability.durable_asn = self.writer.asn_next;
+        crate::flush::release_pending(&mut self.core)?;
+        self.core.stats.durability_points += 1;
+        self.durability.complete_waiters(&mut self.writer);
+        Ok(())
+    }
+
     /// Starts one request. Returns it back if it must wait for space. A failure the
     /// write path recorded stops the engine before anything else happens.
     #[allow(clippy::type_complexity)]

@@ -24,9 +24,11 @@
 use shale_device::{BlockDevice, ZoneAction, ZonedDevice};
 use shale_format::{JournalRecord, RegionState, BLOCK_SIZE, FLUSH_POINT_REGIONS_MAX};
 
+use crate::core::Core;
 use crate::layout::{Groups, BS};
+use crate::write::chunk_writer::ChunkWriter;
 use crate::write::group::MdState;
-use crate::{Clock, Engine, EngineError, Reply};
+use crate::{Clock, EngineError, Reply};
 
 /// Durability points' state: what the last one covered and who waits for the next.
 #[derive(Debug, Default)]
@@ -39,167 +41,124 @@ pub(crate) struct Durability {
     pub requested: bool,
 }
 
-impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
-    /// Waits for every device I/O in flight.
-    pub(crate) fn drain_io(&mut self) -> Result<(), EngineError> {
-        while self.core.io.count > 0 {
-            self.reap(1)?;
-        }
-        Ok(())
-    }
-
-    /// Steps 1-5; with `journal == false` (checkpoints) no journal entry is written and
-    /// one cache flush suffices.
-    pub(crate) fn make_durable(&mut self, journal: bool) -> Result<(), EngineError> {
-        self.durability.requested = false;
-        self.writer.submit_runs(&mut self.core)?;
-        self.drain_io()?;
+impl Durability {
+    /// Steps 2-5, once the caller has submitted every appended block and drained the
+    /// I/O in flight; with `journal == false` (checkpoints) no journal entry is
+    /// written and one cache flush suffices.
+    pub fn seal(
+        &mut self,
+        core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+        writer: &mut ChunkWriter,
+        journal: bool,
+    ) -> Result<(), EngineError> {
         let groups = Groups {
-            blocks: self.core.geo.chunk_blocks,
+            blocks: core.geo.chunk_blocks,
         };
         let mut blk = Box::new([0u8; BLOCK_SIZE]);
-        for gi in 0..self.writer.groups.len() {
-            let g = &mut self.writer.groups[gi];
+        for g in writer.groups.iter_mut() {
             if g.md_state != MdState::Filling || g.filled == g.md_durable_entries {
                 continue;
             }
             let copy = g.seal_partial(&mut blk);
-            let off = self
-                .core
+            let off = core
                 .geo
                 .chunk_offset(g.region, groups.md_slot(g.group) + copy);
-            self.core
-                .cache
+            core.cache
                 .write_at(off, &blk[..])
                 .map_err(EngineError::cache("partial md write", off))?;
-            let g = &mut self.writer.groups[gi];
             g.md_newest = Some(copy);
             g.md_durable_entries = g.filled;
-            self.core.stats.cache_md_write_bytes += BS;
+            core.stats.cache_md_write_bytes += BS;
         }
-        if self.core.capacity_dirty {
-            self.core
-                .capacity
+        if core.capacity_dirty {
+            core.capacity
                 .flush()
                 .map_err(EngineError::capacity("flush", 0))?;
-            self.core.capacity_dirty = false;
+            core.capacity_dirty = false;
         }
-        self.core
-            .cache
-            .flush()
-            .map_err(EngineError::cache("flush", 0))?;
+        core.cache.flush().map_err(EngineError::cache("flush", 0))?;
         if journal {
-            for r in self.flush_point_records() {
-                self.core.journal.append(r);
+            for r in flush_point_records(core) {
+                core.journal.append(r);
             }
-            self.core.stats.cache_md_write_bytes +=
-                self.core.journal.write_pending(&mut self.core.cache)?;
-            self.core
-                .cache
-                .flush()
-                .map_err(EngineError::cache("flush", 0))?;
+            core.stats.cache_md_write_bytes += core.journal.write_pending(&mut core.cache)?;
+            core.cache.flush().map_err(EngineError::cache("flush", 0))?;
         }
-        Ok(())
-    }
-
-    /// FlushPoint records: the write pointers of the open regions.
-    pub(crate) fn flush_point_records(&self) -> Vec<JournalRecord> {
-        let open: Vec<_> = (0..self.core.geo.region_count())
-            .map(shale_format::RegionId)
-            .filter(|&r| self.core.regions.get(r).state == RegionState::Open)
-            .map(|r| (r, self.core.regions.get(r).wp))
-            .collect();
-        open.chunks(FLUSH_POINT_REGIONS_MAX)
-            .map(|part| JournalRecord::FlushPoint {
-                regions: part.to_vec(),
-            })
-            .collect()
-    }
-
-    /// A full durability point (steps 1-6). When the journal cannot take its records
-    /// without overwriting entries recovery needs, it is a checkpoint instead (which
-    /// makes the same writes durable without the journal).
-    pub(crate) fn durability_point(&mut self) -> Result<(), EngineError> {
-        self.writer.submit_runs(&mut self.core)?;
-        self.drain_io()?;
-        if self.nothing_to_make_durable() {
-            // An idle flush: everything is already durable; skip the journal block and
-            // the device flushes.
-            self.durability.requested = false;
-            self.core.stats.idle_flushes += 1;
-            self.complete_durable_waiters();
-            return Ok(());
-        }
-        let lens: Vec<usize> = self
-            .flush_point_records()
-            .iter()
-            .map(JournalRecord::encoded_len)
-            .collect();
-        if !self
-            .core
-            .journal
-            .fits(self.core.journal.entries_needed(&lens), 0)
-        {
-            return self.checkpoint(false);
-        }
-        self.make_durable(true)?;
-        self.durability.durable_asn = self.writer.asn_next;
-        self.release_pending()?;
-        self.core.stats.durability_points += 1;
-        self.complete_durable_waiters();
         Ok(())
     }
 
     /// True when no write, record, md or freed region happened since the last
     /// durability point (all I/O has been drained by the caller).
-    fn nothing_to_make_durable(&self) -> bool {
-        self.writer.asn_next == self.durability.durable_asn
-            && !self.core.capacity_dirty
-            && self.core.journal.is_empty()
-            && self.core.regions.pending_free.is_empty()
-            && self.writer.groups.iter().all(|g| {
-                g.filled == g.md_durable_entries
-                    || g.md_state != crate::write::group::MdState::Filling
-            })
+    pub fn nothing_to_make_durable(
+        &self,
+        core: &Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+        writer: &ChunkWriter,
+    ) -> bool {
+        writer.asn_next == self.durable_asn
+            && !core.capacity_dirty
+            && core.journal.is_empty()
+            && core.regions.pending_free.is_empty()
+            && writer
+                .groups
+                .iter()
+                .all(|g| g.filled == g.md_durable_entries || g.md_state != MdState::Filling)
     }
 
-    pub(crate) fn complete_durable_waiters(&mut self) {
-        self.writer.complete_writes(&mut self.durability);
-        for d in self.durability.waiters.drain(..) {
+    /// Answers the writes whose blocks are written and every flush and FUA write
+    /// waiting: all of it is durable now.
+    pub fn complete_waiters(&mut self, writer: &mut ChunkWriter) {
+        writer.complete_writes(self);
+        for d in self.waiters.drain(..) {
             d.send(Ok(Reply::Done));
         }
     }
+}
 
-    /// Step 6: PendingFree regions become Free (zones are reset first).
-    pub(crate) fn release_pending(&mut self) -> Result<(), EngineError> {
-        let pending = std::mem::take(&mut self.core.regions.pending_free);
-        for r in pending {
-            if self.core.regions.get(r).state != RegionState::PendingFree {
-                continue;
-            }
-            if self.core.geo.is_chunk(r) {
-                self.core.stats.chunk_frees += 1;
-            } else {
-                let z = self.core.geo.zone_of(r).0;
-                self.core
-                    .capacity
-                    .manage(z, ZoneAction::Reset)
-                    .map_err(EngineError::capacity(
-                        "zone reset",
-                        self.core.geo.zone_offset(r, 0),
-                    ))?;
-                self.core.stats.zone_resets += 1;
-            }
-            let len = if self.core.geo.is_chunk(r) {
-                self.core.geo.chunk_blocks
-            } else {
-                self.core.geo.zone_size_blocks
-            };
-            self.core
-                .md_cache
-                .invalidate_range(self.core.geo.region_base(r).0, len);
-            self.core.regions.release(&self.core.geo, r);
+/// FlushPoint records: the write pointers of the open regions.
+pub(crate) fn flush_point_records(
+    core: &Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+) -> Vec<JournalRecord> {
+    let open: Vec<_> = (0..core.geo.region_count())
+        .map(shale_format::RegionId)
+        .filter(|&r| core.regions.get(r).state == RegionState::Open)
+        .map(|r| (r, core.regions.get(r).wp))
+        .collect();
+    open.chunks(FLUSH_POINT_REGIONS_MAX)
+        .map(|part| JournalRecord::FlushPoint {
+            regions: part.to_vec(),
+        })
+        .collect()
+}
+
+/// Step 6: PendingFree regions become Free (zones are reset first).
+pub(crate) fn release_pending(
+    core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+) -> Result<(), EngineError> {
+    let pending = std::mem::take(&mut core.regions.pending_free);
+    for r in pending {
+        if core.regions.get(r).state != RegionState::PendingFree {
+            continue;
         }
-        Ok(())
+        if core.geo.is_chunk(r) {
+            core.stats.chunk_frees += 1;
+        } else {
+            let z = core.geo.zone_of(r).0;
+            core.capacity
+                .manage(z, ZoneAction::Reset)
+                .map_err(EngineError::capacity(
+                    "zone reset",
+                    core.geo.zone_offset(r, 0),
+                ))?;
+            core.stats.zone_resets += 1;
+        }
+        let len = if core.geo.is_chunk(r) {
+            core.geo.chunk_blocks
+        } else {
+            core.geo.zone_size_blocks
+        };
+        core.md_cache
+            .invalidate_range(core.geo.region_base(r).0, len);
+        core.regions.release(&core.geo, r);
     }
+    Ok(())
 }
