@@ -550,6 +550,78 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         Ok(progress)
     }
 
+    /// Background work for one loop iteration (`background.rs` paces it): GC and
+    /// compaction steps, freed space released, checkpoint work.
+    fn background(&mut self) -> Result<bool, EngineError> {
+        use crate::background::{
+            compaction_threshold, gc_threshold, pending_counts, release_due, steps_for,
+        };
+        let mut progress = false;
+        let blocked = self.compaction.zone_blocked;
+        self.compaction.zone_blocked = false;
+
+        // Pacing counts PendingFree regions as free: the next durability point frees
+        // them, and running the movers ahead for them would only cost spare space.
+        let (pending_chunks, pending_zones) = pending_counts(&self.core.geo, &self.core.regions);
+        let free_zones = self.core.regions.free_zones.len() + pending_zones;
+        let threshold = gc_threshold(&self.core.config, self.gc.gc_reserve());
+        let gc_steps = steps_for(&self.core.config, free_zones, threshold, blocked);
+        for _ in 0..gc_steps {
+            if !self.gc.step(&mut self.core, 0)? {
+                break;
+            }
+            progress = true;
+        }
+
+        let free_chunks = self.core.regions.free_chunks.len() + pending_chunks;
+        let threshold = compaction_threshold(&self.core.geo, &self.core.config);
+        let steps = steps_for(
+            &self.core.config,
+            free_chunks,
+            threshold,
+            self.health.user_blocked,
+        );
+        for _ in 0..steps {
+            let (mover, core, floor) = self.mover_with_core(false);
+            if !mover.step(core, floor)? {
+                break;
+            }
+            progress = true;
+        }
+
+        let release = release_due(
+            &self.core.geo,
+            &self.core.config,
+            &self.core.regions,
+            self.gc.gc_reserve(),
+            self.health.user_blocked,
+            blocked || self.compaction.zone_blocked,
+        );
+        if release || self.core.journal.pending_large() {
+            self.durability_point()?;
+            progress = true;
+        }
+        if self.checkpoint_due() {
+            self.checkpoint_begin()?;
+            progress = true;
+        }
+        progress |= self.checkpoint_step()?;
+        Ok(progress)
+    }
+
+    /// Breaks a stall: pads every partial batch and makes freed space reusable.
+    fn force_background(&mut self) -> Result<bool, EngineError> {
+        let mut progress = self.gc.pad_streams(&mut self.core, 0)?;
+        let (mover, core, floor) = self.mover_with_core(false);
+        progress |= mover.pad_streams(core, floor)?;
+        self.drain_io()?;
+        if !self.core.regions.pending_free.is_empty() {
+            self.durability_point()?;
+            progress = true;
+        }
+        Ok(progress)
+    }
+
     /// Waits for every device I/O in flight.
     pub(crate) fn drain_io(&mut self) -> Result<(), EngineError> {
         while self.core.io.count > 0 {
