@@ -622,6 +622,19 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         Ok(progress)
     }
 
+    /// Persists a volume change made in memory: the volume table, a journal record and
+    /// a checkpoint. If that fails, what is on media no longer matches the engine, so
+    /// it stops rather than carry on from there.
+    fn volume_changed(&mut self, change: &crate::volume::VolumeChange) -> Result<(), EngineError> {
+        crate::volume::record_change(&mut self.core, change)
+            .and_then(|()| self.checkpoint(false))
+            .inspect_err(|e| {
+                self.fail(EngineError::Failed {
+                    reason: format!("persisting a volume change: {e}"),
+                })
+            })
+    }
+
     /// Waits for every device I/O in flight.
     pub(crate) fn drain_io(&mut self) -> Result<(), EngineError> {
         while self.core.io.count > 0 {
@@ -767,18 +780,23 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 self.durability.requested = true;
             }
             Request::CreateVolume { name, size_bytes } => {
-                let r = self.create_volume(&name, size_bytes);
+                let r = crate::volume::create(&mut self.core, &self.writer, &name, size_bytes)
+                    .and_then(|(info, change)| self.volume_changed(&change).map(|_| info));
                 done.send(r.map(Reply::Volume));
             }
             Request::ResizeVolume { volume, size_bytes } => {
-                let r = self.resize_volume(volume, size_bytes);
+                let r = crate::volume::resize(&mut self.core, &mut self.writer, volume, size_bytes)
+                    .and_then(|(info, change)| self.volume_changed(&change).map(|_| info));
                 done.send(r.map(Reply::Volume));
             }
             Request::DeleteVolume { volume } => {
-                let r = self.delete_volume(volume);
+                let r = crate::volume::delete(&mut self.core, &mut self.writer, volume)
+                    .and_then(|change| self.volume_changed(&change));
                 done.send(r.map(|_| Reply::Done));
             }
-            Request::ListVolumes => done.send(Ok(Reply::Volumes(self.volume_list()))),
+            Request::ListVolumes => {
+                done.send(Ok(Reply::Volumes(crate::volume::list(&self.core.volumes))))
+            }
             Request::Allocation { offset, len, .. } => {
                 let r = crate::read::allocation::allocation(&mut self.core, slot, offset, len);
                 done.send(r.map(Reply::Allocation));

@@ -10,8 +10,18 @@
 use shale_device::{BlockDevice, ZonedDevice};
 use shale_format::{JournalRecord, VolumeEntry, VolumeId, VolumeTable, VolumeUid, VOLUME_NAME_MAX};
 
+use crate::core::Core;
 use crate::layout::BS;
-use crate::{Clock, Engine, EngineError, VolumeInfo};
+use crate::write::chunk_writer::ChunkWriter;
+use crate::{Clock, EngineError, VolumeInfo};
+
+/// A volume change made in memory, to be persisted.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct VolumeChange {
+    pub volume: VolumeId,
+    pub size_blocks: u64,
+    pub live: bool,
+}
 
 #[derive(Debug, Clone)]
 pub(crate) struct Volumes {
@@ -58,170 +68,155 @@ fn size_blocks(size_bytes: u64) -> Result<u64, EngineError> {
     Ok(size_bytes / BS)
 }
 
-impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
-    pub(crate) fn create_volume(
-        &mut self,
-        name: &str,
-        size_bytes: u64,
-    ) -> Result<VolumeInfo, EngineError> {
-        let blocks = size_blocks(size_bytes)?;
-        if name.is_empty() || name.len() > VOLUME_NAME_MAX {
-            return Err(EngineError::InvalidVolume {
-                reason: format!("name {name:?} must be 1..={VOLUME_NAME_MAX} bytes"),
-            });
-        }
-        if self
-            .core
-            .volumes
-            .table
-            .entries
-            .iter()
-            .any(|e| e.name == name)
-        {
-            return Err(EngineError::InvalidVolume {
-                reason: format!("a volume named {name:?} exists"),
-            });
-        }
-        let available =
-            self.core.volumes.user_capacity_blocks - self.core.volumes.allocated_blocks();
-        if blocks > available {
+/// Makes a volume in memory; the caller persists the change.
+pub(crate) fn create(
+    core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+    writer: &ChunkWriter,
+    name: &str,
+    size_bytes: u64,
+) -> Result<(VolumeInfo, VolumeChange), EngineError> {
+    let blocks = size_blocks(size_bytes)?;
+    if name.is_empty() || name.len() > VOLUME_NAME_MAX {
+        return Err(EngineError::InvalidVolume {
+            reason: format!("name {name:?} must be 1..={VOLUME_NAME_MAX} bytes"),
+        });
+    }
+    if core.volumes.table.entries.iter().any(|e| e.name == name) {
+        return Err(EngineError::InvalidVolume {
+            reason: format!("a volume named {name:?} exists"),
+        });
+    }
+    let available = core.volumes.user_capacity_blocks - core.volumes.allocated_blocks();
+    if blocks > available {
+        return Err(EngineError::NoSpace {
+            what: "volume create",
+            needed: blocks,
+            available,
+        });
+    }
+    let Some(id) = (0..core.volumes.volumes_max)
+        .map(VolumeId)
+        .find(|&id| core.volumes.get(id).is_none())
+    else {
+        return Err(EngineError::InvalidVolume {
+            reason: format!("all {} volume slots in use", core.volumes.volumes_max),
+        });
+    };
+    let Some(uid) = core.volumes.table.issue_uid() else {
+        return Err(EngineError::InvalidVolume {
+            reason: "every volume uid has been issued".into(),
+        });
+    };
+    let (created_sid, created_pos) = writer.write_position(core);
+    let e = VolumeEntry {
+        id,
+        uid,
+        name: name.to_string(),
+        size_blocks: blocks,
+        created_sid,
+        created_pos,
+    };
+    let info = Volumes::info(&e);
+    core.volumes.table.entries.push(e);
+    core.l2p.add_volume(id, blocks);
+    Ok((
+        info,
+        VolumeChange {
+            volume: id,
+            size_blocks: blocks,
+            live: true,
+        },
+    ))
+}
+
+/// Resizes a volume in memory (a shrink unmaps what it cuts off); the caller
+/// persists the change.
+pub(crate) fn resize(
+    core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+    writer: &mut ChunkWriter,
+    uid: VolumeUid,
+    size_bytes: u64,
+) -> Result<(VolumeInfo, VolumeChange), EngineError> {
+    let blocks = size_blocks(size_bytes)?;
+    let Some(id) = core.volumes.resolve(uid) else {
+        return Err(EngineError::NoSuchVolume { volume: uid });
+    };
+    let Some(old) = core.volumes.get(id).map(|e| e.size_blocks) else {
+        unreachable!("resolved above");
+    };
+    if blocks > old {
+        let available = core.volumes.user_capacity_blocks - core.volumes.allocated_blocks();
+        if blocks - old > available {
             return Err(EngineError::NoSpace {
-                what: "volume create",
-                needed: blocks,
+                what: "volume grow",
+                needed: blocks - old,
                 available,
             });
         }
-        let Some(id) = (0..self.core.volumes.volumes_max)
-            .map(VolumeId)
-            .find(|&id| self.core.volumes.get(id).is_none())
-        else {
-            return Err(EngineError::InvalidVolume {
-                reason: format!("all {} volume slots in use", self.core.volumes.volumes_max),
-            });
-        };
-        let Some(uid) = self.core.volumes.table.issue_uid() else {
-            return Err(EngineError::InvalidVolume {
-                reason: "every volume uid has been issued".into(),
-            });
-        };
-        let (created_sid, created_pos) = self.writer.write_position(&self.core);
-        let e = VolumeEntry {
-            id,
-            uid,
-            name: name.to_string(),
-            size_blocks: blocks,
-            created_sid,
-            created_pos,
-        };
-        let info = Volumes::info(&e);
-        self.core.volumes.table.entries.push(e);
-        self.core.l2p.add_volume(id, blocks);
-        self.volume_changed(id, blocks, true)?;
-        Ok(info)
+    } else if blocks < old {
+        writer.unmap_range(core, id, blocks, old - blocks)?;
     }
-
-    pub(crate) fn resize_volume(
-        &mut self,
-        uid: VolumeUid,
-        size_bytes: u64,
-    ) -> Result<VolumeInfo, EngineError> {
-        let blocks = size_blocks(size_bytes)?;
-        let Some(id) = self.core.volumes.resolve(uid) else {
-            return Err(EngineError::NoSuchVolume { volume: uid });
-        };
-        let Some(old) = self.core.volumes.get(id).map(|e| e.size_blocks) else {
-            unreachable!("resolved above");
-        };
-        if blocks > old {
-            let available =
-                self.core.volumes.user_capacity_blocks - self.core.volumes.allocated_blocks();
-            if blocks - old > available {
-                return Err(EngineError::NoSpace {
-                    what: "volume grow",
-                    needed: blocks - old,
-                    available,
-                });
-            }
-        } else if blocks < old {
-            self.writer
-                .unmap_range(&mut self.core, id, blocks, old - blocks)?;
-        }
-        self.core.l2p.resize_volume(id, blocks);
-        let Some(e) = self
-            .core
-            .volumes
-            .table
-            .entries
-            .iter_mut()
-            .find(|e| e.id == id)
-        else {
-            unreachable!("volume checked above");
-        };
-        e.size_blocks = blocks;
-        let info = Volumes::info(e);
-        self.volume_changed(id, blocks, true)?;
-        Ok(info)
-    }
-
-    pub(crate) fn delete_volume(&mut self, uid: VolumeUid) -> Result<(), EngineError> {
-        let Some(id) = self.core.volumes.resolve(uid) else {
-            return Err(EngineError::NoSuchVolume { volume: uid });
-        };
-        let Some(size) = self.core.volumes.get(id).map(|e| e.size_blocks) else {
-            unreachable!("resolved above");
-        };
-        self.writer.unmap_range(&mut self.core, id, 0, size)?;
-        self.core.l2p.remove_volume(id);
-        self.core.volumes.table.entries.retain(|e| e.id != id);
-        self.volume_changed(id, 0, false)
-    }
-
-    /// Persists a volume change made in memory. If that fails, what is on media no
-    /// longer matches the engine, so it stops rather than carry on from there.
-    fn volume_changed(
-        &mut self,
-        id: VolumeId,
-        size_blocks: u64,
-        live: bool,
-    ) -> Result<(), EngineError> {
-        self.persist_volume_change(id, size_blocks, live)
-            .inspect_err(|e| {
-                self.fail(EngineError::Failed {
-                    reason: format!("persisting a volume change: {e}"),
-                })
-            })
-    }
-
-    fn persist_volume_change(
-        &mut self,
-        id: VolumeId,
-        size_blocks: u64,
-        live: bool,
-    ) -> Result<(), EngineError> {
-        self.core.volumes.table.generation += 1;
-        self.core.volumes.table.entries.sort_by_key(|e| e.id);
-        let copy = self.core.volumes.table.generation % 2;
-        let off = (self.core.sb.layout.volume_table_start + copy) * BS;
-        self.core
-            .cache
-            .write_at(off, &self.core.volumes.table.encode())
-            .map_err(EngineError::cache("volume table write", off))?;
-        self.core.stats.cache_md_write_bytes += BS;
-        self.core.journal.append(JournalRecord::VolumeChanged {
+    core.l2p.resize_volume(id, blocks);
+    let Some(e) = core.volumes.table.entries.iter_mut().find(|e| e.id == id) else {
+        unreachable!("volume checked above");
+    };
+    e.size_blocks = blocks;
+    let info = Volumes::info(e);
+    Ok((
+        info,
+        VolumeChange {
             volume: id,
-            size_blocks,
-            live,
-        });
-        self.checkpoint(false)
-    }
+            size_blocks: blocks,
+            live: true,
+        },
+    ))
+}
 
-    pub(crate) fn volume_list(&self) -> Vec<VolumeInfo> {
-        self.core
-            .volumes
-            .table
-            .entries
-            .iter()
-            .map(Volumes::info)
-            .collect()
-    }
+/// Deletes a volume in memory (unmapping all of it); the caller persists the
+/// change.
+pub(crate) fn delete(
+    core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+    writer: &mut ChunkWriter,
+    uid: VolumeUid,
+) -> Result<VolumeChange, EngineError> {
+    let Some(id) = core.volumes.resolve(uid) else {
+        return Err(EngineError::NoSuchVolume { volume: uid });
+    };
+    let Some(size) = core.volumes.get(id).map(|e| e.size_blocks) else {
+        unreachable!("resolved above");
+    };
+    writer.unmap_range(core, id, 0, size)?;
+    core.l2p.remove_volume(id);
+    core.volumes.table.entries.retain(|e| e.id != id);
+    Ok(VolumeChange {
+        volume: id,
+        size_blocks: 0,
+        live: false,
+    })
+}
+
+/// Writes the volume table (the copy its generation selects) and journals the
+/// change; a checkpoint must follow (the caller takes it).
+pub(crate) fn record_change(
+    core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+    change: &VolumeChange,
+) -> Result<(), EngineError> {
+    core.volumes.table.generation += 1;
+    core.volumes.table.entries.sort_by_key(|e| e.id);
+    let copy = core.volumes.table.generation % 2;
+    let off = (core.sb.layout.volume_table_start + copy) * BS;
+    core.cache
+        .write_at(off, &core.volumes.table.encode())
+        .map_err(EngineError::cache("volume table write", off))?;
+    core.stats.cache_md_write_bytes += BS;
+    core.journal.append(JournalRecord::VolumeChanged {
+        volume: change.volume,
+        size_blocks: change.size_blocks,
+        live: change.live,
+    });
+    Ok(())
+}
+
+pub(crate) fn list(volumes: &Volumes) -> Vec<VolumeInfo> {
+    volumes.table.entries.iter().map(Volumes::info).collect()
 }
