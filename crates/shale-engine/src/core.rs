@@ -8,7 +8,7 @@ use shale_device::{BlockDevice, ZonedDevice};
 use shale_format::{Superblock, VolumeId};
 
 use crate::buffers::BufPool;
-use crate::engine::IoSlab;
+use crate::engine::InflightIo;
 use crate::journal::Journal;
 use crate::l2p::L2p;
 use crate::layout::Geometry;
@@ -107,5 +107,38 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Core<C, Z, K> {
             });
         }
         Ok(())
+    }
+}
+
+/// The device I/O in flight: one entry per I/O, keyed by its tag.
+#[derive(Debug, Default)]
+pub(crate) struct IoSlab {
+    items: Vec<Option<InflightIo>>,
+    free: Vec<u32>,
+    pub count: usize,
+}
+
+impl IoSlab {
+    pub fn insert(&mut self, io: InflightIo) -> u64 {
+        self.count += 1;
+        match self.free.pop() {
+            Some(i) => {
+                self.items[i as usize] = Some(io);
+                u64::from(i)
+            }
+            None => {
+                self.items.push(Some(io));
+                (self.items.len() - 1) as u64
+            }
+        }
+    }
+
+    pub fn take(&mut self, tag: u64) -> Option<InflightIo> {
+        let io = self.items.get_mut(usize::try_from(tag).ok()?)?.take();
+        if io.is_some() {
+            self.count -= 1;
+            self.free.push(tag as u32);
+        }
+        io
     }
 }

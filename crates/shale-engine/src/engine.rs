@@ -66,46 +66,6 @@ pub(crate) enum InflightIo {
     },
 }
 
-#[derive(Debug, Default)]
-pub(crate) struct IoSlab {
-    items: Vec<Option<InflightIo>>,
-    free: Vec<u32>,
-    pub count: usize,
-}
-
-impl IoSlab {
-    pub fn insert(&mut self, io: InflightIo) -> u64 {
-        self.count += 1;
-        match self.free.pop() {
-            Some(i) => {
-                self.items[i as usize] = Some(io);
-                u64::from(i)
-            }
-            None => {
-                self.items.push(Some(io));
-                (self.items.len() - 1) as u64
-            }
-        }
-    }
-
-    pub fn take(&mut self, tag: u64) -> Option<InflightIo> {
-        let io = self.items.get_mut(usize::try_from(tag).ok()?)?.take();
-        if io.is_some() {
-            self.count -= 1;
-            self.free.push(tag as u32);
-        }
-        io
-    }
-}
-
-/// A write request waiting for its blocks' device writes.
-#[derive(Debug)]
-pub(crate) struct PendingWrite {
-    pub asn_end: u64,
-    pub fua: bool,
-    pub done: Answer,
-}
-
 /// The translation layer: the event loop over the shared core and the roles that own
 /// their state. See the crate docs for the data path.
 pub struct Engine<C: BlockDevice, Z: ZonedDevice, K: Clock> {

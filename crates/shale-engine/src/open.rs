@@ -20,7 +20,8 @@ use shale_format::{
 use crate::checkpoint::Checkpointer;
 use crate::checkpoint::SID_LEASE;
 use crate::core::Core;
-use crate::engine::{Completions, Health, IoSlab};
+use crate::core::IoSlab;
+use crate::engine::{Completions, Health};
 use crate::flush::Durability;
 use crate::journal::Journal;
 use crate::l2p::{L2p, VolumeMap};

@@ -12,10 +12,18 @@ use super::group::{GroupBuf, MdState};
 use super::runs::Runs;
 use crate::core::Core;
 use crate::engine::InflightIo;
-use crate::engine::PendingWrite;
 use crate::flush::Durability;
 use crate::layout::Groups;
+use crate::request::Answer;
 use crate::{Clock, EngineError, Reply};
+
+/// A write request waiting for its blocks' device writes.
+#[derive(Debug)]
+pub(crate) struct PendingWrite {
+    pub asn_end: u64,
+    pub fua: bool,
+    pub done: Answer,
+}
 
 /// Settled group buffers kept for reuse; a burst beyond this allocates (up to
 /// `write_buffers_max`) and gives the memory back when it settles.

@@ -5,11 +5,11 @@ use shale_device::{BlockDevice, ZonedDevice};
 use shale_format::{JournalRecord, Lba, Pba, VolumeId, BLOCK_SIZE, L2P_ENTRIES_PER_PAGE};
 
 use crate::core::Core;
-use crate::engine::PendingWrite;
 use crate::layout::BS;
 use crate::read::reader::read_block_sync;
 use crate::request::Answer;
 use crate::write::chunk_writer::ChunkWriter;
+use crate::write::chunk_writer::PendingWrite;
 use crate::{Clock, EngineError};
 
 impl ChunkWriter {
