@@ -33,6 +33,7 @@ use shale_format::{
     Checkpoint, CheckpointHeader, L2pDirectory, RegionEntry, RegionState, VolumeId,
 };
 
+use crate::core::Core;
 use crate::layout::BS;
 use crate::recovery::Meter;
 use crate::{Clock, Engine, EngineError};
@@ -65,79 +66,141 @@ pub(crate) struct Checkpointer {
     pub sid_base: u64,
 }
 
-impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
-    /// The region table as a checkpoint records it: regions waiting for reuse are
-    /// Free (nothing maps into them).
-    fn region_snapshot(&self) -> Vec<RegionEntry> {
-        let mut regions = self.core.regions.entries();
-        for e in regions.iter_mut() {
-            if e.state == RegionState::PendingFree {
-                *e = RegionEntry::default();
-            }
-        }
-        regions
+impl Checkpointer {
+    /// True when the next checkpoint is due: bytes written, journal use or SIDs.
+    pub fn due(&self, core: &Core<impl BlockDevice, impl ZonedDevice, impl Clock>) -> bool {
+        self.current.is_none()
+            && (core.stats.user_write_bytes - self.user_bytes_at_start
+                >= Self::interval_bytes(core)
+                || core.journal.needs_checkpoint()
+                || core.sid_next - self.sid_base >= SID_LEASE / 2)
     }
 
-    /// Every volume's L2P directory, moved out of the page cache's maps (no copy; at
-    /// TiB scale they are megabytes). `restore_directories` must put them back.
-    fn take_directories(&mut self) -> Vec<L2pDirectory> {
-        self.core
-            .l2p
-            .vols
-            .iter_mut()
-            .enumerate()
-            .filter_map(|(v, m)| {
-                m.as_mut().map(|m| L2pDirectory {
-                    volume: VolumeId(v as u32),
-                    pages: std::mem::take(&mut m.dir),
-                })
+    fn interval_bytes(core: &Core<impl BlockDevice, impl ZonedDevice, impl Clock>) -> u64 {
+        core.config
+            .checkpoint_interval_bytes
+            .unwrap_or(core.volumes.user_capacity_blocks * BS / 16)
+            .max(BS)
+    }
+}
+
+/// The region table as a checkpoint records it: regions waiting for reuse are
+/// Free (nothing maps into them).
+fn region_snapshot(
+    core: &Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+) -> Vec<RegionEntry> {
+    let mut regions = core.regions.entries();
+    for e in regions.iter_mut() {
+        if e.state == RegionState::PendingFree {
+            *e = RegionEntry::default();
+        }
+    }
+    regions
+}
+
+/// Every volume's L2P directory, moved out of the page cache's maps (no copy; at
+/// TiB scale they are megabytes). `restore_directories` must put them back.
+fn take_directories(
+    core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+) -> Vec<L2pDirectory> {
+    core.l2p
+        .vols
+        .iter_mut()
+        .enumerate()
+        .filter_map(|(v, m)| {
+            m.as_mut().map(|m| L2pDirectory {
+                volume: VolumeId(v as u32),
+                pages: std::mem::take(&mut m.dir),
             })
-            .collect()
-    }
+        })
+        .collect()
+}
 
-    fn restore_directories(&mut self, dirs: Vec<L2pDirectory>) {
-        for d in dirs {
-            if let Some(Some(m)) = self.core.l2p.vols.get_mut(d.volume.0 as usize) {
-                m.dir = d.pages;
-            }
+fn restore_directories(
+    core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+    dirs: Vec<L2pDirectory>,
+) {
+    for d in dirs {
+        if let Some(Some(m)) = core.l2p.vols.get_mut(d.volume.0 as usize) {
+            m.dir = d.pages;
         }
     }
+}
 
-    /// Staged relocations whose source is no longer valid would be born invalid; once
-    /// a checkpoint's L2P reflects the newer state they must not reach media after it
-    /// (recovery ranks every replayed copy above the checkpoint's L2P). Dropped here.
-    fn drop_stale_relocations(&mut self) {
-        for gc in [false, true] {
-            let mover = if gc {
-                &mut self.gc
-            } else {
-                &mut self.compaction
-            };
-            for st in mover.streams.iter_mut() {
-                if st
-                    .entries
-                    .iter()
-                    .all(|e| self.core.regions.validity.get(e.source))
-                {
-                    continue;
-                }
-                let validity = &self.core.regions.validity;
-                let dropped: Vec<_> = st
-                    .retain(&mut self.core.bufs, |e| validity.get(e.source))
-                    .into_iter()
-                    .map(|e| e.source)
-                    .collect();
-                for src in dropped {
-                    if let Some((r, _)) = self.core.geo.region_slot(src) {
-                        self.core.regions.get_mut(r).relocations -= 1;
-                        self.core.regions.maybe_pending_free(r);
-                    }
-                    self.core.stats.relocations_superseded += 1;
-                }
-            }
-        }
+/// Writes the area not holding the latest checkpoint, then the superblock naming
+/// it.
+fn commit_checkpoint(
+    core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+    ck: Checkpoint,
+    clean: bool,
+) -> Result<(), EngineError> {
+    let blocks = Checkpoint::encoded_blocks(
+        ck.regions.len(),
+        ck.directories.iter().map(|d| d.pages.len()).sum(),
+        ck.directories.len(),
+    );
+    if blocks > u64::from(core.sb.layout.checkpoint_blocks) {
+        restore_directories(core, ck.directories);
+        return Err(EngineError::CheckpointTooLarge {
+            needed: blocks,
+            area: core.sb.layout.checkpoint_blocks,
+        });
     }
+    // The image is megabytes at TiB scale (every region, every L2P page's slot): it
+    // is streamed through one aligned 256 KiB buffer rather than built, so the peak
+    // is one piece and an O_DIRECT device needs no bounce copy.
+    let area = 1 - core.sb.active_checkpoint;
+    let off = core.sb.layout.checkpoint_start(area) * BS;
+    let len = (blocks * BS) as usize;
+    let mut piece = shale_device::IoBuf::zeroed(len.min(CHECKPOINT_PIECE_BYTES));
+    let cache = &mut core.cache;
+    let written = ck.encode_to(&mut piece, |at, b| {
+        cache
+            .write_at(off + at, b)
+            .map_err(EngineError::cache("checkpoint write", off + at))
+    });
+    restore_directories(core, ck.directories);
+    let bytes = written?;
+    drop(piece);
+    core.cache.flush().map_err(EngineError::cache("flush", 0))?;
+    core.stats.cache_md_write_bytes += bytes;
 
+    let mut sb = core.sb.clone();
+    sb.active_checkpoint = area;
+    sb.clean = clean;
+    write_superblock_as(core, sb)?;
+    core.l2p.checkpoint_committed();
+    core.stats.checkpoints += 1;
+    Ok(())
+}
+
+/// Writes the superblock with generation + 1 to the copy that generation selects.
+pub(crate) fn write_superblock(
+    core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+) -> Result<(), EngineError> {
+    let sb = core.sb.clone();
+    write_superblock_as(core, sb)
+}
+
+/// Writes `sb` (generation + 1) and makes it the engine's superblock once it is
+/// durable: after a failed write the engine still describes what is on media.
+fn write_superblock_as(
+    core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+    mut sb: shale_format::Superblock,
+) -> Result<(), EngineError> {
+    sb.generation = core.sb.generation + 1;
+    let copy = sb.generation % 2;
+    let off = copy * BS;
+    core.cache
+        .write_at(off, &sb.encode())
+        .map_err(EngineError::cache("superblock write", off))?;
+    core.cache.flush().map_err(EngineError::cache("flush", 0))?;
+    core.stats.cache_md_write_bytes += BS;
+    core.sb = sb;
+    Ok(())
+}
+
+impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     /// A synchronous checkpoint (abandons an incremental one in progress).
     pub(crate) fn checkpoint(&mut self, clean: bool) -> Result<(), EngineError> {
         self.checkpoint_metered(clean, &mut Meter::off())
@@ -155,7 +218,8 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         }
         self.make_durable(false)?;
         self.durability.durable_asn = self.writer.asn_next;
-        self.drop_stale_relocations();
+        self.compaction.drop_all_superseded(&mut self.core);
+        self.gc.drop_all_superseded(&mut self.core);
         self.core.l2p.apply_deferred(&mut self.core.cache)?;
         self.core
             .l2p
@@ -176,15 +240,15 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 time: self.core.now(),
                 ..Default::default()
             },
-            regions: self.region_snapshot(),
+            regions: region_snapshot(&self.core),
             volumes: self.core.volumes.table.clone(),
-            directories: self.take_directories(),
+            directories: take_directories(&mut self.core),
         };
         // The checkpoint records freed zones as Free before their resets: the clean
         // flag goes down only once they are reset, so a clean image never has a Free
         // zone with data in it (open resets such zones anyway, after a crash here).
         let resets_pending = clean && !self.core.regions.pending_free.is_empty();
-        self.commit_checkpoint(ck, clean && !resets_pending)?;
+        commit_checkpoint(&mut self.core, ck, clean && !resets_pending)?;
         self.core.journal.after_checkpoint(generation);
         self.checkpointer.sid_base = self.core.sid_next;
         self.checkpointer.user_bytes_at_start = self.core.stats.user_write_bytes;
@@ -192,55 +256,9 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         if resets_pending {
             let mut sb = self.core.sb.clone();
             sb.clean = true;
-            self.write_superblock_as(sb)?;
+            write_superblock_as(&mut self.core, sb)?;
         }
         self.durability.complete_waiters(&mut self.writer);
-        Ok(())
-    }
-
-    /// Writes the area not holding the latest checkpoint, then the superblock naming
-    /// it.
-    fn commit_checkpoint(&mut self, ck: Checkpoint, clean: bool) -> Result<(), EngineError> {
-        let blocks = Checkpoint::encoded_blocks(
-            ck.regions.len(),
-            ck.directories.iter().map(|d| d.pages.len()).sum(),
-            ck.directories.len(),
-        );
-        if blocks > u64::from(self.core.sb.layout.checkpoint_blocks) {
-            self.restore_directories(ck.directories);
-            return Err(EngineError::CheckpointTooLarge {
-                needed: blocks,
-                area: self.core.sb.layout.checkpoint_blocks,
-            });
-        }
-        // The image is megabytes at TiB scale (every region, every L2P page's slot): it
-        // is streamed through one aligned 256 KiB buffer rather than built, so the peak
-        // is one piece and an O_DIRECT device needs no bounce copy.
-        let area = 1 - self.core.sb.active_checkpoint;
-        let off = self.core.sb.layout.checkpoint_start(area) * BS;
-        let len = (blocks * BS) as usize;
-        let mut piece = shale_device::IoBuf::zeroed(len.min(CHECKPOINT_PIECE_BYTES));
-        let cache = &mut self.core.cache;
-        let written = ck.encode_to(&mut piece, |at, b| {
-            cache
-                .write_at(off + at, b)
-                .map_err(EngineError::cache("checkpoint write", off + at))
-        });
-        self.restore_directories(ck.directories);
-        let bytes = written?;
-        drop(piece);
-        self.core
-            .cache
-            .flush()
-            .map_err(EngineError::cache("flush", 0))?;
-        self.core.stats.cache_md_write_bytes += bytes;
-
-        let mut sb = self.core.sb.clone();
-        sb.active_checkpoint = area;
-        sb.clean = clean;
-        self.write_superblock_as(sb)?;
-        self.core.l2p.checkpoint_committed();
-        self.core.stats.checkpoints += 1;
         Ok(())
     }
 
@@ -256,9 +274,10 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             // The journal was too full: the durability point became a checkpoint.
             return Ok(());
         }
-        self.drop_stale_relocations();
+        self.compaction.drop_all_superseded(&mut self.core);
+        self.gc.drop_all_superseded(&mut self.core);
         let generation = self.core.journal.epoch + 1;
-        let regions = self.region_snapshot();
+        let regions = region_snapshot(&self.core);
         let (journal_next, journal_sequence) = self.core.journal.begin_epoch(generation);
         self.core.l2p.mark_checkpoint_pending();
         self.checkpointer.current = Some(CheckpointInProgress {
@@ -326,54 +345,13 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             },
             regions: ip.regions,
             volumes: self.core.volumes.table.clone(),
-            directories: self.take_directories(),
+            directories: take_directories(&mut self.core),
         };
-        self.commit_checkpoint(ck, false)?;
+        commit_checkpoint(&mut self.core, ck, false)?;
         self.core.journal.committed_since_start();
         self.checkpointer.sid_base = ip.sid_next;
         crate::flush::release_pending(&mut self.core)?;
         self.durability.complete_waiters(&mut self.writer);
-        Ok(())
-    }
-
-    /// True when the next checkpoint is due: bytes written, journal use or SIDs.
-    pub(crate) fn checkpoint_due(&self) -> bool {
-        self.checkpointer.current.is_none()
-            && (self.core.stats.user_write_bytes - self.checkpointer.user_bytes_at_start
-                >= self.checkpoint_interval_bytes()
-                || self.core.journal.needs_checkpoint()
-                || self.core.sid_next - self.checkpointer.sid_base >= SID_LEASE / 2)
-    }
-
-    pub(crate) fn checkpoint_interval_bytes(&self) -> u64 {
-        self.core
-            .config
-            .checkpoint_interval_bytes
-            .unwrap_or(self.core.volumes.user_capacity_blocks * BS / 16)
-            .max(BS)
-    }
-
-    /// Writes the superblock with generation + 1 to the copy that generation selects.
-    pub(crate) fn write_superblock(&mut self) -> Result<(), EngineError> {
-        self.write_superblock_as(self.core.sb.clone())
-    }
-
-    /// Writes `sb` (generation + 1) and makes it the engine's superblock once it is
-    /// durable: after a failed write the engine still describes what is on media.
-    fn write_superblock_as(&mut self, mut sb: shale_format::Superblock) -> Result<(), EngineError> {
-        sb.generation = self.core.sb.generation + 1;
-        let copy = sb.generation % 2;
-        let off = copy * BS;
-        self.core
-            .cache
-            .write_at(off, &sb.encode())
-            .map_err(EngineError::cache("superblock write", off))?;
-        self.core
-            .cache
-            .flush()
-            .map_err(EngineError::cache("flush", 0))?;
-        self.core.stats.cache_md_write_bytes += BS;
-        self.core.sb = sb;
         Ok(())
     }
 }

@@ -561,7 +561,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             self.durability_point()?;
             progress = true;
         }
-        if self.checkpoint_due() {
+        if self.checkpointer.due(&self.core) {
             self.checkpoint_begin()?;
             progress = true;
         }

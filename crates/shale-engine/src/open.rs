@@ -293,8 +293,8 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     /// then trust a checkpoint the running engine has moved past.
     fn write_superblock_dirty(&mut self) -> Result<(), EngineError> {
         self.core.sb.clean = false;
-        self.write_superblock()?;
-        self.write_superblock()
+        crate::checkpoint::write_superblock(&mut self.core)?;
+        crate::checkpoint::write_superblock(&mut self.core)
     }
 
     /// Opens formatted devices: after a clean shutdown it loads the checkpoint; after a
@@ -774,7 +774,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Loading<C, Z, K> {
         );
         if area != found.named {
             engine.core.sb.clean = false;
-            engine.write_superblock().map_err(OpenError::Engine)?;
+            crate::checkpoint::write_superblock(&mut engine.core).map_err(OpenError::Engine)?;
         }
         Ok(Opening {
             engine,

@@ -775,6 +775,18 @@ impl Mover {
         }
     }
 
+    /// Drops every stream's staged blocks whose source is no longer valid: once a
+    /// checkpoint's L2P reflects the newer state they must not reach media after it
+    /// (recovery ranks every replayed copy above the checkpoint's L2P).
+    pub fn drop_all_superseded(
+        &mut self,
+        core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+    ) {
+        for s in 0..self.streams.len() {
+            self.drop_superseded(core, s);
+        }
+    }
+
     /// Drops staged blocks whose source was overwritten or trimmed since they were
     /// read: written, they would only be born invalid. Their sources may now be
     /// freed (after a durability point, as always).
