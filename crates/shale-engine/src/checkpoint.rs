@@ -67,6 +67,26 @@ pub(crate) struct Checkpointer {
 }
 
 impl Checkpointer {
+    /// Writes a bounded number of the pages the checkpoint in progress waits for.
+    /// Returns true when none is left (the checkpoint can be committed).
+    pub fn write_pages(
+        &mut self,
+        core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+    ) -> Result<bool, EngineError> {
+        debug_assert!(self.current.is_some(), "no checkpoint in progress");
+        let base = core.config.checkpoint_pages_per_poll as usize;
+        let n = match core.journal.entries_before_full() {
+            // Entries recovery needs are about to be overwritten: finish now.
+            0 => usize::MAX,
+            // Flush-heavy loads fill the journal fast: spread the rest over the entries
+            // left (at most about one durability point per loop iteration).
+            left => base.max(core.l2p.pending_pages().div_ceil(left as usize)),
+        };
+        let bytes = core.l2p.write_back_pending(&mut core.cache, n)?;
+        core.stats.checkpoint_page_writes += bytes / BS;
+        Ok(core.l2p.pending_pages() == 0)
+    }
+
     /// True when the next checkpoint is due: bytes written, journal use or SIDs.
     pub fn due(&self, core: &Core<impl BlockDevice, impl ZonedDevice, impl Clock>) -> bool {
         self.current.is_none()
@@ -299,17 +319,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         if self.checkpointer.current.is_none() {
             return Ok(false);
         }
-        let base = self.core.config.checkpoint_pages_per_poll as usize;
-        let n = match self.core.journal.entries_before_full() {
-            // Entries recovery needs are about to be overwritten: finish now.
-            0 => usize::MAX,
-            // Flush-heavy loads fill the journal fast: spread the rest over the entries
-            // left (at most about one durability point per loop iteration).
-            left => base.max(self.core.l2p.pending_pages().div_ceil(left as usize)),
-        };
-        let bytes = self.core.l2p.write_back_pending(&mut self.core.cache, n)?;
-        self.core.stats.checkpoint_page_writes += bytes / BS;
-        if self.core.l2p.pending_pages() == 0 {
+        if self.checkpointer.write_pages(&mut self.core)? {
             self.checkpoint_end()?;
         }
         Ok(true)
