@@ -128,12 +128,22 @@ fn lint() -> Result<(), String> {
     )
 }
 
+/// The test profile ([profile.ci] in Cargo.toml): optimised like release, because the
+/// simulators and end-to-end tests move gigabytes, with debug assertions and overflow
+/// checks on. The tests find the `shale` binary through `CARGO_BIN_EXE_shale`, which
+/// follows the profile.
+const TEST_PROFILE: &str = "ci";
+
 fn test() -> Result<(), String> {
-    // Release mode: the simulators and end-to-end tests move gigabytes; debug would
-    // take longer than compiling twice.
     run(
         "cargo",
-        &["test", "--workspace", "--release", "--no-fail-fast"],
+        &[
+            "test",
+            "--workspace",
+            "--profile",
+            TEST_PROFILE,
+            "--no-fail-fast",
+        ],
         &[],
     )
 }
@@ -155,7 +165,8 @@ fn smoke() -> Result<(), String> {
             "cargo",
             &[
                 "test",
-                "--release",
+                "--profile",
+                TEST_PROFILE,
                 "-p",
                 "shale-nbd",
                 "--test",
