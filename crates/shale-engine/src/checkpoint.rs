@@ -221,6 +221,8 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         self.write_superblock_as(sb)?;
         self.l2p.checkpoint_committed();
         self.stats.checkpoints += 1;
+        #[cfg(feature = "paranoid")]
+        self.paranoid_check("after a checkpoint");
         Ok(())
     }
 

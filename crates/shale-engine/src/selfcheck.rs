@@ -15,6 +15,15 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         self.self_check_metered(&mut Meter::off())
     }
 
+    /// With the `paranoid` feature (tests): the self-check, a violation being a bug.
+    /// An I/O error reading L2P pages is left for the engine's next device call.
+    #[cfg(feature = "paranoid")]
+    pub(crate) fn paranoid_check(&mut self, when: &str) {
+        if let Ok(Err(v)) = self.self_check_inner(&mut Meter::off()) {
+            panic!("self-check {when}: {v}");
+        }
+    }
+
     /// [`Self::self_check`], counting the L2P pages walked on `meter` (the open's
     /// last step).
     pub(crate) fn self_check_metered(
