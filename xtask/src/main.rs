@@ -128,12 +128,22 @@ fn lint() -> Result<(), String> {
     )
 }
 
+/// The test profile ([profile.ci] in Cargo.toml): optimised like release, because the
+/// simulators and end-to-end tests move gigabytes, with debug assertions and overflow
+/// checks on. The tests find the `shale` binary through `CARGO_BIN_EXE_shale`, which
+/// follows the profile.
+const TEST_PROFILE: &str = "ci";
+
 fn test() -> Result<(), String> {
-    // Release mode: the simulators and end-to-end tests move gigabytes; debug would
-    // take longer than compiling twice.
     run(
         "cargo",
-        &["test", "--workspace", "--release", "--no-fail-fast"],
+        &[
+            "test",
+            "--workspace",
+            "--profile",
+            TEST_PROFILE,
+            "--no-fail-fast",
+        ],
         &[],
     )
 }
@@ -142,7 +152,7 @@ fn test() -> Result<(), String> {
 /// and the configuration file. cargo-fuzz needs a nightly toolchain; where there is
 /// none, the stable stand-in replays the committed corpus plus seeded random and
 /// mutated inputs through the same entry points (each crate's `tests/fuzz_corpus.rs`,
-/// a few seconds to twenty each in release).
+/// a few seconds to twenty each under the test profile).
 fn smoke() -> Result<(), String> {
     let nightly_fuzz = Command::new("cargo")
         .args(["+nightly", "fuzz", "--version"])
@@ -162,7 +172,15 @@ fn smoke() -> Result<(), String> {
     ] {
         run(
             "cargo",
-            &["test", "--release", "-p", krate, "--test", "fuzz_corpus"],
+            &[
+                "test",
+                "--profile",
+                TEST_PROFILE,
+                "-p",
+                krate,
+                "--test",
+                "fuzz_corpus",
+            ],
             &[("SHALE_FUZZ_ITERS", iters)],
         )?;
     }

@@ -9,7 +9,6 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::{Arc, Mutex};
 
 use shale_device::{BlockDevice, FileDevice, ZoneEmu};
 use shale_engine::{Config, Engine, MonotonicClock, Reply, Request, VolumeUid};
@@ -85,17 +84,7 @@ fn call<C: BlockDevice, Z: shale_device::ZonedDevice>(
     e: &mut Engine<C, Z, MonotonicClock>,
     req: Request,
 ) -> Reply {
-    let slot = Arc::new(Mutex::new(None));
-    let s = slot.clone();
-    e.submit(req, Box::new(move |r| *s.lock().unwrap() = Some(r)));
-    loop {
-        if let Some(r) = slot.lock().unwrap().take() {
-            return r.expect("request");
-        }
-        if !e.poll() {
-            e.wait_io();
-        }
-    }
+    shale_testkit::call(e, req).expect("request")
 }
 
 /// Writes 48 MiB over the first 64 MiB of the volume (the cache fills and compaction moves data to

@@ -97,7 +97,7 @@ fn kill9_mid_stream_keeps_every_flushed_byte() {
     let scratch = tempfile::tempdir().expect("tempdir");
 
     // Region A [0, 32 MiB): random data, then holes, zeroes and an unaligned pattern.
-    let mut want = pattern(REGION_A, 21);
+    let mut want = pattern(21, REGION_A);
     let src = scratch.path().join("a");
     write_file(&src, &want);
     run(Command::new("nbdcopy").arg("--flush").arg(&src).arg(&uri));
@@ -204,7 +204,7 @@ fn kill9_under_heavy_random_writes_restarts_and_serves() {
     let mut d = Daemon::start();
     d.admin(&["volume", "create", "keep", "16MiB"]);
     let scratch = tempfile::tempdir().expect("tempdir");
-    let keep = pattern(16 * MIB as usize, 5);
+    let keep = pattern(5, 16 * MIB as usize);
     let src = scratch.path().join("keep");
     write_file(&src, &keep);
     run(Command::new("nbdcopy")

@@ -122,7 +122,7 @@ fn qemu_img_convert_in_and_out_and_compare() {
     d.admin(&["volume", "create", "img", "32MiB"]);
     let dir = tempfile::tempdir().expect("tempdir");
     let raw = dir.path().join("src.raw");
-    let mut data = pattern(32 * MIB as usize, 7);
+    let mut data = pattern(7, 32 * MIB as usize);
     // Holes and zero runs, as a real image has.
     data[MIB as usize..3 * MIB as usize].fill(0);
     write_file(&raw, &data);
@@ -160,7 +160,7 @@ fn nbdcopy_in_and_out() {
     d.admin(&["volume", "create", "copy", "16MiB"]);
     let dir = tempfile::tempdir().expect("tempdir");
     let src = dir.path().join("src");
-    let data = pattern(16 * MIB as usize, 3);
+    let data = pattern(3, 16 * MIB as usize);
     write_file(&src, &data);
     let uri = d.uri("copy");
     run(Command::new("nbdcopy").arg(&src).arg(&uri));
@@ -225,7 +225,7 @@ fn sigterm_restart_keeps_every_byte() {
     d.admin(&["volume", "create", "keep", "48MiB"]);
     let dir = tempfile::tempdir().expect("tempdir");
     let src = dir.path().join("src");
-    let data = pattern(48 * MIB as usize, 11);
+    let data = pattern(11, 48 * MIB as usize);
     write_file(&src, &data);
     let uri = d.uri("keep");
     run(Command::new("nbdcopy").arg(&src).arg(&uri));

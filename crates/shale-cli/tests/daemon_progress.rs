@@ -43,7 +43,7 @@ fn is_spinner(c: char) -> bool {
 /// Writes `len` bytes of a pattern at the start of the default export.
 fn write_data(d: &Daemon, len: usize, seed: u64, flush: bool) {
     let scratch = d.dir.path().join("src.img");
-    write_file(&scratch, &pattern(len, seed));
+    write_file(&scratch, &pattern(seed, len));
     let mut cmd = Command::new("nbdcopy");
     if flush {
         cmd.arg("--flush");

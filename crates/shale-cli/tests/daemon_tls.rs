@@ -6,66 +6,11 @@
 
 mod daemon_common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use daemon_common::*;
-use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair};
-
-/// Certificates in the layout libnbd and qemu expect of a client directory
-/// (`ca-cert.pem`, `client-cert.pem`, `client-key.pem`), one directory per client.
-struct Pki {
-    dir: tempfile::TempDir,
-}
-
-impl Pki {
-    fn new() -> Pki {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let ca_key = KeyPair::generate().expect("ca key");
-        let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("ca params");
-        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        ca_params
-            .distinguished_name
-            .push(DnType::CommonName, "Shale e2e CA");
-        let ca = ca_params.self_signed(&ca_key).expect("ca cert");
-        let put = |name: &str, text: String| {
-            std::fs::write(dir.path().join(name), text).expect("write pem");
-        };
-        put("ca-cert.pem", ca.pem());
-
-        let server_key = KeyPair::generate().expect("server key");
-        let mut sp = CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()])
-            .expect("server params");
-        sp.distinguished_name
-            .push(DnType::CommonName, "shale serve e2e");
-        sp.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-        let server = sp
-            .signed_by(&server_key, &ca, &ca_key)
-            .expect("server cert");
-        put("server-cert.pem", server.pem());
-        put("server-key.pem", server_key.serialize_pem());
-
-        for who in ["alice", "bob"] {
-            let key = KeyPair::generate().expect("client key");
-            let mut p = CertificateParams::new(Vec::<String>::new()).expect("client params");
-            p.distinguished_name.push(DnType::CommonName, who);
-            p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-            let cert = p.signed_by(&key, &ca, &ca_key).expect("client cert");
-            std::fs::create_dir(dir.path().join(who)).expect("mkdir");
-            put(&format!("{who}/ca-cert.pem"), ca.pem());
-            put(&format!("{who}/client-cert.pem"), cert.pem());
-            put(&format!("{who}/client-key.pem"), key.serialize_pem());
-        }
-        // A client that trusts the server but has no certificate of its own.
-        std::fs::create_dir(dir.path().join("anon")).expect("mkdir");
-        put("anon/ca-cert.pem", ca.pem());
-        Pki { dir }
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-}
+use shale_testkit::tls::Pki;
 
 fn tls_uri(d: &Daemon, export: &str, certs: &Path) -> String {
     format!(
@@ -146,7 +91,7 @@ fn required_tls_carries_data_and_refuses_plaintext() {
         .filter_map(|e| e["export-name"].as_str())
         .collect();
     assert_eq!(names, ["default", "tls"], "{out}");
-    let mut data = pattern(16 * MIB as usize, 17);
+    let mut data = pattern(17, 16 * MIB as usize);
     data[2 * MIB as usize..3 * MIB as usize].fill(0);
     let src = scratch.path().join("src");
     write_file(&src, &data);

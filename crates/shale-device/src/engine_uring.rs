@@ -197,8 +197,13 @@ impl UringEngine {
                             .mode(libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE)
                             .build(),
                         FileKind::BlockDevice => {
+                            #[allow(
+                                clippy::host_endian_bytes,
+                                reason = "a kernel ABI field: the SQE's addr3, a native u64"
+                            )]
+                            let len_bytes = len.to_ne_bytes();
                             let mut cmd = [0u8; 16];
-                            cmd[..8].copy_from_slice(&len.to_ne_bytes());
+                            cmd[..8].copy_from_slice(&len_bytes);
                             opcode::UringCmd16::new(fd, BLOCK_URING_CMD_DISCARD)
                                 .addr(Some(offset))
                                 .cmd(cmd)

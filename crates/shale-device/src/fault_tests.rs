@@ -554,6 +554,7 @@ mod oracle {
     /// (value, write number, durable).
     type History = Vec<Vec<(u8, u64, bool)>>;
 
+    #[allow(clippy::too_many_lines, reason = "predates the limit; to be split")]
     fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
         let mut d = FaultDevice::new(SECTORS * 512, 512, 1).expect("dev");
         let mut hist: History = vec![vec![(0, u64::MAX, true)]; SECTORS as usize];

@@ -1,4 +1,5 @@
 use super::*;
+use shale_testkit::pattern;
 use std::os::unix::fs::MetadataExt;
 
 const MIB: u64 = 1024 * 1024;
@@ -27,18 +28,6 @@ fn engines() -> Vec<EngineChoice> {
     }
 }
 
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
 fn wait_all(dev: &mut FileDevice, n: usize) -> Vec<IoCompletion> {
     let mut out = Vec::new();
     while out.len() < n {
@@ -63,7 +52,7 @@ fn write_flush_reopen_read_back() {
                     tag: i,
                     op: IoOp::Write {
                         offset: i * MIB,
-                        buf: IoBuf::from_slice(&pattern(64 * 1024, i)),
+                        buf: IoBuf::from_slice(&pattern(i, 64 * 1024)),
                         fua: i == 7,
                     },
                 });
@@ -93,7 +82,7 @@ fn write_flush_reopen_read_back() {
         for c in wait_all(&mut d, 8) {
             assert!(c.result.is_ok());
             assert!(
-                c.buf.as_deref() == Some(&pattern(64 * 1024, c.tag)[..]),
+                c.buf.as_deref() == Some(&pattern(c.tag, 64 * 1024)[..]),
                 "{engine:?} tag {} read back wrong data",
                 c.tag
             );
@@ -124,7 +113,7 @@ fn many_in_flight_any_completion_order() {
                 tag: i,
                 op: IoOp::Write {
                     offset: off(i),
-                    buf: IoBuf::from_slice(&pattern(size(i) as usize, i)),
+                    buf: IoBuf::from_slice(&pattern(i, size(i) as usize)),
                     fua: false,
                 },
             });
@@ -151,7 +140,7 @@ fn many_in_flight_any_completion_order() {
         }
         for c in wait_all(&mut d, n as usize) {
             assert!(
-                c.buf.as_deref() == Some(&pattern(size(c.tag) as usize, c.tag)[..]),
+                c.buf.as_deref() == Some(&pattern(c.tag, size(c.tag) as usize)[..]),
                 "{engine:?} tag {} read back wrong data",
                 c.tag
             );
@@ -250,7 +239,7 @@ fn sync_helpers_bounce_unaligned_buffers() {
     // A Vec slice starting one byte into its allocation is never 4096-aligned.
     let len = 3 * MIB as usize + 8192;
     let mut backing = vec![0u8; len + 1];
-    backing[1..].copy_from_slice(&pattern(len, 5));
+    backing[1..].copy_from_slice(&pattern(5, len));
     d.write_at(4096, &backing[1..]).expect("write");
     d.flush().expect("flush");
     let mut back = vec![0u8; len + 1];
@@ -275,7 +264,7 @@ fn discard_punches_holes_that_read_as_zeros() {
         let path = dir.path().join("dev.img");
         FileDevice::create_sparse(&path, 8 * MIB).expect("create");
         let mut d = FileDevice::open_with(&path, &opts(engine)).expect("open");
-        d.write_at(0, &pattern(4 * MIB as usize, 1)).expect("write");
+        d.write_at(0, &pattern(1, 4 * MIB as usize)).expect("write");
         d.flush().expect("flush");
         let allocated = std::fs::metadata(&path).expect("meta").blocks() * 512;
         assert!(allocated >= 4 * MIB, "{allocated}");
@@ -291,7 +280,7 @@ fn discard_punches_holes_that_read_as_zeros() {
         d.discard(3 * MIB, 4096).expect("sync discard");
         let mut back = vec![1u8; 4 * MIB as usize];
         d.read_at(0, &mut back).expect("read");
-        let want = pattern(4 * MIB as usize, 1);
+        let want = pattern(1, 4 * MIB as usize);
         assert!(back[..MIB as usize] == want[..MIB as usize]);
         assert!(back[MIB as usize..(3 * MIB + 4096) as usize]
             .iter()
@@ -326,7 +315,7 @@ fn one_tib_sparse_file() {
             tag: i as u64,
             op: IoOp::Write {
                 offset: off,
-                buf: IoBuf::from_slice(&pattern(65536, i as u64)),
+                buf: IoBuf::from_slice(&pattern(i as u64, 65536)),
                 fua: false,
             },
         });
@@ -336,7 +325,7 @@ fn one_tib_sparse_file() {
     for (i, &off) in offsets.iter().enumerate() {
         let mut b = vec![0u8; 65536];
         d.read_at(off, &mut b).expect("read");
-        assert!(b == pattern(65536, i as u64), "offset {off} differs");
+        assert!(b == pattern(i as u64, 65536), "offset {off} differs");
     }
     let mut b = vec![1u8; 4096];
     d.read_at(tib / 4, &mut b).expect("read hole");
@@ -411,10 +400,10 @@ fn buffered_mode_works_and_says_so() {
     .expect("open");
     assert!(!d.is_direct());
     assert!(d.info().name.ends_with("(buffered)"));
-    d.write_at(8192, &pattern(4096, 3)).expect("write");
+    d.write_at(8192, &pattern(3, 4096)).expect("write");
     let mut b = vec![0u8; 4096];
     d.read_at(8192, &mut b).expect("read");
-    assert_eq!(b, pattern(4096, 3));
+    assert_eq!(b, pattern(3, 4096));
 }
 
 #[test]
@@ -461,19 +450,19 @@ fn loop_block_device() {
                 tag: 1,
                 op: IoOp::Write {
                     offset: 512,
-                    buf: IoBuf::from_slice(&pattern(1536, 9)),
+                    buf: IoBuf::from_slice(&pattern(9, 1536)),
                     fua: true,
                 },
             });
             assert!(wait_all(&mut d, 1)[0].result.is_ok());
             let mut b = vec![0u8; 1536];
             d.read_at(512, &mut b).expect("read");
-            assert_eq!(b, pattern(1536, 9));
+            assert_eq!(b, pattern(9, 1536));
             d.discard(0, MIB).expect("discard");
             // An asynchronous discard (BLOCK_URING_CMD_DISCARD through the ring on
             // Linux 6.12 and later, the ioctl before) reads back as zeros on a loop
             // device over a sparse file.
-            d.write_at(2 * MIB, &pattern(8192, 3)).expect("write");
+            d.write_at(2 * MIB, &pattern(3, 8192)).expect("write");
             d.submit(IoRequest {
                 tag: 2,
                 op: IoOp::Discard {
@@ -518,7 +507,7 @@ fn zone_emulation_over_a_file_with_real_async_io() {
                 tag: i,
                 op: ZoneOp::Append {
                     zone: (i % 4) as u32,
-                    buf: IoBuf::from_slice(&pattern(16384, i)),
+                    buf: IoBuf::from_slice(&pattern(i, 16384)),
                     fua: false,
                 },
             });
@@ -553,7 +542,7 @@ fn zone_emulation_over_a_file_with_real_async_io() {
         for (tag, at) in landed {
             let mut b = vec![0u8; 16384];
             emu.read_at(at, &mut b).expect("read");
-            assert!(b == pattern(16384, tag), "{engine:?}: append {tag} at {at}");
+            assert!(b == pattern(tag, 16384), "{engine:?}: append {tag} at {at}");
         }
     }
 }

@@ -136,12 +136,7 @@ impl BlockDevice for MemDevice {
 mod tests {
     use super::*;
     use crate::IoBuf;
-
-    fn pattern(len: usize, seed: u8) -> Vec<u8> {
-        (0..len)
-            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) | 1)
-            .collect()
-    }
+    use shale_testkit::pattern;
 
     #[test]
     fn constructor_validates_geometry() {
@@ -167,7 +162,7 @@ mod tests {
     #[test]
     fn sync_roundtrip_and_discard_reads_zero() {
         let mut d = MemDevice::new(1 << 20, 512).expect("valid");
-        let data = pattern(3 * 512, 9);
+        let data = pattern(9, 3 * 512);
         d.write_at(1024, &data).expect("write");
         let mut back = vec![0u8; data.len()];
         d.read_at(1024, &mut back).expect("read");
@@ -209,7 +204,7 @@ mod tests {
     #[test]
     fn async_completions_carry_tags_and_buffers() {
         let mut d = MemDevice::new(1 << 20, 4096).expect("valid");
-        let data = pattern(8192, 3);
+        let data = pattern(3, 8192);
         d.submit(IoRequest {
             tag: 1,
             op: IoOp::Write {
@@ -281,13 +276,13 @@ mod tests {
     fn four_gib_drive_costs_only_what_is_written() {
         let mut d = MemDevice::new(4 << 30, 4096).expect("valid");
         for i in 0..16u64 {
-            d.write_at(i * (256 << 20), &pattern(4096, i as u8))
+            d.write_at(i * (256 << 20), &pattern(i, 4096))
                 .expect("write");
         }
         assert_eq!(d.allocated_bytes(), 16 * 64 * 1024);
         let mut back = vec![0u8; 4096];
         d.read_at(15 * (256 << 20), &mut back).expect("read");
-        assert_eq!(back, pattern(4096, 15));
+        assert_eq!(back, pattern(15, 4096));
         d.discard(0, 4 << 30).expect("discard all");
         assert_eq!(d.allocated_bytes(), 0);
     }

@@ -1026,6 +1026,7 @@ mod model {
             .collect()
     }
 
+    #[allow(clippy::too_many_lines, reason = "predates the limit; to be split")]
     fn run(lbs: u32, ops: Vec<Op>) -> Result<(), TestCaseError> {
         let cfg = ZoneEmuConfig {
             zone_size: ZONE,

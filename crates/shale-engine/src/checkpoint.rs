@@ -269,6 +269,8 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         // zone with data in it (open resets such zones anyway, after a crash here).
         let resets_pending = clean && !self.core.regions.pending_free.is_empty();
         commit_checkpoint(&mut self.core, ck, clean && !resets_pending)?;
+        #[cfg(feature = "paranoid")]
+        crate::selfcheck::paranoid_check(&mut self.core, &self.writer, "after a checkpoint");
         self.core.journal.after_checkpoint(generation);
         self.checkpointer.sid_base = self.core.sid_next;
         self.checkpointer.user_bytes_at_start = self.core.stats.user_write_bytes;
@@ -358,6 +360,8 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             directories: take_directories(&mut self.core),
         };
         commit_checkpoint(&mut self.core, ck, false)?;
+        #[cfg(feature = "paranoid")]
+        crate::selfcheck::paranoid_check(&mut self.core, &self.writer, "after a checkpoint");
         self.core.journal.committed_since_start();
         self.checkpointer.sid_base = ip.sid_next;
         crate::flush::release_pending(&mut self.core)?;

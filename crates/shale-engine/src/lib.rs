@@ -18,6 +18,8 @@
 //! - `metrics` ([`Stats`]), `selfcheck`, `thread` ([`EngineThread`]).
 //! - `check`: the offline checker behind `shale check` ([`check()`]).
 #![forbid(unsafe_code)]
+// No clock reads or threads inside the engine (the list is in clippy.toml).
+#![deny(clippy::disallowed_methods)]
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 mod background;

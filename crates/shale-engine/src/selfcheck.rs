@@ -27,6 +27,20 @@ pub(crate) fn self_check(
     }
 }
 
+/// With the `paranoid` feature (tests): the self-check, a violation being a bug. An
+/// I/O error reading L2P pages is left for the engine's next device call (a crash test
+/// may have cut the power).
+#[cfg(feature = "paranoid")]
+pub(crate) fn paranoid_check(
+    core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+    writer: &ChunkWriter,
+    when: &str,
+) {
+    if let Ok(Err(v)) = self_check_inner(core, writer, &mut Meter::off()) {
+        panic!("self-check {when}: {v}");
+    }
+}
+
 fn self_check_inner(
     core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
     writer: &ChunkWriter,

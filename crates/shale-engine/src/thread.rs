@@ -41,6 +41,10 @@ where
     Z: ZonedDevice + Send + 'static,
 {
     /// Moves `engine` onto a new thread with a request queue of `queue_depth`.
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "the engine's one thread, spawned outside the engine by its owner"
+    )]
     pub fn spawn<K: Clock + Send + 'static>(
         engine: Engine<C, Z, K>,
         queue_depth: usize,

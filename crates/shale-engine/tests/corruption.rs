@@ -75,7 +75,7 @@ fn build(dirty: bool) -> Image {
     } else {
         let (c, z) = r.e.take().unwrap().shutdown().unwrap();
         r.model.flushed();
-        (c.into_dev(), z.into_inner().into_dev())
+        (c.into_inner(), z.into_inner().into_inner())
     };
     Image {
         cache: to_mem(&mut c),

@@ -7,7 +7,7 @@ mod common;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use common::{pattern, tiny_config};
+use common::{call, pattern, tiny_config};
 use shale_device::{ErrorRule, FaultController, FaultDevice, Latency, ZoneEmu, ZoneEmuConfig};
 use shale_engine::{Engine, EngineError, ManualClock, Reply, Request, VolumeUid};
 
@@ -47,21 +47,6 @@ fn fail_all(ctl: &FaultController, reads: bool) {
         len: u64::MAX / 2,
         remaining: None,
     });
-}
-
-fn call(e: &mut FEng, req: Request) -> Result<Reply, EngineError> {
-    let slot: Arc<Mutex<Option<Result<Reply, EngineError>>>> = Arc::new(Mutex::new(None));
-    let s2 = slot.clone();
-    e.submit(req, Box::new(move |r| *s2.lock().unwrap() = Some(r)));
-    for _ in 0..400_000 {
-        if let Some(r) = slot.lock().unwrap().take() {
-            return r;
-        }
-        if !e.poll() {
-            e.wait_io();
-        }
-    }
-    panic!("request never completed");
 }
 
 /// Writes one 4 KiB block of `pattern(seed)` at `offset`.

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::rig::{Rig, Side, Trigger, BS};
+use common::rig::{after_write, Rig, Side, BS};
 use common::tiny_config;
 use shale_device::{CrashMode, TearUnit, WriteId};
 use shale_engine::{Config, Lba, OpenEvent, OpenReport, Request, StepReport, Tier, VolumeUid};
@@ -230,19 +230,13 @@ fn a_lost_superblock_write_leaves_a_newer_checkpoint_that_is_used() {
         }
         r.flush();
         let (lo, hi) = r.superblock_range();
-        r.sw.arm(Trigger {
-            side: Side::Cache,
-            lo,
-            hi,
-            skip: 0,
-            after: true,
-        });
+        r.sw.arm(after_write(Side::Cache, lo, hi, 0));
         // A volume change checkpoints: area write, flush, superblock write (cut after).
         let _ = r.try_call(Request::CreateVolume {
             name: "b".into(),
             size_bytes: 1 << 16,
         });
-        assert!(r.sw.fired());
+        assert!(r.sw.fired().is_some());
         let torn = last_write_in(&r.cache_ctl, lo, hi);
         let keep = pending_ids(&r.cache_ctl, torn);
         let rep = r
@@ -286,18 +280,12 @@ fn torn_checkpoint_falls_back_to_the_previous_one() {
         }
         r.flush();
         let (lo, hi) = r.checkpoint_range();
-        r.sw.arm(Trigger {
-            side: Side::Cache,
-            lo,
-            hi,
-            skip,
-            after: true,
-        });
+        r.sw.arm(after_write(Side::Cache, lo, hi, skip));
         let _ = r.try_call(Request::CreateVolume {
             name: "b".into(),
             size_bytes: 1 << 16,
         });
-        assert!(r.sw.fired());
+        assert!(r.sw.fired().is_some());
         let torn = last_write_in(&r.cache_ctl, lo, hi);
         let len = r
             .cache_ctl
@@ -338,17 +326,11 @@ fn torn_journal_entry_ends_the_journal() {
             r.write(l);
         }
         let (lo, hi) = r.journal_range();
-        r.sw.arm(Trigger {
-            side: Side::Cache,
-            lo,
-            hi,
-            skip,
-            after: true,
-        });
+        r.sw.arm(after_write(Side::Cache, lo, hi, skip));
         r.flush();
         r.trim(0, 8);
         r.flush();
-        assert!(r.sw.fired());
+        assert!(r.sw.fired().is_some());
         let torn = last_write_in(&r.cache_ctl, lo, hi);
         let keep = pending_ids(&r.cache_ctl, torn);
         r.crash(
@@ -381,15 +363,9 @@ fn torn_md_falls_back_to_the_older_copy() {
         let group_start = pba.offset - (pba.offset / BS - r.layout.data_start) % 128 * BS;
         group_start + 126 * BS
     };
-    r.sw.arm(Trigger {
-        side: Side::Cache,
-        lo: md_a,
-        hi: md_a + 2 * BS,
-        skip: 0,
-        after: true,
-    });
+    r.sw.arm(after_write(Side::Cache, md_a, md_a + 2 * BS, 0));
     r.flush();
-    assert!(r.sw.fired());
+    assert!(r.sw.fired().is_some());
     let torn = last_write_in(&r.cache_ctl, md_a, md_a + 2 * BS);
     let keep = pending_ids(&r.cache_ctl, torn);
     r.crash(
@@ -411,13 +387,7 @@ fn torn_volume_table_copy_is_not_used() {
     r.write(1);
     r.flush();
     let (lo, hi) = r.volume_table_range();
-    r.sw.arm(Trigger {
-        side: Side::Cache,
-        lo,
-        hi,
-        skip: 0,
-        after: true,
-    });
+    r.sw.arm(after_write(Side::Cache, lo, hi, 0));
     let _ = r.try_call(Request::CreateVolume {
         name: "b".into(),
         size_bytes: 1 << 16,
@@ -474,13 +444,7 @@ fn a_crash_during_recovery_recovers_again() {
             .unwrap();
         let (_, inner) = r.cap_ctl.crash(&CrashMode::KeepAll).unwrap();
         r.sw.restore();
-        r.sw.arm(Trigger {
-            side: Side::Cache,
-            lo,
-            hi,
-            skip,
-            after: true,
-        });
+        r.sw.arm(after_write(Side::Cache, lo, hi, skip));
         assert!(
             r.reopen(cache, inner).is_err(),
             "the open should have been cut ({at})"
@@ -501,7 +465,8 @@ fn the_clean_flag_skips_replay_unless_the_journal_says_otherwise() {
     let e = r.e.take().unwrap();
     let (c, z) = e.shutdown().unwrap();
     r.model.flushed();
-    r.reopen(c.into_dev(), z.into_inner().into_dev()).unwrap();
+    r.reopen(c.into_inner(), z.into_inner().into_inner())
+        .unwrap();
     assert!(r.e().open_report().clean);
     assert!(r
         .e()
@@ -653,13 +618,7 @@ fn incremental_checkpoints_are_bounded_and_crash_safe() {
     // Crash at each of the first L2P page writes of the next checkpoint.
     let (lo, hi) = r.l2p_range();
     for skip in 0..4 {
-        r.sw.arm(Trigger {
-            side: Side::Cache,
-            lo,
-            hi,
-            skip,
-            after: true,
-        });
+        r.sw.arm(after_write(Side::Cache, lo, hi, skip));
         for i in 0..200u64 {
             if !r.write((i * 577 + skip as u64) % 15_000) {
                 break;
@@ -782,8 +741,8 @@ fn a_clean_open_reports_its_steps_and_l2p_walks() {
     r.model.flushed();
     let mut seen = Vec::new();
     r.reopen_with_progress(
-        c.into_dev(),
-        z.into_inner().into_dev(),
+        c.into_inner(),
+        z.into_inner().into_inner(),
         &mut record(&mut seen),
     )
     .unwrap();

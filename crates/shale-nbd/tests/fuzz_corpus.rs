@@ -90,6 +90,7 @@ fn session(mode: u8, fixed: bool, options: &[ClientOption], tail: &[u8]) -> Vec<
 
 #[test]
 #[ignore = "writes the seed corpus into fuzz/corpus"]
+#[allow(clippy::too_many_lines, reason = "predates the limit; to be split")]
 fn write_seed_corpus() {
     let meta = |q: &[&str]| {
         ClientOption::SetMetaContext(MetaContextRequest {

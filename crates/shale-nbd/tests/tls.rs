@@ -1,77 +1,29 @@
-//! TLS via NBD_OPT_STARTTLS: certificates generated in the test (rcgen),
+//! TLS via NBD_OPT_STARTTLS: certificates generated in the test (shale-testkit),
 //! forced and selective TLS modes, client-certificate identities restricting
 //! exports, and real clients (nbdinfo, nbdcopy through libnbd/GnuTLS).
 
 mod common;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
 use common::{mem_spec, pattern, run, run_ok, Fixture, RawClient, MIB};
-use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair};
 use shale_nbd::proto::consts::*;
 use shale_nbd::proto::{ClientOption, InfoRequest, OptionHeader};
 use shale_nbd::{ExportAccess, MemBackendConfig, TlsMode, TlsSettings};
+use shale_testkit::tls::Pki;
 
 const T: Duration = Duration::from_secs(60);
 
-struct Pki {
-    dir: tempfile::TempDir,
-}
-
-impl Pki {
-    /// A CA, a server certificate for localhost/127.0.0.1, and client
-    /// certificates for alice and bob, each in a libnbd-style directory
-    /// (ca-cert.pem, client-cert.pem, client-key.pem).
-    fn new() -> Pki {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let ca_key = KeyPair::generate().expect("ca key");
-        let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("ca params");
-        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        ca_params
-            .distinguished_name
-            .push(DnType::CommonName, "Shale test CA");
-        let ca = ca_params.self_signed(&ca_key).expect("ca cert");
-        std::fs::write(dir.path().join("ca-cert.pem"), ca.pem()).expect("write ca");
-
-        let skey = KeyPair::generate().expect("server key");
-        let mut sp = CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()])
-            .expect("sp");
-        sp.distinguished_name
-            .push(DnType::CommonName, "shale-nbd test server");
-        sp.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-        let scert = sp.signed_by(&skey, &ca, &ca_key).expect("server cert");
-        std::fs::write(dir.path().join("server-cert.pem"), scert.pem()).expect("write");
-        std::fs::write(dir.path().join("server-key.pem"), skey.serialize_pem()).expect("write");
-
-        for who in ["alice", "bob"] {
-            let d = dir.path().join(who);
-            std::fs::create_dir(&d).expect("mkdir");
-            let key = KeyPair::generate().expect("client key");
-            let mut p = CertificateParams::new(vec![format!("{who}.clients.example")]).expect("cp");
-            p.distinguished_name.push(DnType::CommonName, who);
-            p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-            let cert = p.signed_by(&key, &ca, &ca_key).expect("client cert");
-            std::fs::write(d.join("client-cert.pem"), cert.pem()).expect("write");
-            std::fs::write(d.join("client-key.pem"), key.serialize_pem()).expect("write");
-            std::fs::write(d.join("ca-cert.pem"), ca.pem()).expect("write");
-        }
-        Pki { dir }
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-
-    fn settings(&self) -> TlsSettings {
-        TlsSettings {
-            cert_chain_pem: self.path("server-cert.pem"),
-            private_key_pem: self.path("server-key.pem"),
-            client_ca_pem: Some(self.path("ca-cert.pem")),
-            client_cert_required: false,
-        }
+/// The server side of the test PKI.
+fn settings(pki: &Pki) -> TlsSettings {
+    TlsSettings {
+        cert_chain_pem: pki.path("server-cert.pem"),
+        private_key_pem: pki.path("server-key.pem"),
+        client_ca_pem: Some(pki.path("ca-cert.pem")),
+        client_cert_required: false,
     }
 }
 
@@ -84,7 +36,7 @@ fn server(pki: &Pki, mode: TlsMode) -> Fixture {
         ],
         MemBackendConfig::default(),
         |cfg| {
-            cfg.tls = Some(pki.settings());
+            cfg.tls = Some(settings(pki));
             cfg.tls_mode = mode;
             let mut access = BTreeMap::new();
             access.insert(

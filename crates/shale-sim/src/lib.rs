@@ -10,7 +10,8 @@
 //! against a model of what may legally be read. Then the workload carries on with the
 //! recovered engine, for several generations. A seed replays a run exactly.
 //!
-//! - `power`: the power rail ([`PowerRail`], [`Powered`]) and crash triggers.
+//! - `power`: the power rail ([`PowerRail`], [`Powered`]) and crash triggers (from
+//!   `shale-testkit`, shared with the engine's crash tests).
 //! - `model`: the oracle ([`Model`]).
 //! - `workload`: the seeded request generator.
 //! - `plan`: crash points and crash modes, and their bias.
@@ -23,7 +24,7 @@
 
 pub mod model;
 pub mod plan;
-pub mod power;
+pub use shale_testkit::power;
 pub mod report;
 pub mod sim;
 pub mod workload;

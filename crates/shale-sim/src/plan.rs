@@ -78,6 +78,7 @@ pub fn target_name(t: Target) -> &'static str {
         Target::CacheFlush => "cache-flush",
         Target::CapacityFlush => "capacity-flush",
         Target::AnyUpdate => "any-update",
+        Target::Bytes { .. } => "bytes",
     }
 }
 

@@ -8,6 +8,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+// Not every test binary including this module writes test data.
+#[allow(unused_imports)]
+pub use shale_testkit::pattern;
+
 pub const MIB: u64 = 1 << 20;
 pub const BLOCK: usize = 4096;
 
@@ -80,19 +84,6 @@ pub fn run(cmd: &mut Command) -> Output {
 
 pub fn stdout(cmd: &mut Command) -> String {
     String::from_utf8_lossy(&run(cmd).stdout).into_owned()
-}
-
-/// Deterministic, incompressible-looking bytes.
-pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 pub fn write_file(path: &Path, data: &[u8]) {

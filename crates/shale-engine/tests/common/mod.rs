@@ -3,10 +3,9 @@
 
 pub mod rig;
 
-use std::sync::{Arc, Mutex};
-
 use shale_device::{MemDevice, ZoneEmu, ZoneEmuConfig};
 use shale_engine::{Config, Engine, EngineError, ManualClock, Reply, Request, VolumeUid};
+pub use shale_testkit::{call, pattern};
 
 pub type Cap = ZoneEmu<MemDevice>;
 pub type Eng = Engine<MemDevice, Cap, ManualClock>;
@@ -60,22 +59,6 @@ pub fn tiny_engine() -> Eng {
     Engine::format(c, z, ManualClock::new(), tiny_config()).unwrap()
 }
 
-/// Submits and polls until the request completes.
-pub fn call(e: &mut Eng, req: Request) -> Result<Reply, EngineError> {
-    let slot: Arc<Mutex<Option<Result<Reply, EngineError>>>> = Arc::new(Mutex::new(None));
-    let s2 = slot.clone();
-    e.submit(req, Box::new(move |r| *s2.lock().unwrap() = Some(r)));
-    for _ in 0..400_000 {
-        if let Some(r) = slot.lock().unwrap().take() {
-            return r;
-        }
-        if !e.poll() {
-            e.wait_io();
-        }
-    }
-    panic!("request never completed");
-}
-
 pub fn create(e: &mut Eng, name: &str, bytes: u64) -> VolumeUid {
     match call(
         e,
@@ -116,18 +99,6 @@ pub fn read(e: &mut Eng, volume: VolumeUid, offset: u64, len: u64) -> Result<Vec
         Reply::Read(d) => Ok(d),
         r => panic!("unexpected {r:?}"),
     }
-}
-
-pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 /// Clean shutdown and reopen, the capacity device reopened from its own metadata.

@@ -1,210 +1,33 @@
-//! A crash rig: the engine over fault devices behind a power switch that trips at a
-//! chosen write (by what it touches), a model of what each block may read after a
+//! A crash rig: the engine over fault devices on a power rail that trips at a
+//! chosen write (by the bytes it touches), a model of what each block may read after a
 //! crash, and helpers to drive the engine to the dangerous moments.
 #![allow(dead_code, clippy::unwrap_used)]
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use shale_device::{
-    BlockDevice, CrashMode, DeviceError, DeviceInfo, FaultController, FaultDevice, IoCompletion,
-    IoOp, IoOpKind, IoRequest, ZoneEmu, ZoneEmuConfig,
-};
+use shale_device::{CrashMode, FaultController, FaultDevice, ZoneEmu, ZoneEmuConfig};
 use shale_engine::{
     Config, Engine, EngineError, ManualClock, NoProgress, OpenError, OpenProgress, Reply, Request,
     VolumeUid,
 };
 use shale_format::{CacheLayout, Superblock};
 
+pub use shale_testkit::power::{Phase, PowerRail, Powered, Side, Target, Trigger};
+
 use super::{pattern, tiny_config};
 
 pub const BS: u64 = 4096;
 
-/// Which device a trigger watches.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Side {
-    Cache,
-    Capacity,
-}
-
-/// Cut the power at the `skip + 1`-th write overlapping `lo..hi` on `side`:
-/// before it reaches the device, or right after.
-#[derive(Debug, Clone, Copy)]
-pub struct Trigger {
-    pub side: Side,
-    pub lo: u64,
-    pub hi: u64,
-    pub skip: u32,
-    pub after: bool,
-}
-
-#[derive(Debug, Default)]
-struct SwitchState {
-    armed: Option<Trigger>,
-    off: bool,
-    fired: bool,
-}
-
-/// The power switch both devices hang off.
-#[derive(Debug, Clone, Default)]
-pub struct Switch(Arc<Mutex<SwitchState>>);
-
-impl Switch {
-    pub fn arm(&self, t: Trigger) {
-        let mut s = self.0.lock().unwrap();
-        s.armed = Some(t);
-        s.fired = false;
-    }
-    pub fn disarm(&self) {
-        self.0.lock().unwrap().armed = None;
-    }
-    pub fn fired(&self) -> bool {
-        self.0.lock().unwrap().fired
-    }
-    pub fn cut(&self) {
-        self.0.lock().unwrap().off = true;
-    }
-    pub fn restore(&self) {
-        let mut s = self.0.lock().unwrap();
-        s.off = false;
-        s.armed = None;
-    }
-    fn is_off(&self) -> bool {
-        self.0.lock().unwrap().off
-    }
-    /// Called before a write reaches the device: may cut the power. Returns true if
-    /// the write must not reach it.
-    fn before_write(&self, side: Side, off: u64, len: u64) -> (bool, bool) {
-        let mut s = self.0.lock().unwrap();
-        if s.off {
-            return (true, false);
-        }
-        let Some(t) = s.armed.as_mut() else {
-            return (false, false);
-        };
-        if t.side != side || off + len <= t.lo || off >= t.hi {
-            return (false, false);
-        }
-        if t.skip > 0 {
-            t.skip -= 1;
-            return (false, false);
-        }
-        let after = t.after;
-        s.armed = None;
-        s.fired = true;
-        if after {
-            (false, true)
-        } else {
-            s.off = true;
-            (true, false)
-        }
-    }
-}
-
-/// A device on the switch: with the power off every operation fails.
-#[derive(Debug)]
-pub struct Powered {
-    dev: FaultDevice,
-    side: Side,
-    sw: Switch,
-    dead: Vec<IoCompletion>,
-}
-
-impl Powered {
-    pub fn new(dev: FaultDevice, side: Side, sw: Switch) -> Powered {
-        Powered {
-            dev,
-            side,
-            sw,
-            dead: Vec::new(),
-        }
-    }
-    pub fn into_dev(self) -> FaultDevice {
-        self.dev
-    }
-    fn off(op: IoOpKind) -> DeviceError {
-        DeviceError::Crashed { op }
-    }
-}
-
-impl BlockDevice for Powered {
-    fn info(&self) -> &DeviceInfo {
-        self.dev.info()
-    }
-    fn submit(&mut self, req: IoRequest) {
-        let blocked = match &req.op {
-            IoOp::Write { offset, buf, .. } => {
-                let (blocked, cut_after) =
-                    self.sw.before_write(self.side, *offset, buf.len() as u64);
-                if cut_after {
-                    self.dev.submit(req);
-                    self.sw.cut();
-                    return;
-                }
-                blocked
-            }
-            _ => self.sw.is_off(),
-        };
-        if blocked {
-            let (buf, op) = match req.op {
-                IoOp::Read { buf, .. } => (Some(buf), IoOpKind::Read),
-                IoOp::Write { buf, .. } => (Some(buf), IoOpKind::Write),
-                IoOp::Flush => (None, IoOpKind::Flush),
-                IoOp::Discard { .. } => (None, IoOpKind::Discard),
-            };
-            self.dead.push(IoCompletion {
-                tag: req.tag,
-                buf,
-                result: Err(Self::off(op)),
-            });
-            return;
-        }
-        self.dev.submit(req);
-    }
-    fn poll(&mut self, out: &mut Vec<IoCompletion>, min: usize) -> Result<usize, DeviceError> {
-        if self.sw.is_off() {
-            return Err(Self::off(IoOpKind::Submit));
-        }
-        let n = self.dead.len();
-        out.append(&mut self.dead);
-        Ok(n + self.dev.poll(out, min.saturating_sub(n))?)
-    }
-    fn in_flight(&self) -> usize {
-        self.dev.in_flight() + self.dead.len()
-    }
-    fn read_at(&mut self, offset: u64, buf: &mut [u8]) -> Result<(), DeviceError> {
-        if self.sw.is_off() {
-            return Err(Self::off(IoOpKind::Read));
-        }
-        self.dev.read_at(offset, buf)
-    }
-    fn write_at(&mut self, offset: u64, buf: &[u8]) -> Result<(), DeviceError> {
-        let (blocked, cut_after) = self.sw.before_write(self.side, offset, buf.len() as u64);
-        if blocked {
-            return Err(Self::off(IoOpKind::Write));
-        }
-        let r = self.dev.write_at(offset, buf);
-        if cut_after {
-            self.sw.cut();
-        }
-        r
-    }
-    fn flush(&mut self) -> Result<(), DeviceError> {
-        if self.sw.is_off() {
-            return Err(Self::off(IoOpKind::Flush));
-        }
-        self.dev.flush()
-    }
-    fn discard(&mut self, offset: u64, len: u64) -> Result<(), DeviceError> {
-        let (blocked, cut_after) = self.sw.before_write(self.side, offset, len);
-        if blocked {
-            return Err(Self::off(IoOpKind::Discard));
-        }
-        let r = self.dev.discard(offset, len);
-        if cut_after {
-            self.sw.cut();
-        }
-        r
+/// Cuts the power right after the `skip + 1`-th write (or discard) overlapping
+/// `lo..hi` on `side` reaches the device (it stays pending: a crash may keep, drop or
+/// tear it).
+pub fn after_write(side: Side, lo: u64, hi: u64, skip: u32) -> Trigger {
+    Trigger {
+        target: Target::Bytes { side, lo, hi },
+        nth: skip + 1,
+        phase: Phase::After,
+        observe_only: false,
     }
 }
 
@@ -266,12 +89,12 @@ impl Model {
     }
 }
 
-/// The rig: engine, devices, switch, model.
+/// The rig: engine, devices, power rail, model.
 pub struct Rig {
     pub e: Option<REng>,
     pub cache_ctl: FaultController,
     pub cap_ctl: FaultController,
-    pub sw: Switch,
+    pub sw: PowerRail,
     pub model: Model,
     pub config: Config,
     pub seq: u64,
@@ -299,7 +122,7 @@ impl Rig {
 
     /// A rig with `zones` zones of 256 blocks and one volume of `volume_blocks`.
     pub fn build(seed: u64, config: Config, zones: u64, volume_blocks: u64) -> Rig {
-        let sw = Switch::default();
+        let sw = PowerRail::new();
         let cache = FaultDevice::new(CACHE_BLOCKS * BS, 4096, seed).unwrap();
         let inner = FaultDevice::new((zones + 2) * ZONE_BLOCKS * BS, 4096, seed + 1).unwrap();
         let (cache_ctl, cap_ctl) = (cache.controller(), inner.controller());
@@ -345,12 +168,12 @@ impl Rig {
         e.submit(req, Box::new(move |r| *s2.lock().unwrap() = Some(r)));
         for _ in 0..400_000 {
             if let Some(r) = slot.lock().unwrap().take() {
-                if self.sw.is_off() {
+                if !self.sw.is_on() {
                     return None;
                 }
                 return Some(r);
             }
-            if self.sw.is_off() {
+            if !self.sw.is_on() {
                 return None;
             }
             if !e.poll() {
@@ -438,7 +261,7 @@ impl Rig {
     /// Polls the engine (background work) up to `n` times or until `until` holds.
     pub fn poll_until(&mut self, n: u32, mut until: impl FnMut(&mut REng) -> bool) -> bool {
         for _ in 0..n {
-            if self.sw.is_off() {
+            if !self.sw.is_on() {
                 return false;
             }
             if until(self.e()) {

@@ -247,6 +247,7 @@ impl Negotiation {
 
     /// Handles one option. `parsed` is [`super::option::parse_option`]'s result
     /// for option code `option`.
+    #[allow(clippy::too_many_lines, reason = "predates the limit; to be split")]
     pub fn handle(
         &mut self,
         option: u32,

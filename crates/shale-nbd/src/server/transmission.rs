@@ -184,6 +184,7 @@ pub(crate) fn run(
     result
 }
 
+#[allow(clippy::too_many_lines, reason = "predates the limit; to be split")]
 fn reader_loop(
     rh: Box<dyn Read + Send>,
     session: &Session,

@@ -19,6 +19,7 @@ use shale_nbd::proto::{
     OptionReplyHeader, RequestHeader,
 };
 use shale_nbd::{MemBackend, MemBackendConfig, MemExportSpec, Server, ServerConfig};
+pub use shale_testkit::pattern;
 
 pub const INSTALL_HINT: &str =
     "install with: apt-get install -y fio libnbd-bin nbdfuse python3-libnbd qemu-utils";
@@ -461,19 +462,6 @@ pub struct RawReply {
     pub error: u32,
     pub data: Vec<u8>,
     pub chunks: Vec<Chunk>,
-}
-
-/// Deterministic test data.
-pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
 }
 
 pub fn mem_spec(name: &str, size: u64) -> MemExportSpec {

@@ -190,6 +190,13 @@ pub enum Target {
     CapacityFlush,
     /// Any write, discard or flush on either device.
     AnyUpdate,
+    /// Writes and discards on `side` overlapping the byte range `lo..hi` (a test that
+    /// knows exactly which structure it wants to cut).
+    Bytes {
+        side: Side,
+        lo: u64,
+        hi: u64,
+    },
 }
 
 impl Target {
@@ -239,6 +246,12 @@ impl Target {
             Target::CacheFlush => place == Place::Flush(Side::Cache),
             Target::CapacityFlush => place == Place::Flush(Side::Capacity),
             Target::AnyUpdate => true,
+            Target::Bytes { side, lo, hi } => {
+                op.side == side
+                    && matches!(op.kind, DevOpKind::Write | DevOpKind::Discard)
+                    && op.offset < hi
+                    && op.offset + op.len > lo
+            }
         }
     }
 }
@@ -520,6 +533,11 @@ impl Powered {
 
     pub fn controller(&self) -> FaultController {
         self.ctl.clone()
+    }
+
+    /// The fault device, off the rail.
+    pub fn into_inner(self) -> FaultDevice {
+        self.inner
     }
 
     fn op(&self, kind: DevOpKind, offset: u64, len: u64) -> DevOp {
@@ -818,6 +836,32 @@ mod tests {
         rail.restore();
         rail.mark();
         assert!(d.poll(&mut out, 0).is_ok() && !rail.spun());
+    }
+
+    #[test]
+    fn a_bytes_trigger_counts_updates_overlapping_its_range() {
+        let rail = PowerRail::new();
+        let mut d = dev(&rail);
+        rail.arm(Trigger {
+            target: Target::Bytes {
+                side: Side::Cache,
+                lo: 2 * BS,
+                hi: 3 * BS,
+            },
+            nth: 2,
+            phase: Phase::After,
+            observe_only: false,
+        });
+        d.write_at(0, &[1u8; 8192]).expect("below the range");
+        d.write_at(BS, &[2u8; 8192]).expect("overlapping: first");
+        let mut b = vec![0u8; 4096];
+        d.read_at(2 * BS, &mut b).expect("reads do not count");
+        d.flush().expect("flushes do not count");
+        assert!(rail.is_on() && rail.fired().is_none());
+        d.discard(2 * BS, BS)
+            .expect("overlapping: second, reaches the device");
+        assert_eq!(rail.fired().map(|f| f.op.kind), Some(DevOpKind::Discard));
+        assert!(!rail.is_on());
     }
 
     #[test]
