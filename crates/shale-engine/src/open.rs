@@ -157,114 +157,13 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         config: Config,
     ) -> Result<Self, FormatDeviceError> {
         config.validate()?;
-        let too_small = |device, reason| FormatDeviceError::TooSmall { device, reason };
-        let geometry = |reason| FormatDeviceError::Geometry { reason };
-        let info = cache.info().clone();
-        if info.logical_block_size as usize > BLOCK_SIZE || info.max_io_bytes < BLOCK_SIZE as u32 {
-            return Err(geometry(format!(
-                "cache block size {} / max I/O {}",
-                info.logical_block_size, info.max_io_bytes
-            )));
-        }
-        let zg = capacity.geometry().clone();
-        let cap = capacity_geometry(&zg).map_err(geometry)?;
-        let streams = streams_for(&config, &zg).map_err(geometry)?;
-        let gc_threshold = (config.gc_free_zones_min).max(streams + 2);
-        let reserve = gc_threshold + 2 * streams;
-        let p = plan(
-            info.size_bytes / BS,
-            &cap,
-            config.chunk_blocks,
-            config.volumes_max,
-            config.journal_blocks,
-            config.spare_factor,
-            reserve,
-        )
-        .map_err(|r| too_small("cache or capacity", r))?;
-        // The largest request must fit in the cache with a chunk to spare for compaction.
-        let chunk_data = u64::from(
-            Groups {
-                blocks: config.chunk_blocks,
-            }
-            .data_capacity(),
-        );
-        let request_blocks = config.request_bytes_max.div_ceil(BS) + 1;
-        if u64::from(p.layout.chunk_count - 1) * chunk_data < 2 * request_blocks {
-            return Err(too_small(
-                "cache",
-                format!(
-                    "{} chunks cannot hold two requests of {} bytes",
-                    p.layout.chunk_count, config.request_bytes_max
-                ),
-            ));
-        }
-        let sb = Superblock {
-            uuid: *uuid::Uuid::new_v4().as_bytes(),
-            generation: 0,
-            clean: true,
-            active_checkpoint: 1,
-            volumes_max: config.volumes_max,
-            user_capacity_blocks: p.user_capacity_blocks,
-            cache_size_blocks: info.size_bytes / BS,
-            layout: p.layout,
-            capacity: cap,
-        };
-        sb.validate()
-            .map_err(|(f, r)| geometry(format!("{f}: {r}")))?;
-        let cap_err =
-            |step, off| move |e| FormatDeviceError::Engine(EngineError::capacity(step, off)(e));
-        // Every zone empty, then the label in zone 0 (finished so it holds no open slot).
-        let mut zones = Vec::new();
-        capacity
-            .report_zones(0, zg.zone_count, &mut zones)
-            .map_err(cap_err("report zones", 0))?;
-        for z in &zones {
-            if z.state != ZoneState::Empty {
-                capacity
-                    .manage(z.index, ZoneAction::Reset)
-                    .map_err(cap_err("zone reset", z.start))?;
-            }
-        }
-        let label = CapacityLabel {
-            uuid: sb.uuid,
-            geometry: cap,
-        };
-        let one = label.encode();
-        let mut copies = vec![0u8; shale_format::LABEL_COPIES * BLOCK_SIZE];
-        for c in copies.chunks_exact_mut(BLOCK_SIZE) {
-            c.copy_from_slice(&one);
-        }
-        capacity
-            .write_at(0, &copies)
-            .map_err(cap_err("label write", 0))?;
-        capacity
-            .manage(0, ZoneAction::Finish)
-            .map_err(cap_err("zone finish", 0))?;
-        capacity.flush().map_err(cap_err("flush", 0))?;
-        // Stale metadata from an earlier format must not survive: superblock A, the
-        // volume table copies and the journal ring are overwritten.
-        let cache_err =
-            |step, off| move |e| FormatDeviceError::Engine(EngineError::cache(step, off)(e));
-        cache
-            .write_at(0, &sb.encode())
-            .map_err(cache_err("superblock write", 0))?;
-        let zeros = vec![0u8; (sb.layout.journal_blocks as usize) * BLOCK_SIZE];
-        let joff = sb.layout.journal_start * BS;
-        cache
-            .write_at(joff, &zeros)
-            .map_err(cache_err("journal clear", joff))?;
+        let (sb, streams) = format_plan(cache.info(), capacity.geometry(), &config)?;
+        format_capacity(&mut capacity, &sb)?;
+        format_cache(&mut cache, &sb)?;
         let vt = VolumeTable::default();
-        let voff = sb.layout.volume_table_start * BS;
-        cache
-            .write_at(voff, &vt.encode())
-            .map_err(cache_err("volume table write", voff))?;
-        cache
-            .write_at(voff + BS, &vt.encode())
-            .map_err(cache_err("volume table write", voff + BS))?;
-
         let geo = Geometry::new(&sb.layout, &sb.capacity);
         let regions = Regions::new(&geo);
-        let table_pages = p
+        let table_pages = sb
             .user_capacity_blocks
             .div_ceil(shale_format::L2P_ENTRIES_PER_PAGE);
         let frames = config.l2p_budget_pages(table_pages)?;
@@ -276,7 +175,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         );
         let volumes = Volumes {
             table: vt,
-            user_capacity_blocks: p.user_capacity_blocks,
+            user_capacity_blocks: sb.user_capacity_blocks,
             volumes_max: config.volumes_max,
         };
         let journal = Journal::new(sb.layout.journal_start, sb.layout.journal_blocks, 0, 0, 0);
@@ -631,6 +530,128 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         self.checkpoint(true)?;
         Ok((self.core.cache, self.core.capacity))
     }
+}
+
+/// The superblock a format writes, and the placement streams, for these devices
+/// and this configuration; refused when the devices are too small or unusable.
+fn format_plan(
+    info: &shale_device::DeviceInfo,
+    zg: &shale_device::ZoneGeometry,
+    config: &Config,
+) -> Result<(Superblock, u32), FormatDeviceError> {
+    let too_small = |device, reason| FormatDeviceError::TooSmall { device, reason };
+    let geometry = |reason| FormatDeviceError::Geometry { reason };
+    if info.logical_block_size as usize > BLOCK_SIZE || info.max_io_bytes < BLOCK_SIZE as u32 {
+        return Err(geometry(format!(
+            "cache block size {} / max I/O {}",
+            info.logical_block_size, info.max_io_bytes
+        )));
+    }
+    let cap = capacity_geometry(zg).map_err(geometry)?;
+    let streams = streams_for(config, zg).map_err(geometry)?;
+    let gc_threshold = (config.gc_free_zones_min).max(streams + 2);
+    let reserve = gc_threshold + 2 * streams;
+    let p = plan(
+        info.size_bytes / BS,
+        &cap,
+        config.chunk_blocks,
+        config.volumes_max,
+        config.journal_blocks,
+        config.spare_factor,
+        reserve,
+    )
+    .map_err(|r| too_small("cache or capacity", r))?;
+    // The largest request must fit in the cache with a chunk to spare for compaction.
+    let chunk_data = u64::from(
+        Groups {
+            blocks: config.chunk_blocks,
+        }
+        .data_capacity(),
+    );
+    let request_blocks = config.request_bytes_max.div_ceil(BS) + 1;
+    if u64::from(p.layout.chunk_count - 1) * chunk_data < 2 * request_blocks {
+        return Err(too_small(
+            "cache",
+            format!(
+                "{} chunks cannot hold two requests of {} bytes",
+                p.layout.chunk_count, config.request_bytes_max
+            ),
+        ));
+    }
+    let sb = Superblock {
+        uuid: *uuid::Uuid::new_v4().as_bytes(),
+        generation: 0,
+        clean: true,
+        active_checkpoint: 1,
+        volumes_max: config.volumes_max,
+        user_capacity_blocks: p.user_capacity_blocks,
+        cache_size_blocks: info.size_bytes / BS,
+        layout: p.layout,
+        capacity: cap,
+    };
+    sb.validate()
+        .map_err(|(f, r)| geometry(format!("{f}: {r}")))?;
+    Ok((sb, streams))
+}
+
+/// Every zone empty, then the label in zone 0 (finished so it holds no open slot).
+fn format_capacity(
+    capacity: &mut impl ZonedDevice,
+    sb: &Superblock,
+) -> Result<(), FormatDeviceError> {
+    let cap_err =
+        |step, off| move |e| FormatDeviceError::Engine(EngineError::capacity(step, off)(e));
+    let mut zones = Vec::new();
+    let zone_count = capacity.geometry().zone_count;
+    capacity
+        .report_zones(0, zone_count, &mut zones)
+        .map_err(cap_err("report zones", 0))?;
+    for z in &zones {
+        if z.state != ZoneState::Empty {
+            capacity
+                .manage(z.index, ZoneAction::Reset)
+                .map_err(cap_err("zone reset", z.start))?;
+        }
+    }
+    let label = CapacityLabel {
+        uuid: sb.uuid,
+        geometry: sb.capacity,
+    };
+    let one = label.encode();
+    let mut copies = vec![0u8; shale_format::LABEL_COPIES * BLOCK_SIZE];
+    for c in copies.chunks_exact_mut(BLOCK_SIZE) {
+        c.copy_from_slice(&one);
+    }
+    capacity
+        .write_at(0, &copies)
+        .map_err(cap_err("label write", 0))?;
+    capacity
+        .manage(0, ZoneAction::Finish)
+        .map_err(cap_err("zone finish", 0))?;
+    capacity.flush().map_err(cap_err("flush", 0))
+}
+
+/// Stale metadata from an earlier format must not survive: superblock A, the volume
+/// table copies and the journal ring are overwritten.
+fn format_cache(cache: &mut impl BlockDevice, sb: &Superblock) -> Result<(), FormatDeviceError> {
+    let cache_err =
+        |step, off| move |e| FormatDeviceError::Engine(EngineError::cache(step, off)(e));
+    cache
+        .write_at(0, &sb.encode())
+        .map_err(cache_err("superblock write", 0))?;
+    let zeros = vec![0u8; (sb.layout.journal_blocks as usize) * BLOCK_SIZE];
+    let joff = sb.layout.journal_start * BS;
+    cache
+        .write_at(joff, &zeros)
+        .map_err(cache_err("journal clear", joff))?;
+    let vt = VolumeTable::default();
+    let voff = sb.layout.volume_table_start * BS;
+    cache
+        .write_at(voff, &vt.encode())
+        .map_err(cache_err("volume table write", voff))?;
+    cache
+        .write_at(voff + BS, &vt.encode())
+        .map_err(cache_err("volume table write", voff + BS))
 }
 
 /// What a step returns: the bytes it read and a short detail for the report.
