@@ -46,11 +46,8 @@ pub(crate) fn read<C: BlockDevice>(
         .read_at(off, &mut ring)
         .map_err(|e| OpenError::Engine(EngineError::cache("journal read", off)(e)))?;
     *bytes += ring.len() as u64;
-    let decode = |i: u32, copy: u32| {
-        let b = (2 * i + copy) as usize;
-        let at = off + b as u64 * BS;
-        JournalBlock::decode(&ring[b * BLOCK_SIZE..(b + 1) * BLOCK_SIZE], at)
-    };
+    let ring = Ring { bytes: ring, off };
+    let decode = |i: u32, copy: u32| ring.decode(i, copy);
     let fits = |blk: &JournalBlock, seq: u64, min_epoch: u64| {
         blk.sequence == seq && blk.epoch >= min_epoch && blk.epoch <= epoch + 1
     };
@@ -104,21 +101,37 @@ pub(crate) fn read<C: BlockDevice>(
         log.next = (log.next + 1) % entries;
         log.sequence += 1;
     }
-    // Entries outside the replayed window are not used, but a damaged copy there is
-    // still damage.
-    let taken_end = log.blocks.len() as u32;
-    for k in 0..entries {
+    warn_damage_outside(&ring, entries, start, log.blocks.len() as u32, report);
+    warn_interrupted(&ring, entries, &log, min_epoch, epoch, report);
+    Ok(log)
+}
+
+/// The journal ring as read: two copies of each entry.
+struct Ring {
+    bytes: Vec<u8>,
+    /// Device offset of the ring.
+    off: u64,
+}
+
+impl Ring {
+    fn raw(&self, i: u32, copy: u32) -> &[u8] {
+        let b = (2 * i + copy) as usize;
+        &self.bytes[b * BLOCK_SIZE..(b + 1) * BLOCK_SIZE]
+    }
+
+    fn decode(&self, i: u32, copy: u32) -> Result<JournalBlock, shale_format::FormatError> {
+        let at = self.off + u64::from(2 * i + copy) * BS;
+        JournalBlock::decode(self.raw(i, copy), at)
+    }
+}
+
+/// Entries outside the replayed window are not used, but a damaged copy there is still
+/// damage.
+fn warn_damage_outside(ring: &Ring, entries: u32, start: u32, taken: u32, report: &mut OpenReport) {
+    for k in taken..entries {
         let i = (start % entries + k) % entries;
-        if k < taken_end {
-            continue;
-        }
-        let b = |c: u32| {
-            let j = (2 * i + c) as usize;
-            &ring[j * BLOCK_SIZE..(j + 1) * BLOCK_SIZE]
-        };
-        let d = [decode(i, 0), decode(i, 1)];
-        let zero = |c: u32| b(c).iter().all(|&x| x == 0);
-        match (&d[0], &d[1]) {
+        let zero = |c: u32| ring.raw(i, c).iter().all(|&x| x == 0);
+        match (ring.decode(i, 0), ring.decode(i, 1)) {
             (Ok(_), Err(e)) if !zero(1) => report.warn(format!(
                 "journal entry {i} (not replayed): copy B damaged ({e})"
             )),
@@ -128,11 +141,21 @@ pub(crate) fn read<C: BlockDevice>(
             _ => {}
         }
     }
-    // Anything valid further on belongs to the batch the crash interrupted.
+}
+
+/// Anything valid past the replayed window belongs to the batch the crash interrupted.
+fn warn_interrupted(
+    ring: &Ring,
+    entries: u32,
+    log: &JournalLog,
+    min_epoch: u64,
+    epoch: u64,
+    report: &mut OpenReport,
+) {
     let taken = log.blocks.len() as u32;
     for k in 1..entries.saturating_sub(taken) {
         let i = (log.next + k) % entries;
-        let later = [decode(i, 0), decode(i, 1)]
+        let later = [ring.decode(i, 0), ring.decode(i, 1)]
             .into_iter()
             .flatten()
             .find(|blk| {
@@ -146,5 +169,4 @@ pub(crate) fn read<C: BlockDevice>(
             break;
         }
     }
-    Ok(log)
 }

@@ -368,38 +368,11 @@ fn scan_region(
             md_copy(&two[..BLOCK_SIZE], at, r, g, kind),
             md_copy(&two[BLOCK_SIZE..], at + BS, r, g, kind),
         ];
-        let mut best: Option<(usize, &MdHeader)> = None;
-        for (c, h) in copies.iter().enumerate() {
-            match h {
-                Ok(h) if h.region_sid == p.sid => {
-                    if best.is_none_or(|(_, b)| h.generation > b.generation) {
-                        best = Some((c, h));
-                    }
-                }
-                Ok(h) if h.region_sid > p.sid => {
-                    // A newer life of the region: the logged one was freed.
-                    p.reused = true;
-                    counts.regions_reused += 1;
-                    warnings.push(format!(
-                        "{r}: md of group {g} has {} (newer than the logged {}): reused after its last flush; its logged life is skipped",
-                        h.region_sid, p.sid
-                    ));
-                    return Ok(bytes);
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    let never_written = two[c * BLOCK_SIZE..(c + 1) * BLOCK_SIZE]
-                        .iter()
-                        .all(|&b| b == 0);
-                    if !never_written {
-                        warnings.push(format!(
-                            "{r} group {g} md copy {}: {e} (torn by the crash, or damaged; not used)",
-                            ["A", "B"][c]
-                        ));
-                    }
-                }
-            }
-        }
+        let Some(best) = best_copy(&copies, &two, p, r, g, counts, warnings) else {
+            // A newer life of the region: the logged one was freed.
+            return Ok(bytes);
+        };
+        let best = best.and_then(|c| copies[c].as_ref().ok().map(|h| (c, h)));
         // Data slots of this group the journal says are durable.
         let proven_n = end.saturating_sub(gstart).min(k);
         let have = best.map_or(0, |(_, h)| u32::from(h.entry_count));
@@ -449,6 +422,52 @@ fn scan_region(
         }
     }
     Ok(bytes)
+}
+
+/// Which md copy of group `g` to replay: the one of the logged life (`p.sid`) with the
+/// higher generation, if any (`Some(None)`: neither). `None` when a copy belongs to a
+/// newer life of the region: it was reused after its last flush, and `p` is marked so.
+fn best_copy(
+    copies: &[Result<MdHeader, String>; 2],
+    two: &[u8],
+    p: &mut RegionPlan,
+    r: RegionId,
+    g: u32,
+    counts: &mut ReplayCounts,
+    warnings: &mut Vec<String>,
+) -> Option<Option<usize>> {
+    let mut best: Option<(usize, &MdHeader)> = None;
+    for (c, h) in copies.iter().enumerate() {
+        match h {
+            Ok(h) if h.region_sid == p.sid => {
+                if best.is_none_or(|(_, b)| h.generation > b.generation) {
+                    best = Some((c, h));
+                }
+            }
+            Ok(h) if h.region_sid > p.sid => {
+                p.reused = true;
+                counts.regions_reused += 1;
+                warnings.push(format!(
+                    "{r}: md of group {g} has {} (newer than the logged {}): reused after its last flush; its logged life is skipped",
+                    h.region_sid, p.sid
+                ));
+                return None;
+            }
+            Ok(_) => {}
+            Err(e) => {
+                let never_written = two[c * BLOCK_SIZE..(c + 1) * BLOCK_SIZE]
+                    .iter()
+                    .all(|&b| b == 0);
+                if !never_written {
+                    warnings.push(format!(
+                        "{r} group {g} md copy {}: {e} (torn by the crash, or damaged; not used)",
+                        ["A", "B"][c]
+                    ));
+                }
+            }
+        }
+    }
+    Some(best.map(|(c, _)| c))
 }
 
 /// Reads `buf.len()` bytes of region `r` from `slot`; returns the byte offset.
