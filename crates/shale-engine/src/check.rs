@@ -219,6 +219,15 @@ fn raw_structures<C: BlockDevice, Z: ZonedDevice>(
     };
     rep.clean = Some(sb.clean);
 
+    raw_label(capacity, &sb, rep);
+    raw_checkpoints(cache, &sb, rep);
+    raw_volume_tables(cache, &sb.layout, rep);
+    raw_journal(cache, &sb.layout, rep);
+    Some(sb)
+}
+
+/// Every copy of the capacity label.
+fn raw_label<Z: ZonedDevice>(capacity: &mut Z, sb: &Superblock, rep: &mut CheckReport) {
     let mut lb = vec![0u8; LABEL_COPIES * BLOCK_SIZE];
     match capacity.read_at(0, &mut lb) {
         Ok(()) => {
@@ -249,7 +258,10 @@ fn raw_structures<C: BlockDevice, Z: ZonedDevice>(
             format!("cannot read the label: {e}"),
         ),
     }
+}
 
+/// Both checkpoint areas; damage in the one the superblock names is an error.
+fn raw_checkpoints<C: BlockDevice>(cache: &mut C, sb: &Superblock, rep: &mut CheckReport) {
     let l = &sb.layout;
     for area in 0..2u8 {
         let off = l.checkpoint_start(area) * BS;
@@ -290,7 +302,14 @@ fn raw_structures<C: BlockDevice, Z: ZonedDevice>(
             rep.add(sev, "checkpoint", format!("area {area}: {e}"));
         }
     }
+}
 
+/// Both copies of the volume table.
+fn raw_volume_tables<C: BlockDevice>(
+    cache: &mut C,
+    l: &shale_format::CacheLayout,
+    rep: &mut CheckReport,
+) {
     let voff = l.volume_table_start * BS;
     let mut vb = vec![0u8; 2 * BLOCK_SIZE];
     if cache.read_at(voff, &mut vb).is_ok() {
@@ -301,7 +320,14 @@ fn raw_structures<C: BlockDevice, Z: ZonedDevice>(
             }
         }
     }
+}
 
+/// Both copies of every journal entry.
+fn raw_journal<C: BlockDevice>(
+    cache: &mut C,
+    l: &shale_format::CacheLayout,
+    rep: &mut CheckReport,
+) {
     let entries = journal_ring_entries(l.journal_blocks);
     let joff = l.journal_start * BS;
     let mut ring = vec![0u8; 2 * entries as usize * BLOCK_SIZE];
@@ -333,7 +359,6 @@ fn raw_structures<C: BlockDevice, Z: ZonedDevice>(
             }
         }
     }
-    Some(sb)
 }
 
 /// Step 3: the opened state.
