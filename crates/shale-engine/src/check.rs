@@ -373,9 +373,45 @@ fn opened_state<C: BlockDevice, Z: ZonedDevice>(
         rep.add(Severity::Error, "self-check", err.to_string());
     }
     rep.counts.l2p_pages = e.core.l2p.counters.page_reads;
+    let md_problems = check_region_md(e, raw_zones, cap, rep);
+    let Some(bad) = check_mappings(e, opts, cap, rep) else {
+        return;
+    };
+    for (n, area) in [(md_problems, "md"), (bad, "L2P vs P2L")] {
+        if n > cap {
+            rep.add(
+                Severity::Error,
+                area,
+                format!("{} more findings not listed", n - cap),
+            );
+        }
+    }
+    check_zone_pointers(e, raw_zones, rep);
+}
 
-    // md of every region in use.
-    let mut md_problems = 0usize;
+/// Findings of one kind: all counted, the first `cap` listed.
+struct Capped {
+    count: usize,
+    cap: usize,
+}
+
+impl Capped {
+    fn note(&mut self, rep: &mut CheckReport, sev: Severity, area: &'static str, msg: String) {
+        self.count += 1;
+        if self.count <= self.cap {
+            rep.add(sev, area, msg);
+        }
+    }
+}
+
+/// The md of every region in use. Returns the problems found.
+fn check_region_md<C: BlockDevice, Z: ZonedDevice>(
+    e: &mut Engine<Sandbox<C>, ZoneSandbox<Z>, ManualClock>,
+    raw_zones: &[ZoneInfo],
+    cap: usize,
+    rep: &mut CheckReport,
+) -> usize {
+    let mut problems = Capped { count: 0, cap };
     for i in 0..e.core.geo.region_count() {
         let r = RegionId(i);
         let reg = e.core.regions.get(r).clone();
@@ -404,117 +440,141 @@ fn opened_state<C: BlockDevice, Z: ZonedDevice>(
             {
                 break;
             }
-            rep.counts.md_groups += 1;
-            let mut two = vec![0u8; 2 * BLOCK_SIZE];
-            let md_slot = groups.md_slot(g);
-            let (res, at) = if chunk {
-                let off = e.core.geo.chunk_offset(r, md_slot);
-                (
-                    e.core
-                        .cache
-                        .read_at(off, &mut two)
-                        .map_err(|x| x.to_string()),
-                    off,
-                )
-            } else {
-                let off = e.core.geo.zone_offset(r, md_slot);
-                (
-                    e.core
-                        .capacity
-                        .read_at(off, &mut two)
-                        .map_err(|x| x.to_string()),
-                    off,
-                )
-            };
-            if let Err(x) = res {
-                md_problems += 1;
-                if md_problems <= cap {
-                    rep.add(
-                        Severity::Error,
-                        "md",
-                        format!("{r} group {g}: unreadable: {x}"),
-                    );
-                }
-                continue;
-            }
-            let kind = if chunk {
-                MdRegionKind::Chunk
-            } else {
-                MdRegionKind::Zone
-            };
-            let hs: Vec<_> = (0..2)
-                .map(|c| {
-                    decode_md_header(
-                        &two[c * BLOCK_SIZE..(c + 1) * BLOCK_SIZE],
-                        at + c as u64 * BS,
-                    )
-                    .map_err(|x| x.to_string())
-                    .and_then(|h| {
-                        if h.region != r || h.group != g || h.region_kind != kind {
-                            Err(format!("names {} group {}", h.region, h.group))
-                        } else {
-                            Ok(h)
-                        }
-                    })
-                })
-                .collect();
-            let current = hs
-                .iter()
-                .filter(|h| h.as_ref().is_ok_and(|h| h.region_sid == reg.sid))
-                .count();
-            let mut note = |sev, msg: String| {
-                md_problems += 1;
-                if md_problems <= cap {
-                    rep.add(sev, "md", msg);
-                }
-            };
-            if current == 0 {
-                // A chunk group not written since the region opened (a remainder) has
-                // no md of its life; that is only a problem if something maps into it.
-                let mapped = (0..groups.data_slots(g)).any(|s| {
-                    e.core
-                        .regions
-                        .validity
-                        .get(e.core.geo.pba(r, groups.start(g) + s))
-                });
-                if mapped || !chunk {
-                    note(
-                        Severity::Error,
-                        format!(
-                            "{r} group {g}: no valid md copy for {} (A: {}, B: {})",
-                            reg.sid,
-                            describe(&hs[0]),
-                            describe(&hs[1])
-                        ),
-                    );
-                }
-                continue;
-            }
-            for (c, h) in hs.iter().enumerate() {
-                let zero = two[c * BLOCK_SIZE..(c + 1) * BLOCK_SIZE]
-                    .iter()
-                    .all(|&x| x == 0);
-                match h {
-                    Err(x) if !zero || !chunk => note(
-                        Severity::Warning,
-                        format!(
-                            "{r} group {g} md copy {}: {x} (the other copy is used)",
-                            ["A", "B"][c]
-                        ),
-                    ),
-                    _ => {}
-                }
-            }
-            if !chunk && current == 2 && two[..BLOCK_SIZE] != two[BLOCK_SIZE..] {
-                note(
-                    Severity::Error,
-                    format!("{r} group {g}: the two md copies of a zone group differ"),
-                );
-            }
+            check_group_md(e, r, &reg, g, rep, &mut problems);
         }
     }
+    problems.count
+}
 
-    // L2P against P2L, and optionally the data.
+/// Both md copies at `md_slot` of region `r`, and their device offset.
+fn read_md_pair<C: BlockDevice, Z: ZonedDevice>(
+    e: &mut Engine<Sandbox<C>, ZoneSandbox<Z>, ManualClock>,
+    r: RegionId,
+    md_slot: u32,
+) -> Result<(Vec<u8>, u64), String> {
+    let mut two = vec![0u8; 2 * BLOCK_SIZE];
+    if e.core.geo.is_chunk(r) {
+        let off = e.core.geo.chunk_offset(r, md_slot);
+        e.core
+            .cache
+            .read_at(off, &mut two)
+            .map_err(|x| x.to_string())?;
+        Ok((two, off))
+    } else {
+        let off = e.core.geo.zone_offset(r, md_slot);
+        e.core
+            .capacity
+            .read_at(off, &mut two)
+            .map_err(|x| x.to_string())?;
+        Ok((two, off))
+    }
+}
+
+/// Group `g` of region `r` (in use, written that far): its md copies.
+fn check_group_md<C: BlockDevice, Z: ZonedDevice>(
+    e: &mut Engine<Sandbox<C>, ZoneSandbox<Z>, ManualClock>,
+    r: RegionId,
+    reg: &crate::space::Region,
+    g: u32,
+    rep: &mut CheckReport,
+    problems: &mut Capped,
+) {
+    let chunk = e.core.geo.is_chunk(r);
+    let groups = Groups {
+        blocks: e.core.geo.region_blocks(r),
+    };
+    rep.counts.md_groups += 1;
+    let (two, at) = match read_md_pair(e, r, groups.md_slot(g)) {
+        Ok(read) => read,
+        Err(x) => {
+            problems.note(
+                rep,
+                Severity::Error,
+                "md",
+                format!("{r} group {g}: unreadable: {x}"),
+            );
+            return;
+        }
+    };
+    let kind = if chunk {
+        MdRegionKind::Chunk
+    } else {
+        MdRegionKind::Zone
+    };
+    let hs: Vec<_> = (0..2)
+        .map(|c| {
+            decode_md_header(
+                &two[c * BLOCK_SIZE..(c + 1) * BLOCK_SIZE],
+                at + c as u64 * BS,
+            )
+            .map_err(|x| x.to_string())
+            .and_then(|h| {
+                if h.region != r || h.group != g || h.region_kind != kind {
+                    Err(format!("names {} group {}", h.region, h.group))
+                } else {
+                    Ok(h)
+                }
+            })
+        })
+        .collect();
+    let current = hs
+        .iter()
+        .filter(|h| h.as_ref().is_ok_and(|h| h.region_sid == reg.sid))
+        .count();
+    let mut note = |sev, msg: String| problems.note(rep, sev, "md", msg);
+    if current == 0 {
+        // A chunk group not written since the region opened (a remainder) has
+        // no md of its life; that is only a problem if something maps into it.
+        let mapped = (0..groups.data_slots(g)).any(|s| {
+            e.core
+                .regions
+                .validity
+                .get(e.core.geo.pba(r, groups.start(g) + s))
+        });
+        if mapped || !chunk {
+            note(
+                Severity::Error,
+                format!(
+                    "{r} group {g}: no valid md copy for {} (A: {}, B: {})",
+                    reg.sid,
+                    describe(&hs[0]),
+                    describe(&hs[1])
+                ),
+            );
+        }
+        return;
+    }
+    for (c, h) in hs.iter().enumerate() {
+        let zero = two[c * BLOCK_SIZE..(c + 1) * BLOCK_SIZE]
+            .iter()
+            .all(|&x| x == 0);
+        match h {
+            Err(x) if !zero || !chunk => note(
+                Severity::Warning,
+                format!(
+                    "{r} group {g} md copy {}: {x} (the other copy is used)",
+                    ["A", "B"][c]
+                ),
+            ),
+            _ => {}
+        }
+    }
+    if !chunk && current == 2 && two[..BLOCK_SIZE] != two[BLOCK_SIZE..] {
+        note(
+            Severity::Error,
+            format!("{r} group {g}: the two md copies of a zone group differ"),
+        );
+    }
+}
+
+/// L2P against P2L, and with `verify_data` the data. Returns the bad mappings, or
+/// `None` when the L2P cannot be read.
+fn check_mappings<C: BlockDevice, Z: ZonedDevice>(
+    e: &mut Engine<Sandbox<C>, ZoneSandbox<Z>, ManualClock>,
+    opts: &CheckOptions,
+    cap: usize,
+    rep: &mut CheckReport,
+) -> Option<usize> {
     let mut mapped = Vec::new();
     let res = e
         .core
@@ -522,7 +582,7 @@ fn opened_state<C: BlockDevice, Z: ZonedDevice>(
         .for_each_mapped(&mut e.core.cache, |v, lba, pba| mapped.push((v, lba, pba)));
     if let Err(x) = res {
         rep.add(Severity::Error, "L2P", format!("unreadable: {x}"));
-        return;
+        return None;
     }
     rep.counts.mapped_blocks = mapped.len() as u64;
     let mut bad = 0usize;
@@ -539,17 +599,15 @@ fn opened_state<C: BlockDevice, Z: ZonedDevice>(
             }
         }
     }
-    for (n, area) in [(md_problems, "md"), (bad, "L2P vs P2L")] {
-        if n > cap {
-            rep.add(
-                Severity::Error,
-                area,
-                format!("{} more findings not listed", n - cap),
-            );
-        }
-    }
+    Some(bad)
+}
 
-    // Zone write pointers against the region table.
+/// Zone write pointers against the region table.
+fn check_zone_pointers<C: BlockDevice, Z: ZonedDevice>(
+    e: &mut Engine<Sandbox<C>, ZoneSandbox<Z>, ManualClock>,
+    raw_zones: &[ZoneInfo],
+    rep: &mut CheckReport,
+) {
     rep.counts.zones = u64::from(e.core.geo.zone_count.saturating_sub(1));
     for zi in raw_zones.iter().skip(1) {
         let r = e.core.geo.zone_region(shale_format::ZoneId(zi.index));

@@ -10,5 +10,5 @@
 mod regions;
 mod validity;
 
-pub(crate) use regions::Regions;
+pub(crate) use regions::{Region, Regions};
 pub(crate) use validity::Validity;
