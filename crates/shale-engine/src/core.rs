@@ -77,7 +77,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Core<C, Z, K> {
 
     /// Checks range and size limits of a data request to a live volume (resolved from
     /// its uid).
-    pub fn check_range(
+    pub fn validate_range(
         &self,
         volume: VolumeId,
         offset: u64,

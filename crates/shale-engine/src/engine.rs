@@ -758,7 +758,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 done.send(Ok(Reply::Volumes(crate::volume::list(&self.core.volumes))))
             }
             Request::Allocation { offset, len, .. } => {
-                let r = crate::read::allocation::allocation(&mut self.core, slot, offset, len);
+                let r = crate::read::block_status::block_status(&mut self.core, slot, offset, len);
                 done.send(r.map(Reply::Allocation));
             }
             Request::Stats => done.send(Ok(Reply::Stats(Box::new(self.stats())))),

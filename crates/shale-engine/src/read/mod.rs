@@ -5,6 +5,6 @@
 //! from an in-memory group buffer, or checked against its md entry; a read in flight
 //! keeps its region from being reused (durability points drain all I/O first).
 
-pub(crate) mod allocation;
+pub(crate) mod block_status;
 pub(crate) mod md_cache;
 pub(crate) mod reader;

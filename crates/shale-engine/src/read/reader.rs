@@ -72,7 +72,7 @@ impl Reader {
         len: u64,
         done: Answer,
     ) -> Result<(), EngineError> {
-        if let Err(e) = core.check_range(volume, offset, len, true) {
+        if let Err(e) = core.validate_range(volume, offset, len, true) {
             done.send(Err(e));
             return Ok(());
         }

@@ -24,7 +24,7 @@ impl ChunkWriter {
         done: Answer,
     ) -> Result<Option<(Vec<u8>, Answer)>, EngineError> {
         let len = data.len() as u64;
-        if let Err(e) = core.check_range(volume, offset, len, true) {
+        if let Err(e) = core.validate_range(volume, offset, len, true) {
             done.send(Err(e));
             return Ok(None);
         }
@@ -148,7 +148,7 @@ impl ChunkWriter {
         offset: u64,
         len: u64,
     ) -> bool {
-        if core.check_range(volume, offset, len, false).is_err() {
+        if core.validate_range(volume, offset, len, false).is_err() {
             return true; // fails at once
         }
         let edges =
@@ -165,7 +165,7 @@ impl ChunkWriter {
         len: u64,
         zeroes: bool,
     ) -> Result<(), EngineError> {
-        core.check_range(volume, offset, len, false)?;
+        core.validate_range(volume, offset, len, false)?;
         if !zeroes {
             core.volume_counters(volume).trim_ops += 1;
         }

@@ -1,4 +1,5 @@
-//! The allocation query behind NBD BLOCK_STATUS: which bytes of a range are mapped.
+//! The block-status query behind NBD BLOCK_STATUS (`Request::Allocation`): which bytes
+//! of a range are mapped.
 //!
 //! A block is mapped when its L2P entry names a PBA: written and not since trimmed.
 //! Write-zeroes unmaps whole blocks (DESIGN.md: "unmap; invalidate"), so they report
@@ -33,13 +34,13 @@ fn push(out: &mut Vec<Extent>, len: u64, mapped: bool) {
 
 /// Extents covering exactly `[offset, offset + len)`, in order, adjacent extents
 /// of equal state merged.
-pub(crate) fn allocation(
+pub(crate) fn block_status(
     core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
     volume: VolumeId,
     offset: u64,
     len: u64,
 ) -> Result<Vec<Extent>, EngineError> {
-    core.check_range(volume, offset, len, false)?;
+    core.validate_range(volume, offset, len, false)?;
     if len > ALLOCATION_QUERY_BYTES_MAX {
         return Err(EngineError::TooLarge {
             volume,
