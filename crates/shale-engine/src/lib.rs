@@ -3,18 +3,23 @@
 //!
 //! The data path, in the order of the modules:
 //! - `request`: what clients send ([`Request`]) and get back ([`Reply`]).
-//! - `engine`: the single-threaded state machine ([`Engine`]): queue, poll, completions.
+//! - `engine`: the single-threaded event loop ([`Engine`]): queue, poll, completions
+//!   routed to the role that owns them, durability points.
+//! - `core`: what every role shares (devices, regions, L2P, journal, buffers, the I/O
+//!   table); each role owns its own state and takes the core as an argument.
 //! - `write/`: user writes appended to the open chunk's group buffers, md entries, runs.
 //! - `l2p/`: per-volume directories and the L2P page cache.
 //! - `space/`: region states, validity bitmaps, free lists.
-//! - `read/`: reads from memory or device, verified against md; the md cache.
-//! - `flush`: durability points (flush, FUA, deferred free).
+//! - `read/`: the reader (from memory or device, verified against md), the md cache, the
+//!   block-status query.
+//! - `flush`: the durability role (partial md, device flushes, FlushPoints, deferred free).
 //! - `mover/`: the mover that relocates live blocks (two instances: compaction, GC);
 //!   `compaction/`, `gc/`: their victim policies (pure).
-//! - `background`: pacing of compaction, GC, durability points, checkpoints.
+//! - `background`: pacing of compaction, GC, durability points, checkpoints (pure).
+//! - `prefetch`: L2P pages loaded ahead of queued requests.
 //! - `journal`, `checkpoint`, `open`: persistence; `volume`: volume admin.
-//! - `recovery/`: open and recovery after a crash as named steps ([`OpenReport`]),
-//!   reported while they run to an [`OpenProgress`].
+//! - `recovery/`: open and recovery after a crash as a table of named steps (declared in
+//!   `open`; [`OpenReport`]), reported while they run to an [`OpenProgress`].
 //! - `metrics` ([`Stats`]), `selfcheck`, `thread` ([`EngineThread`]).
 //! - `check`: the offline checker behind `shale check` ([`check()`]).
 #![forbid(unsafe_code)]
