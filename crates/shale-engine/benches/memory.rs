@@ -95,7 +95,38 @@ fn call(e: &mut Eng, req: Request) -> Reply {
     r.expect("completed").expect("request")
 }
 
-#[allow(clippy::too_many_lines, reason = "predates the limit; to be split")]
+/// `writes` random 4 KiB writes over the volume's `blocks`, 128 in flight.
+fn random_writes(e: &mut Eng, volume: shale_engine::VolumeUid, blocks: u64, writes: u64) {
+    let done = Arc::new(AtomicU64::new(0));
+    let data = vec![0xA5u8; BLOCK as usize];
+    let mut x = 0x2545_F491_4F6C_DD1Du64;
+    let mut submitted = 0u64;
+    while submitted < writes {
+        while submitted < writes && submitted - done.load(Ordering::Relaxed) < 128 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let d = Arc::clone(&done);
+            e.submit(
+                Request::Write {
+                    volume,
+                    offset: (x % blocks) * BLOCK,
+                    data: data.clone(),
+                    fua: false,
+                },
+                Box::new(move |r| {
+                    r.expect("write");
+                    d.fetch_add(1, Ordering::Relaxed);
+                }),
+            );
+            submitted += 1;
+        }
+        if !e.poll() {
+            e.wait_io();
+        }
+    }
+}
+
 fn main() {
     let a = match parse_args() {
         Ok(a) => a,
@@ -165,35 +196,8 @@ fn main() {
         // the page cache fills to its budget.
         let blocks = user / BLOCK;
         let writes = (a.write_mib << 20) / BLOCK;
-        let done = Arc::new(AtomicU64::new(0));
-        let data = vec![0xA5u8; BLOCK as usize];
-        let mut x = 0x2545_F491_4F6C_DD1Du64;
         let t = Instant::now();
-        let mut submitted = 0u64;
-        while submitted < writes {
-            while submitted < writes && submitted - done.load(Ordering::Relaxed) < 128 {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                let d = Arc::clone(&done);
-                e.submit(
-                    Request::Write {
-                        volume,
-                        offset: (x % blocks) * BLOCK,
-                        data: data.clone(),
-                        fua: false,
-                    },
-                    Box::new(move |r| {
-                        r.expect("write");
-                        d.fetch_add(1, Ordering::Relaxed);
-                    }),
-                );
-                submitted += 1;
-            }
-            if !e.poll() {
-                e.wait_io();
-            }
-        }
+        random_writes(&mut e, volume, blocks, writes);
         e.run_until_idle().expect("drain");
         let s = e.stats();
         println!(

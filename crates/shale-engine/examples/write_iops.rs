@@ -12,12 +12,16 @@ use std::time::Instant;
 use shale_device::{MemDevice, ZoneEmu, ZoneEmuConfig};
 use shale_engine::{Config, Engine, MonotonicClock, Reply, Request};
 
-#[allow(clippy::too_many_lines, reason = "predates the limit; to be split")]
-fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let cap_mib: u64 = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(1024);
-    let secs: u64 = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(20);
-    let l2p_mib: Option<u64> = args.get(3).and_then(|s| s.parse().ok());
+/// A formatted engine over memory devices (capacity `cap_mib`, cache 5% of it) with
+/// one volume over the whole user capacity: (engine, volume, its blocks).
+fn setup(
+    cap_mib: u64,
+    l2p_mib: Option<u64>,
+) -> (
+    Engine<MemDevice, ZoneEmu<MemDevice>, MonotonicClock>,
+    shale_engine::VolumeUid,
+    u64,
+) {
     let zone = 4u64 << 20;
     let zones = cap_mib * (1 << 20) / zone;
     let inner = MemDevice::new((zones + 2) * zone, 4096).unwrap();
@@ -35,7 +39,6 @@ fn main() {
     };
     let mut e = Engine::format(cache, cap, MonotonicClock::new(), config).unwrap();
     let blocks = e.user_capacity_bytes() / 4096;
-    let done = Arc::new(AtomicU64::new(0));
     let slot = Arc::new(std::sync::Mutex::new(None));
     let s2 = slot.clone();
     e.submit(
@@ -50,6 +53,16 @@ fn main() {
         Reply::Volume(v) => v.uid,
         _ => unreachable!(),
     };
+    (e, v, blocks)
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let cap_mib: u64 = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(1024);
+    let secs: u64 = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(20);
+    let l2p_mib: Option<u64> = args.get(3).and_then(|s| s.parse().ok());
+    let (mut e, v, blocks) = setup(cap_mib, l2p_mib);
+    let done = Arc::new(AtomicU64::new(0));
     println!(
         "capacity {cap_mib} MiB, user {} MiB, chunks {}, streams {}",
         (blocks * 4096) >> 20,

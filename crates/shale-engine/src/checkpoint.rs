@@ -401,13 +401,27 @@ mod tests {
             .collect()
     }
 
-    /// Rule: a checkpoint drops staged relocations whose source was overwritten before
-    /// it. Written after the checkpoint, such a copy would rank above the checkpoint's
-    /// L2P in replay and bring back the overwritten version.
-    #[test]
-    #[allow(clippy::too_many_lines, reason = "predates the limit; to be split")]
-    fn stale_staged_relocations_are_dropped_at_a_checkpoint() {
-        let config = Config {
+    /// The LBAs of every staged relocation.
+    fn staged_lbas(e: &E) -> Vec<u64> {
+        [&e.compaction, &e.gc]
+            .iter()
+            .flat_map(|m| m.streams.iter().flat_map(|st| st.entries.iter()))
+            .map(|x| x.lba.0)
+            .collect()
+    }
+
+    /// Staged relocations whose source is no longer valid.
+    fn stale_staged(e: &E) -> usize {
+        [&e.compaction, &e.gc]
+            .iter()
+            .flat_map(|m| m.streams.iter().flat_map(|st| st.entries.iter()))
+            .filter(|x| !e.core.regions.validity.get(x.source))
+            .count()
+    }
+
+    /// A small pool: 256-block chunks, one stream, no periodic checkpoint.
+    fn small_config() -> Config {
+        Config {
             chunk_blocks: 256,
             volumes_max: 4,
             spare_factor: 0.2,
@@ -421,7 +435,36 @@ mod tests {
             // No periodic checkpoint after the one under test.
             checkpoint_interval_bytes: Some(1 << 40),
             ..Config::default()
-        };
+        }
+    }
+
+    /// Every LBA in `newest` reads back the block of its newest seed.
+    fn assert_newest(e: &mut E, v: VolumeUid, newest: &std::collections::HashMap<u64, u64>) {
+        for (&l, &seed) in newest {
+            match call(
+                e,
+                Request::Read {
+                    volume: v,
+                    offset: l * 4096,
+                    len: 4096,
+                },
+            )
+            .unwrap()
+            {
+                Reply::Read(d) => {
+                    assert!(d == block(seed), "lba {l} is not its newest version")
+                }
+                r => panic!("{r:?}"),
+            }
+        }
+    }
+
+    /// Rule: a checkpoint drops staged relocations whose source was overwritten before
+    /// it. Written after the checkpoint, such a copy would rank above the checkpoint's
+    /// L2P in replay and bring back the overwritten version.
+    #[test]
+    fn stale_staged_relocations_are_dropped_at_a_checkpoint() {
+        let config = small_config();
         let mut exercised = 0;
         for seed in 0..8u64 {
             let cache = FaultDevice::new((128 + 8 * 256) * 4096, 4096, seed).unwrap();
@@ -474,14 +517,7 @@ mod tests {
             // checkpoint's drain.
             e.drain_io().unwrap();
             // Overwrite what is staged, in one go, then checkpoint at once.
-            let lbas: Vec<u64> = [&e.compaction, &e.gc]
-                .iter()
-                .flat_map(|m| {
-                    m.streams
-                        .iter()
-                        .flat_map(|st| st.entries.iter().map(|x| x.lba.0))
-                })
-                .collect();
+            let lbas = staged_lbas(&e);
             if lbas.is_empty() {
                 continue;
             }
@@ -504,11 +540,7 @@ mod tests {
                 s += 1;
             }
             e.writer.submit_runs(&mut e.core).unwrap();
-            let stale = [&e.compaction, &e.gc]
-                .iter()
-                .flat_map(|m| m.streams.iter().flat_map(|st| st.entries.iter()))
-                .filter(|x| !e.core.regions.validity.get(x.source))
-                .count();
+            let stale = stale_staged(&e);
             if stale == 0 {
                 continue;
             }
@@ -524,23 +556,7 @@ mod tests {
             let (_, inner) = zc.crash(&CrashMode::DropAll).unwrap();
             let cap = ZoneEmu::open(inner).unwrap();
             let mut e = E::open(cache, cap, ManualClock::new(), config.clone()).unwrap();
-            for (&l, &seed) in &newest {
-                match call(
-                    &mut e,
-                    Request::Read {
-                        volume: v,
-                        offset: l * 4096,
-                        len: 4096,
-                    },
-                )
-                .unwrap()
-                {
-                    Reply::Read(d) => {
-                        assert!(d == block(seed), "lba {l} is not its newest version")
-                    }
-                    r => panic!("{r:?}"),
-                }
-            }
+            assert_newest(&mut e, v, &newest);
             assert!(e.locate(v, Lba(0)).unwrap().is_some());
         }
         assert!(

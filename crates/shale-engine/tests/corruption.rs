@@ -109,7 +109,6 @@ fn read_block(d: &mut MemDevice, off: u64) -> Vec<u8> {
     b
 }
 
-#[allow(clippy::too_many_lines, reason = "predates the limit; to be split")]
 fn targets(img: &mut Image, dirty: bool) -> Vec<Target> {
     let l = img.layout;
     let t = |name: &str, dev, offset, open_reads| Target {
@@ -204,7 +203,20 @@ fn targets(img: &mut Image, dirty: bool) -> Vec<Target> {
         (l.l2p_area_start + u64::from(slot)) * BS,
         true,
     ));
-    // The newest journal entry, both copies.
+    journal_targets(img, &mut v);
+    md_targets(img, &ck, dirty, &mut v);
+    v
+}
+
+/// The newest journal entry, both copies.
+fn journal_targets(img: &mut Image, v: &mut Vec<Target>) {
+    let l = img.layout;
+    let t = |name: &str, dev, offset, open_reads| Target {
+        name: name.into(),
+        dev,
+        offset,
+        open_reads,
+    };
     let entries = journal_ring_entries(l.journal_blocks);
     let newest = (0..entries)
         .filter_map(|i| {
@@ -217,7 +229,17 @@ fn targets(img: &mut Image, dirty: bool) -> Vec<Target> {
         v.push(t("journal entry copy A", Dev::Cache, at, true));
         v.push(t("journal entry copy B", Dev::Cache, at + BS, true));
     }
-    // md: a closed chunk, the open chunk (replayed when dirty), a closed zone.
+}
+
+/// md: a closed chunk, the open chunk (replayed when dirty), a closed zone.
+fn md_targets(img: &mut Image, ck: &Checkpoint, dirty: bool, v: &mut Vec<Target>) {
+    let l = img.layout;
+    let t = |name: &str, dev, offset, open_reads| Target {
+        name: name.into(),
+        dev,
+        offset,
+        open_reads,
+    };
     let chunk_md = |c: u32, g: u64, copy: u64| {
         (l.data_start + u64::from(c) * u64::from(l.chunk_blocks) + g * 128 + 126 + copy) * BS
     };
@@ -269,7 +291,6 @@ fn targets(img: &mut Image, dirty: bool) -> Vec<Target> {
             break;
         }
     }
-    v
 }
 
 fn devices(img: &mut Image) -> (MemDevice, MemDevice) {

@@ -125,7 +125,6 @@ impl World {
         (off, u64::from(len).min(size - off).max(1))
     }
 
-    #[allow(clippy::too_many_lines, reason = "predates the limit; to be split")]
     fn step(&mut self, op: &Op) -> Result<(), TestCaseError> {
         match *op {
             Op::Write {
@@ -153,32 +152,7 @@ impl World {
                 self.model.get_mut(&v).unwrap()[off as usize..(off + len) as usize]
                     .copy_from_slice(&data);
             }
-            Op::Read { vol, at, len } => {
-                let Some(v) = self.pick(vol) else {
-                    return Ok(());
-                };
-                let (off, len) = self.range(v, at, len);
-                let got = match call(
-                    self.e(),
-                    Request::Read {
-                        volume: v,
-                        offset: off,
-                        len,
-                    },
-                ) {
-                    Ok(Reply::Read(d)) => d,
-                    r => return Err(TestCaseError::fail(format!("read {v} {off}+{len}: {r:?}"))),
-                };
-                let want = &self.model[&v][off as usize..(off + len) as usize];
-                if got != want {
-                    let first = got.iter().zip(want).position(|(a, b)| a != b).unwrap_or(0);
-                    return Err(TestCaseError::fail(format!(
-                        "read {v} {off}+{len} differs from the model first at byte {} (block {})",
-                        off as usize + first,
-                        (off as usize + first) / 4096
-                    )));
-                }
-            }
+            Op::Read { vol, at, len } => self.read_and_compare(vol, at, len)?,
             Op::Trim { vol, at, len } | Op::Zeroes { vol, at, len } => {
                 let Some(v) = self.pick(vol) else {
                     return Ok(());
@@ -222,54 +196,8 @@ impl World {
                 let e = self.e.take().unwrap();
                 self.e = Some(reopen(e, self.config.clone()));
             }
-            Op::Create { blocks } => {
-                self.names += 1;
-                let size = u64::from(blocks) * 4096;
-                let allocated: u64 = self.model.values().map(|m| m.len() as u64).sum();
-                let cap = self.e().user_capacity_bytes();
-                let name = format!("v{}", self.names);
-                let r = call(
-                    self.e(),
-                    Request::CreateVolume {
-                        name,
-                        size_bytes: size,
-                    },
-                );
-                match r {
-                    Ok(Reply::Volume(info)) => {
-                        prop_assert!(allocated + size <= cap);
-                        prop_assert!(!self.model.contains_key(&info.uid));
-                        self.model.insert(info.uid, vec![0; size as usize]);
-                    }
-                    Err(EngineError::NoSpace { .. }) => prop_assert!(allocated + size > cap),
-                    Err(EngineError::InvalidVolume { .. }) => prop_assert_eq!(self.model.len(), 4),
-                    r => return Err(TestCaseError::fail(format!("create: {r:?}"))),
-                }
-            }
-            Op::Resize { vol, pct } => {
-                let Some(v) = self.pick(vol) else {
-                    return Ok(());
-                };
-                let old = self.model[&v].len() as u64;
-                // Relative sizes keep the live data (and so GC pressure) roughly level.
-                let size = (old / 4096 * u64::from(pct) / 100).max(8) * 4096;
-                let allocated: u64 = self.model.values().map(|m| m.len() as u64).sum();
-                let cap = self.e().user_capacity_bytes();
-                match call(
-                    self.e(),
-                    Request::ResizeVolume {
-                        volume: v,
-                        size_bytes: size,
-                    },
-                ) {
-                    Ok(_) => {
-                        prop_assert!(allocated - old + size <= cap);
-                        self.model.get_mut(&v).unwrap().resize(size as usize, 0);
-                    }
-                    Err(EngineError::NoSpace { .. }) => prop_assert!(allocated - old + size > cap),
-                    r => return Err(TestCaseError::fail(format!("resize: {r:?}"))),
-                }
-            }
+            Op::Create { blocks } => self.create(blocks)?,
+            Op::Resize { vol, pct } => self.resize(vol, pct)?,
             Op::Delete { vol } => {
                 let Some(v) = self.pick(vol) else {
                     return Ok(());
@@ -279,48 +207,131 @@ impl World {
                 self.model.remove(&v);
                 self.deleted.push(v);
             }
-            Op::Stale { vol, at, write } => {
-                if self.deleted.is_empty() {
-                    return Ok(());
-                }
-                let v = self.deleted[vol as usize % self.deleted.len()];
-                let offset = u64::from(at % 64) * 4096;
-                let req = if write {
-                    Request::Write {
-                        volume: v,
-                        offset,
-                        data: pattern(u64::from(at), 4096),
-                        fua: false,
-                    }
-                } else {
-                    Request::Read {
-                        volume: v,
-                        offset,
-                        len: 4096,
-                    }
-                };
-                let r = call(self.e(), req);
-                prop_assert!(
-                    matches!(r, Err(EngineError::NoSuchVolume { volume }) if volume == v),
-                    "request to deleted {v}: {r:?}"
-                );
-                for (name, req) in [
-                    (
-                        "resize",
-                        Request::ResizeVolume {
-                            volume: v,
-                            size_bytes: 4096,
-                        },
-                    ),
-                    ("delete", Request::DeleteVolume { volume: v }),
-                ] {
-                    let r = call(self.e(), req);
-                    prop_assert!(
-                        matches!(r, Err(EngineError::NoSuchVolume { .. })),
-                        "{name} of deleted {v}: {r:?}"
-                    );
-                }
+            Op::Stale { vol, at, write } => self.stale(vol, at, write)?,
+        }
+        Ok(())
+    }
+
+    fn read_and_compare(&mut self, vol: u8, at: u32, len: u32) -> Result<(), TestCaseError> {
+        let Some(v) = self.pick(vol) else {
+            return Ok(());
+        };
+        let (off, len) = self.range(v, at, len);
+        let got = match call(
+            self.e(),
+            Request::Read {
+                volume: v,
+                offset: off,
+                len,
+            },
+        ) {
+            Ok(Reply::Read(d)) => d,
+            r => return Err(TestCaseError::fail(format!("read {v} {off}+{len}: {r:?}"))),
+        };
+        let want = &self.model[&v][off as usize..(off + len) as usize];
+        if got != want {
+            let first = got.iter().zip(want).position(|(a, b)| a != b).unwrap_or(0);
+            return Err(TestCaseError::fail(format!(
+                "read {v} {off}+{len} differs from the model first at byte {} (block {})",
+                off as usize + first,
+                (off as usize + first) / 4096
+            )));
+        }
+        Ok(())
+    }
+
+    fn create(&mut self, blocks: u16) -> Result<(), TestCaseError> {
+        self.names += 1;
+        let size = u64::from(blocks) * 4096;
+        let allocated: u64 = self.model.values().map(|m| m.len() as u64).sum();
+        let cap = self.e().user_capacity_bytes();
+        let name = format!("v{}", self.names);
+        let r = call(
+            self.e(),
+            Request::CreateVolume {
+                name,
+                size_bytes: size,
+            },
+        );
+        match r {
+            Ok(Reply::Volume(info)) => {
+                prop_assert!(allocated + size <= cap);
+                prop_assert!(!self.model.contains_key(&info.uid));
+                self.model.insert(info.uid, vec![0; size as usize]);
             }
+            Err(EngineError::NoSpace { .. }) => prop_assert!(allocated + size > cap),
+            Err(EngineError::InvalidVolume { .. }) => prop_assert_eq!(self.model.len(), 4),
+            r => return Err(TestCaseError::fail(format!("create: {r:?}"))),
+        }
+        Ok(())
+    }
+
+    fn resize(&mut self, vol: u8, pct: u16) -> Result<(), TestCaseError> {
+        let Some(v) = self.pick(vol) else {
+            return Ok(());
+        };
+        let old = self.model[&v].len() as u64;
+        // Relative sizes keep the live data (and so GC pressure) roughly level.
+        let size = (old / 4096 * u64::from(pct) / 100).max(8) * 4096;
+        let allocated: u64 = self.model.values().map(|m| m.len() as u64).sum();
+        let cap = self.e().user_capacity_bytes();
+        match call(
+            self.e(),
+            Request::ResizeVolume {
+                volume: v,
+                size_bytes: size,
+            },
+        ) {
+            Ok(_) => {
+                prop_assert!(allocated - old + size <= cap);
+                self.model.get_mut(&v).unwrap().resize(size as usize, 0);
+            }
+            Err(EngineError::NoSpace { .. }) => prop_assert!(allocated - old + size > cap),
+            r => return Err(TestCaseError::fail(format!("resize: {r:?}"))),
+        }
+        Ok(())
+    }
+
+    fn stale(&mut self, vol: u8, at: u32, write: bool) -> Result<(), TestCaseError> {
+        if self.deleted.is_empty() {
+            return Ok(());
+        }
+        let v = self.deleted[vol as usize % self.deleted.len()];
+        let offset = u64::from(at % 64) * 4096;
+        let req = if write {
+            Request::Write {
+                volume: v,
+                offset,
+                data: pattern(u64::from(at), 4096),
+                fua: false,
+            }
+        } else {
+            Request::Read {
+                volume: v,
+                offset,
+                len: 4096,
+            }
+        };
+        let r = call(self.e(), req);
+        prop_assert!(
+            matches!(r, Err(EngineError::NoSuchVolume { volume }) if volume == v),
+            "request to deleted {v}: {r:?}"
+        );
+        for (name, req) in [
+            (
+                "resize",
+                Request::ResizeVolume {
+                    volume: v,
+                    size_bytes: 4096,
+                },
+            ),
+            ("delete", Request::DeleteVolume { volume: v }),
+        ] {
+            let r = call(self.e(), req);
+            prop_assert!(
+                matches!(r, Err(EngineError::NoSuchVolume { .. })),
+                "{name} of deleted {v}: {r:?}"
+            );
         }
         Ok(())
     }
