@@ -330,13 +330,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     fn checkpoint_end(&mut self) -> Result<(), EngineError> {
         self.writer.submit_runs(&mut self.core)?;
         self.drain_io()?;
-        let fp = crate::flush::flush_point_records(&self.core);
-        let lens: Vec<usize> = fp.iter().map(|r| r.encoded_len()).collect();
-        if !self
-            .core
-            .journal
-            .fits(self.core.journal.entries_needed(&lens), 0)
-        {
+        if !crate::flush::flush_point_fits(&self.core) {
             return self.checkpoint(false);
         }
         // Every event a page written since the start reflects becomes durable.

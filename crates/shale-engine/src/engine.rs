@@ -630,15 +630,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             self.durability.complete_waiters(&mut self.writer);
             return Ok(());
         }
-        let lens: Vec<usize> = crate::flush::flush_point_records(&self.core)
-            .iter()
-            .map(shale_format::JournalRecord::encoded_len)
-            .collect();
-        if !self
-            .core
-            .journal
-            .fits(self.core.journal.entries_needed(&lens), 0)
-        {
+        if !crate::flush::flush_point_fits(&self.core) {
             return self.checkpoint(false);
         }
         self.make_durable(true)?;

@@ -130,6 +130,18 @@ pub(crate) fn flush_point_records(
         .collect()
 }
 
+/// Whether the journal can take the FlushPoint records without overwriting entries
+/// recovery needs; when it cannot, a checkpoint makes the same writes durable instead.
+pub(crate) fn flush_point_fits(
+    core: &Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+) -> bool {
+    let lens: Vec<usize> = flush_point_records(core)
+        .iter()
+        .map(JournalRecord::encoded_len)
+        .collect();
+    core.journal.fits(core.journal.entries_needed(&lens), 0)
+}
+
 /// Step 6: PendingFree regions become Free (zones are reset first).
 pub(crate) fn release_pending(
     core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,

@@ -103,6 +103,17 @@ struct Target {
     open_reads: bool,
 }
 
+impl Target {
+    fn new(name: &str, dev: Dev, offset: u64, open_reads: bool) -> Target {
+        Target {
+            name: name.into(),
+            dev,
+            offset,
+            open_reads,
+        }
+    }
+}
+
 fn read_block(d: &mut MemDevice, off: u64) -> Vec<u8> {
     let mut b = vec![0u8; 4096];
     d.read_at(off, &mut b).unwrap();
@@ -111,12 +122,7 @@ fn read_block(d: &mut MemDevice, off: u64) -> Vec<u8> {
 
 fn targets(img: &mut Image, dirty: bool) -> Vec<Target> {
     let l = img.layout;
-    let t = |name: &str, dev, offset, open_reads| Target {
-        name: name.into(),
-        dev,
-        offset,
-        open_reads,
-    };
+    let t = Target::new;
     let mut v = vec![
         t("superblock A", Dev::Cache, 0, true),
         t("superblock B", Dev::Cache, BS, true),
@@ -211,12 +217,7 @@ fn targets(img: &mut Image, dirty: bool) -> Vec<Target> {
 /// The newest journal entry, both copies.
 fn journal_targets(img: &mut Image, v: &mut Vec<Target>) {
     let l = img.layout;
-    let t = |name: &str, dev, offset, open_reads| Target {
-        name: name.into(),
-        dev,
-        offset,
-        open_reads,
-    };
+    let t = Target::new;
     let entries = journal_ring_entries(l.journal_blocks);
     let newest = (0..entries)
         .filter_map(|i| {
@@ -234,12 +235,7 @@ fn journal_targets(img: &mut Image, v: &mut Vec<Target>) {
 /// md: a closed chunk, the open chunk (replayed when dirty), a closed zone.
 fn md_targets(img: &mut Image, ck: &Checkpoint, dirty: bool, v: &mut Vec<Target>) {
     let l = img.layout;
-    let t = |name: &str, dev, offset, open_reads| Target {
-        name: name.into(),
-        dev,
-        offset,
-        open_reads,
-    };
+    let t = Target::new;
     let chunk_md = |c: u32, g: u64, copy: u64| {
         (l.data_start + u64::from(c) * u64::from(l.chunk_blocks) + g * 128 + 126 + copy) * BS
     };
