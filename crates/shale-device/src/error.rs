@@ -82,6 +82,13 @@ pub enum DeviceError {
     },
     #[error("zone metadata on device is corrupt: {reason}")]
     CorruptMetadata { reason: String },
+    /// An array cannot serve the request: too many of its members are failed.
+    #[error("{op} at offset {offset}: {reason}")]
+    Unavailable {
+        op: IoOpKind,
+        offset: u64,
+        reason: String,
+    },
 }
 
 /// Errors of a zoned device: every ZNS rule violation has its own variant.

@@ -457,6 +457,7 @@ impl<D: BlockDevice> ZoneEmu<D> {
             max_open_zones: meta.max_open_zones,
             max_active_zones: meta.max_active_zones,
             max_io_bytes: inner.info().max_io_bytes,
+            write_unit: meta.logical_block_size,
         };
         let zones: Vec<Zone> = entries
             .iter()

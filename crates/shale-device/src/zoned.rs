@@ -21,6 +21,9 @@ pub struct ZoneGeometry {
     /// 0 means no limit.
     pub max_active_zones: u32,
     pub max_io_bytes: u32,
+    /// Writes start at a multiple of this and are a multiple of it long (bytes; the
+    /// logical block size for a single drive, a whole stripe for an array).
+    pub write_unit: u32,
 }
 
 impl ZoneGeometry {

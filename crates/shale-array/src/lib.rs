@@ -1,0 +1,17 @@
+//! Arrays of devices that look like one device.
+//!
+//! [`ZoneArray`] puts zoned members behind one `ZonedDevice`: striped (`none`),
+//! mirrored, or Reed–Solomon `K+M`, written in full stripes only. Shale's log
+//! structure always writes whole zone groups in order, so a stripe is written once
+//! and never updated: no read-modify-write, no write hole. docs/arrays.md has the
+//! layout, the failure model and what is promised.
+
+pub mod codec;
+pub mod layout;
+mod member;
+mod zoned;
+
+pub use codec::{CodecError, ErasureCodec, ReedSolomon};
+pub use layout::{LayoutError, Redundancy, StripeLayout, LABEL_ZONES, STRIPE_BYTES_MAX};
+pub use member::{MemberCounters, MemberState, MemberStatus};
+pub use zoned::{ArrayError, ZoneArray, READ_ERROR_LIMIT};
