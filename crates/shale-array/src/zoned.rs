@@ -1143,7 +1143,10 @@ fn array_geometry(
     unit: u64,
 ) -> Result<(ZoneGeometry, StripeLayout), LayoutError> {
     let bad = |reason: String| LayoutError::Unit { unit, reason };
-    if unit == 0 || !unit.is_multiple_of(4096) || !unit.is_multiple_of(u64::from(mg.logical_block_size)) {
+    if unit == 0
+        || !unit.is_multiple_of(4096)
+        || !unit.is_multiple_of(u64::from(mg.logical_block_size))
+    {
         return Err(bad(
             "must be a non-zero multiple of 4096 and of the block size".into(),
         ));
@@ -1345,6 +1348,12 @@ impl<Z: ZonedDevice> ZonedDevice for ZoneArray<Z> {
 }
 
 impl<Z: ZonedDevice> ZoneArray<Z> {
+    /// Takes the array apart: its members in slot order (`None` where missing), with
+    /// their names. Failed members are handed back too; the caller decides.
+    pub fn into_members(self) -> Vec<(Option<Z>, String)> {
+        self.members.into_iter().map(|m| (m.dev, m.name)).collect()
+    }
+
     /// The state of member `index` (for tests; `members()` for reports).
     pub fn member_state(&self, index: u32) -> Option<MemberState> {
         self.members.get(index as usize).map(|m| m.state)

@@ -74,6 +74,17 @@ fn capacity_geometry(z: &shale_device::ZoneGeometry) -> Result<CapacityGeometry,
             z.zone_count
         ));
     }
+    // Zone writes are whole md groups at group boundaries (and a zone's short last
+    // group ends at its capacity), so a device (an array) that takes writes only in
+    // units works if its unit divides a group and the zone capacity.
+    let group = u64::from(shale_format::GROUP_BLOCKS) * BS;
+    let unit = u64::from(z.write_unit.max(1));
+    if !group.is_multiple_of(unit) || !z.zone_capacity.is_multiple_of(unit) {
+        return Err(format!(
+            "write unit {unit} bytes must divide a {group}-byte zone group and the zone capacity {}",
+            z.zone_capacity
+        ));
+    }
     let size = u32::try_from(z.zone_size / BS).map_err(|_| "zone too large".to_string())?;
     Ok(CapacityGeometry {
         zone_size_blocks: size,
@@ -618,8 +629,14 @@ fn format_capacity(
         geometry: sb.capacity,
     };
     let one = label.encode();
-    let mut copies = vec![0u8; shale_format::LABEL_COPIES * BLOCK_SIZE];
-    for c in copies.chunks_exact_mut(BLOCK_SIZE) {
+    // Padded with zeros to the device's write unit (an array's stripe).
+    let unit = (capacity.geometry().write_unit as usize).max(BLOCK_SIZE);
+    let len = (shale_format::LABEL_COPIES * BLOCK_SIZE).next_multiple_of(unit);
+    let mut copies = vec![0u8; len];
+    for c in copies
+        .chunks_exact_mut(BLOCK_SIZE)
+        .take(shale_format::LABEL_COPIES)
+    {
         c.copy_from_slice(&one);
     }
     capacity

@@ -3,8 +3,8 @@
 
 pub mod rig;
 
-use shale_device::{MemDevice, ZoneEmu, ZoneEmuConfig};
-use shale_engine::{Config, Engine, EngineError, ManualClock, Reply, Request, VolumeUid};
+use shale_device::{BlockDevice, MemDevice, ZoneEmu, ZoneEmuConfig, ZonedDevice};
+use shale_engine::{Clock, Config, Engine, EngineError, ManualClock, Reply, Request, VolumeUid};
 pub use shale_testkit::{call, pattern};
 
 pub type Cap = ZoneEmu<MemDevice>;
@@ -59,7 +59,11 @@ pub fn tiny_engine() -> Eng {
     Engine::format(c, z, ManualClock::new(), tiny_config()).unwrap()
 }
 
-pub fn create(e: &mut Eng, name: &str, bytes: u64) -> VolumeUid {
+pub fn create<C: BlockDevice, Z: ZonedDevice, K: Clock>(
+    e: &mut Engine<C, Z, K>,
+    name: &str,
+    bytes: u64,
+) -> VolumeUid {
     match call(
         e,
         Request::CreateVolume {
@@ -74,7 +78,12 @@ pub fn create(e: &mut Eng, name: &str, bytes: u64) -> VolumeUid {
     }
 }
 
-pub fn write(e: &mut Eng, volume: VolumeUid, offset: u64, data: &[u8]) -> Result<(), EngineError> {
+pub fn write<C: BlockDevice, Z: ZonedDevice, K: Clock>(
+    e: &mut Engine<C, Z, K>,
+    volume: VolumeUid,
+    offset: u64,
+    data: &[u8],
+) -> Result<(), EngineError> {
     call(
         e,
         Request::Write {
@@ -87,7 +96,12 @@ pub fn write(e: &mut Eng, volume: VolumeUid, offset: u64, data: &[u8]) -> Result
     .map(|_| ())
 }
 
-pub fn read(e: &mut Eng, volume: VolumeUid, offset: u64, len: u64) -> Result<Vec<u8>, EngineError> {
+pub fn read<C: BlockDevice, Z: ZonedDevice, K: Clock>(
+    e: &mut Engine<C, Z, K>,
+    volume: VolumeUid,
+    offset: u64,
+    len: u64,
+) -> Result<Vec<u8>, EngineError> {
     match call(
         e,
         Request::Read {
@@ -110,7 +124,6 @@ pub fn reopen(e: Eng, config: Config) -> Eng {
 
 /// A copy of a memory device (for opening the same image twice).
 pub fn copy_mem(d: &mut MemDevice) -> MemDevice {
-    use shale_device::BlockDevice;
     let size = d.info().size_bytes;
     let mut out = MemDevice::new(size, d.info().logical_block_size)
         .unwrap()

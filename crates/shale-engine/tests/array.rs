@@ -1,0 +1,202 @@
+//! The engine over a zoned array: data survives members lost while it runs, at
+//! open, and across a clean restart; more lost than the code survives fails loudly.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::HashMap;
+
+use common::{call, create, pattern, read, tiny_config, write};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use shale_array::{MemberState, Redundancy, ZoneArray, LABEL_ZONES};
+use shale_device::{
+    ErrorRule, FaultController, FaultDevice, MemDevice, ZoneEmu, ZoneEmuConfig, ZonedDevice,
+};
+use shale_engine::{Engine, ManualClock, Request, VolumeUid};
+
+type Member = ZoneEmu<FaultDevice>;
+type Arr = ZoneArray<Member>;
+type AEng = Engine<MemDevice, Arr, ManualClock>;
+
+const ZONES: u64 = 28;
+/// Array zones of 256 blocks, as the other engine tests use.
+const ARRAY_ZONE_BLOCKS: u64 = 256;
+
+fn members(n: usize, k: u64, seed: u64) -> (Vec<(Option<Member>, String)>, Vec<FaultController>) {
+    let zone = ARRAY_ZONE_BLOCKS / k * 4096;
+    let mut zc = ZoneEmuConfig::new(zone);
+    zc.max_open_zones = 8;
+    zc.max_active_zones = 8;
+    let bytes = zc.device_bytes_for(ZONES as u32 + LABEL_ZONES).unwrap();
+    let mut ctls = Vec::new();
+    let ms = (0..n)
+        .map(|i| {
+            let d = FaultDevice::new(bytes, 4096, seed + i as u64).unwrap();
+            ctls.push(d.controller());
+            (Some(ZoneEmu::format(d, &zc).unwrap()), format!("m{i}"))
+        })
+        .collect();
+    (ms, ctls)
+}
+
+fn engine(r: Redundancy, n: usize, seed: u64) -> (AEng, Vec<FaultController>) {
+    let (k, _) = r.shards(n).unwrap();
+    let (ms, ctls) = members(n, u64::from(k), seed);
+    let unit = shale_array::STRIPE_BYTES_MAX / u64::from(k);
+    let arr = ZoneArray::new(ms, r, unit).unwrap();
+    let cache = MemDevice::new((128 + 8 * 256) * 4096, 4096).unwrap();
+    let e = Engine::format(cache, arr, ManualClock::new(), tiny_config()).unwrap();
+    (e, ctls)
+}
+
+/// Writes `n` random 4 KiB blocks (overwrites included); the model remembers each
+/// block's pattern seed.
+fn churn(
+    e: &mut AEng,
+    v: VolumeUid,
+    blocks: u64,
+    n: u32,
+    rng: &mut ChaCha8Rng,
+    model: &mut HashMap<u64, u64>,
+) {
+    for _ in 0..n {
+        let lba = rng.gen_range(0..blocks);
+        let seed = rng.gen::<u64>();
+        write(e, v, lba * 4096, &pattern(seed, 4096)).unwrap();
+        model.insert(lba, seed);
+    }
+}
+
+fn verify(e: &mut AEng, v: VolumeUid, model: &HashMap<u64, u64>) {
+    for (&lba, &seed) in model {
+        let got = read(e, v, lba * 4096, 4096).unwrap();
+        assert!(got == pattern(seed, 4096), "lba {lba}: wrong data");
+    }
+}
+
+fn reopen(e: AEng, r: Redundancy, drop_member: Option<usize>) -> AEng {
+    let (cache, arr) = e.shutdown().unwrap();
+    let (k, _) = r.shards(arr.layout().members as usize).unwrap();
+    let unit = arr.layout().unit;
+    let ms = arr
+        .into_members()
+        .into_iter()
+        .enumerate()
+        .map(|(i, (d, name))| {
+            let d = d.filter(|_| Some(i) != drop_member);
+            (d.map(|d| ZoneEmu::open(d.into_inner()).unwrap()), name)
+        })
+        .collect();
+    let _ = k;
+    Engine::open(
+        cache,
+        ZoneArray::new(ms, r, unit).unwrap(),
+        ManualClock::new(),
+        tiny_config(),
+    )
+    .unwrap()
+}
+
+#[test]
+fn a_member_failing_under_load_loses_nothing() {
+    for (r, n) in [
+        (Redundancy::Parity { k: 4, m: 1 }, 5),
+        (Redundancy::Parity { k: 2, m: 2 }, 4),
+        (Redundancy::Mirror, 2),
+    ] {
+        let mut rng = ChaCha8Rng::seed_from_u64(n as u64);
+        let (mut e, ctls) = engine(r, n, 40);
+        let v = create(&mut e, "a", 14 << 20);
+        let blocks = (14 << 20) / 4096;
+        let mut model = HashMap::new();
+        churn(&mut e, v, blocks, 6000, &mut rng, &mut model);
+        call(&mut e, Request::Flush).unwrap();
+        // Member 1 starts failing every request: the first error takes it out.
+        ctls[1].add_error_rule(ErrorRule {
+            reads: true,
+            writes: true,
+            offset: 0,
+            len: u64::MAX,
+            remaining: None,
+        });
+        churn(&mut e, v, blocks, 4000, &mut rng, &mut model);
+        call(&mut e, Request::Flush).unwrap();
+        verify(&mut e, v, &model);
+        e.self_check().unwrap();
+        let s = e.stats();
+        assert!(s.capacity_gc_write_bytes > 0, "{r}: GC never ran");
+        let mut e = reopen(e, r, Some(1));
+        verify(&mut e, v, &model);
+        churn(&mut e, v, blocks, 500, &mut rng, &mut model);
+        verify(&mut e, v, &model);
+        e.self_check().unwrap();
+        let _ = e.shutdown().unwrap();
+    }
+}
+
+#[test]
+fn more_lost_members_than_the_code_survives_fail_loudly() {
+    let r = Redundancy::Parity { k: 4, m: 1 };
+    let (mut e, ctls) = engine(r, 5, 90);
+    let v = create(&mut e, "a", 3 << 20);
+    let mut rng = ChaCha8Rng::seed_from_u64(3);
+    let mut model = HashMap::new();
+    churn(&mut e, v, 700, 900, &mut rng, &mut model);
+    call(&mut e, Request::Flush).unwrap();
+    for c in &ctls[..2] {
+        c.add_error_rule(ErrorRule {
+            reads: true,
+            writes: true,
+            offset: 0,
+            len: u64::MAX,
+            remaining: None,
+        });
+    }
+    // Reads of data on the capacity array fail with an error, never wrong bytes;
+    // writes fail once compaction needs the array.
+    let mut errors = 0;
+    for (&lba, &seed) in &model {
+        match read(&mut e, v, lba * 4096, 4096) {
+            Ok(d) => assert!(d == pattern(seed, 4096), "lba {lba}: wrong data"),
+            Err(_) => errors += 1,
+        }
+        if errors > 0 {
+            break;
+        }
+    }
+    let mut failed_write = errors > 0;
+    for i in 0..3000u64 {
+        if write(&mut e, v, (i % 700) * 4096, &pattern(i, 4096)).is_err() {
+            failed_write = true;
+            break;
+        }
+    }
+    assert!(
+        failed_write,
+        "the engine went on as if nothing had happened"
+    );
+    let _ = e;
+}
+
+#[test]
+fn a_missing_member_at_open_is_served_degraded() {
+    let r = Redundancy::Parity { k: 4, m: 2 };
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    let (ms, _ctls) = members(6, 4, 70);
+    let arr = ZoneArray::new(ms, r, shale_array::STRIPE_BYTES_MAX / 4).unwrap();
+    let cache = MemDevice::new((128 + 8 * 256) * 4096, 4096).unwrap();
+    let mut e = Engine::format(cache, arr, ManualClock::new(), tiny_config()).unwrap();
+    let v = create(&mut e, "a", 3 << 20);
+    let mut model = HashMap::new();
+    churn(&mut e, v, 700, 1200, &mut rng, &mut model);
+    let mut e = reopen(e, r, Some(4));
+    verify(&mut e, v, &model);
+    let mut e = reopen(e, r, Some(0));
+    verify(&mut e, v, &model);
+    churn(&mut e, v, 700, 600, &mut rng, &mut model);
+    verify(&mut e, v, &model);
+    let (_, arr) = e.shutdown().unwrap();
+    assert_eq!(arr.members()[0].state, MemberState::Missing);
+    assert!(arr.geometry().write_unit > 4096);
+}
