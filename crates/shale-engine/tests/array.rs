@@ -9,7 +9,9 @@ use std::collections::HashMap;
 use common::{call, create, pattern, read, tiny_config, write};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use shale_array::{MemberState, Redundancy, ZoneArray, LABEL_ZONES};
+use shale_array::{
+    MemberState, MirrorDevice, Redundancy, ZoneArray, LABEL_ZONES, MIRROR_RESERVED_BYTES,
+};
 use shale_device::{
     ErrorRule, FaultController, FaultDevice, MemDevice, ZoneEmu, ZoneEmuConfig, ZonedDevice,
 };
@@ -199,4 +201,70 @@ fn a_missing_member_at_open_is_served_degraded() {
     let (_, arr) = e.shutdown().unwrap();
     assert_eq!(arr.members()[0].state, MemberState::Missing);
     assert!(arr.geometry().write_unit > 4096);
+}
+
+type MEng = Engine<MirrorDevice<FaultDevice>, Arr, ManualClock>;
+
+fn mirrored_cache(seed: u64) -> (MirrorDevice<FaultDevice>, Vec<FaultController>) {
+    let bytes = MIRROR_RESERVED_BYTES + (128 + 8 * 256) * 4096;
+    let mut ctls = Vec::new();
+    let ms = (0..2)
+        .map(|i| {
+            let d = FaultDevice::new(bytes, 4096, seed + i).unwrap();
+            ctls.push(d.controller());
+            (Some(d), format!("cache{i}"))
+        })
+        .collect();
+    (MirrorDevice::new(ms).unwrap(), ctls)
+}
+
+/// A cache mirror failing under load, then missing at open: every byte stays.
+#[test]
+fn a_cache_mirror_lost_under_load_loses_nothing() {
+    let r = Redundancy::Parity { k: 4, m: 1 };
+    let (ms, _) = members(5, 4, 500);
+    let arr = ZoneArray::new(ms, r, shale_array::STRIPE_BYTES_MAX / 4).unwrap();
+    let (cache, cctls) = mirrored_cache(600);
+    let mut e: MEng = Engine::format(cache, arr, ManualClock::new(), tiny_config()).unwrap();
+    let v = create(&mut e, "a", 14 << 20);
+    let mut rng = ChaCha8Rng::seed_from_u64(77);
+    let mut model = HashMap::new();
+    let blocks = (14 << 20) / 4096;
+    let w = |e: &mut MEng, n: u32, rng: &mut ChaCha8Rng, model: &mut HashMap<u64, u64>| {
+        for _ in 0..n {
+            let lba = rng.gen_range(0..blocks);
+            let seed = rng.gen::<u64>();
+            write(e, v, lba * 4096, &pattern(seed, 4096)).unwrap();
+            model.insert(lba, seed);
+        }
+    };
+    w(&mut e, 3000, &mut rng, &mut model);
+    cctls[0].add_error_rule(ErrorRule {
+        reads: true,
+        writes: true,
+        offset: 0,
+        len: u64::MAX,
+        remaining: None,
+    });
+    w(&mut e, 3000, &mut rng, &mut model);
+    call(&mut e, Request::Flush).unwrap();
+    for (&lba, &seed) in &model {
+        assert!(read(&mut e, v, lba * 4096, 4096).unwrap() == pattern(seed, 4096));
+    }
+    e.self_check().unwrap();
+    let (cache, arr) = e.shutdown().unwrap();
+    assert_eq!(cache.members()[0].state, MemberState::Failed);
+    let cms: Vec<_> = cache
+        .into_members()
+        .into_iter()
+        .enumerate()
+        .map(|(i, (d, n))| (d.filter(|_| i != 0), n))
+        .collect();
+    let cache = MirrorDevice::new(cms).unwrap();
+    let mut e: MEng = Engine::open(cache, arr, ManualClock::new(), tiny_config()).unwrap();
+    for (&lba, &seed) in &model {
+        assert!(read(&mut e, v, lba * 4096, 4096).unwrap() == pattern(seed, 4096));
+    }
+    w(&mut e, 500, &mut rng, &mut model);
+    e.self_check().unwrap();
 }
