@@ -11,6 +11,7 @@ pub enum Structure {
     VolumeTable,
     JournalBlock,
     CheckpointHeader,
+    ArrayLabel,
 }
 
 impl fmt::Display for Structure {
@@ -24,6 +25,7 @@ impl fmt::Display for Structure {
             Structure::VolumeTable => "volume table",
             Structure::JournalBlock => "journal block",
             Structure::CheckpointHeader => "checkpoint header",
+            Structure::ArrayLabel => "array member label",
         };
         f.write_str(s)
     }

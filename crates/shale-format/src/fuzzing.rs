@@ -9,8 +9,8 @@
 
 use crate::codec::seal;
 use crate::{
-    decode_md, decode_md_entry, decode_md_header, encode_md, md_claimed_generation, CapacityLabel,
-    Checkpoint, CheckpointHeader, JournalBlock, Superblock, VolumeTable, BLOCK_SIZE,
+    decode_md, decode_md_entry, decode_md_header, encode_md, md_claimed_generation, ArrayLabel,
+    CapacityLabel, Checkpoint, CheckpointHeader, JournalBlock, Superblock, VolumeTable, BLOCK_SIZE,
     GROUP_DATA_SLOTS, L2P_DIR_HEADER_LEN, REGION_ENTRY_LEN, REGION_TABLE_HEADER_LEN,
 };
 
@@ -53,6 +53,24 @@ pub fn superblock(data: &[u8]) {
     if let Ok(sb) = Superblock::decode(&buf, AT) {
         assert_eq!(sb.validate(), Ok(()), "a decoded superblock validates");
         assert_eq!(Superblock::decode(&sb.encode(), AT), Ok(sb));
+    }
+}
+
+/// An array member's label (a capacity member's zone 0, a cache mirror's first
+/// blocks).
+pub fn array_label(data: &[u8]) {
+    let Some((reseal, mut buf)) = split(data) else {
+        return;
+    };
+    if reseal {
+        reseal_block(&mut buf);
+    }
+    if let Ok(l) = ArrayLabel::decode(&buf, AT) {
+        assert!(
+            usize::from(l.index) < l.members.len(),
+            "the carrier is a member"
+        );
+        assert_eq!(ArrayLabel::decode(&l.encode(), AT), Ok(l));
     }
 }
 

@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
+mod array_label;
 mod checkpoint;
 mod codec;
 mod error;
@@ -22,6 +23,10 @@ mod region_table;
 mod superblock;
 mod volume_table;
 
+pub use array_label::{
+    ArrayLabel, ArrayMember, ArrayRedundancy, ArrayRole, MemberRecord, ARRAY_LABEL_MAGIC,
+    ARRAY_LABEL_VERSION, ARRAY_MEMBERS_MAX,
+};
 pub use checkpoint::{
     Checkpoint, CheckpointHeader, CHECKPOINT_HEADER_LEN, CHECKPOINT_MAGIC, CHECKPOINT_VERSION,
 };

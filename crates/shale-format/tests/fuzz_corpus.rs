@@ -13,7 +13,7 @@ use shale_format::fuzzing;
 use shale_format::*;
 use standin::Entry;
 
-fn targets() -> [Entry; 6] {
+fn targets() -> [Entry; 7] {
     let e = |name, run, random_len_max| Entry {
         name,
         run,
@@ -26,6 +26,7 @@ fn targets() -> [Entry; 6] {
         e("checkpoint", fuzzing::checkpoint, 3 * BLOCK_SIZE + 1),
         e("journal_block", fuzzing::journal_block, BLOCK_SIZE + 1),
         e("volume_table", fuzzing::volume_table, BLOCK_SIZE + 1),
+        e("array_label", fuzzing::array_label, BLOCK_SIZE + 1),
     ]
 }
 
@@ -41,13 +42,14 @@ fn seed_corpus_replays() {
 fn seeds_decode() {
     const AT: u64 = 0;
     type Decodes = fn(&[u8]) -> bool;
-    let decoders: [(&str, Decodes); 6] = [
+    let decoders: [(&str, Decodes); 7] = [
         ("superblock", |b| Superblock::decode(b, AT).is_ok()),
         ("capacity_label", |b| CapacityLabel::decode(b, AT).is_ok()),
         ("md_block", |b| decode_md(b, AT).is_ok()),
         ("checkpoint", |b| Checkpoint::decode(b, AT).is_ok()),
         ("journal_block", |b| JournalBlock::decode(b, AT).is_ok()),
         ("volume_table", |b| VolumeTable::decode(b, AT).is_ok()),
+        ("array_label", |b| ArrayLabel::decode(b, AT).is_ok()),
     ];
     for (target, decodes) in decoders {
         for (file, data) in standin::corpus(target) {
@@ -321,6 +323,51 @@ fn write_seed_corpus() {
             ("label-as-stored", as_stored(&label)),
             ("full-zones", resealed(&full)),
             ("full-zones-as-stored", as_stored(&full)),
+        ],
+    );
+    let member = |i: u8, state| ArrayMember {
+        uuid: [i; 16],
+        state,
+        rebuilt: u64::from(i) << 20,
+    };
+    let capacity_array = ArrayLabel {
+        pool: *b"shale-fuzz-seed!",
+        role: ArrayRole::Capacity,
+        redundancy: ArrayRedundancy::Parity { k: 4, m: 1 },
+        unit: 128 << 10,
+        generation: 3,
+        index: 2,
+        members: (0..5)
+            .map(|i| {
+                member(
+                    i,
+                    if i == 3 {
+                        MemberRecord::Rebuilding
+                    } else {
+                        MemberRecord::Ok
+                    },
+                )
+            })
+            .collect(),
+    }
+    .encode();
+    let cache_mirror = ArrayLabel {
+        pool: *b"shale-fuzz-seed!",
+        role: ArrayRole::Cache,
+        redundancy: ArrayRedundancy::Mirror,
+        unit: 0,
+        generation: 9,
+        index: 0,
+        members: vec![member(0, MemberRecord::Ok), member(1, MemberRecord::Failed)],
+    }
+    .encode();
+    standin::write_seeds(
+        "array_label",
+        vec![
+            ("capacity-4+1", resealed(&capacity_array)),
+            ("capacity-4+1-as-stored", as_stored(&capacity_array)),
+            ("cache-mirror", resealed(&cache_mirror)),
+            ("cache-mirror-as-stored", as_stored(&cache_mirror)),
         ],
     );
     let chunk_full = md(MdRegionKind::Chunk, &md_entries(GROUP_DATA_SLOTS), 2);
