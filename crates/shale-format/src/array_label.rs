@@ -16,6 +16,8 @@ pub const ARRAY_LABEL_VERSION: u16 = 1;
 pub const ARRAY_MEMBERS_MAX: usize = 32;
 const HEADER_LEN: usize = 96;
 const MEMBER_LEN: usize = 32;
+// The largest member table fits in the block.
+const _: () = assert!(HEADER_LEN + ARRAY_MEMBERS_MAX * MEMBER_LEN <= BLOCK_SIZE);
 
 /// What an array is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -181,7 +183,6 @@ impl ArrayLabel {
                 rebuilt,
             });
         }
-        debug_assert!(HEADER_LEN + ARRAY_MEMBERS_MAX * MEMBER_LEN <= BLOCK_SIZE);
         Ok(ArrayLabel {
             pool,
             role,
