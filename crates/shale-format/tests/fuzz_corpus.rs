@@ -325,51 +325,7 @@ fn write_seed_corpus() {
             ("full-zones-as-stored", as_stored(&full)),
         ],
     );
-    let member = |i: u8, state| ArrayMember {
-        uuid: [i; 16],
-        state,
-        rebuilt: u64::from(i) << 20,
-    };
-    let capacity_array = ArrayLabel {
-        pool: *b"shale-fuzz-seed!",
-        role: ArrayRole::Capacity,
-        redundancy: ArrayRedundancy::Parity { k: 4, m: 1 },
-        unit: 128 << 10,
-        generation: 3,
-        index: 2,
-        members: (0..5)
-            .map(|i| {
-                member(
-                    i,
-                    if i == 3 {
-                        MemberRecord::Rebuilding
-                    } else {
-                        MemberRecord::Ok
-                    },
-                )
-            })
-            .collect(),
-    }
-    .encode();
-    let cache_mirror = ArrayLabel {
-        pool: *b"shale-fuzz-seed!",
-        role: ArrayRole::Cache,
-        redundancy: ArrayRedundancy::Mirror,
-        unit: 0,
-        generation: 9,
-        index: 0,
-        members: vec![member(0, MemberRecord::Ok), member(1, MemberRecord::Failed)],
-    }
-    .encode();
-    standin::write_seeds(
-        "array_label",
-        vec![
-            ("capacity-4+1", resealed(&capacity_array)),
-            ("capacity-4+1-as-stored", as_stored(&capacity_array)),
-            ("cache-mirror", resealed(&cache_mirror)),
-            ("cache-mirror-as-stored", as_stored(&cache_mirror)),
-        ],
-    );
+    write_array_label_seeds();
     let chunk_full = md(MdRegionKind::Chunk, &md_entries(GROUP_DATA_SLOTS), 2);
     standin::write_seeds(
         "md_block",
@@ -422,6 +378,56 @@ fn write_seed_corpus() {
             ("empty", resealed(&volumes(0).encode())),
             ("full", resealed(&volumes(VOLUMES_MAX).encode())),
             ("version-1", resealed(&volume_table_v1())),
+        ],
+    );
+}
+
+/// Seeds of the array member label: a capacity member of a 4+1 array with one member
+/// rebuilding, and a cache mirror with one member failed.
+fn write_array_label_seeds() {
+    let member = |i: u8, state| ArrayMember {
+        uuid: [i; 16],
+        state,
+        rebuilt: u64::from(i) << 20,
+    };
+    let capacity_array = ArrayLabel {
+        pool: *b"shale-fuzz-seed!",
+        role: ArrayRole::Capacity,
+        redundancy: ArrayRedundancy::Parity { k: 4, m: 1 },
+        unit: 128 << 10,
+        generation: 3,
+        index: 2,
+        members: (0..5)
+            .map(|i| {
+                member(
+                    i,
+                    if i == 3 {
+                        MemberRecord::Rebuilding
+                    } else {
+                        MemberRecord::Ok
+                    },
+                )
+            })
+            .collect(),
+    }
+    .encode();
+    let cache_mirror = ArrayLabel {
+        pool: *b"shale-fuzz-seed!",
+        role: ArrayRole::Cache,
+        redundancy: ArrayRedundancy::Mirror,
+        unit: 0,
+        generation: 9,
+        index: 0,
+        members: vec![member(0, MemberRecord::Ok), member(1, MemberRecord::Failed)],
+    }
+    .encode();
+    standin::write_seeds(
+        "array_label",
+        vec![
+            ("capacity-4+1", resealed(&capacity_array)),
+            ("capacity-4+1-as-stored", as_stored(&capacity_array)),
+            ("cache-mirror", resealed(&cache_mirror)),
+            ("cache-mirror-as-stored", as_stored(&cache_mirror)),
         ],
     );
 }
