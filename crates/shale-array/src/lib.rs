@@ -8,6 +8,7 @@
 //! layout, the failure model and what is promised.
 
 pub mod codec;
+pub mod label;
 pub mod layout;
 mod member;
 mod mirror;

@@ -16,9 +16,11 @@ use shale_device::{
     BlockDevice, DeviceError, DeviceInfo, IoBuf, IoCompletion, IoOp, IoOpKind, IoRequest,
 };
 
-use crate::layout::LayoutError;
+use crate::label::{self, Identity, LabelError};
+use crate::layout::{LayoutError, Redundancy};
 use crate::member::{Member, MemberState, MemberStatus};
 use crate::zoned::{ArrayError, READ_ERROR_LIMIT};
+use shale_format::{ArrayRole, MemberRecord};
 
 /// Bytes at the start of each mirror member kept for its label.
 pub const MIRROR_RESERVED_BYTES: u64 = 1 << 20;
@@ -36,6 +38,7 @@ pub struct MirrorDevice<C: BlockDevice> {
     next_reader: usize,
     read_error_limit: u64,
     scratch: Vec<IoCompletion>,
+    identity: Option<Identity>,
 }
 
 impl<C: BlockDevice> std::fmt::Debug for MirrorDevice<C> {
@@ -122,7 +125,112 @@ impl<C: BlockDevice> MirrorDevice<C> {
             next_reader: 0,
             read_error_limit: READ_ERROR_LIMIT,
             scratch: Vec::new(),
+            identity: None,
         })
+    }
+
+    /// Makes a new mirror of fresh devices, labelling each (a new identity in `pool`).
+    pub fn create(devs: Vec<(C, String)>, pool: [u8; 16]) -> Result<MirrorDevice<C>, ArrayError> {
+        let id = Identity::new(pool, ArrayRole::Cache, Redundancy::Mirror, 0, devs.len());
+        let mut members = Vec::with_capacity(devs.len());
+        for (i, (mut d, name)) in devs.into_iter().enumerate() {
+            // Both label blocks: nothing of an earlier life may be read as newer.
+            let mut blocks = vec![0u8; 2 * shale_format::BLOCK_SIZE];
+            blocks[..shale_format::BLOCK_SIZE].copy_from_slice(&id.label(i).encode());
+            d.write_at(0, &blocks)
+                .and_then(|()| d.flush())
+                .map_err(|source| LabelError::Device {
+                    device: name.clone(),
+                    source,
+                })?;
+            members.push((Some(d), name));
+        }
+        let mut m = MirrorDevice::new(members)?;
+        m.identity = Some(id);
+        Ok(m)
+    }
+
+    /// Puts a mirror together from its labelled devices, in any order.
+    pub fn open(devs: Vec<(C, String)>) -> Result<MirrorDevice<C>, ArrayError> {
+        let mut found = Vec::with_capacity(devs.len());
+        for (mut d, name) in devs {
+            let l = label::read_block(&mut d, &name)?;
+            found.push((d, name, l));
+        }
+        let label::Placement {
+            identity: id,
+            slots,
+            changed,
+        } = label::place(ArrayRole::Cache, found)?;
+        let mut m = MirrorDevice::new(slots)?;
+        for (i, rec) in id.members.iter().enumerate() {
+            if rec.state != MemberRecord::Ok && m.members[i].dev.is_some() {
+                // A mirror being rebuilt holds only part of the data: not readable.
+                m.members[i].fail("recorded failed in the array's labels".into());
+            }
+        }
+        m.identity = Some(id);
+        if changed {
+            m.write_labels();
+        }
+        if m.members.iter().all(|x| !x.readable()) {
+            return Err(ArrayError::TooFewMembers {
+                redundancy: Redundancy::Mirror,
+                members: m.members.len(),
+                present: 0,
+                need: 1,
+            });
+        }
+        Ok(m)
+    }
+
+    /// The label generation (0 without labels).
+    pub fn generation(&self) -> u64 {
+        self.identity.as_ref().map_or(0, |i| i.generation)
+    }
+
+    /// Records members' states in the labels when they changed.
+    fn persist_states(&mut self) {
+        let Some(id) = self.identity.as_mut() else {
+            return;
+        };
+        let mut changed = false;
+        for (m, rec) in self.members.iter().zip(id.members.iter_mut()) {
+            let want = match m.state {
+                MemberState::Ok => MemberRecord::Ok,
+                MemberState::Failed | MemberState::Missing => MemberRecord::Failed,
+                MemberState::Rebuilding => MemberRecord::Rebuilding,
+            };
+            if rec.state != want {
+                rec.state = want;
+                changed = true;
+            }
+        }
+        if changed {
+            id.generation += 1;
+            self.write_labels();
+        }
+    }
+
+    fn write_labels(&mut self) {
+        let Some(id) = self.identity.clone() else {
+            return;
+        };
+        let mut failed_one = false;
+        for (i, m) in self.members.iter_mut().enumerate() {
+            if !m.writable() {
+                continue;
+            }
+            let Some(dev) = m.dev.as_mut() else { continue };
+            if let Err(e) = label::write_block(dev, &id.label(i)) {
+                m.counters.other_errors += 1;
+                m.fail(format!("label write: {e}"));
+                failed_one = true;
+            }
+        }
+        if failed_one {
+            self.persist_states();
+        }
     }
 
     pub fn set_read_error_limit(&mut self, limit: u64) {
@@ -146,6 +254,7 @@ impl<C: BlockDevice> MirrorDevice<C> {
             .get_mut(index as usize)
             .ok_or_else(|| LayoutError::Members(format!("no member {index}")))?
             .fail(reason.to_string());
+        self.persist_states();
         Ok(())
     }
 
@@ -219,6 +328,16 @@ impl<C: BlockDevice> MirrorDevice<C> {
     }
 
     fn finish(&mut self, id: u32) {
+        if self
+            .ops
+            .get(id as usize)
+            .and_then(Option::as_ref)
+            .is_some_and(|o| o.first_error.is_some())
+        {
+            // Before the request is answered: a mirror that missed a write must
+            // never be read again, crash or not.
+            self.persist_states();
+        }
         let Some(op) = self.ops.get_mut(id as usize).and_then(Option::take) else {
             return;
         };
@@ -370,6 +489,9 @@ impl<C: BlockDevice> MirrorDevice<C> {
                 }
             }
         }
+        if any {
+            self.persist_states();
+        }
         any
     }
 
@@ -402,6 +524,9 @@ impl<C: BlockDevice> MirrorDevice<C> {
                     first.get_or_insert(e);
                 }
             }
+        }
+        if first.is_some() {
+            self.persist_states();
         }
         match (ok, first) {
             (0, Some(e)) => Err(e),

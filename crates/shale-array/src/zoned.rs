@@ -30,8 +30,10 @@ use shale_device::{
 };
 
 use crate::codec::{self, ErasureCodec};
+use crate::label::{self, Identity, LabelError};
 use crate::layout::{LayoutError, Redundancy, StripeLayout, LABEL_ZONES};
 use crate::member::{Member, MemberState, MemberStatus};
+use shale_format::{ArrayRole, MemberRecord};
 
 /// Read errors a member may return before it is failed.
 pub const READ_ERROR_LIMIT: u64 = 16;
@@ -53,6 +55,9 @@ pub struct ZoneArray<Z: ZonedDevice> {
     in_flight: usize,
     read_error_limit: u64,
     scratch: Vec<ZoneCompletion>,
+    /// The label state; `None` for an array put together without labels (tests,
+    /// benchmarks).
+    identity: Option<Identity>,
 }
 
 impl<Z: ZonedDevice> std::fmt::Debug for ZoneArray<Z> {
@@ -71,6 +76,8 @@ impl<Z: ZonedDevice> std::fmt::Debug for ZoneArray<Z> {
 pub enum ArrayError {
     #[error(transparent)]
     Layout(#[from] LayoutError),
+    #[error(transparent)]
+    Label(LabelError),
     #[error("{present} of {members} members present; {redundancy} needs at least {need}")]
     TooFewMembers {
         redundancy: Redundancy,
@@ -271,7 +278,122 @@ impl<Z: ZonedDevice> ZoneArray<Z> {
             in_flight: 0,
             read_error_limit: READ_ERROR_LIMIT,
             scratch: Vec::new(),
+            identity: None,
         })
+    }
+
+    /// Makes a new array of fresh devices: labels every member (a new identity in
+    /// `pool`) and returns the array, every zone empty.
+    pub fn create(
+        devs: Vec<(Z, String)>,
+        redundancy: Redundancy,
+        unit: u64,
+        pool: [u8; 16],
+    ) -> Result<ZoneArray<Z>, ArrayError> {
+        let id = Identity::new(pool, ArrayRole::Capacity, redundancy, unit, devs.len());
+        let mut members = Vec::with_capacity(devs.len());
+        for (i, (mut d, name)) in devs.into_iter().enumerate() {
+            let zerr = |source| LabelError::Zone {
+                device: name.clone(),
+                source,
+            };
+            if d.zone_info(0).map_err(zerr)?.state != ZoneState::Empty {
+                d.manage(0, ZoneAction::Reset).map_err(zerr)?;
+            }
+            label::write_zoned(&mut d, &id.label(i)).map_err(zerr)?;
+            members.push((Some(d), name));
+        }
+        let mut a = ZoneArray::new(members, redundancy, unit)?;
+        a.identity = Some(id);
+        Ok(a)
+    }
+
+    /// Puts an array together from its labelled devices, in any order (see
+    /// `label.rs` for what is refused and what is recorded).
+    pub fn open(devs: Vec<(Z, String)>) -> Result<ZoneArray<Z>, ArrayError> {
+        let mut found = Vec::with_capacity(devs.len());
+        for (mut d, name) in devs {
+            let l = label::read_zoned(&mut d, &name)?;
+            found.push((d, name, l));
+        }
+        let label::Placement {
+            identity: id,
+            slots,
+            changed,
+        } = label::place(ArrayRole::Capacity, found)?;
+        let mut a = ZoneArray::new(slots, id.redundancy, id.unit)?;
+        for (i, rec) in id.members.iter().enumerate() {
+            if rec.state == MemberRecord::Failed && a.members[i].dev.is_some() {
+                a.members[i].fail("recorded failed in the array's labels".into());
+            }
+            if rec.state == MemberRecord::Rebuilding && a.members[i].dev.is_some() {
+                a.members[i].state = MemberState::Rebuilding;
+            }
+        }
+        a.identity = Some(id);
+        if changed {
+            a.write_labels();
+        }
+        if a.failed_members() > a.layout.m as usize {
+            return Err(ArrayError::TooFewMembers {
+                redundancy: a.redundancy,
+                members: a.members.len(),
+                present: a.members.len() - a.failed_members(),
+                need: a.members.len() - a.layout.m as usize,
+            });
+        }
+        Ok(a)
+    }
+
+    /// The label generation (0 without labels).
+    pub fn generation(&self) -> u64 {
+        self.identity.as_ref().map_or(0, |i| i.generation)
+    }
+
+    /// Records members' states in the labels when they changed: a new generation
+    /// written to every writable member (a member that cannot take it fails too).
+    fn persist_states(&mut self) {
+        let Some(id) = self.identity.as_mut() else {
+            return;
+        };
+        let mut changed = false;
+        for (m, rec) in self.members.iter().zip(id.members.iter_mut()) {
+            let want = match m.state {
+                MemberState::Ok => MemberRecord::Ok,
+                MemberState::Failed | MemberState::Missing => MemberRecord::Failed,
+                MemberState::Rebuilding => MemberRecord::Rebuilding,
+            };
+            if rec.state != want {
+                rec.state = want;
+                changed = true;
+            }
+        }
+        if changed {
+            id.generation += 1;
+            self.write_labels();
+        }
+    }
+
+    /// Writes the current identity's label to every writable member.
+    fn write_labels(&mut self) {
+        let Some(id) = self.identity.clone() else {
+            return;
+        };
+        let mut failed_one = false;
+        for (i, m) in self.members.iter_mut().enumerate() {
+            if !m.writable() {
+                continue;
+            }
+            let Some(dev) = m.dev.as_mut() else { continue };
+            if let Err(e) = label::write_zoned(dev, &id.label(i)) {
+                m.counters.other_errors += 1;
+                m.fail(format!("label write: {e}"));
+                failed_one = true;
+            }
+        }
+        if failed_one {
+            self.persist_states();
+        }
     }
 
     pub fn layout(&self) -> &StripeLayout {
@@ -307,6 +429,7 @@ impl<Z: ZonedDevice> ZoneArray<Z> {
             .get_mut(index as usize)
             .ok_or_else(|| LayoutError::Members(format!("no member {index}")))?;
         m.fail(reason.to_string());
+        self.persist_states();
         Ok(())
     }
 
@@ -613,11 +736,17 @@ impl<Z: ZonedDevice> ZoneArray<Z> {
         }
         let failed = lost + errors.len() as u32;
         let mut first = None;
+        let any = !errors.is_empty();
         for (member, e) in errors {
             let mm = &mut self.members[member as usize];
             mm.counters.write_errors += 1;
             mm.fail(format!("write error: {e}"));
             first.get_or_insert(e);
+        }
+        if any {
+            // Before the write is acknowledged: a member missing a row must never be
+            // trusted again, crash or not.
+            self.persist_states();
         }
         if failed > m {
             let op = self.ops.get_mut(id).expect("present");
@@ -679,10 +808,14 @@ impl<Z: ZonedDevice> ZoneArray<Z> {
         };
         let errors = std::mem::take(errors);
         let failed = *lost + errors.len() as u32;
+        let any = !errors.is_empty();
         for (member, e) in errors {
             let mm = &mut self.members[member as usize];
             mm.counters.other_errors += 1;
             mm.fail(format!("flush error: {e}"));
+        }
+        if any {
+            self.persist_states();
         }
         if failed > self.layout.m {
             let op = self.ops.get_mut(id).expect("present");
@@ -1042,6 +1175,9 @@ impl<Z: ZonedDevice> ZoneArray<Z> {
                 self.lose_member(i as u32, &e);
             }
         }
+        if any {
+            self.persist_states();
+        }
         any
     }
 
@@ -1157,6 +1293,11 @@ fn array_geometry(
             mg.max_io_bytes
         )));
     }
+    if mg.max_active_zones == 1 {
+        return Err(LayoutError::Members(
+            "members allow one active zone; the labels need one of their own".into(),
+        ));
+    }
     if mg.zone_count <= LABEL_ZONES {
         return Err(LayoutError::Members(format!(
             "members have {} zones; the array needs more than {LABEL_ZONES}",
@@ -1187,7 +1328,8 @@ fn array_geometry(
         zone_capacity: rows * s,
         zone_count: mg.zone_count - LABEL_ZONES,
         max_open_zones: mg.max_open_zones,
-        max_active_zones: mg.max_active_zones,
+        // Zone 0 of each member (the labels) stays closed, so active.
+        max_active_zones: mg.max_active_zones.saturating_sub(1),
         max_io_bytes: max_io,
         write_unit: s as u32,
     };
@@ -1327,6 +1469,7 @@ impl<Z: ZonedDevice> ZonedDevice for ZoneArray<Z> {
             self.members[i].counters.other_errors += 1;
             self.members[i].fail(format!("zone {action:?} of zone {zone}: {e}"));
         }
+        self.persist_states();
         if self.failed_members() > self.layout.m as usize {
             return Err(unavailable(
                 IoOpKind::ZoneManagement,
