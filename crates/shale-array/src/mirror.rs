@@ -39,6 +39,8 @@ pub struct MirrorDevice<C: BlockDevice> {
     read_error_limit: u64,
     scratch: Vec<IoCompletion>,
     identity: Option<Identity>,
+    /// Label changes are written (false for a read-only open: `shale check`).
+    persist: bool,
 }
 
 impl<C: BlockDevice> std::fmt::Debug for MirrorDevice<C> {
@@ -126,6 +128,7 @@ impl<C: BlockDevice> MirrorDevice<C> {
             read_error_limit: READ_ERROR_LIMIT,
             scratch: Vec::new(),
             identity: None,
+            persist: true,
         })
     }
 
@@ -152,6 +155,15 @@ impl<C: BlockDevice> MirrorDevice<C> {
 
     /// Puts a mirror together from its labelled devices, in any order.
     pub fn open(devs: Vec<(C, String)>) -> Result<MirrorDevice<C>, ArrayError> {
+        Self::open_with(devs, true)
+    }
+
+    /// As [`Self::open`], but never writes a label (a checker's open).
+    pub fn open_read_only(devs: Vec<(C, String)>) -> Result<MirrorDevice<C>, ArrayError> {
+        Self::open_with(devs, false)
+    }
+
+    fn open_with(devs: Vec<(C, String)>, persist: bool) -> Result<MirrorDevice<C>, ArrayError> {
         let mut found = Vec::with_capacity(devs.len());
         for (mut d, name) in devs {
             let l = label::read_block(&mut d, &name)?;
@@ -163,6 +175,7 @@ impl<C: BlockDevice> MirrorDevice<C> {
             changed,
         } = label::place(ArrayRole::Cache, found)?;
         let mut m = MirrorDevice::new(slots)?;
+        m.persist = persist;
         for (i, rec) in id.members.iter().enumerate() {
             if rec.state != MemberRecord::Ok && m.members[i].dev.is_some() {
                 // A mirror being rebuilt holds only part of the data: not readable.
@@ -213,7 +226,7 @@ impl<C: BlockDevice> MirrorDevice<C> {
     }
 
     fn write_labels(&mut self) {
-        let Some(id) = self.identity.clone() else {
+        let Some(id) = self.identity.clone().filter(|_| self.persist) else {
             return;
         };
         let mut failed_one = false;

@@ -58,6 +58,8 @@ pub struct ZoneArray<Z: ZonedDevice> {
     /// The label state; `None` for an array put together without labels (tests,
     /// benchmarks).
     identity: Option<Identity>,
+    /// Label changes are written (false for a read-only open: `shale check`).
+    persist: bool,
 }
 
 impl<Z: ZonedDevice> std::fmt::Debug for ZoneArray<Z> {
@@ -279,6 +281,7 @@ impl<Z: ZonedDevice> ZoneArray<Z> {
             read_error_limit: READ_ERROR_LIMIT,
             scratch: Vec::new(),
             identity: None,
+            persist: true,
         })
     }
 
@@ -311,6 +314,16 @@ impl<Z: ZonedDevice> ZoneArray<Z> {
     /// Puts an array together from its labelled devices, in any order (see
     /// `label.rs` for what is refused and what is recorded).
     pub fn open(devs: Vec<(Z, String)>) -> Result<ZoneArray<Z>, ArrayError> {
+        Self::open_with(devs, true)
+    }
+
+    /// As [`Self::open`], but never writes a label (a checker's open): what open
+    /// would record stays in memory.
+    pub fn open_read_only(devs: Vec<(Z, String)>) -> Result<ZoneArray<Z>, ArrayError> {
+        Self::open_with(devs, false)
+    }
+
+    fn open_with(devs: Vec<(Z, String)>, persist: bool) -> Result<ZoneArray<Z>, ArrayError> {
         let mut found = Vec::with_capacity(devs.len());
         for (mut d, name) in devs {
             let l = label::read_zoned(&mut d, &name)?;
@@ -322,6 +335,7 @@ impl<Z: ZonedDevice> ZoneArray<Z> {
             changed,
         } = label::place(ArrayRole::Capacity, found)?;
         let mut a = ZoneArray::new(slots, id.redundancy, id.unit)?;
+        a.persist = persist;
         for (i, rec) in id.members.iter().enumerate() {
             if rec.state == MemberRecord::Failed && a.members[i].dev.is_some() {
                 a.members[i].fail("recorded failed in the array's labels".into());
@@ -376,7 +390,7 @@ impl<Z: ZonedDevice> ZoneArray<Z> {
 
     /// Writes the current identity's label to every writable member.
     fn write_labels(&mut self) {
-        let Some(id) = self.identity.clone() else {
+        let Some(id) = self.identity.clone().filter(|_| self.persist) else {
             return;
         };
         let mut failed_one = false;

@@ -10,22 +10,24 @@
 //! Exit status: 0 when nothing was found; non-zero (an error message) otherwise.
 //! `--json` prints the report as one JSON object on stdout.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde_json::json;
-use shale_device::{FileDevice, ZoneEmu};
+use shale_array::{MemberState, MirrorDevice, ZoneArray};
+use shale_device::{BlockDevice, FileDevice, ZoneEmu, ZonedDevice};
 use shale_engine::{check, CheckOptions, CheckReport, Severity};
 
 #[derive(Debug, Args)]
 pub struct CheckArgs {
-    /// Cache device (file or block device)
-    #[arg(long)]
-    pub cache: PathBuf,
-    /// Capacity device (file or block device, with zone emulation)
-    #[arg(long)]
-    pub capacity: PathBuf,
+    /// Cache device (file or block device); repeat for every mirror
+    #[arg(long, required = true)]
+    pub cache: Vec<PathBuf>,
+    /// Capacity device (file or block device, with zone emulation); repeat for every
+    /// member of an array
+    #[arg(long, required = true)]
+    pub capacity: Vec<PathBuf>,
     /// Print the report as JSON on stdout
     #[arg(long)]
     pub json: bool,
@@ -61,18 +63,114 @@ fn severity_name(s: Severity) -> &'static str {
     }
 }
 
+type Findings = Vec<(Severity, String)>;
+
+/// Warnings for array members not in service (a degraded array is worth a look).
+fn member_findings(what: &str, members: &[shale_array::MemberStatus], out: &mut Findings) {
+    for m in members.iter().filter(|m| m.state != MemberState::Ok) {
+        out.push((
+            Severity::Warning,
+            format!(
+                "{what} member {} ({}) is {}{}",
+                m.index,
+                m.name,
+                m.state,
+                m.reason
+                    .as_ref()
+                    .map(|r| format!(": {r}"))
+                    .unwrap_or_default()
+            ),
+        ));
+    }
+}
+
+/// The cache: one device, or a mirror put together read-only from its labels.
+fn open_cache(paths: &[PathBuf], extra: &mut Findings) -> Result<Box<dyn BlockDevice + Send>> {
+    let open = |p: &Path| {
+        FileDevice::open(p).with_context(|| format!("opening the cache device {}", p.display()))
+    };
+    let mut members: Vec<(Box<dyn BlockDevice + Send>, String)> = Vec::new();
+    for p in paths {
+        let mut dev = open(p)?;
+        if paths.len() == 1 && shale_array::label::read_block(&mut dev, "").is_err() {
+            return Ok(Box::new(dev));
+        }
+        members.push((Box::new(dev), p.display().to_string()));
+    }
+    let m = MirrorDevice::open_read_only(members).context("putting the cache mirror together")?;
+    member_findings("cache mirror", &m.members(), extra);
+    Ok(Box::new(m))
+}
+
+/// The capacity: one device with zone emulation, or an array of them (read-only);
+/// `None` when zone emulation does not open (a finding says why).
+fn open_capacity(
+    paths: &[PathBuf],
+    extra: &mut Findings,
+) -> Result<Option<Box<dyn ZonedDevice + Send>>> {
+    let mut zoned: Vec<(Box<dyn ZonedDevice + Send>, String)> = Vec::new();
+    for p in paths {
+        let mut inner = FileDevice::open(p)
+            .with_context(|| format!("opening the capacity device {}", p.display()))?;
+        let prefix = if paths.len() > 1 {
+            format!("{}: ", p.display())
+        } else {
+            String::new()
+        };
+        for (sev, m) in zone_metadata(&mut inner)? {
+            extra.push((sev, format!("{prefix}{m}")));
+        }
+        match ZoneEmu::open(inner) {
+            Ok(z) => zoned.push((Box::new(z), p.display().to_string())),
+            Err(e) => {
+                extra.push((
+                    Severity::Error,
+                    format!("{prefix}zone emulation does not open: {e}"),
+                ));
+                return Ok(None);
+            }
+        }
+    }
+    if let [(one, name)] = zoned.as_mut_slice() {
+        if shale_array::label::read_zoned(one, name).is_err() {
+            return Ok(zoned.pop().map(|(z, _)| z));
+        }
+    }
+    match ZoneArray::open_read_only(zoned) {
+        Ok(a) => {
+            member_findings("capacity array", &a.members(), extra);
+            Ok(Some(Box::new(a)))
+        }
+        Err(e) => {
+            extra.push((Severity::Error, format!("capacity array: {e}")));
+            Ok(None)
+        }
+    }
+}
+
+fn names(paths: &[PathBuf]) -> String {
+    paths
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 #[allow(clippy::too_many_lines, reason = "predates the limit; to be split")]
 pub fn main(args: CheckArgs) -> Result<()> {
     // A running `shale serve` (or `shale format`) holds the devices exclusively;
     // checking under a live engine would report its in-flight state as damage.
-    let _locks = shale_daemon::serve::DeviceLock::acquire_shared(&args.cache, &args.capacity)?;
-    let cache = FileDevice::open(&args.cache)
-        .with_context(|| format!("opening the cache device {}", args.cache.display()))?;
-    let mut inner = FileDevice::open(&args.capacity)
-        .with_context(|| format!("opening the capacity device {}", args.capacity.display()))?;
-    let mut extra = zone_metadata(&mut inner)?;
-    let report = match ZoneEmu::open(inner) {
-        Ok(cap) => {
+    let paths: Vec<&Path> = args
+        .cache
+        .iter()
+        .chain(&args.capacity)
+        .map(PathBuf::as_path)
+        .collect();
+    let _locks = shale_daemon::serve::DeviceLock::acquire_shared(&paths)?;
+    let mut extra = Vec::new();
+    let cache = open_cache(&args.cache, &mut extra)?;
+    let report = match open_capacity(&args.capacity, &mut extra)? {
+        Some(cap) => {
             let opts = CheckOptions {
                 verify_data: args.data,
                 findings_per_kind_max: args.findings_max,
@@ -80,19 +178,13 @@ pub fn main(args: CheckArgs) -> Result<()> {
             };
             check(cache, cap, &opts)
         }
-        Err(e) => {
-            extra.push((
-                Severity::Error,
-                format!("zone emulation does not open: {e}"),
-            ));
-            CheckReport::default()
-        }
+        None => CheckReport::default(),
     };
     let errors = report.errors() + extra.iter().filter(|f| f.0 == Severity::Error).count();
     let warnings = report.warnings() + extra.iter().filter(|f| f.0 == Severity::Warning).count();
     let mut findings: Vec<(Severity, &str, &str)> = extra
         .iter()
-        .map(|f| (f.0, "zone emulation", f.1.as_str()))
+        .map(|f| (f.0, "devices", f.1.as_str()))
         .collect();
     findings.extend(
         report
@@ -117,8 +209,8 @@ pub fn main(args: CheckArgs) -> Result<()> {
         });
         let c = &report.counts;
         let out = json!({
-            "cache": args.cache.display().to_string(),
-            "capacity": args.capacity.display().to_string(),
+            "cache": names(&args.cache),
+            "capacity": names(&args.capacity),
             "clean_flag": report.clean,
             "open": open,
             "counts": {
@@ -129,6 +221,7 @@ pub fn main(args: CheckArgs) -> Result<()> {
                 "data_blocks_verified": c.data_blocks_verified,
                 "regions_in_use": c.regions_in_use,
                 "zones": c.zones,
+                "unwritten_zone_groups": c.unwritten_zone_groups,
             },
             "findings": findings.iter().map(|(s, a, m)| json!({
                 "severity": severity_name(*s),
@@ -143,8 +236,8 @@ pub fn main(args: CheckArgs) -> Result<()> {
     } else {
         println!(
             "shale check: cache {}, capacity {}",
-            args.cache.display(),
-            args.capacity.display()
+            names(&args.cache),
+            names(&args.capacity)
         );
         match report.clean {
             Some(true) => println!("  shut down cleanly"),

@@ -30,7 +30,7 @@ enum Command {
     /// default under ./shale-data on first start).
     Serve(Box<serve::ServeArgs>),
     /// Format a cache and a capacity device.
-    Format(serve::FormatArgs),
+    Format(Box<serve::FormatArgs>),
     /// Create, list, resize or delete volumes of a running daemon.
     Volume(volume::VolumeArgs),
     /// Statistics of a running daemon.
@@ -48,7 +48,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Serve(args) => serve::main(*args),
-        Command::Format(args) => serve::format(args),
+        Command::Format(args) => serve::format(*args),
         Command::Volume(args) => volume::volume(args),
         Command::Stats(args) => volume::stats(args),
         Command::Top(args) => top::main(args),

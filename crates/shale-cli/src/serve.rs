@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
-use shale_daemon::config::{CapacityMode, Config, Size, TlsConfig};
+use shale_daemon::config::{CapacityMode, Config, Paths, Size, TlsConfig};
 use shale_daemon::serve::{self, DeviceSpec, FormatProgress};
 use shale_engine::NoProgress;
 
@@ -37,12 +37,16 @@ pub struct DeviceArgs {
     /// Directory of the embedded default's files and sockets [default: ./shale-data]
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
-    /// Cache device: file or block device [default: DATA_DIR/cache.img]
+    /// Cache device: file or block device; repeat for mirrors [default: DATA_DIR/cache.img]
     #[arg(long)]
-    pub cache: Option<String>,
-    /// Capacity device: file or block device [default: DATA_DIR/capacity.img]
+    pub cache: Vec<String>,
+    /// Capacity device: file or block device; repeat for an array [default: DATA_DIR/capacity.img]
     #[arg(long)]
-    pub capacity: Option<String>,
+    pub capacity: Vec<String>,
+    /// How an array of capacity devices keeps its data: none (striped), mirror, or
+    /// K+M (Reed-Solomon: K data and M parity shards, e.g. 4+1)
+    #[arg(long, value_name = "none|mirror|K+M")]
+    pub capacity_redundancy: Option<String>,
     /// Size of a cache file created by format [default: 1GiB]
     #[arg(long)]
     pub cache_size: Option<String>,
@@ -75,11 +79,18 @@ impl DeviceArgs {
             c.data_dir = d.clone();
         }
         let d = &mut c.devices;
-        if let Some(v) = &self.cache {
-            d.cache = v.clone();
+        let paths = |v: &[String]| match v {
+            [one] => Paths::One(one.clone()),
+            many => Paths::Many(many.to_vec()),
+        };
+        if !self.cache.is_empty() {
+            d.cache = paths(&self.cache);
         }
-        if let Some(v) = &self.capacity {
-            d.capacity = v.clone();
+        if !self.capacity.is_empty() {
+            d.capacity = paths(&self.capacity);
+        }
+        if let Some(v) = &self.capacity_redundancy {
+            d.capacity_redundancy = Some(v.clone());
         }
         if let Some(v) = &self.cache_size {
             d.cache_size = Size(v.clone());
@@ -296,10 +307,19 @@ pub fn format(args: FormatArgs) -> Result<()> {
             serde_json::json!({ "cache": spec.cache, "capacity": spec.capacity, "volumes": v })
         );
     } else {
+        let names = |p: &[PathBuf]| {
+            p.iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
         println!(
-            "formatted cache {} and capacity {}",
-            spec.cache.display(),
-            spec.capacity.display()
+            "formatted cache {} and capacity {}{}",
+            names(&spec.cache),
+            names(&spec.capacity),
+            spec.redundancy
+                .map(|r| format!(" ({r})"))
+                .unwrap_or_default()
         );
         for v in created {
             println!("  volume {:<16} {:>16} bytes", v.name, v.size_bytes);

@@ -87,13 +87,44 @@ pub struct Config {
     pub memory: MemoryConfig,
 }
 
+/// One device, or the members of an array (`cache = ["a", "b"]`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Paths {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl Paths {
+    pub fn list(&self) -> Vec<&str> {
+        match self {
+            Paths::One(p) => vec![p.as_str()],
+            Paths::Many(v) => v.iter().map(String::as_str).collect(),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.list().iter().all(|p| p.is_empty())
+    }
+}
+
+impl From<&str> for Paths {
+    fn from(p: &str) -> Paths {
+        Paths::One(p.to_string())
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DevicesConfig {
-    /// Cache device: a file or block device.
-    pub cache: String,
-    /// Capacity device: a file or block device.
-    pub capacity: String,
+    /// Cache device: a file or block device; two or more are mirrors.
+    pub cache: Paths,
+    /// Capacity device: a file or block device; two or more are an array (see
+    /// `capacity_redundancy`).
+    pub capacity: Paths,
+    /// How an array of capacity devices keeps its data: `none` (striped), `mirror`,
+    /// or `K+M` (Reed–Solomon, K data and M parity shards, one per device).
+    pub capacity_redundancy: Option<String>,
     /// Sizes used only when the embedded default creates sparse files.
     pub cache_size: Size,
     pub capacity_size: Size,
@@ -289,6 +320,7 @@ impl Default for DevicesConfig {
         DevicesConfig {
             cache: "{data_dir}/cache.img".into(),
             capacity: "{data_dir}/capacity.img".into(),
+            capacity_redundancy: None,
             cache_size: Size("1GiB".into()),
             capacity_size: Size("16GiB".into()),
             capacity_mode: CapacityMode::Emulated,
@@ -362,6 +394,61 @@ impl Config {
         }
         let dir = self.data_dir.to_string_lossy();
         Some(PathBuf::from(path.replace("{data_dir}", &dir)))
+    }
+
+    /// Device paths: at least one of each kind, none empty, a redundancy for arrays.
+    fn validate_paths(&self) -> Result<(), ConfigError> {
+        let d = &self.devices;
+        if d.cache.is_empty() || d.capacity.is_empty() {
+            return Err(ConfigError::Invalid {
+                field: "devices",
+                reason: "both a cache and a capacity device are needed".into(),
+            });
+        }
+        if d.cache
+            .list()
+            .iter()
+            .chain(d.capacity.list().iter())
+            .any(|p| p.is_empty())
+        {
+            return Err(ConfigError::Invalid {
+                field: "devices",
+                reason: "an empty device path".into(),
+            });
+        }
+        self.redundancy().map(|_| ())
+    }
+
+    /// The capacity array's redundancy: `None` for a single capacity device.
+    pub fn redundancy(&self) -> Result<Option<shale_array::Redundancy>, ConfigError> {
+        let d = &self.devices;
+        let n = d.capacity.list().len();
+        let bad = |reason: String| ConfigError::Invalid {
+            field: "devices.capacity_redundancy",
+            reason,
+        };
+        match (&d.capacity_redundancy, n) {
+            (None, 1) => Ok(None),
+            (None, _) => Err(bad(format!(
+                "{n} capacity devices: say how they keep the data (none, mirror, or K+M such as {}+1)",
+                n - 1
+            ))),
+            (Some(r), _) => {
+                let r: shale_array::Redundancy =
+                    r.parse().map_err(|e: shale_array::LayoutError| bad(e.to_string()))?;
+                let (k, _) = r.shards(n).map_err(|e| bad(e.to_string()))?;
+                // A stripe is exactly one 512 KiB zone group of the engine.
+                if 128 % k != 0 {
+                    return Err(bad(format!(
+                        "{r}: {k} data shards; a stripe is one 512 KiB zone group, so K must divide 128 (1, 2, 4, 8, 16 or 32)"
+                    )));
+                }
+                if n == 1 {
+                    return Ok(None);
+                }
+                Ok(Some(r))
+            }
+        }
     }
 
     /// The NBD TCP listener and who can reach it; `None` when TCP is off.
@@ -439,12 +526,7 @@ impl Config {
                 reason: format!("{} is not in [0, 0.9)", d.spare_factor),
             });
         }
-        if d.cache.is_empty() || d.capacity.is_empty() {
-            return Err(ConfigError::Invalid {
-                field: "devices",
-                reason: "both a cache and a capacity device are needed".into(),
-            });
-        }
+        self.validate_paths()?;
         if let Some(exposure) = self.tcp_exposure()? {
             exposure.check(self.nbd.insecure_tcp)?;
         }

@@ -17,10 +17,11 @@ use shale_nbd::{Server, ServerConfig, ServerError, ServerLimits, TlsMode, TlsSet
 
 use crate::admin::{AdminError, AdminServer};
 use crate::backend::{CacheDevice, CapacityDevice, Engine, EngineBackend};
-use crate::config::{CapacityMode, Config, ConfigError};
+use crate::config::{CapacityMode, Config, ConfigError, Paths};
 use crate::drive::DriveStats;
 use crate::handler::DaemonAdmin;
 use crate::notify::Notifier;
+use shale_array::{MirrorDevice, Redundancy, ZoneArray};
 
 /// Requests queued between the front-ends and the engine thread.
 const ENGINE_QUEUE_DEPTH: usize = 1024;
@@ -75,8 +76,12 @@ const FAILED_EXIT_GRACE: Duration = Duration::from_secs(2);
 /// Device paths and format-time geometry taken from a [`Config`].
 #[derive(Debug, Clone)]
 pub struct DeviceSpec {
-    pub cache: PathBuf,
-    pub capacity: PathBuf,
+    /// One cache device, or the members of a mirror.
+    pub cache: Vec<PathBuf>,
+    /// One capacity device, or the members of an array.
+    pub capacity: Vec<PathBuf>,
+    /// The capacity array's redundancy (`None`: one capacity device).
+    pub redundancy: Option<Redundancy>,
     pub cache_size: u64,
     pub capacity_size: u64,
     pub mode: CapacityMode,
@@ -94,15 +99,21 @@ impl DeviceSpec {
     pub fn from_config(c: &Config) -> Result<DeviceSpec, ConfigError> {
         c.validate()?;
         let d = &c.devices;
-        let path = |field: &'static str, p: &str| {
-            c.expand(p).ok_or(ConfigError::Invalid {
-                field,
-                reason: "empty path".into(),
-            })
+        let paths = |field: &'static str, p: &Paths| {
+            p.list()
+                .into_iter()
+                .map(|p| {
+                    c.expand(p).ok_or(ConfigError::Invalid {
+                        field,
+                        reason: "empty path".into(),
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()
         };
         Ok(DeviceSpec {
-            cache: path("devices.cache", &d.cache)?,
-            capacity: path("devices.capacity", &d.capacity)?,
+            cache: paths("devices.cache", &d.cache)?,
+            capacity: paths("devices.capacity", &d.capacity)?,
+            redundancy: c.redundancy()?,
             cache_size: d.cache_size.bytes("devices.cache_size")?,
             capacity_size: d.capacity_size.bytes("devices.capacity_size")?,
             mode: d.capacity_mode,
@@ -160,22 +171,23 @@ fn open_file(what: &'static str, path: &Path) -> Result<FileDevice, DaemonError>
 /// a conventional preset sits under the zone emulation (CSAL-BLK: a zone reset is a
 /// TRIM the drive model sees); a zoned preset sits on top of it (ZNS). The drive's
 /// counters come back with it, since the device itself moves into the engine.
-fn capacity_device(
+fn capacity_file(
     spec: &DeviceSpec,
+    path: &Path,
     format: bool,
 ) -> Result<(CapacityDevice, Option<DriveStats>), DaemonError> {
-    let file = open_file("capacity device", &spec.capacity)?;
+    let file = open_file("capacity device", path)?;
     let preset = match &spec.drive {
         Some(name) => Some(
             shale_flashsim::preset(name).map_err(|e| DaemonError::Setup {
-                path: spec.capacity.clone(),
+                path: path.to_path_buf(),
                 reason: e.to_string(),
             })?,
         ),
         None => None,
     };
     let sim_err = |e: shale_flashsim::FlashSimError| DaemonError::Setup {
-        path: spec.capacity.clone(),
+        path: path.to_path_buf(),
         reason: e.to_string(),
     };
     let zoned_preset = matches!(
@@ -198,7 +210,7 @@ fn capacity_device(
     }
     .map_err(|source| DaemonError::Device {
         what: "zone emulation on",
-        path: spec.capacity.clone(),
+        path: path.to_path_buf(),
         source,
     })?;
     match &preset {
@@ -211,6 +223,119 @@ fn capacity_device(
     }
 }
 
+/// A setup error about the whole set of devices (named by the first).
+fn set_error(paths: &[PathBuf], reason: String) -> DaemonError {
+    DaemonError::Setup {
+        path: paths.first().cloned().unwrap_or_default(),
+        reason,
+    }
+}
+
+/// The capacity device: one file, or an array of files put together by their labels
+/// (`format` labels them anew in `pool`). Members whose file is missing at open are
+/// left out; the array decides whether the rest suffice.
+fn capacity_device(
+    spec: &DeviceSpec,
+    format: bool,
+    pool: [u8; 16],
+) -> Result<(CapacityDevice, Option<DriveStats>), DaemonError> {
+    let Some(r) = spec.redundancy else {
+        let path = &spec.capacity[0];
+        let (mut dev, drive) = capacity_file(spec, path, format)?;
+        let name = path.display().to_string();
+        if !format && shale_array::label::read_zoned(&mut dev, &name).is_ok() {
+            // One member of an array named alone: the array decides if it is enough.
+            let array = ZoneArray::open(vec![(dev, name)])
+                .map_err(|e| set_error(&spec.capacity, format!("capacity array: {e}")))?;
+            return Ok((Box::new(array), None));
+        }
+        return Ok((dev, drive));
+    };
+    if spec.drive.is_some() {
+        return Err(set_error(
+            &spec.capacity,
+            "a simulated drive (--drive) wraps one capacity device, not an array".into(),
+        ));
+    }
+    let mut members = Vec::new();
+    for path in &spec.capacity {
+        if !format && !path.exists() {
+            tracing::warn!(path = %path.display(), "capacity array member missing");
+            continue;
+        }
+        let (dev, _) = capacity_file(spec, path, format)?;
+        members.push((dev, path.display().to_string()));
+    }
+    let array = if format {
+        let (k, _) = r
+            .shards(members.len())
+            .map_err(|e| set_error(&spec.capacity, e.to_string()))?;
+        let unit = stripe_unit(k).map_err(|reason| set_error(&spec.capacity, reason))?;
+        ZoneArray::create(members, r, unit, pool)
+    } else {
+        ZoneArray::open(members)
+    }
+    .map_err(|e| set_error(&spec.capacity, format!("capacity array: {e}")))?;
+    Ok((Box::new(array), None))
+}
+
+/// The stripe unit of an array with `k` data shards: a stripe is exactly one zone
+/// group of the engine (512 KiB), so `k` must divide it in whole 4 KiB blocks.
+fn stripe_unit(k: u32) -> Result<u64, String> {
+    let group = u64::from(shale_format::GROUP_BLOCKS) * 4096;
+    let unit = group / u64::from(k);
+    if unit * u64::from(k) != group || unit % 4096 != 0 {
+        return Err(format!(
+            "{k} data shards: a stripe is one {} KiB zone group, so K must divide 128 (1, 2, 4, 8, 16 or 32)",
+            group >> 10
+        ));
+    }
+    Ok(unit)
+}
+
+/// The cache device: one file, or a mirror of files put together by their labels.
+fn cache_device(
+    spec: &DeviceSpec,
+    format: bool,
+    pool: [u8; 16],
+) -> Result<CacheDevice, DaemonError> {
+    if let [path] = spec.cache.as_slice() {
+        let mut dev = open_file("cache device", path)?;
+        let name = path.display().to_string();
+        if format || shale_array::label::read_block(&mut dev, &name).is_err() {
+            return Ok(Box::new(dev));
+        }
+        // One mirror named alone.
+        let members: Vec<(Box<dyn BlockDevice + Send>, String)> = vec![(Box::new(dev), name)];
+        let mirror = MirrorDevice::open(members)
+            .map_err(|e| set_error(&spec.cache, format!("cache mirror: {e}")))?;
+        return Ok(Box::new(mirror));
+    }
+    let mut members: Vec<(Box<dyn BlockDevice + Send>, String)> = Vec::new();
+    for path in &spec.cache {
+        if !format && !path.exists() {
+            tracing::warn!(path = %path.display(), "cache mirror missing");
+            continue;
+        }
+        members.push((
+            Box::new(open_file("cache device", path)?),
+            path.display().to_string(),
+        ));
+    }
+    let mirror = if format {
+        MirrorDevice::create(members, pool)
+    } else {
+        MirrorDevice::open(members)
+    }
+    .map_err(|e| set_error(&spec.cache, format!("cache mirror: {e}")))?;
+    Ok(Box::new(mirror))
+}
+
+/// Every device path of the spec, cache first.
+fn all_paths(spec: &DeviceSpec) -> impl Iterator<Item = &PathBuf> {
+    spec.cache.iter().chain(spec.capacity.iter())
+}
+
 /// Advisory exclusive locks (flock) on both device files, held while a daemon or a
 /// format uses them. Without them a second `shale serve` on the same devices would
 /// take the running engine's devices for a crashed one, recover them and write a
@@ -221,19 +346,25 @@ pub struct DeviceLock {
 }
 
 impl DeviceLock {
+    /// Locks every device of the spec that exists (a missing array member has no
+    /// file to lock).
     pub fn acquire(spec: &DeviceSpec) -> Result<DeviceLock, DaemonError> {
-        Self::lock([&spec.cache, &spec.capacity], false)
+        let paths: Vec<&Path> = all_paths(spec)
+            .filter(|p| p.exists())
+            .map(PathBuf::as_path)
+            .collect();
+        Self::lock(&paths, false)
     }
 
     /// Shared locks, for readers that must not run under a live engine (`shale
     /// check`): refused while a daemon or a format holds the devices.
-    pub fn acquire_shared(cache: &Path, capacity: &Path) -> Result<DeviceLock, DaemonError> {
-        Self::lock([cache, capacity], true)
+    pub fn acquire_shared(paths: &[&Path]) -> Result<DeviceLock, DaemonError> {
+        Self::lock(paths, true)
     }
 
-    fn lock(paths: [&Path; 2], shared: bool) -> Result<DeviceLock, DaemonError> {
+    fn lock(paths: &[&Path], shared: bool) -> Result<DeviceLock, DaemonError> {
         let mut files = Vec::new();
-        for path in paths {
+        for &path in paths {
             let setup = |reason: String| DaemonError::Setup {
                 path: path.to_path_buf(),
                 reason,
@@ -258,9 +389,13 @@ impl DeviceLock {
     }
 }
 
-/// True if the cache device already carries a Shale superblock (either copy).
+/// True if a cache device already carries a Shale superblock (either copy) or an
+/// array label.
 pub fn has_shale_superblock(path: &Path) -> Result<bool, DaemonError> {
     let mut dev = open_file("cache device", path)?;
+    if dev.size_bytes() >= 8192 && shale_array::label::read_block(&mut dev, "").is_ok() {
+        return Ok(true);
+    }
     let mut b = vec![0u8; 8192];
     if dev.size_bytes() < 8192 {
         return Ok(false);
@@ -339,13 +474,13 @@ pub fn format(
     volumes: &[(String, Option<u64>)],
     progress: &mut dyn FormatProgress,
 ) -> Result<Vec<shale_engine::VolumeInfo>, DaemonError> {
-    let missing: Vec<(&PathBuf, u64)> = [
-        (&spec.cache, spec.cache_size),
-        (&spec.capacity, spec.capacity_size),
-    ]
-    .into_iter()
-    .filter(|(p, _)| !p.exists())
-    .collect();
+    let missing: Vec<(&PathBuf, u64)> = spec
+        .cache
+        .iter()
+        .map(|p| (p, spec.cache_size))
+        .chain(spec.capacity.iter().map(|p| (p, spec.capacity_size)))
+        .filter(|(p, _)| !p.exists())
+        .collect();
     let mut steps = FormatSteps {
         progress,
         index: 0,
@@ -371,15 +506,20 @@ pub fn format(
         })?;
     }
     let _lock = DeviceLock::acquire(spec)?;
-    if !force && has_shale_superblock(&spec.cache)? {
-        return Err(DaemonError::Setup {
-            path: spec.cache.clone(),
-            reason: "already holds a Shale superblock; pass --force to overwrite it".into(),
-        });
+    for path in &spec.cache {
+        if !force && has_shale_superblock(path)? {
+            return Err(DaemonError::Setup {
+                path: path.clone(),
+                reason:
+                    "already holds a Shale superblock or array label; pass --force to overwrite it"
+                        .into(),
+            });
+        }
     }
     let engine_config = spec.engine_config()?;
+    let pool = *uuid::Uuid::new_v4().as_bytes();
     let capacity = steps.step("capacity: zone emulation, discard", || {
-        let (capacity, _) = capacity_device(spec, true)?;
+        let (capacity, _) = capacity_device(spec, true, pool)?;
         let g = capacity.geometry();
         let detail = format!(
             "{} zones of {} MiB, {} discarded",
@@ -390,7 +530,7 @@ pub fn format(
         Ok((capacity, detail))
     })?;
     let mut engine = steps.step("cache: superblock, journal, checkpoint", || {
-        let cache: CacheDevice = Box::new(open_file("cache device", &spec.cache)?);
+        let cache = cache_device(spec, true, pool)?;
         let engine =
             shale_engine::Engine::format(cache, capacity, MonotonicClock::new(), engine_config)?;
         let detail = format!("{} of user capacity", gib(engine.user_capacity_bytes()));
@@ -433,8 +573,8 @@ pub fn open(
     progress: &mut dyn shale_engine::OpenProgress,
 ) -> Result<(Engine, String, Option<DriveStats>), DaemonError> {
     let engine_config = spec.engine_config()?;
-    let cache: CacheDevice = Box::new(open_file("cache device", &spec.cache)?);
-    let (capacity, drive) = capacity_device(spec, false)?;
+    let cache = cache_device(spec, false, [0; 16])?;
+    let (capacity, drive) = capacity_device(spec, false, [0; 16])?;
     let started = std::time::Instant::now();
     let engine = shale_engine::Engine::open_with_progress(
         cache,
@@ -503,11 +643,13 @@ impl Daemon {
     ) -> Result<Daemon, DaemonError> {
         let spec = DeviceSpec::from_config(config)?;
         create_private_dir(&config.data_dir)?;
-        match (spec.cache.exists(), spec.capacity.exists()) {
+        let cache_exists = spec.cache.iter().any(|p| p.exists());
+        let capacity_exists = spec.capacity.iter().any(|p| p.exists());
+        match (cache_exists, capacity_exists) {
             (false, false) => {
                 tracing::info!(
-                    cache = %spec.cache.display(),
-                    capacity = %spec.capacity.display(),
+                    cache = ?spec.cache,
+                    capacity = ?spec.capacity,
                     "first start: creating and formatting sparse device files"
                 );
                 let size = match &config.devices.default_volume_size {
@@ -527,13 +669,13 @@ impl Daemon {
             (true, true) => {}
             (c, _) => {
                 let missing = if c { &spec.capacity } else { &spec.cache };
-                return Err(DaemonError::Setup {
-                    path: missing.clone(),
-                    reason: "missing, but its partner device exists; refusing to guess".into(),
-                });
+                return Err(set_error(
+                    missing,
+                    "missing, but its partner device exists; refusing to guess".into(),
+                ));
             }
         }
-        for path in [&spec.cache, &spec.capacity] {
+        for path in all_paths(&spec).filter(|p| p.exists()) {
             warn_if_shared(path);
         }
         let lock = DeviceLock::acquire(&spec)?;

@@ -62,6 +62,8 @@ pub struct CheckCounts {
     pub data_blocks_verified: u64,
     pub regions_in_use: u64,
     pub zones: u64,
+    /// Zone groups holding nothing and no md (a zone finished early by a recovery).
+    pub unwritten_zone_groups: u64,
 }
 
 /// The checker's result.
@@ -521,17 +523,30 @@ fn check_group_md<C: BlockDevice, Z: ZonedDevice>(
         .iter()
         .filter(|h| h.as_ref().is_ok_and(|h| h.region_sid == reg.sid))
         .count();
+    if current == 0 && !e.core.geo.is_chunk(r) {
+        let unmapped = (0..groups.data_slots(g)).all(|s| {
+            !e.core
+                .regions
+                .validity
+                .get(e.core.geo.pba(r, groups.start(g) + s))
+        });
+        if unmapped {
+            rep.counts.unwritten_zone_groups += 1;
+        }
+    }
     let mut note = |sev, msg: String| problems.note(rep, sev, "md", msg);
     if current == 0 {
-        // A chunk group not written since the region opened (a remainder) has
-        // no md of its life; that is only a problem if something maps into it.
+        // A group not written since the region opened has no md of its life: a
+        // chunk's remainder, or the rest of a zone a recovery finished early (the
+        // writes past the last durability point were never acknowledged). That is
+        // only a problem if something maps into it.
         let mapped = (0..groups.data_slots(g)).any(|s| {
             e.core
                 .regions
                 .validity
                 .get(e.core.geo.pba(r, groups.start(g) + s))
         });
-        if mapped || !chunk {
+        if mapped {
             note(
                 Severity::Error,
                 format!(

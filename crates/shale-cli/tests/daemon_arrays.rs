@@ -1,0 +1,201 @@
+//! Arrays through the real daemon: two cache mirrors and five capacity files at 4+1.
+//! fio writes with checksums; members go missing (a cache mirror and a capacity
+//! member), come back stale, the daemon is killed -9; every flushed byte verifies
+//! through all of it, and `shale check` names what is degraded.
+
+mod daemon_common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use daemon_common::*;
+
+fn fio_region(uri: &str, offset: &str, verify_only: bool) {
+    let mut cmd = Command::new("fio");
+    cmd.args([
+        "--name=array",
+        "--ioengine=nbd",
+        "--uri",
+        uri,
+        "--rw=randwrite",
+        "--bs=64k",
+        &format!("--offset={offset}"),
+        "--size=48m",
+        "--iodepth=16",
+        "--randseed=11",
+        "--verify=crc32c",
+        "--serialize_overlap=1",
+        "--verify_state_save=0",
+        "--end_fsync=1",
+    ]);
+    if verify_only {
+        cmd.arg("--verify_only");
+    } else {
+        cmd.arg("--do_verify=0");
+    }
+    let out = stdout(&mut cmd);
+    assert!(out.contains("err= 0"), "{out}");
+    assert!(!out.contains("verify:"), "{out}");
+}
+
+struct Devices {
+    cache: Vec<PathBuf>,
+    capacity: Vec<PathBuf>,
+}
+
+impl Devices {
+    fn new(dir: &Path) -> Devices {
+        Devices {
+            cache: (0..2).map(|i| dir.join(format!("cache{i}.img"))).collect(),
+            capacity: (0..5).map(|i| dir.join(format!("cap{i}.img"))).collect(),
+        }
+    }
+
+    fn flags(&self) -> Vec<String> {
+        let mut v = Vec::new();
+        for c in &self.cache {
+            v.push("--cache".to_string());
+            v.push(c.display().to_string());
+        }
+        for c in &self.capacity {
+            v.push("--capacity".to_string());
+            v.push(c.display().to_string());
+        }
+        v
+    }
+
+    fn serve_flags(&self) -> Vec<String> {
+        let mut v = self.flags();
+        v.extend(
+            [
+                "--capacity-redundancy",
+                "4+1",
+                "--cache-size",
+                "48MiB",
+                "--capacity-size",
+                "256MiB",
+                "--chunk-size",
+                "4MiB",
+                "--zone-size",
+                "4MiB",
+                "--default-volume-size",
+                "256MiB",
+            ]
+            .iter()
+            .map(|s| s.to_string()),
+        );
+        v
+    }
+
+    /// `shale check` over the devices that exist; its report.
+    fn check(&self) -> serde_json::Value {
+        let mut cmd = shale();
+        cmd.args(["check", "--json"]);
+        for (flag, paths) in [("--cache", &self.cache), ("--capacity", &self.capacity)] {
+            for p in paths.iter().filter(|p| p.exists()) {
+                cmd.arg(flag).arg(p);
+            }
+        }
+        let out = output(&mut cmd);
+        serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("check json {e}: {}", String::from_utf8_lossy(&out.stderr)))
+    }
+}
+
+fn away(p: &Path) -> PathBuf {
+    let to = p.with_extension("away");
+    std::fs::rename(p, &to).expect("move away");
+    to
+}
+
+#[test]
+fn an_array_daemon_loses_nothing_when_members_go_missing() {
+    require("fio", "fio");
+    let root = tempfile::tempdir().expect("tempdir");
+    let devs = Devices::new(root.path());
+    let mut d = Daemon::start_with(devs.serve_flags());
+    assert!(d.log().contains("(4+1)") || devs.capacity.iter().all(|p| p.exists()));
+    fio_region(&d.uri("default"), "0", false);
+    fio_region(&d.uri("default"), "64m", false);
+    let s = d.stats();
+    let moved = s["bytes"]["capacity_compaction_written"]
+        .as_u64()
+        .unwrap_or(0);
+    assert!(
+        moved > 32 << 20,
+        "the data never reached the capacity array: {s}"
+    );
+    d.stop();
+    let clean = devs.check();
+    assert_eq!(clean["ok"], true, "{clean}");
+
+    // A capacity member and a cache mirror go missing: served degraded.
+    let cap_away = away(&devs.capacity[2]);
+    let cache_away = away(&devs.cache[0]);
+    d.spawn();
+    let log = d.last_log();
+    assert!(log.contains("capacity array member missing"), "{log}");
+    assert!(log.contains("cache mirror missing"), "{log}");
+    fio_region(&d.uri("default"), "0", true);
+    fio_region(&d.uri("default"), "64m", true);
+    fio_region(&d.uri("default"), "128m", false);
+    // Killed without a shutdown: recovery runs over the degraded arrays.
+    d.kill9();
+    d.spawn();
+    assert!(d.last_log().contains("dirty recovery"), "{}", d.last_log());
+    for offset in ["0", "64m", "128m"] {
+        fio_region(&d.uri("default"), offset, true);
+    }
+    d.stop();
+    let degraded = devs.check();
+    assert_eq!(degraded["errors"], 0, "{degraded}");
+    let text = degraded["findings"].to_string();
+    assert!(text.contains("capacity array member 2"), "{degraded}");
+    assert!(text.contains("cache mirror member 0"), "{degraded}");
+
+    // They come back, stale: recorded failed, never read.
+    std::fs::rename(&cap_away, &devs.capacity[2]).expect("back");
+    std::fs::rename(&cache_away, &devs.cache[0]).expect("back");
+    d.spawn();
+    for offset in ["0", "64m", "128m"] {
+        fio_region(&d.uri("default"), offset, true);
+    }
+    d.stop();
+    let back = devs.check();
+    assert_eq!(back["errors"], 0, "{back}");
+    assert!(back["findings"].to_string().contains("is failed"), "{back}");
+}
+
+#[test]
+fn array_flags_are_checked_before_anything_is_written() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let devs = Devices::new(root.path());
+    let data = root.path().join("data");
+    let data = data.display().to_string();
+    let flags = devs.flags();
+    let mut args: Vec<&str> = vec!["--data-dir", &data];
+    args.extend(flags.iter().map(String::as_str));
+    let e = serve_refused(&args);
+    assert!(e.contains("say how they keep the data"), "{e}");
+    let mut bad = args.clone();
+    bad.extend(["--capacity-redundancy", "3+1"]);
+    let e = serve_refused(&bad);
+    assert!(e.contains("needs exactly 4 members"), "{e}");
+    assert!(
+        devs.capacity.iter().all(|p| !p.exists()),
+        "files were created"
+    );
+    // 3 data shards cannot split a 512 KiB stripe in 4 KiB blocks.
+    let three: Vec<String> = (0..4)
+        .flat_map(|i| {
+            [
+                "--capacity".to_string(),
+                root.path().join(format!("t{i}")).display().to_string(),
+            ]
+        })
+        .collect();
+    let mut args: Vec<&str> = vec!["--data-dir", &data, "--capacity-redundancy", "3+1"];
+    args.extend(three.iter().map(String::as_str));
+    let e = serve_refused(&args);
+    assert!(e.contains("K must divide 128"), "{e}");
+}
