@@ -8,6 +8,7 @@
 //! layout, the failure model and what is promised.
 
 pub mod codec;
+pub mod control;
 pub mod label;
 pub mod layout;
 mod member;
@@ -15,7 +16,8 @@ mod mirror;
 mod zoned;
 
 pub use codec::{CodecError, ErasureCodec, ReedSolomon};
+pub use control::{ArrayHandle, ArrayStatus, Command, CommandResult, RebuildStatus};
 pub use layout::{LayoutError, Redundancy, StripeLayout, LABEL_ZONES, STRIPE_BYTES_MAX};
 pub use member::{MemberCounters, MemberState, MemberStatus};
 pub use mirror::{MirrorDevice, MIRROR_RESERVED_BYTES};
-pub use zoned::{ArrayError, ZoneArray, READ_ERROR_LIMIT};
+pub use zoned::{ArrayError, RebuildLimits, ZoneArray, READ_ERROR_LIMIT};

@@ -30,9 +30,15 @@ use shale_device::{
 };
 
 use crate::codec::{self, ErasureCodec};
+use crate::control::ArrayHandle;
 use crate::label::{self, Identity, LabelError};
 use crate::layout::{LayoutError, Redundancy, StripeLayout, LABEL_ZONES};
 use crate::member::{Member, MemberState, MemberStatus};
+use rebuild::Rebuild;
+pub use rebuild::RebuildLimits;
+
+#[path = "zoned_rebuild.rs"]
+mod rebuild;
 use shale_format::{ArrayRole, MemberRecord};
 
 /// Read errors a member may return before it is failed.
@@ -60,6 +66,14 @@ pub struct ZoneArray<Z: ZonedDevice> {
     identity: Option<Identity>,
     /// Label changes are written (false for a read-only open: `shale check`).
     persist: bool,
+    /// The operator's handle, once asked for.
+    handle: Option<ArrayHandle<Z>>,
+    /// The snapshot behind the handle is out of date.
+    status_dirty: bool,
+    maintain_calls: u64,
+    /// A member being rebuilt.
+    rebuild: Option<Rebuild>,
+    rebuild_limits: RebuildLimits,
 }
 
 impl<Z: ZonedDevice> std::fmt::Debug for ZoneArray<Z> {
@@ -282,6 +296,11 @@ impl<Z: ZonedDevice> ZoneArray<Z> {
             scratch: Vec::new(),
             identity: None,
             persist: true,
+            handle: None,
+            status_dirty: true,
+            maintain_calls: 0,
+            rebuild: None,
+            rebuild_limits: RebuildLimits::default(),
         })
     }
 
@@ -342,6 +361,7 @@ impl<Z: ZonedDevice> ZoneArray<Z> {
             }
             if rec.state == MemberRecord::Rebuilding && a.members[i].dev.is_some() {
                 a.members[i].state = MemberState::Rebuilding;
+                a.resume_rebuild(i as u32);
             }
         }
         a.identity = Some(id);
@@ -384,6 +404,7 @@ impl<Z: ZonedDevice> ZoneArray<Z> {
         }
         if changed {
             id.generation += 1;
+            self.status_dirty = true;
             self.write_labels();
         }
     }
@@ -431,9 +452,9 @@ impl<Z: ZonedDevice> ZoneArray<Z> {
             .collect()
     }
 
-    /// Members not serving (failed or missing).
+    /// Members not serving in full (failed, missing, or being rebuilt).
     pub fn failed_members(&self) -> usize {
-        self.members.iter().filter(|m| !m.writable()).count()
+        self.members.iter().filter(|m| !m.readable()).count()
     }
 
     /// Takes member `index` out of service, as an operator's `device fail` does.
@@ -452,6 +473,20 @@ impl<Z: ZonedDevice> ZoneArray<Z> {
         self.members.get_mut(index as usize)?.dev.as_mut()
     }
 
+    /// Member `i` holds zone `zone` as the array does: serving, or rebuilt that far.
+    fn in_zone(&self, i: usize, zone: u32) -> bool {
+        let m = &self.members[i];
+        m.dev.is_some()
+            && match m.state {
+                MemberState::Ok => true,
+                MemberState::Rebuilding => self
+                    .rebuild
+                    .as_ref()
+                    .is_some_and(|r| r.member as usize == i && !r.is_stale(zone)),
+                MemberState::Failed | MemberState::Missing => false,
+            }
+    }
+
     fn member_offset(&self, zone: u32, row: u64, off: u64) -> u64 {
         self.member_geo.zone_start(zone + LABEL_ZONES) + row * self.layout.unit + off
     }
@@ -467,7 +502,10 @@ impl<Z: ZonedDevice> ZoneArray<Z> {
         let mut lo: Option<(u64, ZoneState)> = None;
         let mut hi = 0;
         let mut first_err = None;
-        for m in self.members.iter().filter(|m| m.writable()) {
+        for (i, m) in self.members.iter().enumerate() {
+            if !self.in_zone(i, zone) {
+                continue;
+            }
             let Some(dev) = m.dev.as_ref() else { continue };
             let info = match dev.zone_info(zone + LABEL_ZONES) {
                 Ok(i) => i,
@@ -683,7 +721,7 @@ impl<Z: ZonedDevice> ZoneArray<Z> {
             if !holds {
                 continue;
             }
-            if !self.members[member as usize].writable() {
+            if !self.in_zone(member as usize, zone) {
                 lost += 1;
                 continue;
             }
@@ -940,7 +978,7 @@ impl<Z: ZonedDevice> ZoneArray<Z> {
         let (zone, row, shard, off, len, whole) =
             (pc.zone, pc.row, pc.shard, pc.off, pc.len, pc.whole);
         let member = self.layout.member_of(zone, row, shard);
-        if !self.members[member as usize].readable() {
+        if !self.in_zone(member as usize, zone) {
             return self.start_reconstruct(id, p);
         }
         let buf = if whole {
@@ -977,9 +1015,14 @@ impl<Z: ZonedDevice> ZoneArray<Z> {
     /// has too few readable shards left.
     fn fill_reconstruct(&mut self, id: u32, p: u32) {
         let l = self.layout;
-        let readable: Vec<bool> = self.members.iter().map(Member::readable).collect();
+        let Some(zone) = self.piece(id, p).map(|pc| pc.zone) else {
+            return;
+        };
+        let readable: Vec<bool> = (0..self.members.len())
+            .map(|i| self.in_zone(i, zone))
+            .collect();
         let Some(pc) = self.piece(id, p) else { return };
-        let (zone, row, off, len) = (pc.zone, pc.row, pc.off, pc.len);
+        let (row, off, len) = (pc.row, pc.off, pc.len);
         let mut have = pc.shards.iter().filter(|s| s.is_some()).count() as u32 + pc.pending;
         let mut bad = pc.bad;
         let mut sends = Vec::new();
@@ -1460,8 +1503,19 @@ impl<Z: ZonedDevice> ZonedDevice for ZoneArray<Z> {
         let mut ok = 0;
         let mut rule = None;
         let mut faults = Vec::new();
+        // A reset empties the zone on every member, one being rebuilt included
+        // (which makes the zone rebuilt); other actions skip members behind in it.
+        let targets: Vec<bool> = (0..self.members.len())
+            .map(|i| {
+                if action == ZoneAction::Reset {
+                    self.members[i].writable()
+                } else {
+                    self.in_zone(i, zone)
+                }
+            })
+            .collect();
         for (i, m) in self.members.iter_mut().enumerate() {
-            if !m.writable() {
+            if !targets[i] {
                 continue;
             }
             let Some(dev) = m.dev.as_mut() else { continue };
@@ -1483,6 +1537,9 @@ impl<Z: ZonedDevice> ZonedDevice for ZoneArray<Z> {
             self.members[i].counters.other_errors += 1;
             self.members[i].fail(format!("zone {action:?} of zone {zone}: {e}"));
         }
+        if action == ZoneAction::Reset {
+            self.rebuild_zone_reset(zone);
+        }
         self.persist_states();
         if self.failed_members() > self.layout.m as usize {
             return Err(unavailable(
@@ -1501,6 +1558,16 @@ impl<Z: ZonedDevice> ZonedDevice for ZoneArray<Z> {
 
     fn flush(&mut self) -> Result<(), ZoneError> {
         self.run_sync(ZoneOp::Flush).result.map(|_| ())
+    }
+
+    fn maintain(&mut self) -> u64 {
+        self.apply_commands();
+        let next = self.rebuild_step();
+        self.maintain_calls += 1;
+        if self.status_dirty || self.maintain_calls.is_multiple_of(1024) {
+            self.publish();
+        }
+        next
     }
 }
 

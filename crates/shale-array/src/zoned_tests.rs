@@ -569,3 +569,158 @@ fn check(
     }
     Ok(())
 }
+
+fn fresh_member(name: &str) -> ZoneEmu<MemDevice> {
+    let cfg = emu_config();
+    let bytes = cfg.device_bytes_for(ZONES + LABEL_ZONES).expect("size");
+    let dev = MemDevice::new(bytes, 4096).expect("mem").with_name(name);
+    ZoneEmu::format(dev, &cfg).expect("format")
+}
+
+/// Runs the rebuild to its end (bounded).
+fn run_rebuild<Z: ZonedDevice>(a: &mut ZoneArray<Z>) {
+    for _ in 0..100_000 {
+        if !a.rebuilding() {
+            return;
+        }
+        a.maintain();
+    }
+    panic!("rebuild did not finish");
+}
+
+#[test]
+fn a_replaced_member_is_rebuilt_from_live_zones_only() {
+    let r = Redundancy::Parity { k: 4, m: 1 };
+    let mut a = mem_array(r, 5);
+    let mut rng = ChaCha8Rng::seed_from_u64(21);
+    let mut model = Model::new();
+    fill(&mut a, &mut model, &mut rng, 3);
+    a.fail_member(2, "test").expect("fail");
+    fill(&mut a, &mut model, &mut rng, 4);
+    let reply = a.replace("m2", fresh_member("new2"), "new2".into());
+    assert!(reply.is_ok(), "{reply:?}");
+    assert_eq!(a.member_state(2), Some(MemberState::Rebuilding));
+    // Reads during the rebuild are served (degraded) throughout.
+    for _ in 0..3 {
+        a.maintain();
+        check_reads(&mut a, &model, &mut rng);
+    }
+    run_rebuild(&mut a);
+    assert_eq!(a.member_state(2), Some(MemberState::Ok));
+    let written: usize = model.zones.iter().map(Vec::len).sum();
+    let rebuilt = a.members()[2].counters.bytes_written;
+    // One unit in five of each written row (plus, on member 2, nothing else).
+    assert_eq!(
+        rebuilt as usize,
+        written / 4,
+        "rebuild wrote more than the live data"
+    );
+    // The rebuilt member now carries its share: lose another and read everything.
+    a.fail_member(0, "test").expect("fail");
+    check_reads(&mut a, &model, &mut rng);
+}
+
+#[test]
+fn writes_and_resets_during_a_rebuild_are_not_lost() {
+    let r = Redundancy::Parity { k: 2, m: 1 };
+    let mut a = mem_array(r, 3);
+    let mut rng = ChaCha8Rng::seed_from_u64(22);
+    let mut model = Model::new();
+    fill(&mut a, &mut model, &mut rng, 4);
+    a.fail_member(1, "test").expect("fail");
+    a.replace("1", fresh_member("new1"), "new1".into())
+        .expect("replace");
+    let s = a.geometry().write_unit as usize;
+    let zsize = a.geometry().zone_size;
+    for step in 0..40u64 {
+        a.maintain();
+        let z = (step % ZONES as u64) as usize;
+        match step % 7 {
+            3 if z > 0 => {
+                a.manage(z as u32, ZoneAction::Reset).expect("reset");
+                model.zones[z].clear();
+            }
+            _ if model.zones[z].len() + s <= a.geometry().zone_capacity as usize => {
+                let data = random_rows(&mut rng, s, 1);
+                let off = z as u64 * zsize + model.zones[z].len() as u64;
+                let c = write_async(&mut a, off, &data);
+                c.result.expect("write during rebuild");
+                model.zones[z].extend_from_slice(&data);
+            }
+            _ => {}
+        }
+    }
+    run_rebuild(&mut a);
+    assert_eq!(a.member_state(1), Some(MemberState::Ok));
+    a.fail_member(2, "test").expect("fail");
+    check_reads(&mut a, &model, &mut rng);
+}
+
+#[test]
+fn a_rebuild_resumes_after_a_restart() {
+    let r = Redundancy::Parity { k: 4, m: 1 };
+    let members: Vec<_> = (0..5)
+        .map(|i| {
+            let (d, n) = mem_member(i);
+            (d.expect("present"), n)
+        })
+        .collect();
+    let mut a = ZoneArray::create(members, r, UNIT, [9; 16]).expect("create");
+    let mut rng = ChaCha8Rng::seed_from_u64(23);
+    let mut model = Model::new();
+    fill(&mut a, &mut model, &mut rng, 5);
+    a.flush().expect("flush");
+    a.replace("m3", fresh_member("new3"), "new3".into())
+        .expect("replace");
+    for _ in 0..4 {
+        a.maintain();
+    }
+    assert!(a.rebuilding());
+    let devs: Vec<_> = a
+        .into_members()
+        .into_iter()
+        .filter_map(|(d, n)| Some((d?, n)))
+        .collect();
+    let mut a = ZoneArray::open(devs).expect("reopen");
+    assert_eq!(a.member_state(3), Some(MemberState::Rebuilding));
+    assert!(a.rebuilding());
+    check_reads(&mut a, &model, &mut rng);
+    run_rebuild(&mut a);
+    assert_eq!(a.member_state(3), Some(MemberState::Ok));
+    let gen = a.generation();
+    a.fail_member(1, "test").expect("fail");
+    assert!(a.generation() > gen);
+    check_reads(&mut a, &model, &mut rng);
+}
+
+#[test]
+fn operators_command_through_the_handle() {
+    let mut a = mem_array(Redundancy::Parity { k: 2, m: 1 }, 3);
+    let h = a.handle();
+    assert_eq!(h.status().members.len(), 3);
+    let rx = h.submit(crate::Command::Fail {
+        member: "m1".into(),
+    });
+    a.maintain();
+    let reply = rx.recv().expect("answered");
+    assert!(reply.is_ok(), "{reply:?}");
+    assert_eq!(h.status().members[1].state, MemberState::Failed);
+    let rx = h.submit(crate::Command::Fail {
+        member: "nobody".into(),
+    });
+    a.maintain();
+    assert!(rx.recv().expect("answered").is_err());
+    let rx = h.submit(crate::Command::Replace {
+        old: "m1".into(),
+        new: fresh_member("n1"),
+        name: "n1".into(),
+    });
+    a.maintain();
+    assert!(rx.recv().expect("answered").is_ok());
+    run_rebuild(&mut a);
+    a.maintain();
+    let st = h.status();
+    assert_eq!(st.members[1].state, MemberState::Ok);
+    assert_eq!(st.members[1].name, "n1");
+    assert!(st.rebuild.is_none());
+}

@@ -87,7 +87,18 @@ pub trait BlockDevice {
     fn size_bytes(&self) -> u64 {
         self.info().size_bytes
     }
+
+    /// Background work the device does on its owner's thread (an array's rebuild,
+    /// an operator's command), a step per call. Returns how soon it wants the next
+    /// call, in nanoseconds: 0 at once, [`MAINTAIN_IDLE`] only when there is other
+    /// work anyway.
+    fn maintain(&mut self) -> u64 {
+        MAINTAIN_IDLE
+    }
 }
+
+/// [`BlockDevice::maintain`] / [`crate::ZonedDevice::maintain`]: nothing pending.
+pub const MAINTAIN_IDLE: u64 = u64::MAX;
 
 impl<T: BlockDevice + ?Sized> BlockDevice for Box<T> {
     fn info(&self) -> &DeviceInfo {
@@ -117,6 +128,9 @@ impl<T: BlockDevice + ?Sized> BlockDevice for Box<T> {
     }
     fn discard(&mut self, offset: u64, len: u64) -> Result<(), DeviceError> {
         (**self).discard(offset, len)
+    }
+    fn maintain(&mut self) -> u64 {
+        (**self).maintain()
     }
 }
 
@@ -150,5 +164,8 @@ impl<T: BlockDevice + ?Sized> BlockDevice for &mut T {
     }
     fn discard(&mut self, offset: u64, len: u64) -> Result<(), DeviceError> {
         (**self).discard(offset, len)
+    }
+    fn maintain(&mut self) -> u64 {
+        (**self).maintain()
     }
 }

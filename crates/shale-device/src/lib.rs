@@ -36,7 +36,7 @@ mod zone_emu;
 mod zone_meta;
 mod zoned;
 
-pub use block::{BlockDevice, DeviceInfo, IoCompletion, IoOp, IoRequest};
+pub use block::{BlockDevice, DeviceInfo, IoCompletion, IoOp, IoRequest, MAINTAIN_IDLE};
 pub use buf::IoBuf;
 pub use error::{DeviceError, IoOpKind, ZoneError};
 pub use fault::{

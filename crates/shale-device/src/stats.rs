@@ -295,6 +295,10 @@ impl<D: BlockDevice> BlockDevice for StatsDevice<D> {
         let r = self.inner.discard(offset, len);
         self.count_sync(Kind::Discard(len), r)
     }
+
+    fn maintain(&mut self) -> u64 {
+        BlockDevice::maintain(&mut self.inner)
+    }
 }
 
 impl<D: ZonedDevice> ZonedDevice for StatsDevice<D> {
@@ -397,6 +401,10 @@ impl<D: ZonedDevice> ZonedDevice for StatsDevice<D> {
     fn flush(&mut self) -> Result<(), ZoneError> {
         let r = ZonedDevice::flush(&mut self.inner);
         self.count_sync(Kind::Flush, r)
+    }
+
+    fn maintain(&mut self) -> u64 {
+        ZonedDevice::maintain(&mut self.inner)
     }
 }
 

@@ -146,6 +146,11 @@ pub trait ZonedDevice {
     fn reset_zone(&mut self, zone: u32) -> Result<(), ZoneError> {
         self.manage(zone, ZoneAction::Reset)
     }
+
+    /// As [`crate::BlockDevice::maintain`].
+    fn maintain(&mut self) -> u64 {
+        crate::MAINTAIN_IDLE
+    }
 }
 
 impl<T: ZonedDevice + ?Sized> ZonedDevice for Box<T> {
@@ -190,6 +195,9 @@ impl<T: ZonedDevice + ?Sized> ZonedDevice for Box<T> {
     }
     fn flush(&mut self) -> Result<(), ZoneError> {
         (**self).flush()
+    }
+    fn maintain(&mut self) -> u64 {
+        (**self).maintain()
     }
 }
 
@@ -236,5 +244,8 @@ impl<T: ZonedDevice + ?Sized> ZonedDevice for &mut T {
     }
     fn flush(&mut self) -> Result<(), ZoneError> {
         (**self).flush()
+    }
+    fn maintain(&mut self) -> u64 {
+        (**self).maintain()
     }
 }
