@@ -10,6 +10,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::member::MemberStatus;
 
+/// How often an idle array with a handle wants `maintain`, to pick up commands.
+pub const COMMAND_POLL_NS: u64 = 100_000_000;
+
 /// What `shale device list` shows of one array.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ArrayStatus {

@@ -16,7 +16,11 @@ use shale_device::{
     BlockDevice, DeviceError, DeviceInfo, IoBuf, IoCompletion, IoOp, IoOpKind, IoRequest,
 };
 
+use crate::control::ArrayHandle;
 use crate::label::{self, Identity, LabelError};
+
+#[path = "mirror_rebuild.rs"]
+mod rebuild;
 use crate::layout::{LayoutError, Redundancy};
 use crate::member::{Member, MemberState, MemberStatus};
 use crate::zoned::{ArrayError, READ_ERROR_LIMIT};
@@ -41,6 +45,11 @@ pub struct MirrorDevice<C: BlockDevice> {
     identity: Option<Identity>,
     /// Label changes are written (false for a read-only open: `shale check`).
     persist: bool,
+    handle: Option<ArrayHandle<C>>,
+    status_dirty: bool,
+    maintain_calls: u64,
+    rebuild: Option<rebuild::MirrorRebuild>,
+    rebuild_limits: crate::RebuildLimits,
 }
 
 impl<C: BlockDevice> std::fmt::Debug for MirrorDevice<C> {
@@ -57,6 +66,8 @@ impl<C: BlockDevice> std::fmt::Debug for MirrorDevice<C> {
 struct MOp {
     tag: u64,
     kind: MKind,
+    /// The bytes a write or discard changes (for the rebuild's windows).
+    range: (u64, u64),
     buf: Option<IoBuf>,
     parts_left: u32,
     /// Members that took a write/flush/discard.
@@ -129,6 +140,11 @@ impl<C: BlockDevice> MirrorDevice<C> {
             scratch: Vec::new(),
             identity: None,
             persist: true,
+            handle: None,
+            status_dirty: true,
+            maintain_calls: 0,
+            rebuild: None,
+            rebuild_limits: crate::RebuildLimits::default(),
         })
     }
 
@@ -176,13 +192,27 @@ impl<C: BlockDevice> MirrorDevice<C> {
         } = label::place(ArrayRole::Cache, found)?;
         let mut m = MirrorDevice::new(slots)?;
         m.persist = persist;
+        let mut resume = None;
         for (i, rec) in id.members.iter().enumerate() {
-            if rec.state != MemberRecord::Ok && m.members[i].dev.is_some() {
-                // A mirror being rebuilt holds only part of the data: not readable.
-                m.members[i].fail("recorded failed in the array's labels".into());
+            if m.members[i].dev.is_none() {
+                continue;
+            }
+            match rec.state {
+                MemberRecord::Ok => {}
+                MemberRecord::Failed => {
+                    m.members[i].fail("recorded failed in the array's labels".into());
+                }
+                // Written like the others, read only once the copy is done.
+                MemberRecord::Rebuilding => {
+                    m.members[i].state = MemberState::Rebuilding;
+                    resume = Some((i as u32, rec.rebuilt));
+                }
             }
         }
         m.identity = Some(id);
+        if let Some((i, at)) = resume {
+            m.start_rebuild(i, at);
+        }
         if changed {
             m.write_labels();
         }
@@ -221,6 +251,7 @@ impl<C: BlockDevice> MirrorDevice<C> {
         }
         if changed {
             id.generation += 1;
+            self.status_dirty = true;
             self.write_labels();
         }
     }
@@ -621,6 +652,11 @@ impl<C: BlockDevice> BlockDevice for MirrorDevice<C> {
             });
             return;
         }
+        let range = match &req.op {
+            IoOp::Write { offset, buf, .. } => (*offset, *offset + buf.len() as u64),
+            IoOp::Discard { offset, len } => (*offset, *offset + *len),
+            _ => (0, 0),
+        };
         let (kind, buf) = match &req.op {
             IoOp::Read { offset, .. } => (
                 MKind::Read {
@@ -636,6 +672,7 @@ impl<C: BlockDevice> BlockDevice for MirrorDevice<C> {
         let id = self.new_op(MOp {
             tag: req.tag,
             kind,
+            range,
             buf,
             parts_left: 0,
             ok: 0,
@@ -746,6 +783,20 @@ impl<C: BlockDevice> BlockDevice for MirrorDevice<C> {
         self.each_writable(IoOpKind::Discard, |d| {
             d.discard(offset + MIRROR_RESERVED_BYTES, len)
         })
+    }
+
+    fn maintain(&mut self) -> u64 {
+        self.apply_commands();
+        let next = self.rebuild_step();
+        self.maintain_calls += 1;
+        if self.status_dirty || self.maintain_calls.is_multiple_of(1024) {
+            self.publish();
+        }
+        if next == shale_device::MAINTAIN_IDLE && self.handle.is_some() {
+            crate::control::COMMAND_POLL_NS
+        } else {
+            next
+        }
     }
 }
 
@@ -937,5 +988,85 @@ mod tests {
         assert!(
             MirrorDevice::<FaultDevice>::new(vec![(None, "a".into()), (None, "b".into())]).is_err()
         );
+    }
+
+    fn run_rebuild(m: &mut MirrorDevice<FaultDevice>) {
+        for _ in 0..100_000 {
+            if !m.rebuilding() {
+                return;
+            }
+            m.maintain();
+        }
+        panic!("rebuild did not finish");
+    }
+
+    #[test]
+    fn a_replaced_mirror_gets_every_byte_and_writes_made_meanwhile() {
+        let (mut m, _) = mirror(2);
+        for i in 0..64u64 {
+            m.write_at(i * 65536, &pattern(i as u8, 65536))
+                .expect("write");
+        }
+        m.fail_member(0, "test").expect("fail");
+        let fresh = FaultDevice::new(SIZE, 4096, 77).expect("dev");
+        m.replace("c0", fresh, "new0".into()).expect("replace");
+        assert_eq!(m.member_state(0), Some(MemberState::Rebuilding));
+        // Writes while the copy runs, some ahead of it, some behind.
+        for step in 0..8u64 {
+            m.maintain();
+            let off = ((step * 37) % 64) * 65536;
+            let c = async_io(
+                &mut m,
+                IoOp::Write {
+                    offset: off,
+                    buf: IoBuf::from_slice(&pattern(100 + step as u8, 65536)),
+                    fua: false,
+                },
+            );
+            c.result.expect("write during rebuild");
+        }
+        run_rebuild(&mut m);
+        assert_eq!(m.member_state(0), Some(MemberState::Ok));
+        let mut want: Vec<Vec<u8>> = (0..64u64).map(|i| pattern(i as u8, 65536)).collect();
+        for step in 0..8u64 {
+            want[((step * 37) % 64) as usize] = pattern(100 + step as u8, 65536);
+        }
+        m.fail_member(1, "test").expect("fail the partner");
+        for (i, w) in want.iter().enumerate() {
+            let mut b = vec![0u8; 65536];
+            m.read_at(i as u64 * 65536, &mut b)
+                .expect("read from the rebuilt mirror");
+            assert!(b == *w, "block {i} differs");
+        }
+    }
+
+    #[test]
+    fn a_mirror_copy_resumes_after_a_restart() {
+        let devs: Vec<(FaultDevice, String)> = (0..2)
+            .map(|i| {
+                (
+                    FaultDevice::new(SIZE, 4096, 30 + i).expect("dev"),
+                    format!("c{i}"),
+                )
+            })
+            .collect();
+        let mut m = MirrorDevice::create(devs, [4; 16]).expect("create");
+        m.write_at(4096, &pattern(9, 4096)).expect("write");
+        m.flush().expect("flush");
+        let fresh = FaultDevice::new(SIZE, 4096, 99).expect("dev");
+        m.replace("c1", fresh, "new1".into()).expect("replace");
+        m.maintain();
+        let devs: Vec<(FaultDevice, String)> = m
+            .into_members()
+            .into_iter()
+            .filter_map(|(d, n)| Some((d?, n)))
+            .collect();
+        let mut m = MirrorDevice::open(devs).expect("reopen");
+        assert_eq!(m.member_state(1), Some(MemberState::Rebuilding));
+        run_rebuild(&mut m);
+        m.fail_member(0, "test").expect("fail");
+        let mut b = vec![0u8; 4096];
+        m.read_at(4096, &mut b).expect("read");
+        assert_eq!(b, pattern(9, 4096));
     }
 }

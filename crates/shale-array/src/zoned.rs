@@ -1567,7 +1567,11 @@ impl<Z: ZonedDevice> ZonedDevice for ZoneArray<Z> {
         if self.status_dirty || self.maintain_calls.is_multiple_of(1024) {
             self.publish();
         }
-        next
+        if next == shale_device::MAINTAIN_IDLE && self.handle.is_some() {
+            crate::control::COMMAND_POLL_NS
+        } else {
+            next
+        }
     }
 }
 

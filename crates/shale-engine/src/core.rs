@@ -43,6 +43,9 @@ pub(crate) struct Core<C: BlockDevice, Z: ZonedDevice, K: Clock> {
     pub capacity_dirty: bool,
     /// What the open (and recovery) did.
     pub open_report: crate::recovery::OpenReport,
+    /// When the devices next want a poll for their own work (ns; see
+    /// `BlockDevice::maintain`).
+    pub device_wake_ns: u64,
 }
 
 impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Core<C, Z, K> {

@@ -218,6 +218,9 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         }
         progress |= self.background()?;
         self.writer.submit_runs(&mut self.core)?;
+        // The devices' own work (an array's rebuild, an operator's command).
+        let cache_wake = self.core.cache.maintain();
+        self.core.device_wake_ns = cache_wake.min(self.core.capacity.maintain());
         if !progress && !self.queue.is_empty() && self.core.io.count == 0 {
             self.health.stalled_polls += 1;
             let since = *self.health.stalled_since.get_or_insert(now);
@@ -246,6 +249,12 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     }
 
     /// Blocks until at least one device completion arrives (if any I/O is in flight).
+    /// How soon the devices want [`Self::poll`] again for their own work, in
+    /// nanoseconds ([`shale_device::MAINTAIN_IDLE`]: only with other work).
+    pub fn device_wake_ns(&self) -> u64 {
+        self.core.device_wake_ns
+    }
+
     pub fn wait_io(&mut self) {
         if let Err(e) = self.reap(1) {
             self.fail(e);

@@ -142,6 +142,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 streams,
                 capacity_dirty: false,
                 open_report: crate::recovery::OpenReport::default(),
+                device_wake_ns: shale_device::MAINTAIN_IDLE,
             },
             queue: VecDeque::new(),
             writer,

@@ -10,10 +10,15 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 
-use crossbeam_channel::{bounded, Receiver, Sender, TryRecvError, TrySendError};
+use std::time::Duration;
+
+use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender, TryRecvError, TrySendError};
 use shale_device::{BlockDevice, ZonedDevice};
 
 use crate::{Clock, Completion, Engine, EngineError, Reply, Request};
+
+/// Longest the idle loop sleeps while a device has work of its own pending.
+const DEVICE_WAKE_MAX_NS: u64 = 200_000_000;
 
 enum Msg {
     Req(Request, Completion),
@@ -135,11 +140,20 @@ fn run<C: BlockDevice, Z: ZonedDevice, K: Clock>(
             }
         }
         let mut shutdown = false;
-        // Block for work only when the engine has nothing to do.
+        // Block for work only when the engine has nothing to do, and only as long
+        // as the devices' own work allows.
         if engine.is_idle() {
-            match rx.recv() {
+            let msg = match engine.device_wake_ns() {
+                shale_device::MAINTAIN_IDLE => {
+                    rx.recv().map_err(|_| RecvTimeoutError::Disconnected)
+                }
+                0 => Err(RecvTimeoutError::Timeout),
+                ns => rx.recv_timeout(Duration::from_nanos(ns.min(DEVICE_WAKE_MAX_NS))),
+            };
+            match msg {
                 Ok(Msg::Req(r, d)) => engine.submit(r, d),
-                Ok(Msg::Shutdown) | Err(_) => shutdown = true,
+                Ok(Msg::Shutdown) | Err(RecvTimeoutError::Disconnected) => shutdown = true,
+                Err(RecvTimeoutError::Timeout) => {}
             }
         }
         while !shutdown && engine.queued() < batch {
