@@ -239,8 +239,13 @@ pub fn place<D>(
         }
         let slot = usize::from(l.index);
         if l.member_uuid() != Some(id.members[slot].uuid) {
+            if l.generation < newest.generation {
+                // A former member, replaced while it was out: not part of the array.
+                tracing::warn!(device = %name, slot, "a former member of this array (replaced); left out");
+                continue;
+            }
             return Err(LabelError::Mismatch(format!(
-                "{name} says it is slot {slot}, but the array's slot {slot} is another device (it was replaced)"
+                "{name} says it is slot {slot}, but the array's slot {slot} is another device"
             )));
         }
         if slots[slot].0.is_some() {

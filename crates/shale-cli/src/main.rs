@@ -3,6 +3,7 @@
 
 mod bench;
 mod check;
+mod device;
 mod logging;
 mod progress;
 mod serve;
@@ -42,6 +43,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Verify a cache and capacity device pair offline (never writes to them).
     Check(check::CheckArgs),
+    /// A running daemon's devices: list them, fail an array member, replace one.
+    Device(device::DeviceArgs),
 }
 
 fn main() -> ExitCode {
@@ -54,6 +57,7 @@ fn main() -> ExitCode {
         Command::Top(args) => top::main(args),
         Command::Bench(args) => bench::main(args),
         Command::Check(args) => check::main(args),
+        Command::Device(args) => device::main(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -47,6 +47,12 @@ pub struct DeviceArgs {
     /// K+M (Reed-Solomon: K data and M parity shards, e.g. 4+1)
     #[arg(long, value_name = "none|mirror|K+M")]
     pub capacity_redundancy: Option<String>,
+    /// Rebuild pace of an array while it is busy, per second [default: 32MiB]
+    #[arg(long)]
+    pub rebuild_speed_min: Option<String>,
+    /// Rebuild pace of an array while it is idle, per second [default: no limit]
+    #[arg(long)]
+    pub rebuild_speed_max: Option<String>,
     /// Size of a cache file created by format [default: 1GiB]
     #[arg(long)]
     pub cache_size: Option<String>,
@@ -91,6 +97,12 @@ impl DeviceArgs {
         }
         if let Some(v) = &self.capacity_redundancy {
             d.capacity_redundancy = Some(v.clone());
+        }
+        if let Some(v) = &self.rebuild_speed_min {
+            d.rebuild_speed_min = Size(v.clone());
+        }
+        if let Some(v) = &self.rebuild_speed_max {
+            d.rebuild_speed_max = Some(Size(v.clone()));
         }
         if let Some(v) = &self.cache_size {
             d.cache_size = Size(v.clone());

@@ -39,7 +39,7 @@ pub struct AdminArgs {
 }
 
 impl AdminArgs {
-    fn socket(&self) -> PathBuf {
+    pub fn socket(&self) -> PathBuf {
         self.socket.socket()
     }
 }

@@ -80,6 +80,10 @@ impl Devices {
                 "4MiB",
                 "--default-volume-size",
                 "256MiB",
+                "--rebuild-speed-min",
+                "8MiB",
+                "--rebuild-speed-max",
+                "8MiB",
             ]
             .iter()
             .map(|s| s.to_string()),
@@ -198,4 +202,99 @@ fn array_flags_are_checked_before_anything_is_written() {
     args.extend(three.iter().map(String::as_str));
     let e = serve_refused(&args);
     assert!(e.contains("K must divide 128"), "{e}");
+}
+
+/// `shale device ARGS --json` against a running daemon.
+fn device(d: &Daemon, args: &[&str]) -> serde_json::Value {
+    let mut all = vec!["device"];
+    all.extend_from_slice(args);
+    all.push("--json");
+    let s = d.admin(&all);
+    serde_json::from_str(&s).unwrap_or_else(|e| panic!("device json {e}: {s}"))
+}
+
+fn state_of(list: &serde_json::Value, path: &Path) -> String {
+    let p = path.display().to_string();
+    list.as_array()
+        .into_iter()
+        .flatten()
+        .find(|m| m["path"] == p.as_str())
+        .map(|m| m["state"].as_str().unwrap_or("?").to_string())
+        .unwrap_or_else(|| format!("{p} not listed: {list}"))
+}
+
+/// Waits (bounded) until no member is rebuilding; returns the last listing.
+fn rebuilt(d: &Daemon) -> serde_json::Value {
+    let start = std::time::Instant::now();
+    loop {
+        let l = device(d, &["list"]);
+        if !l.to_string().contains("\"rebuilding\"") {
+            return l;
+        }
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(120),
+            "rebuild never ended: {l}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn fail_replace_and_rebuild_online_even_across_a_kill() {
+    require("fio", "fio");
+    let root = tempfile::tempdir().expect("tempdir");
+    let devs = Devices::new(root.path());
+    let mut d = Daemon::start_with(devs.serve_flags());
+    let uri = d.uri("default");
+    for offset in ["0", "64m", "128m"] {
+        fio_region(&uri, offset, false);
+    }
+    let list = device(&d, &["list"]);
+    assert_eq!(list.as_array().map(Vec::len), Some(7), "{list}");
+    assert_eq!(state_of(&list, &devs.capacity[1]), "ok");
+
+    // A capacity member failed by the operator: everything still verifies.
+    let failed = devs.capacity[1].display().to_string();
+    device(&d, &["fail", &failed]);
+    assert_eq!(
+        state_of(&device(&d, &["list"]), &devs.capacity[1]),
+        "failed"
+    );
+    fio_region(&uri, "0", true);
+
+    // Replaced online by a new file; the rebuild is killed -9 half way, resumes
+    // after the restart, and completes.
+    let new_cap = root.path().join("cap1-new.img");
+    device(&d, &["replace", &failed, &new_cap.display().to_string()]);
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    let mid = device(&d, &["list"]);
+    assert_eq!(state_of(&mid, &new_cap), "rebuilding", "{mid}");
+    d.kill9();
+    let mut flags = devs.serve_flags();
+    for f in flags.iter_mut() {
+        if *f == failed {
+            *f = new_cap.display().to_string();
+        }
+    }
+    d.set_args(flags);
+    d.spawn();
+    assert!(d.last_log().contains("rebuild resumes"), "{}", d.last_log());
+    let after = rebuilt(&d);
+    assert_eq!(state_of(&after, &new_cap), "ok", "{after}");
+    for offset in ["0", "64m", "128m"] {
+        fio_region(&d.uri("default"), offset, true);
+    }
+
+    // A cache mirror lost and replaced the same way.
+    let old_cache = devs.cache[0].display().to_string();
+    let new_cache = root.path().join("cache0-new.img");
+    device(&d, &["fail", &old_cache]);
+    device(
+        &d,
+        &["replace", &old_cache, &new_cache.display().to_string()],
+    );
+    let after = rebuilt(&d);
+    assert_eq!(state_of(&after, &new_cache), "ok", "{after}");
+    fio_region(&d.uri("default"), "0", true);
+    d.stop();
 }

@@ -58,6 +58,16 @@ pub enum AdminRequest {
     },
     Stats,
     Checkpoint,
+    DeviceList,
+    /// Takes an array member out of service (`device`: its path, or its slot).
+    DeviceFail {
+        device: String,
+    },
+    /// Puts `new` in `old`'s place and rebuilds it.
+    DeviceReplace {
+        old: String,
+        new: String,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

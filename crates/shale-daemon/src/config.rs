@@ -125,6 +125,11 @@ pub struct DevicesConfig {
     /// How an array of capacity devices keeps its data: `none` (striped), `mirror`,
     /// or `K+M` (Reed–Solomon, K data and M parity shards, one per device).
     pub capacity_redundancy: Option<String>,
+    /// Rebuild pace while the array is busy, per second (md's `speed_limit_min`).
+    pub rebuild_speed_min: Size,
+    /// Rebuild pace while idle, per second; unset for no limit (md's
+    /// `speed_limit_max`).
+    pub rebuild_speed_max: Option<Size>,
     /// Sizes used only when the embedded default creates sparse files.
     pub cache_size: Size,
     pub capacity_size: Size,
@@ -321,6 +326,8 @@ impl Default for DevicesConfig {
             cache: "{data_dir}/cache.img".into(),
             capacity: "{data_dir}/capacity.img".into(),
             capacity_redundancy: None,
+            rebuild_speed_min: Size("32MiB".into()),
+            rebuild_speed_max: None,
             cache_size: Size("1GiB".into()),
             capacity_size: Size("16GiB".into()),
             capacity_mode: CapacityMode::Emulated,

@@ -8,6 +8,7 @@ use shale_nbd::ServerHandle;
 
 use crate::admin::{AdminHandler, AdminRequest};
 use crate::backend::EngineBackend;
+use crate::devices::Devices;
 use crate::drive::DriveStats;
 use crate::metrics::{Metric, MetricKind};
 
@@ -18,6 +19,8 @@ pub struct DaemonAdmin {
     nbd: Option<ServerHandle>,
     /// The simulated capacity drive, when `--drive` names one.
     drive: Option<DriveStats>,
+    /// The devices, for `shale device`.
+    devices: Option<Arc<Devices>>,
 }
 
 impl DaemonAdmin {
@@ -26,7 +29,20 @@ impl DaemonAdmin {
             backend,
             nbd,
             drive: None,
+            devices: None,
         }
+    }
+
+    /// Answers `shale device` from these devices and adds them to `stats`.
+    pub fn with_devices(mut self, devices: Arc<Devices>) -> Self {
+        self.devices = Some(devices);
+        self
+    }
+
+    fn devices(&self) -> Result<&Devices, String> {
+        self.devices
+            .as_deref()
+            .ok_or_else(|| "this daemon does not manage its devices".to_string())
     }
 
     /// Adds the simulated drive's section to `stats`.
@@ -261,6 +277,9 @@ impl AdminHandler for DaemonAdmin {
                     if let (Value::Object(m), Some(d)) = (&mut v, &self.drive) {
                         m.insert("drive".into(), d.json(s.user_write_bytes));
                     }
+                    if let (Value::Object(m), Some(d)) = (&mut v, &self.devices) {
+                        m.insert("devices".into(), d.list());
+                    }
                     Ok(v)
                 }
                 // A failed engine answers nothing, but why it failed is the one
@@ -274,6 +293,9 @@ impl AdminHandler for DaemonAdmin {
                 engine.call(Request::Flush).map_err(|e| e.to_string())?;
                 Ok(Value::Null)
             }
+            AdminRequest::DeviceList => Ok(self.devices()?.list()),
+            AdminRequest::DeviceFail { device } => self.devices()?.fail(&device),
+            AdminRequest::DeviceReplace { old, new } => self.devices()?.replace(&old, &new),
         }
     }
 }

@@ -7,6 +7,7 @@
 //! - [`backend`]: every volume as an NBD export, requests into the engine's queue.
 //! - [`admin`]: the admin unix socket (JSON lines) used by `shale volume` and `shale stats`.
 //! - [`handler`]: admin requests and metrics answered from the engine.
+//! - [`devices`]: `shale device list|fail|replace` over the arrays' handles.
 //! - [`drive`]: the simulated capacity drive's counters (`--drive`), for both.
 //! - [`metrics`]: the Prometheus text endpoint.
 //! - [`latency`]: per-volume request latency histograms.
@@ -16,6 +17,7 @@
 pub mod admin;
 pub mod backend;
 pub mod config;
+pub mod devices;
 pub mod drive;
 pub mod fuzzing;
 pub mod handler;

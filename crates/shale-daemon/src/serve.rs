@@ -18,7 +18,11 @@ use shale_nbd::{Server, ServerConfig, ServerError, ServerLimits, TlsMode, TlsSet
 use crate::admin::{AdminError, AdminServer};
 use crate::backend::{CacheDevice, CapacityDevice, Engine, EngineBackend};
 use crate::config::{CapacityMode, Config, ConfigError, Paths};
+use crate::devices::{CacheMember, CapacityMember, Devices};
 use crate::drive::DriveStats;
+
+type CacheHandle = shale_array::ArrayHandle<CacheMember>;
+type CapacityHandle = shale_array::ArrayHandle<CapacityMember>;
 use crate::handler::DaemonAdmin;
 use crate::notify::Notifier;
 use shale_array::{MirrorDevice, Redundancy, ZoneArray};
@@ -82,6 +86,8 @@ pub struct DeviceSpec {
     pub capacity: Vec<PathBuf>,
     /// The capacity array's redundancy (`None`: one capacity device).
     pub redundancy: Option<Redundancy>,
+    /// Pace of array rebuilds.
+    pub rebuild_limits: shale_array::RebuildLimits,
     pub cache_size: u64,
     pub capacity_size: u64,
     pub mode: CapacityMode,
@@ -114,6 +120,13 @@ impl DeviceSpec {
             cache: paths("devices.cache", &d.cache)?,
             capacity: paths("devices.capacity", &d.capacity)?,
             redundancy: c.redundancy()?,
+            rebuild_limits: shale_array::RebuildLimits {
+                min_bytes_per_sec: d.rebuild_speed_min.bytes("devices.rebuild_speed_min")?,
+                max_bytes_per_sec: match &d.rebuild_speed_max {
+                    Some(s) => s.bytes("devices.rebuild_speed_max")?,
+                    None => 0,
+                },
+            },
             cache_size: d.cache_size.bytes("devices.cache_size")?,
             capacity_size: d.capacity_size.bytes("devices.capacity_size")?,
             mode: d.capacity_mode,
@@ -149,7 +162,7 @@ impl DeviceSpec {
         Ok(c)
     }
 
-    fn zone_config(&self) -> ZoneEmuConfig {
+    pub(crate) fn zone_config(&self) -> ZoneEmuConfig {
         let mut z = ZoneEmuConfig::new(self.zone_bytes);
         if self.mode == CapacityMode::Zoned {
             z.max_open_zones = ZNS_ACTIVE_ZONES_MAX;
@@ -238,18 +251,20 @@ fn capacity_device(
     spec: &DeviceSpec,
     format: bool,
     pool: [u8; 16],
-) -> Result<(CapacityDevice, Option<DriveStats>), DaemonError> {
+) -> Result<(CapacityDevice, Option<DriveStats>, Option<CapacityHandle>), DaemonError> {
     let Some(r) = spec.redundancy else {
         let path = &spec.capacity[0];
         let (mut dev, drive) = capacity_file(spec, path, format)?;
         let name = path.display().to_string();
         if !format && shale_array::label::read_zoned(&mut dev, &name).is_ok() {
             // One member of an array named alone: the array decides if it is enough.
-            let array = ZoneArray::open(vec![(dev, name)])
+            let mut array = ZoneArray::open(vec![(dev, name)])
                 .map_err(|e| set_error(&spec.capacity, format!("capacity array: {e}")))?;
-            return Ok((Box::new(array), None));
+            array.set_rebuild_limits(spec.rebuild_limits);
+            let h = array.handle();
+            return Ok((Box::new(array), None, Some(h)));
         }
-        return Ok((dev, drive));
+        return Ok((dev, drive, None));
     };
     if spec.drive.is_some() {
         return Err(set_error(
@@ -266,7 +281,7 @@ fn capacity_device(
         let (dev, _) = capacity_file(spec, path, format)?;
         members.push((dev, path.display().to_string()));
     }
-    let array = if format {
+    let mut array = if format {
         let (k, _) = r
             .shards(members.len())
             .map_err(|e| set_error(&spec.capacity, e.to_string()))?;
@@ -276,7 +291,9 @@ fn capacity_device(
         ZoneArray::open(members)
     }
     .map_err(|e| set_error(&spec.capacity, format!("capacity array: {e}")))?;
-    Ok((Box::new(array), None))
+    array.set_rebuild_limits(spec.rebuild_limits);
+    let h = array.handle();
+    Ok((Box::new(array), None, Some(h)))
 }
 
 /// The stripe unit of an array with `k` data shards: a stripe is exactly one zone
@@ -298,18 +315,20 @@ fn cache_device(
     spec: &DeviceSpec,
     format: bool,
     pool: [u8; 16],
-) -> Result<CacheDevice, DaemonError> {
+) -> Result<(CacheDevice, Option<CacheHandle>), DaemonError> {
     if let [path] = spec.cache.as_slice() {
         let mut dev = open_file("cache device", path)?;
         let name = path.display().to_string();
         if format || shale_array::label::read_block(&mut dev, &name).is_err() {
-            return Ok(Box::new(dev));
+            return Ok((Box::new(dev), None));
         }
         // One mirror named alone.
         let members: Vec<(Box<dyn BlockDevice + Send>, String)> = vec![(Box::new(dev), name)];
-        let mirror = MirrorDevice::open(members)
+        let mut mirror = MirrorDevice::open(members)
             .map_err(|e| set_error(&spec.cache, format!("cache mirror: {e}")))?;
-        return Ok(Box::new(mirror));
+        mirror.set_rebuild_limits(spec.rebuild_limits);
+        let h = mirror.handle();
+        return Ok((Box::new(mirror), Some(h)));
     }
     let mut members: Vec<(Box<dyn BlockDevice + Send>, String)> = Vec::new();
     for path in &spec.cache {
@@ -322,13 +341,15 @@ fn cache_device(
             path.display().to_string(),
         ));
     }
-    let mirror = if format {
+    let mut mirror = if format {
         MirrorDevice::create(members, pool)
     } else {
         MirrorDevice::open(members)
     }
     .map_err(|e| set_error(&spec.cache, format!("cache mirror: {e}")))?;
-    Ok(Box::new(mirror))
+    mirror.set_rebuild_limits(spec.rebuild_limits);
+    let h = mirror.handle();
+    Ok((Box::new(mirror), Some(h)))
 }
 
 /// Every device path of the spec, cache first.
@@ -519,7 +540,7 @@ pub fn format(
     let engine_config = spec.engine_config()?;
     let pool = *uuid::Uuid::new_v4().as_bytes();
     let capacity = steps.step("capacity: zone emulation, discard", || {
-        let (capacity, _) = capacity_device(spec, true, pool)?;
+        let (capacity, _, _) = capacity_device(spec, true, pool)?;
         let g = capacity.geometry();
         let detail = format!(
             "{} zones of {} MiB, {} discarded",
@@ -530,7 +551,7 @@ pub fn format(
         Ok((capacity, detail))
     })?;
     let mut engine = steps.step("cache: superblock, journal, checkpoint", || {
-        let cache = cache_device(spec, true, pool)?;
+        let (cache, _) = cache_device(spec, true, pool)?;
         let engine =
             shale_engine::Engine::format(cache, capacity, MonotonicClock::new(), engine_config)?;
         let detail = format!("{} of user capacity", gib(engine.user_capacity_bytes()));
@@ -571,10 +592,11 @@ pub fn format(
 pub fn open(
     spec: &DeviceSpec,
     progress: &mut dyn shale_engine::OpenProgress,
-) -> Result<(Engine, String, Option<DriveStats>), DaemonError> {
+) -> Result<(Engine, String, Option<DriveStats>, Devices), DaemonError> {
     let engine_config = spec.engine_config()?;
-    let cache = cache_device(spec, false, [0; 16])?;
-    let (capacity, drive) = capacity_device(spec, false, [0; 16])?;
+    let (cache, cache_handle) = cache_device(spec, false, [0; 16])?;
+    let (capacity, drive, capacity_handle) = capacity_device(spec, false, [0; 16])?;
+    let devices = Devices::new(spec.clone(), cache_handle, capacity_handle);
     let started = std::time::Instant::now();
     let engine = shale_engine::Engine::open_with_progress(
         cache,
@@ -586,7 +608,7 @@ pub fn open(
     log_open(engine.open_report(), started.elapsed());
     let status = crate::notify::open_status(engine.open_report(), started.elapsed());
     let thread = EngineThread::spawn(engine, ENGINE_QUEUE_DEPTH).map_err(DaemonError::Spawn)?;
-    Ok((thread, status, drive))
+    Ok((thread, status, drive, devices))
 }
 
 /// One line saying whether the open was clean or a recovery, and what it cost; the
@@ -679,7 +701,8 @@ impl Daemon {
             warn_if_shared(path);
         }
         let lock = DeviceLock::acquire(&spec)?;
-        let (engine, open_status, drive) = open(&spec, progress)?;
+        let (engine, open_status, drive, devices) = open(&spec, progress)?;
+        let devices = Arc::new(devices);
         let engine = Arc::new(engine);
         let backend = Arc::new(EngineBackend::new(Arc::clone(&engine), PAYLOAD_BYTES_MAX)?);
         let mut daemon = Daemon {
@@ -696,7 +719,9 @@ impl Daemon {
         daemon.nbd = Some(nbd);
         if let Some(path) = config.expand(&config.admin.socket) {
             let handler = Arc::new(
-                DaemonAdmin::new(Arc::clone(&backend), Some(nbd_handle)).with_drive(drive.clone()),
+                DaemonAdmin::new(Arc::clone(&backend), Some(nbd_handle))
+                    .with_drive(drive.clone())
+                    .with_devices(Arc::clone(&devices)),
             );
             daemon.admin = Some(AdminServer::start(&path, handler)?);
         }

@@ -143,6 +143,11 @@ impl Daemon {
         d
     }
 
+    /// The flags of the next start (after a device was replaced, say).
+    pub fn set_args(&mut self, args: Vec<String>) {
+        self.args = args;
+    }
+
     pub fn data_dir(&self) -> PathBuf {
         self.dir.path().join("data")
     }
