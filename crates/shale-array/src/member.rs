@@ -41,6 +41,9 @@ pub struct MemberCounters {
     pub other_errors: u64,
     /// Reads of this member's data served by reconstruction from the others.
     pub reconstructed_reads: u64,
+    /// Reads of this member's data that failed their checksum and were rebuilt from
+    /// the others (silent corruption found).
+    pub corrupt_reads: u64,
     pub bytes_read: u64,
     pub bytes_written: u64,
 }

@@ -1560,6 +1560,24 @@ impl<Z: ZonedDevice> ZonedDevice for ZoneArray<Z> {
         self.run_sync(ZoneOp::Flush).result.map(|_| ())
     }
 
+    fn read_rebuilt(&mut self, offset: u64, buf: &mut [u8]) -> Result<(), ZoneError> {
+        let zone = self.check_read(offset, buf.len() as u64)?;
+        let l = self.layout;
+        let mut rel = offset - self.geo.zone_start(zone);
+        let end = rel + buf.len() as u64;
+        let mut at = 0usize;
+        while rel < end {
+            let (row, shard, off) = l.locate(rel);
+            let n = (l.unit - off).min(end - rel) as usize;
+            let suspect = l.member_of(zone, row, shard);
+            self.rebuild_piece(zone, row, shard, off, suspect, &mut buf[at..at + n])?;
+            self.members[suspect as usize].counters.corrupt_reads += 1;
+            at += n;
+            rel += n as u64;
+        }
+        Ok(())
+    }
+
     fn maintain(&mut self) -> u64 {
         self.apply_commands();
         let next = self.rebuild_step();
@@ -1576,6 +1594,57 @@ impl<Z: ZonedDevice> ZonedDevice for ZoneArray<Z> {
 }
 
 impl<Z: ZonedDevice> ZoneArray<Z> {
+    /// Decodes `out` (a range of `shard` in `row` of `zone`, at `off` in the unit) from
+    /// K shards held by members other than `exclude`, reading them synchronously.
+    fn rebuild_piece(
+        &mut self,
+        zone: u32,
+        row: u64,
+        shard: u32,
+        off: u64,
+        exclude: u32,
+        out: &mut [u8],
+    ) -> Result<(), ZoneError> {
+        let l = self.layout;
+        let moff = self.member_offset(zone, row, off);
+        let mut shards: Vec<Option<Vec<u8>>> = vec![None; l.shards() as usize];
+        let mut held = 0;
+        for s in (0..l.shards()).filter(|&s| s != shard) {
+            if held == l.k {
+                break;
+            }
+            let m = l.member_of(zone, row, s);
+            if m == exclude || !self.in_zone(m as usize, zone) {
+                continue;
+            }
+            let mut b = vec![0u8; out.len()];
+            let Some(dev) = self.members[m as usize].dev.as_mut() else {
+                continue;
+            };
+            match dev.read_at(moff, &mut b) {
+                Ok(()) => {
+                    shards[s as usize] = Some(b);
+                    held += 1;
+                }
+                Err(e) => self.read_error(m, &e),
+            }
+        }
+        if held < l.k {
+            return Err(unavailable(
+                IoOpKind::Read,
+                moff,
+                format!(
+                    "row {row} of zone {zone}: {held} other shards readable, {} needed",
+                    l.k
+                ),
+            ));
+        }
+        let refs: Vec<Option<&[u8]>> = shards.iter().map(|s| s.as_deref()).collect();
+        self.codec
+            .reconstruct(&refs, &[shard as usize], &mut [out])
+            .map_err(|e| unavailable(IoOpKind::Read, moff, format!("reconstruct: {e}")))
+    }
+
     /// Takes the array apart: its members in slot order (`None` where missing), with
     /// their names. Failed members are handed back too; the caller decides.
     pub fn into_members(self) -> Vec<(Option<Z>, String)> {

@@ -724,3 +724,43 @@ fn operators_command_through_the_handle() {
     assert_eq!(st.members[1].name, "n1");
     assert!(st.rebuild.is_none());
 }
+
+#[test]
+fn a_corrupt_unit_is_rebuilt_from_the_others() {
+    use shale_device::BlockDevice;
+    for (r, n) in [
+        (Redundancy::Parity { k: 4, m: 1 }, 5),
+        (Redundancy::Parity { k: 4, m: 2 }, 6),
+        (Redundancy::Mirror, 2),
+    ] {
+        let mut a = mem_array(r, n);
+        let mut rng = ChaCha8Rng::seed_from_u64(31);
+        let s = a.geometry().write_unit as usize;
+        let data = random_rows(&mut rng, s, 3);
+        a.write_at(0, &data).expect("write");
+        let l = *a.layout();
+        // Row 1, data shard 0: garbage on its member, behind the zone emulation.
+        let victim = l.member_of(0, 1, 0);
+        let dev = a.member_device_mut(victim).expect("member");
+        let at = dev.data_offset() + dev.geometry().zone_start(LABEL_ZONES) + UNIT + 8192;
+        dev.inner_mut()
+            .write_at(at, &[0x5a; 4096])
+            .expect("corrupt");
+        let off = s as u64 + 8192;
+        let mut plain = vec![0u8; 4096];
+        a.read_at(off, &mut plain).expect("read");
+        assert_ne!(
+            plain,
+            data[off as usize..off as usize + 4096],
+            "{r}: corruption not visible"
+        );
+        let mut rebuilt = vec![0u8; 3 * 4096];
+        a.read_rebuilt(off - 4096, &mut rebuilt)
+            .expect("rebuilt read");
+        assert!(
+            rebuilt == data[off as usize - 4096..off as usize + 8192],
+            "{r}: not rebuilt"
+        );
+        assert_eq!(a.members()[victim as usize].counters.corrupt_reads, 1);
+    }
+}

@@ -218,6 +218,8 @@ pub fn stats_json(s: &Stats) -> Value {
             "checkpoints": s.checkpoints,
             "durability_points": s.durability_points,
             "crc_errors": s.crc_errors,
+            "crc_rebuilt_fixes": s.crc_rebuilt_fixes,
+            "repairs_staged": s.repairs_staged,
         },
     })
 }

@@ -406,6 +406,10 @@ impl<D: ZonedDevice> ZonedDevice for StatsDevice<D> {
     fn maintain(&mut self) -> u64 {
         ZonedDevice::maintain(&mut self.inner)
     }
+
+    fn read_rebuilt(&mut self, offset: u64, buf: &mut [u8]) -> Result<(), ZoneError> {
+        self.inner.read_rebuilt(offset, buf)
+    }
 }
 
 #[cfg(test)]

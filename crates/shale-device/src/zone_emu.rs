@@ -510,6 +510,12 @@ impl<D: BlockDevice> ZoneEmu<D> {
         &self.inner
     }
 
+    /// The wrapped device, to change its bytes behind the emulation's back (tests
+    /// that play silent corruption). Zone state is not touched.
+    pub fn inner_mut(&mut self) -> &mut D {
+        &mut self.inner
+    }
+
     /// Gives back the wrapped device. User requests still in flight are forgotten
     /// (their completions are never delivered) and nothing is persisted: call `flush`
     /// first for a clean hand-over. Discards of reset zones are waited for, so the

@@ -151,6 +151,15 @@ pub trait ZonedDevice {
     fn maintain(&mut self) -> u64 {
         crate::MAINTAIN_IDLE
     }
+
+    /// Reads a range without trusting the copy a plain read returns: rebuilt from
+    /// the device's redundancy (an array decodes it from its other members). For
+    /// data that failed its checksum. A device without redundancy: `Unsupported`.
+    fn read_rebuilt(&mut self, _offset: u64, _buf: &mut [u8]) -> Result<(), ZoneError> {
+        Err(ZoneError::Device(crate::DeviceError::Unsupported {
+            op: crate::IoOpKind::Read,
+        }))
+    }
 }
 
 impl<T: ZonedDevice + ?Sized> ZonedDevice for Box<T> {
@@ -198,6 +207,9 @@ impl<T: ZonedDevice + ?Sized> ZonedDevice for Box<T> {
     }
     fn maintain(&mut self) -> u64 {
         (**self).maintain()
+    }
+    fn read_rebuilt(&mut self, offset: u64, buf: &mut [u8]) -> Result<(), ZoneError> {
+        (**self).read_rebuilt(offset, buf)
     }
 }
 
@@ -247,5 +259,8 @@ impl<T: ZonedDevice + ?Sized> ZonedDevice for &mut T {
     }
     fn maintain(&mut self) -> u64 {
         (**self).maintain()
+    }
+    fn read_rebuilt(&mut self, offset: u64, buf: &mut [u8]) -> Result<(), ZoneError> {
+        (**self).read_rebuilt(offset, buf)
     }
 }

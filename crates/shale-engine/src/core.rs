@@ -46,6 +46,9 @@ pub(crate) struct Core<C: BlockDevice, Z: ZonedDevice, K: Clock> {
     /// When the devices next want a poll for their own work (ns; see
     /// `BlockDevice::maintain`).
     pub device_wake_ns: u64,
+    /// Capacity blocks rebuilt from redundancy after failing their checksum, to be
+    /// written anew by compaction (the event loop hands them over).
+    pub repairs: Vec<(shale_format::Pba, Box<[u8; crate::layout::BS as usize]>)>,
 }
 
 impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Core<C, Z, K> {

@@ -519,6 +519,31 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         Ok(progress)
     }
 
+    /// Hands blocks the read path rebuilt from redundancy to compaction, which
+    /// writes each anew with its next group (until then, reads rebuild it again).
+    fn stage_repairs(&mut self) -> Result<(), EngineError> {
+        for (pba, data) in std::mem::take(&mut self.core.repairs) {
+            let md = crate::read::reader::md_block(&mut self.core, &self.writer, pba)?;
+            let Some((_, slot)) = self.core.geo.region_slot(pba) else {
+                continue;
+            };
+            let idx = (slot % shale_format::GROUP_BLOCKS) as usize;
+            let Ok(e) = shale_format::decode_md_entry(&md[..], idx, 0) else {
+                continue;
+            };
+            let entry = crate::mover::RelocEntry {
+                volume: e.volume,
+                lba: e.lba,
+                sid: e.sid,
+                crc: e.data_crc,
+                source: pba,
+            };
+            self.compaction
+                .stage_repair(&mut self.core, entry, &data[..]);
+        }
+        Ok(())
+    }
+
     /// Background work for one loop iteration (`background.rs` paces it): GC and
     /// compaction steps, freed space released, checkpoint work.
     fn background(&mut self) -> Result<bool, EngineError> {
@@ -526,6 +551,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             compaction_threshold, gc_threshold, pending_counts, release_due, steps_for,
         };
         let mut progress = false;
+        self.stage_repairs()?;
         let blocked = self.compaction.zone_blocked;
         self.compaction.zone_blocked = false;
 

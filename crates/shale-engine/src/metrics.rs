@@ -73,6 +73,11 @@ pub struct Stats {
     pub crc_errors: u64,
     /// Victim blocks whose CRC failed on the first read and matched on a second.
     pub crc_reread_fixes: u64,
+    /// Capacity blocks (and md) whose copy failed its checksum and that the device
+    /// rebuilt from its redundancy (an array's other members), correct.
+    pub crc_rebuilt_fixes: u64,
+    /// Rebuilt blocks staged to be written anew (the corrupt copy becomes garbage).
+    pub repairs_staged: u64,
 
     pub free_chunks: u64,
     pub chunk_count: u64,

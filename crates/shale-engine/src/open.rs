@@ -143,6 +143,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 capacity_dirty: false,
                 open_report: crate::recovery::OpenReport::default(),
                 device_wake_ns: shale_device::MAINTAIN_IDLE,
+                repairs: Vec::new(),
             },
             queue: VecDeque::new(),
             writer,

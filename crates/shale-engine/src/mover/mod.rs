@@ -736,6 +736,14 @@ impl Mover {
                         core.stats.crc_reread_fixes += 1;
                         tracing::warn!(%pba, "victim block read back corrupt; a second read was good");
                         data = &reread[..];
+                    } else if Self::rebuilt_block(core, victim, slot0 + i as u32, &mut reread)
+                        && shale_format::block_crc(&reread[..]) == e.data_crc
+                    {
+                        // The move itself is the repair: the corrupt copy is erased
+                        // with its zone.
+                        core.stats.crc_rebuilt_fixes += 1;
+                        tracing::warn!(%pba, "victim block corrupt; rebuilt from redundancy");
+                        data = &reread[..];
                     } else {
                         core.stats.crc_errors += 1;
                         tracing::warn!(%pba, "relocating a block whose data CRC does not match its md (it stays detectable: the copy keeps the original CRC)");
@@ -773,6 +781,48 @@ impl Mover {
             core.stats.capacity_read_bytes += BS;
             core.capacity.read_at(off, &mut out[..]).is_ok()
         }
+    }
+
+    /// Reads one zone block of a victim from the device's redundancy. False where
+    /// there is none (a single drive, a cache chunk) or it fails.
+    fn rebuilt_block(
+        core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+        region: RegionId,
+        slot: u32,
+        out: &mut [u8; BLOCK_SIZE],
+    ) -> bool {
+        if core.geo.is_chunk(region) {
+            return false;
+        }
+        let off = core.geo.zone_offset(region, slot);
+        core.stats.capacity_read_bytes += BS;
+        core.capacity.read_rebuilt(off, &mut out[..]).is_ok()
+    }
+
+    /// Stages a block rebuilt after a failed checksum (from `Core::repairs`) to be
+    /// written anew, as a relocation of its corrupt copy: if the copy is still the
+    /// mapped one, the move makes it garbage. `entry` comes from the block's md.
+    pub fn stage_repair(
+        &mut self,
+        core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+        entry: RelocEntry,
+        data: &[u8],
+    ) -> bool {
+        let Some((region, _)) = core.geo.region_slot(entry.source) else {
+            return false;
+        };
+        let staged = self
+            .streams
+            .iter()
+            .any(|st| st.entries.iter().any(|e| e.source == entry.source));
+        if staged || !core.regions.validity.get(entry.source) {
+            return false;
+        }
+        let s = (entry.volume.0 % core.streams) as usize;
+        self.streams[s].push(entry, data, &mut core.bufs);
+        core.regions.get_mut(region).relocations += 1;
+        core.stats.repairs_staged += 1;
+        true
     }
 
     /// Drops every stream's staged blocks whose source is no longer valid: once a

@@ -204,12 +204,15 @@ impl Reader {
             panic!("read completion for unknown op {op_id}");
         };
         let checked = match r {
-            Ok(Some(buf)) => match verify_block(core, writer, volume, Lba(lba), pba, &buf) {
+            Ok(Some(mut buf)) => match verify_block(core, writer, volume, Lba(lba), pba, &buf) {
                 Ok(()) => Ok(buf),
-                Err(e) => {
-                    core.bufs.give(buf);
-                    Err(e)
-                }
+                Err(e) => match rebuilt_block(core, writer, volume, Lba(lba), pba, &mut buf, &e) {
+                    true => Ok(buf),
+                    false => {
+                        core.bufs.give(buf);
+                        Err(e)
+                    }
+                },
             },
             Ok(None) => panic!("read completion without its buffer"),
             Err(e) => Err(e),
@@ -348,7 +351,47 @@ pub(crate) fn read_block_sync(
             .map_err(EngineError::capacity("read-modify-write read", off))?;
         core.stats.capacity_read_bytes += BS;
     }
-    verify_block(core, writer, volume, lba, pba, &out[..])
+    match verify_block(core, writer, volume, lba, pba, &out[..]) {
+        Err(e) if !rebuilt_block(core, writer, volume, lba, pba, &mut out[..], &e) => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// A capacity block that failed its check, read again from the device's redundancy
+/// into `buf` (an array decodes it from its other members). True if that copy
+/// checks: it is used, and staged to be written anew so the corrupt copy becomes
+/// garbage (`Core::repairs`).
+pub(crate) fn rebuilt_block(
+    core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+    writer: &ChunkWriter,
+    volume: VolumeId,
+    lba: Lba,
+    pba: Pba,
+    buf: &mut [u8],
+    e: &EngineError,
+) -> bool {
+    if !matches!(
+        e,
+        EngineError::ChecksumMismatch { .. } | EngineError::Misdirected { .. }
+    ) {
+        return false;
+    }
+    let Some((false, off)) = core.geo.device_offset(pba) else {
+        return false;
+    };
+    if core.capacity.read_rebuilt(off, buf).is_err() {
+        return false;
+    }
+    core.stats.capacity_read_bytes += BS;
+    if verify_block(core, writer, volume, lba, pba, buf).is_err() {
+        return false;
+    }
+    core.stats.crc_rebuilt_fixes += 1;
+    tracing::warn!(%volume, %lba, %pba, "corrupt capacity block rebuilt from redundancy");
+    let mut data = Box::new([0u8; BLOCK_SIZE]);
+    data.copy_from_slice(&buf[..BLOCK_SIZE]);
+    core.repairs.push((pba, data));
+    true
 }
 
 /// Checks a data block against its md entry.
@@ -445,6 +488,18 @@ fn md_block_read_both(
             .read_at(off, &mut two)
             .map_err(EngineError::capacity("md read", off))?;
         core.stats.capacity_read_bytes += 2 * BS;
+        // Both copies sit in one stripe unit of an array: if neither checks, the
+        // device may rebuild them from its redundancy.
+        let picked = pick_md(core, writer, region, g, key, &two);
+        if picked.is_err() && core.capacity.read_rebuilt(off, &mut two).is_ok() {
+            core.stats.capacity_read_bytes += 2 * BS;
+            if let Ok(md) = pick_md(core, writer, region, g, key, &two) {
+                core.stats.crc_rebuilt_fixes += 1;
+                tracing::warn!(%region, group = g, "corrupt md rebuilt from redundancy");
+                return Ok(md);
+            }
+        }
+        return picked;
     }
     pick_md(core, writer, region, g, key, &two)
 }

@@ -78,7 +78,21 @@ pub(crate) fn label<Z: ZonedDevice>(
             ));
             Ok(x)
         }
-        (Err(a), Err(_)) => Err(OpenError::BadLabel(a)),
+        (Err(a), Err(_)) => {
+            // Both copies sit in one stripe unit of an array: the device may rebuild
+            // them from its redundancy.
+            if capacity.read_rebuilt(0, &mut b).is_ok() {
+                if let Ok(x) = CapacityLabel::decode(&b[..BLOCK_SIZE], 0)
+                    .or_else(|_| CapacityLabel::decode(&b[BLOCK_SIZE..2 * BLOCK_SIZE], BS))
+                {
+                    report.warn(format!(
+                        "capacity label damaged on the device ({a}); rebuilt from its redundancy"
+                    ));
+                    return Ok(x);
+                }
+            }
+            Err(OpenError::BadLabel(a))
+        }
     }
 }
 
