@@ -296,5 +296,38 @@ fn fail_replace_and_rebuild_online_even_across_a_kill() {
     let after = rebuilt(&d);
     assert_eq!(state_of(&after, &new_cache), "ok", "{after}");
     fio_region(&d.uri("default"), "0", true);
+
+    // Random bytes straight into another member's file under the running daemon:
+    // reads rebuild the corrupt blocks from the other members and stay correct.
+    corrupt(&devs.capacity[3], 9 << 20, 4 << 20);
+    for offset in ["0", "64m", "128m"] {
+        fio_region(&d.uri("default"), offset, true);
+    }
+    let s = d.stats();
+    assert!(
+        s["work"]["crc_rebuilt_fixes"].as_u64().unwrap_or(0) > 0,
+        "no corrupt block was met: {s}"
+    );
     d.stop();
+}
+
+/// `len` random bytes written into `path` at `at`, behind the daemon's back.
+fn corrupt(path: &Path, at: u64, len: usize) {
+    use std::io::{Seek, SeekFrom, Write};
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let junk: Vec<u8> = (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .expect("open member file");
+    f.seek(SeekFrom::Start(at)).expect("seek");
+    f.write_all(&junk).expect("write junk");
+    f.sync_all().expect("sync");
 }
