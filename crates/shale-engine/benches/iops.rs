@@ -25,10 +25,16 @@
 //! rate and page reads and writes (of which asynchronous, ahead of need). `--repeat N`
 //! runs the whole sequence N times on fresh devices and prints the medians.
 //!
+//! With `--array K+M` the capacity is a Reed–Solomon array of K+M such files (each
+//! 1/K of the capacity, zones 1/K as large, so the array has the single file's zones),
+//! and a fourth phase, `read degraded`, reads again with member 0 failed (a quarter
+//! to a fifth of the reads are rebuilt from K other members).
+//!
 //! ```text
 //! cargo bench -p shale-engine --bench iops -- [--capacity-mib 4096] [--dir /tmp]
 //!     [--first-secs 30] [--steady-secs 30] [--read-secs 10] [--warm-multiple 2]
 //!     [--qd 128] [--l2p-mib N] [--repeat 1] [--cache-dir DIR] [--discard-on-reset]
+//!     [--array K+M]
 //! ```
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -37,7 +43,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use shale_device::{BlockDevice, FileDevice, MemDevice, ZoneEmu, ZoneEmuConfig};
+use shale_array::{ArrayHandle, Command, Redundancy, ZoneArray};
+use shale_device::{BlockDevice, FileDevice, MemDevice, ZoneEmu, ZoneEmuConfig, ZonedDevice};
 use shale_engine::{Config, Engine, MonotonicClock, Reply, Request, Stats, VolumeUid};
 
 const BLOCK: u64 = 4096;
@@ -56,6 +63,7 @@ struct Args {
     repeat: usize,
     cache_dir: Option<PathBuf>,
     discard_on_reset: bool,
+    array: Option<Redundancy>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -71,6 +79,7 @@ fn parse_args() -> Result<Args, String> {
         repeat: 1,
         cache_dir: None,
         discard_on_reset: false,
+        array: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -96,6 +105,13 @@ fn parse_args() -> Result<Args, String> {
             "--qd" => a.qd = num(val()?)?.clamp(1, 4096),
             "--l2p-mib" => a.l2p_mib = Some(num(val()?)?),
             "--repeat" => a.repeat = num(val()?)?.clamp(1, 99) as usize,
+            "--array" => {
+                let r: Redundancy = val()?.parse().map_err(|e| format!("{flag}: {e}"))?;
+                if !matches!(r, Redundancy::Parity { k, .. } if 128 % k == 0) {
+                    return Err(format!("{flag}: K+M with K dividing 128"));
+                }
+                a.array = Some(r);
+            }
             other => return Err(format!("unknown flag {other}")),
         }
     }
@@ -201,13 +217,15 @@ fn loadavg() -> String {
         .unwrap_or_else(|| "?".into())
 }
 
-type Eng = Engine<Box<dyn BlockDevice>, ZoneEmu<FileDevice>, MonotonicClock>;
+type Eng = Engine<Box<dyn BlockDevice>, Box<dyn ZonedDevice>, MonotonicClock>;
+type Member = ZoneEmu<FileDevice>;
 
 struct Rig {
     e: Eng,
     volume: VolumeUid,
     blocks: u64,
     paths: Vec<PathBuf>,
+    array: Option<ArrayHandle<Member>>,
 }
 
 impl Drop for Rig {
@@ -218,13 +236,13 @@ impl Drop for Rig {
     }
 }
 
-fn build(a: &Args, run: usize) -> Rig {
-    let zones = a.capacity_mib * (1 << 20) / ZONE_BYTES;
-    let mut zc = ZoneEmuConfig::new(ZONE_BYTES);
+/// A zone-emulated capacity file of `zones` zones of `zone_bytes` (plus `extra`).
+fn capacity_file(a: &Args, name: &str, zones: u64, zone_bytes: u64) -> (Member, PathBuf) {
+    let mut zc = ZoneEmuConfig::new(zone_bytes);
     zc.zone_count_max = zones as u32;
     let path = a
         .dir
-        .join(format!("shale-iops-{}-{run}.capacity", std::process::id()));
+        .join(format!("shale-iops-{}-{name}.capacity", std::process::id()));
     let bytes = zc
         .device_bytes_for(zones as u32)
         .expect("capacity size overflows");
@@ -232,9 +250,41 @@ fn build(a: &Args, run: usize) -> Rig {
     let file = FileDevice::open(&path).expect("open the capacity file");
     let mut cap = ZoneEmu::format(file, &zc).expect("zone emulation");
     cap.set_discard_on_reset(a.discard_on_reset);
+    (cap, path)
+}
+
+type Capacity = (Box<dyn ZonedDevice>, Vec<PathBuf>, Option<ArrayHandle<Member>>);
+
+/// The capacity: one file, or a K+M array of files with the same zones in all.
+fn capacity(a: &Args, run: usize) -> Capacity {
+    let zones = a.capacity_mib * (1 << 20) / ZONE_BYTES;
+    let Some(r) = a.array else {
+        let (cap, path) = capacity_file(a, &run.to_string(), zones, ZONE_BYTES);
+        return (Box::new(cap), vec![path], None);
+    };
+    let Redundancy::Parity { k, m } = r else {
+        unreachable!("parse_args takes K+M only")
+    };
+    let (k, n) = (u64::from(k), usize::from(k + m));
+    let mut paths = Vec::new();
+    let members: Vec<(Option<Member>, String)> = (0..n)
+        .map(|i| {
+            // One more zone for the member's labels.
+            let (z, p) = capacity_file(a, &format!("{run}-m{i}"), zones + 1, ZONE_BYTES / k);
+            paths.push(p);
+            (Some(z), format!("m{i}"))
+        })
+        .collect();
+    let unit = shale_array::STRIPE_BYTES_MAX / k;
+    let mut arr = ZoneArray::new(members, r, unit).expect("array");
+    let h = arr.handle();
+    (Box::new(arr), paths, Some(h))
+}
+
+fn build(a: &Args, run: usize) -> Rig {
+    let (cap, mut paths, array) = capacity(a, run);
     // Cache: 5% of the capacity plus room for the metadata.
     let cache_bytes = (a.capacity_mib * (1 << 20) / 20 + (16 << 20)) / BLOCK * BLOCK;
-    let mut paths = vec![path];
     let cache: Box<dyn BlockDevice> = match &a.cache_dir {
         None => Box::new(MemDevice::new(cache_bytes, 4096).expect("cache")),
         Some(dir) => {
@@ -271,6 +321,7 @@ fn build(a: &Args, run: usize) -> Rig {
         volume,
         blocks,
         paths,
+        array,
     }
 }
 
@@ -449,13 +500,14 @@ fn print_phase(name: &str, p: &Phase) {
     );
 }
 
-fn one_run(a: &Args, run: usize) -> [Phase; 3] {
+fn one_run(a: &Args, run: usize) -> [Phase; 4] {
     let mut rig = build(a, run);
     let mut rng = 0x1234_5678_9abc_def1u64 ^ (run as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     println!(
-        "run {}: capacity {} MiB on {} (zone resets {}), cache {}, user {} MiB, chunks {}, streams {}, L2P budget {} pages",
+        "run {}: capacity {} MiB{} on {} (zone resets {}), cache {}, user {} MiB, chunks {}, streams {}, L2P budget {} pages",
         run + 1,
         a.capacity_mib,
+        a.array.map_or(String::new(), |r| format!(" as a {r} array")),
         a.dir.display(),
         if a.discard_on_reset {
             "punch holes"
@@ -497,8 +549,19 @@ fn one_run(a: &Args, run: usize) -> [Phase; 3] {
     let read_secs = Duration::from_secs(a.read_secs);
     let read = run_phase(&mut rig, Kind::Read, a.qd, &mut rng, |_, t| t >= read_secs);
     print_phase("read", &read);
+    let mut degraded = Phase::default();
+    if let Some(h) = rig.array.clone() {
+        let reply = h.submit(Command::Fail {
+            member: "m0".into(),
+        });
+        while reply.try_recv().is_err() {
+            rig.e.poll();
+        }
+        degraded = run_phase(&mut rig, Kind::Read, a.qd, &mut rng, |_, t| t >= read_secs);
+        print_phase("read degraded", &degraded);
+    }
     rig.e.run_until_idle().expect("drain");
-    [first, steady, read]
+    [first, steady, read, degraded]
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -527,10 +590,15 @@ fn main() {
         a.qd,
         loadavg()
     );
-    let runs: Vec<[Phase; 3]> = (0..a.repeat).map(|r| one_run(&a, r)).collect();
+    let runs: Vec<[Phase; 4]> = (0..a.repeat).map(|r| one_run(&a, r)).collect();
     if a.repeat > 1 {
         println!("medians of {} runs:", a.repeat);
-        for (i, name) in ["write first", "write steady", "read"].iter().enumerate() {
+        let phases = if a.array.is_some() { 4 } else { 3 };
+        for (i, name) in ["write first", "write steady", "read", "read degraded"]
+            .iter()
+            .enumerate()
+            .take(phases)
+        {
             let col = |f: &dyn Fn(&Phase) -> f64| median(runs.iter().map(|r| f(&r[i])).collect());
             println!(
                 "{name:<13} {:>9.0} IOPS  CPU/IO {:>5.2} µs thread, {:>5.2} µs process  p99 {:>8}  max {:>8}",
