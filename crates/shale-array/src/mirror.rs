@@ -182,8 +182,14 @@ impl<C: BlockDevice> MirrorDevice<C> {
     fn open_with(devs: Vec<(C, String)>, persist: bool) -> Result<MirrorDevice<C>, ArrayError> {
         let mut found = Vec::with_capacity(devs.len());
         for (mut d, name) in devs {
-            let l = label::read_block(&mut d, &name)?;
-            found.push((d, name, l));
+            match label::read_block(&mut d, &name) {
+                Ok(l) => found.push((d, name, l)),
+                // A device that cannot be read is as good as missing.
+                Err(e @ LabelError::Device { .. }) => {
+                    tracing::warn!(device = %name, error = %e, "cache mirror unreadable; left out");
+                }
+                Err(e) => return Err(e.into()),
+            }
         }
         let label::Placement {
             identity: id,

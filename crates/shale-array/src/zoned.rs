@@ -345,8 +345,14 @@ impl<Z: ZonedDevice> ZoneArray<Z> {
     fn open_with(devs: Vec<(Z, String)>, persist: bool) -> Result<ZoneArray<Z>, ArrayError> {
         let mut found = Vec::with_capacity(devs.len());
         for (mut d, name) in devs {
-            let l = label::read_zoned(&mut d, &name)?;
-            found.push((d, name, l));
+            match label::read_zoned(&mut d, &name) {
+                Ok(l) => found.push((d, name, l)),
+                // A device that cannot be read is as good as missing.
+                Err(e @ LabelError::Zone { .. }) => {
+                    tracing::warn!(device = %name, error = %e, "array member unreadable; left out");
+                }
+                Err(e) => return Err(e.into()),
+            }
         }
         let label::Placement {
             identity: id,
@@ -1560,7 +1566,7 @@ impl<Z: ZonedDevice> ZonedDevice for ZoneArray<Z> {
         self.run_sync(ZoneOp::Flush).result.map(|_| ())
     }
 
-    fn read_rebuilt(&mut self, offset: u64, buf: &mut [u8]) -> Result<(), ZoneError> {
+    fn read_rebuilt(&mut self, offset: u64, buf: &mut [u8], attempt: u32) -> Result<(), ZoneError> {
         let zone = self.check_read(offset, buf.len() as u64)?;
         let l = self.layout;
         let mut rel = offset - self.geo.zone_start(zone);
@@ -1570,8 +1576,31 @@ impl<Z: ZonedDevice> ZonedDevice for ZoneArray<Z> {
             let (row, shard, off) = l.locate(rel);
             let n = (l.unit - off).min(end - rel) as usize;
             let suspect = l.member_of(zone, row, shard);
-            self.rebuild_piece(zone, row, shard, off, suspect, &mut buf[at..at + n])?;
-            self.members[suspect as usize].counters.corrupt_reads += 1;
+            // Attempt a > 0 also leaves out the a-th other shard of the row: with a
+            // second copy bad (corruption met by a rebuild), some attempt avoids both.
+            let also = match attempt {
+                0 => None,
+                a => {
+                    let others: Vec<u32> = (0..l.shards())
+                        .filter(|&s| s != shard)
+                        .map(|s| l.member_of(zone, row, s))
+                        .collect();
+                    match others.get(a as usize - 1) {
+                        Some(&m) => Some(m),
+                        None => {
+                            return Err(unavailable(
+                                IoOpKind::Read,
+                                offset,
+                                format!("no rebuild attempt {attempt}"),
+                            ))
+                        }
+                    }
+                }
+            };
+            self.rebuild_piece(zone, row, shard, off, suspect, also, &mut buf[at..at + n])?;
+            if attempt == 0 {
+                self.members[suspect as usize].counters.corrupt_reads += 1;
+            }
             at += n;
             rel += n as u64;
         }
@@ -1596,6 +1625,7 @@ impl<Z: ZonedDevice> ZonedDevice for ZoneArray<Z> {
 impl<Z: ZonedDevice> ZoneArray<Z> {
     /// Decodes `out` (a range of `shard` in `row` of `zone`, at `off` in the unit) from
     /// K shards held by members other than `exclude`, reading them synchronously.
+    #[allow(clippy::too_many_arguments)]
     fn rebuild_piece(
         &mut self,
         zone: u32,
@@ -1603,6 +1633,7 @@ impl<Z: ZonedDevice> ZoneArray<Z> {
         shard: u32,
         off: u64,
         exclude: u32,
+        also: Option<u32>,
         out: &mut [u8],
     ) -> Result<(), ZoneError> {
         let l = self.layout;
@@ -1614,7 +1645,7 @@ impl<Z: ZonedDevice> ZoneArray<Z> {
                 break;
             }
             let m = l.member_of(zone, row, s);
-            if m == exclude || !self.in_zone(m as usize, zone) {
+            if m == exclude || Some(m) == also || !self.in_zone(m as usize, zone) {
                 continue;
             }
             let mut b = vec![0u8; out.len()];

@@ -755,7 +755,7 @@ fn a_corrupt_unit_is_rebuilt_from_the_others() {
             "{r}: corruption not visible"
         );
         let mut rebuilt = vec![0u8; 3 * 4096];
-        a.read_rebuilt(off - 4096, &mut rebuilt)
+        a.read_rebuilt(off - 4096, &mut rebuilt, 0)
             .expect("rebuilt read");
         assert!(
             rebuilt == data[off as usize - 4096..off as usize + 8192],

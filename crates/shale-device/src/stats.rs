@@ -407,8 +407,8 @@ impl<D: ZonedDevice> ZonedDevice for StatsDevice<D> {
         ZonedDevice::maintain(&mut self.inner)
     }
 
-    fn read_rebuilt(&mut self, offset: u64, buf: &mut [u8]) -> Result<(), ZoneError> {
-        self.inner.read_rebuilt(offset, buf)
+    fn read_rebuilt(&mut self, offset: u64, buf: &mut [u8], attempt: u32) -> Result<(), ZoneError> {
+        self.inner.read_rebuilt(offset, buf, attempt)
     }
 }
 

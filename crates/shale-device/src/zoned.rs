@@ -154,8 +154,16 @@ pub trait ZonedDevice {
 
     /// Reads a range without trusting the copy a plain read returns: rebuilt from
     /// the device's redundancy (an array decodes it from its other members). For
-    /// data that failed its checksum. A device without redundancy: `Unsupported`.
-    fn read_rebuilt(&mut self, _offset: u64, _buf: &mut [u8]) -> Result<(), ZoneError> {
+    /// data that failed its checksum. `attempt` 0, 1, 2, ... picks other sources in
+    /// turn (an array leaves out one more member each time), so a caller that can
+    /// check the result tries until one checks or the device says there are no
+    /// more (an error). A device without redundancy: `Unsupported`.
+    fn read_rebuilt(
+        &mut self,
+        _offset: u64,
+        _buf: &mut [u8],
+        _attempt: u32,
+    ) -> Result<(), ZoneError> {
         Err(ZoneError::Device(crate::DeviceError::Unsupported {
             op: crate::IoOpKind::Read,
         }))
@@ -208,8 +216,8 @@ impl<T: ZonedDevice + ?Sized> ZonedDevice for Box<T> {
     fn maintain(&mut self) -> u64 {
         (**self).maintain()
     }
-    fn read_rebuilt(&mut self, offset: u64, buf: &mut [u8]) -> Result<(), ZoneError> {
-        (**self).read_rebuilt(offset, buf)
+    fn read_rebuilt(&mut self, offset: u64, buf: &mut [u8], attempt: u32) -> Result<(), ZoneError> {
+        (**self).read_rebuilt(offset, buf, attempt)
     }
 }
 
@@ -260,7 +268,7 @@ impl<T: ZonedDevice + ?Sized> ZonedDevice for &mut T {
     fn maintain(&mut self) -> u64 {
         (**self).maintain()
     }
-    fn read_rebuilt(&mut self, offset: u64, buf: &mut [u8]) -> Result<(), ZoneError> {
-        (**self).read_rebuilt(offset, buf)
+    fn read_rebuilt(&mut self, offset: u64, buf: &mut [u8], attempt: u32) -> Result<(), ZoneError> {
+        (**self).read_rebuilt(offset, buf, attempt)
     }
 }

@@ -253,7 +253,11 @@ fn capacity_file(a: &Args, name: &str, zones: u64, zone_bytes: u64) -> (Member, 
     (cap, path)
 }
 
-type Capacity = (Box<dyn ZonedDevice>, Vec<PathBuf>, Option<ArrayHandle<Member>>);
+type Capacity = (
+    Box<dyn ZonedDevice>,
+    Vec<PathBuf>,
+    Option<ArrayHandle<Member>>,
+);
 
 /// The capacity: one file, or a K+M array of files with the same zones in all.
 fn capacity(a: &Args, run: usize) -> Capacity {

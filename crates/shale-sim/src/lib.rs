@@ -17,11 +17,15 @@
 //! - `plan`: crash points and crash modes, and their bias.
 //! - `sim`: the run loop ([`run`], [`SimConfig`], [`Mode`]).
 //! - `report`: outcomes, violations, the trace hash.
+//! - `array_sim`: device loss as a fault: a mirrored cache and a 4+2 capacity array,
+//!   members lost, failing, missing or returning garbage, replaced and rebuilt, with
+//!   power cuts throughout ([`array_sim::run`]).
 //!
 //! docs/crash-simulator.md describes the oracle's rules and how to replay a seed.
 #![forbid(unsafe_code)]
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
+pub mod array_sim;
 pub mod model;
 pub mod plan;
 pub use shale_testkit::power;

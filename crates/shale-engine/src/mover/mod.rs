@@ -736,9 +736,13 @@ impl Mover {
                         core.stats.crc_reread_fixes += 1;
                         tracing::warn!(%pba, "victim block read back corrupt; a second read was good");
                         data = &reread[..];
-                    } else if Self::rebuilt_block(core, victim, slot0 + i as u32, &mut reread)
-                        && shale_format::block_crc(&reread[..]) == e.data_crc
-                    {
+                    } else if Self::rebuilt_block(
+                        core,
+                        victim,
+                        slot0 + i as u32,
+                        &mut reread,
+                        e.data_crc,
+                    ) {
                         // The move itself is the repair: the corrupt copy is erased
                         // with its zone.
                         core.stats.crc_rebuilt_fixes += 1;
@@ -783,20 +787,33 @@ impl Mover {
         }
     }
 
-    /// Reads one zone block of a victim from the device's redundancy. False where
-    /// there is none (a single drive, a cache chunk) or it fails.
+    /// Reads one zone block of a victim from the device's redundancy until a copy
+    /// matches `crc`. False where there is none (a single drive, a cache chunk).
     fn rebuilt_block(
         core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
         region: RegionId,
         slot: u32,
         out: &mut [u8; BLOCK_SIZE],
+        crc: u32,
     ) -> bool {
         if core.geo.is_chunk(region) {
             return false;
         }
         let off = core.geo.zone_offset(region, slot);
-        core.stats.capacity_read_bytes += BS;
-        core.capacity.read_rebuilt(off, &mut out[..]).is_ok()
+        for attempt in 0..crate::read::reader::REBUILD_ATTEMPTS_MAX {
+            if core
+                .capacity
+                .read_rebuilt(off, &mut out[..], attempt)
+                .is_err()
+            {
+                return false;
+            }
+            core.stats.capacity_read_bytes += BS;
+            if shale_format::block_crc(&out[..]) == crc {
+                return true;
+            }
+        }
+        false
     }
 
     /// Stages a block rebuilt after a failed checksum (from `Core::repairs`) to be

@@ -357,6 +357,9 @@ pub(crate) fn read_block_sync(
     }
 }
 
+/// Rebuild attempts (other sources each) for a block that failed its check.
+pub(crate) const REBUILD_ATTEMPTS_MAX: u32 = 8;
+
 /// A capacity block that failed its check, read again from the device's redundancy
 /// into `buf` (an array decodes it from its other members). True if that copy
 /// checks: it is used, and staged to be written anew so the corrupt copy becomes
@@ -379,11 +382,19 @@ pub(crate) fn rebuilt_block(
     let Some((false, off)) = core.geo.device_offset(pba) else {
         return false;
     };
-    if core.capacity.read_rebuilt(off, buf).is_err() {
-        return false;
+    // Each attempt rebuilds from other sources, until one checks or none is left.
+    let mut good = false;
+    for attempt in 0..REBUILD_ATTEMPTS_MAX {
+        if core.capacity.read_rebuilt(off, buf, attempt).is_err() {
+            break;
+        }
+        core.stats.capacity_read_bytes += BS;
+        if verify_block(core, writer, volume, lba, pba, buf).is_ok() {
+            good = true;
+            break;
+        }
     }
-    core.stats.capacity_read_bytes += BS;
-    if verify_block(core, writer, volume, lba, pba, buf).is_err() {
+    if !good {
         return false;
     }
     core.stats.crc_rebuilt_fixes += 1;
@@ -491,7 +502,13 @@ fn md_block_read_both(
         // Both copies sit in one stripe unit of an array: if neither checks, the
         // device may rebuild them from its redundancy.
         let picked = pick_md(core, writer, region, g, key, &two);
-        if picked.is_err() && core.capacity.read_rebuilt(off, &mut two).is_ok() {
+        if picked.is_ok() {
+            return picked;
+        }
+        for attempt in 0..REBUILD_ATTEMPTS_MAX {
+            if core.capacity.read_rebuilt(off, &mut two, attempt).is_err() {
+                break;
+            }
             core.stats.capacity_read_bytes += 2 * BS;
             if let Ok(md) = pick_md(core, writer, region, g, key, &two) {
                 core.stats.crc_rebuilt_fixes += 1;

@@ -81,7 +81,10 @@ pub(crate) fn label<Z: ZonedDevice>(
         (Err(a), Err(_)) => {
             // Both copies sit in one stripe unit of an array: the device may rebuild
             // them from its redundancy.
-            if capacity.read_rebuilt(0, &mut b).is_ok() {
+            for attempt in 0..crate::read::reader::REBUILD_ATTEMPTS_MAX {
+                if capacity.read_rebuilt(0, &mut b, attempt).is_err() {
+                    break;
+                }
                 if let Ok(x) = CapacityLabel::decode(&b[..BLOCK_SIZE], 0)
                     .or_else(|_| CapacityLabel::decode(&b[BLOCK_SIZE..2 * BLOCK_SIZE], BS))
                 {
