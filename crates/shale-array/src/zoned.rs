@@ -41,6 +41,9 @@ pub use rebuild::RebuildLimits;
 mod rebuild;
 use shale_format::{ArrayRole, MemberRecord};
 
+/// Unit-sized write buffers kept for reuse.
+const BUF_POOL_MAX: usize = 256;
+
 /// Read errors a member may return before it is failed.
 pub const READ_ERROR_LIMIT: u64 = 16;
 
@@ -74,6 +77,8 @@ pub struct ZoneArray<Z: ZonedDevice> {
     /// A member being rebuilt.
     rebuild: Option<Rebuild>,
     rebuild_limits: RebuildLimits,
+    /// Unit-sized buffers for member writes, reused.
+    pool: Vec<IoBuf>,
 }
 
 impl<Z: ZonedDevice> std::fmt::Debug for ZoneArray<Z> {
@@ -301,6 +306,7 @@ impl<Z: ZonedDevice> ZoneArray<Z> {
             maintain_calls: 0,
             rebuild: None,
             rebuild_limits: RebuildLimits::default(),
+            pool: Vec::new(),
         })
     }
 
@@ -677,7 +683,7 @@ impl<Z: ZonedDevice> ZoneArray<Z> {
         let rows = buf.len() / l.stripe_bytes() as usize;
         let shards = l.shards() as usize;
         // One buffer per shard position, rows back to back; parity computed row by row.
-        let mut out: Vec<IoBuf> = (0..shards).map(|_| IoBuf::zeroed(rows * unit)).collect();
+        let mut out: Vec<IoBuf> = (0..shards).map(|_| self.take_buf(rows * unit)).collect();
         for r in 0..rows {
             let row = &buf[r * l.stripe_bytes() as usize..(r + 1) * l.stripe_bytes() as usize];
             let (data, parity) = out.split_at_mut(l.k as usize);
@@ -752,6 +758,9 @@ impl<Z: ZonedDevice> ZoneArray<Z> {
                     fua,
                 },
             );
+        }
+        for b in out {
+            self.give_buf(b);
         }
         if let Some(Op {
             kind: OpKind::Write { lost: l0, .. },
@@ -1150,6 +1159,12 @@ impl<Z: ZonedDevice> ZoneArray<Z> {
         };
         self.members[part.member as usize].in_flight -= 1;
         let id = part.op;
+        let mut c = c;
+        if matches!(part.kind, PartKind::Write) {
+            if let Some(b) = c.buf.take() {
+                self.give_buf(b);
+            }
+        }
         match (part.kind, c.result) {
             (PartKind::Write, Err(e)) | (PartKind::Flush, Err(e)) => {
                 if let Some(Op {
@@ -1623,6 +1638,23 @@ impl<Z: ZonedDevice> ZonedDevice for ZoneArray<Z> {
 }
 
 impl<Z: ZonedDevice> ZoneArray<Z> {
+    /// A buffer for one member's part of a write: a unit-sized one comes from the
+    /// pool (fresh large allocations are page faults on every write).
+    fn take_buf(&mut self, len: usize) -> IoBuf {
+        if len == self.layout.unit as usize {
+            if let Some(b) = self.pool.pop() {
+                return b;
+            }
+        }
+        IoBuf::zeroed(len)
+    }
+
+    fn give_buf(&mut self, b: IoBuf) {
+        if b.len() == self.layout.unit as usize && self.pool.len() < BUF_POOL_MAX {
+            self.pool.push(b);
+        }
+    }
+
     /// Decodes `out` (a range of `shard` in `row` of `zone`, at `off` in the unit) from
     /// K shards held by members other than `exclude`, reading them synchronously.
     #[allow(clippy::too_many_arguments)]
