@@ -77,8 +77,10 @@ pub struct ZoneArray<Z: ZonedDevice> {
     /// A member being rebuilt.
     rebuild: Option<Rebuild>,
     rebuild_limits: RebuildLimits,
-    /// Unit-sized buffers for member writes, reused.
-    pool: Vec<IoBuf>,
+    /// Buffers for member reads and writes, by length, reused (a fresh large
+    /// allocation page-faults on every use).
+    pool: std::collections::HashMap<usize, Vec<IoBuf>>,
+    pooled: usize,
 }
 
 impl<Z: ZonedDevice> std::fmt::Debug for ZoneArray<Z> {
@@ -306,7 +308,8 @@ impl<Z: ZonedDevice> ZoneArray<Z> {
             maintain_calls: 0,
             rebuild: None,
             rebuild_limits: RebuildLimits::default(),
-            pool: Vec::new(),
+            pool: std::collections::HashMap::new(),
+            pooled: 0,
         })
     }
 
@@ -1001,7 +1004,7 @@ impl<Z: ZonedDevice> ZoneArray<Z> {
         } else {
             None
         }
-        .unwrap_or_else(|| IoBuf::zeroed(len));
+        .unwrap_or_else(|| self.take_buf(len));
         self.members[member as usize].counters.bytes_read += len as u64;
         let moff = self.member_offset(zone, row, off);
         self.send(
@@ -1078,14 +1081,12 @@ impl<Z: ZonedDevice> ZoneArray<Z> {
         for (s, member) in sends {
             self.members[member as usize].counters.bytes_read += len as u64;
             let moff = self.member_offset(zone, row, off);
+            let buf = self.take_buf(len);
             self.send(
                 id,
                 member,
                 PartKind::Shard { piece: p, shard: s },
-                ZoneOp::Read {
-                    offset: moff,
-                    buf: IoBuf::zeroed(len),
-                },
+                ZoneOp::Read { offset: moff, buf },
             );
         }
     }
@@ -1106,7 +1107,7 @@ impl<Z: ZonedDevice> ZoneArray<Z> {
             .codec
             .reconstruct(&shards, &[pc.shard as usize], &mut [&mut out[..]]);
         let (at, len) = (pc.at, pc.len);
-        pc.shards.iter_mut().for_each(|s| *s = None);
+        let used: Vec<IoBuf> = pc.shards.iter_mut().filter_map(Option::take).collect();
         match r {
             Ok(()) => {
                 if op.buf.is_none() {
@@ -1123,6 +1124,9 @@ impl<Z: ZonedDevice> ZoneArray<Z> {
                     format!("reconstruct {}: {e}", l.k),
                 ));
             }
+        }
+        for b in used {
+            self.give_buf(b);
         }
     }
 
@@ -1187,6 +1191,7 @@ impl<Z: ZonedDevice> ZoneArray<Z> {
                             if let Some(b) = op.buf.as_mut() {
                                 b[pc.at..pc.at + pc.len].copy_from_slice(&buf);
                             }
+                            self.give_buf(buf);
                         }
                         _ => {}
                     }
@@ -1641,17 +1646,17 @@ impl<Z: ZonedDevice> ZoneArray<Z> {
     /// A buffer for one member's part of a write: a unit-sized one comes from the
     /// pool (fresh large allocations are page faults on every write).
     fn take_buf(&mut self, len: usize) -> IoBuf {
-        if len == self.layout.unit as usize {
-            if let Some(b) = self.pool.pop() {
-                return b;
-            }
+        if let Some(b) = self.pool.get_mut(&len).and_then(Vec::pop) {
+            self.pooled -= 1;
+            return b;
         }
         IoBuf::zeroed(len)
     }
 
     fn give_buf(&mut self, b: IoBuf) {
-        if b.len() == self.layout.unit as usize && self.pool.len() < BUF_POOL_MAX {
-            self.pool.push(b);
+        if !b.is_empty() && self.pooled < BUF_POOL_MAX {
+            self.pooled += 1;
+            self.pool.entry(b.len()).or_default().push(b);
         }
     }
 
