@@ -81,6 +81,8 @@ pub struct ZoneArray<Z: ZonedDevice> {
     /// allocation page-faults on every use).
     pool: std::collections::HashMap<usize, Vec<IoBuf>>,
     pooled: usize,
+    /// The rebuild's window buffers, kept between steps.
+    rebuild_bufs: Vec<Vec<u8>>,
 }
 
 impl<Z: ZonedDevice> std::fmt::Debug for ZoneArray<Z> {
@@ -310,6 +312,7 @@ impl<Z: ZonedDevice> ZoneArray<Z> {
             rebuild_limits: RebuildLimits::default(),
             pool: std::collections::HashMap::new(),
             pooled: 0,
+            rebuild_bufs: Vec::new(),
         })
     }
 

@@ -475,22 +475,47 @@ impl<Z: ZonedDevice> ZoneArray<Z> {
             ));
         }
         let moff = self.member_offset(zone, first, 0);
-        let mut bufs: Vec<Vec<u8>> = Vec::with_capacity(sources.len());
-        for &j in &sources {
-            let mut b = vec![0u8; n as usize * unit];
+        // Window buffers are kept between steps: fresh megabyte allocations would
+        // page-fault on every window.
+        let mut bufs = std::mem::take(&mut self.rebuild_bufs);
+        bufs.resize_with(sources.len() + 1, Vec::new);
+        for b in &mut bufs {
+            b.resize(n as usize * unit, 0);
+        }
+        let r = self.rebuild_rows_into(member, zone, first, n, moff, &sources, &mut bufs);
+        self.rebuild_bufs = bufs;
+        r
+    }
+
+    /// The body of [`Self::rebuild_rows`]: `bufs` holds one window per source, then
+    /// the output window.
+    #[allow(clippy::too_many_arguments)]
+    fn rebuild_rows_into(
+        &mut self,
+        member: u32,
+        zone: u32,
+        first: u64,
+        n: u64,
+        moff: u64,
+        sources: &[usize],
+        bufs: &mut [Vec<u8>],
+    ) -> Result<u64, String> {
+        let l = self.layout;
+        let unit = l.unit as usize;
+        let (ins, out) = bufs.split_at_mut(sources.len());
+        let out = &mut out[0];
+        for (b, &j) in ins.iter_mut().zip(sources) {
             let dev = self.members[j].dev.as_mut().ok_or("a source vanished")?;
-            if let Err(e) = dev.read_at(moff, &mut b) {
+            if let Err(e) = dev.read_at(moff, b) {
                 self.read_error(j as u32, &e);
                 return Err(format!("reading {}: {e}", self.members[j].name));
             }
             self.members[j].counters.bytes_read += b.len() as u64;
-            bufs.push(b);
         }
-        let mut out = vec![0u8; n as usize * unit];
         for r in 0..n as usize {
             let row = first + r as u64;
             let mut shards: Vec<Option<&[u8]>> = vec![None; l.shards() as usize];
-            for (b, &j) in bufs.iter().zip(&sources) {
+            for (b, &j) in ins.iter().zip(sources) {
                 if let Some(s) = l.shard_on(zone, row, j as u32) {
                     shards[s as usize] = Some(&b[r * unit..(r + 1) * unit]);
                 }
@@ -508,7 +533,7 @@ impl<Z: ZonedDevice> ZoneArray<Z> {
         }
         let m = &mut self.members[member as usize];
         let dev = m.dev.as_mut().ok_or("the new member is gone")?;
-        if let Err(e) = dev.write_at(moff, &out) {
+        if let Err(e) = dev.write_at(moff, out) {
             m.counters.write_errors += 1;
             m.fail(format!("rebuild write: {e}"));
             return Err(format!("writing the new member: {e}"));
