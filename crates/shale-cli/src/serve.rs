@@ -53,6 +53,10 @@ pub struct DeviceArgs {
     /// Rebuild pace of an array while it is idle, per second [default: no limit]
     #[arg(long)]
     pub rebuild_speed_max: Option<String>,
+    /// Background scrub pace, per second; 0 turns it off [default: 8MiB with a
+    /// capacity array, off otherwise]
+    #[arg(long)]
+    pub scrub_speed: Option<String>,
     /// Size of a cache file created by format [default: 1GiB]
     #[arg(long)]
     pub cache_size: Option<String>,
@@ -103,6 +107,9 @@ impl DeviceArgs {
         }
         if let Some(v) = &self.rebuild_speed_max {
             d.rebuild_speed_max = Some(Size(v.clone()));
+        }
+        if let Some(v) = &self.scrub_speed {
+            d.scrub_speed = Some(Size(v.clone()));
         }
         if let Some(v) = &self.cache_size {
             d.cache_size = Size(v.clone());

@@ -130,6 +130,10 @@ pub struct DevicesConfig {
     /// Rebuild pace while idle, per second; unset for no limit (md's
     /// `speed_limit_max`).
     pub rebuild_speed_max: Option<Size>,
+    /// Pace of the background scrub (every valid capacity block read and checked,
+    /// corrupt ones rebuilt from an array's redundancy), per second; "0" turns it
+    /// off. Unset: 8MiB with a capacity array, off on a single drive.
+    pub scrub_speed: Option<Size>,
     /// Sizes used only when the embedded default creates sparse files.
     pub cache_size: Size,
     pub capacity_size: Size,
@@ -328,6 +332,7 @@ impl Default for DevicesConfig {
             capacity_redundancy: None,
             rebuild_speed_min: Size("32MiB".into()),
             rebuild_speed_max: None,
+            scrub_speed: None,
             cache_size: Size("1GiB".into()),
             capacity_size: Size("16GiB".into()),
             capacity_mode: CapacityMode::Emulated,

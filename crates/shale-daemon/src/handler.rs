@@ -220,6 +220,8 @@ pub fn stats_json(s: &Stats) -> Value {
             "crc_errors": s.crc_errors,
             "crc_rebuilt_fixes": s.crc_rebuilt_fixes,
             "repairs_staged": s.repairs_staged,
+            "scrub_bytes": s.scrub_bytes,
+            "scrub_errors": s.scrub_errors,
         },
     })
 }

@@ -88,6 +88,8 @@ pub struct DeviceSpec {
     pub redundancy: Option<Redundancy>,
     /// Pace of array rebuilds.
     pub rebuild_limits: shale_array::RebuildLimits,
+    /// Pace of the background scrub, bytes per second (0: off).
+    pub scrub_bytes_per_sec: u64,
     pub cache_size: u64,
     pub capacity_size: u64,
     pub mode: CapacityMode,
@@ -120,6 +122,12 @@ impl DeviceSpec {
             cache: paths("devices.cache", &d.cache)?,
             capacity: paths("devices.capacity", &d.capacity)?,
             redundancy: c.redundancy()?,
+            scrub_bytes_per_sec: match &d.scrub_speed {
+                Some(s) if s.0.trim() == "0" => 0,
+                Some(s) => s.bytes("devices.scrub_speed")?,
+                None if d.capacity.list().len() > 1 => 8 << 20,
+                None => 0,
+            },
             rebuild_limits: shale_array::RebuildLimits {
                 min_bytes_per_sec: d.rebuild_speed_min.bytes("devices.rebuild_speed_min")?,
                 max_bytes_per_sec: match &d.rebuild_speed_max {
@@ -153,6 +161,7 @@ impl DeviceSpec {
             write_buffers_max: 2 * (PAYLOAD_BYTES_MAX / (126 * 4096) + 2),
             l2p_cache_bytes_max: Some(self.l2p_cache_bytes),
             md_cache_bytes_max: self.md_cache_bytes,
+            scrub_bytes_per_sec: self.scrub_bytes_per_sec,
             ..EngineConfig::default()
         };
         c.validate().map_err(|e| ConfigError::Invalid {

@@ -65,6 +65,9 @@ pub struct Config {
     /// stuck and fails. Time, not loop iterations: a slow device slows the loop, a
     /// fast spin speeds it up, and neither should decide when to give up.
     pub stuck_after_ms: u64,
+    /// Pace of the background scrub over the capacity zones in use, bytes per
+    /// second of engine-clock time; 0 turns it off (`scrub.rs`).
+    pub scrub_bytes_per_sec: u64,
 }
 
 impl Default for Config {
@@ -92,6 +95,7 @@ impl Default for Config {
             open_self_check: true,
             verify_compaction_reads: false,
             stuck_after_ms: 60_000,
+            scrub_bytes_per_sec: 0,
         }
     }
 }

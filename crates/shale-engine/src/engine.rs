@@ -21,6 +21,7 @@ use crate::mover::Mover;
 use crate::prefetch::Prefetch;
 use crate::read::reader::Reader;
 use crate::request::Answer;
+use crate::scrub::Scrubber;
 use crate::write::chunk_writer::ChunkWriter;
 use crate::{Clock, Completion, Config, EngineError, Reply, Request};
 
@@ -78,6 +79,7 @@ pub struct Engine<C: BlockDevice, Z: ZonedDevice, K: Clock> {
     pub(crate) durability: Durability,
     pub(crate) checkpointer: Checkpointer,
     pub(crate) prefetch: Prefetch,
+    pub(crate) scrubber: Scrubber,
     pub(crate) health: Health,
     /// Scratch for the completions one reap takes from each device.
     pub(crate) completions: Completions,
@@ -551,6 +553,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             compaction_threshold, gc_threshold, pending_counts, release_due, steps_for,
         };
         let mut progress = false;
+        self.scrubber.step(&mut self.core, &self.writer)?;
         self.stage_repairs()?;
         let blocked = self.compaction.zone_blocked;
         self.compaction.zone_blocked = false;

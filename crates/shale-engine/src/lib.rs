@@ -49,6 +49,7 @@ mod prefetch;
 mod read;
 mod recovery;
 mod request;
+mod scrub;
 mod selfcheck;
 mod space;
 mod thread;

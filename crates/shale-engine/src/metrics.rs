@@ -78,6 +78,9 @@ pub struct Stats {
     pub crc_rebuilt_fixes: u64,
     /// Rebuilt blocks staged to be written anew (the corrupt copy becomes garbage).
     pub repairs_staged: u64,
+    /// Bytes the background scrub read, and the blocks it found failing their check.
+    pub scrub_bytes: u64,
+    pub scrub_errors: u64,
 
     pub free_chunks: u64,
     pub chunk_count: u64,

@@ -157,6 +157,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 sid_base: sid_next,
             },
             prefetch: Prefetch::default(),
+            scrubber: crate::scrub::Scrubber::default(),
             health: Health::default(),
             completions: Completions::default(),
         }

@@ -333,3 +333,36 @@ fn silent_corruption_of_one_member_reads_correct_and_is_repaired() {
         "corruption alone fails no member"
     );
 }
+
+/// The background scrub finds corruption no read has met, rebuilds it, and has
+/// compaction write it anew.
+#[test]
+fn the_scrub_finds_and_repairs_corruption_nobody_read() {
+    let r = Redundancy::Parity { k: 4, m: 1 };
+    let (mut e, _ctls) = engine(r, 5, 900);
+    let v = create(&mut e, "a", 14 << 20);
+    let blocks = (14 << 20) / 4096;
+    let mut rng = ChaCha8Rng::seed_from_u64(10);
+    let mut model = HashMap::new();
+    churn(&mut e, v, blocks, 5000, &mut rng, &mut model);
+    let (cache, mut arr) = e.shutdown().unwrap();
+    corrupt_member(&mut arr, 3);
+    let clock = ManualClock::new();
+    let config = shale_engine::Config {
+        scrub_bytes_per_sec: 1 << 30,
+        ..tiny_config()
+    };
+    let mut e: AEng = Engine::open(cache, arr, clock.clone(), config).unwrap();
+    // Time passes with no request at all: only the scrub reads.
+    for _ in 0..2_000 {
+        clock.advance_ns(1_000_000);
+        e.poll();
+    }
+    let s = e.stats();
+    assert!(s.scrub_bytes > 0, "the scrub never ran");
+    assert!(s.scrub_errors > 0, "the scrub found nothing");
+    assert!(s.repairs_staged > 0, "nothing was staged for repair");
+    assert_eq!(s.user_read_bytes, 0);
+    verify(&mut e, v, &model);
+    e.self_check().unwrap();
+}
