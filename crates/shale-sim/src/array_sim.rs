@@ -98,7 +98,12 @@ struct ArraySim {
     tainted: Vec<String>,
     /// Cache mirrors set to fail.
     cache_doomed: Vec<String>,
+    /// Capacity members holding garbage. A rebuild of another member would copy it
+    /// (an array has no checksums of its own), so while one is in service nothing
+    /// else is lost: it takes the whole budget until it is replaced.
+    garbage_members: Vec<String>,
     counts: ArrayCounts,
+    clock: ManualClock,
 }
 
 fn emu_config() -> ZoneEmuConfig {
@@ -124,9 +129,14 @@ fn config() -> Config {
         streams_max: 2,
         requests_per_poll_max: 8,
         background_steps_per_poll_max: 4,
+        // The scrub runs too (on the simulated clock, 20 µs a poll).
+        scrub_bytes_per_sec: 512 << 20,
         ..Config::default()
     }
 }
+
+/// Engine clock advance per poll.
+const STEP_NS: u64 = 20_000;
 
 /// Block `lba`'s content for write seed `s`: the seed, then filler from it.
 fn block(lba: u64, s: u64) -> Vec<u8> {
@@ -135,7 +145,7 @@ fn block(lba: u64, s: u64) -> Vec<u8> {
     b
 }
 
-fn call(e: &mut Eng, req: Request) -> Result<Reply, EngineError> {
+fn call(e: &mut Eng, clock: &ManualClock, req: Request) -> Result<Reply, EngineError> {
     let slot = std::sync::Arc::new(std::sync::Mutex::new(None));
     let s2 = std::sync::Arc::clone(&slot);
     e.submit(
@@ -150,6 +160,7 @@ fn call(e: &mut Eng, req: Request) -> Result<Reply, EngineError> {
         if let Some(r) = slot.lock().ok().and_then(|mut g| g.take()) {
             return r;
         }
+        clock.advance_ns(STEP_NS);
         if !e.poll() {
             e.wait_io();
         }
@@ -174,7 +185,31 @@ impl ArraySim {
             cache_handle: None,
             tainted: Vec::new(),
             cache_doomed: Vec::new(),
+            garbage_members: Vec::new(),
             counts: ArrayCounts::default(),
+            clock: ManualClock::new(),
+        }
+    }
+
+    fn log(&self, what: String) {
+        if std::env::var_os("ARRAYSIM_LOG").is_some() {
+            eprintln!(
+                "gen {} {what}; cap out {:?} cache out {:?} tainted {:?}",
+                self.counts.generations,
+                self.cap_handle.as_ref().map(|h| h
+                    .status()
+                    .members
+                    .iter()
+                    .map(|m| format!("{}:{}", m.name, m.state))
+                    .collect::<Vec<_>>()),
+                self.cache_handle.as_ref().map(|h| h
+                    .status()
+                    .members
+                    .iter()
+                    .map(|m| format!("{}:{}", m.name, m.state))
+                    .collect::<Vec<_>>()),
+                self.tainted
+            );
         }
     }
 
@@ -226,10 +261,11 @@ impl ArraySim {
         let unit = shale_array::STRIPE_BYTES_MAX / u64::from(K);
         let mut cap = ZoneArray::create(cap, r, unit, [7; 16]).map_err(|e| e.to_string())?;
         self.handles(&mut cache, &mut cap);
-        let mut e = Engine::format(cache, cap, ManualClock::new(), config())
+        let mut e = Engine::format(cache, cap, self.clock.clone(), config())
             .map_err(|e| self.fail(format!("format: {e}")))?;
         let v = match call(
             &mut e,
+            &self.clock,
             Request::CreateVolume {
                 name: "v".into(),
                 size_bytes: VOLUME_BLOCKS * 4096,
@@ -289,7 +325,7 @@ impl ArraySim {
         let mut cache = MirrorDevice::open(cache).map_err(|e| self.fail(format!("mirror: {e}")))?;
         let mut cap = ZoneArray::open(cap).map_err(|e| self.fail(format!("array: {e}")))?;
         self.handles(&mut cache, &mut cap);
-        Engine::open(cache, cap, ManualClock::new(), config())
+        Engine::open(cache, cap, self.clock.clone(), config())
             .map_err(|e| self.fail(format!("open: {e}")))
     }
 
@@ -327,11 +363,16 @@ impl ArraySim {
                     .count()
             })
         };
-        (
+        let cap = if self.garbage_members.is_empty() {
             count(
                 self.cap_handle.as_ref().map(ArrayHandle::status),
                 &self.tainted,
-            ),
+            )
+        } else {
+            usize::from(M)
+        };
+        (
+            cap,
             count(
                 self.cache_handle.as_ref().map(ArrayHandle::status),
                 &self.cache_doomed,
@@ -424,6 +465,7 @@ impl ArraySim {
     fn read(&mut self, e: &mut Eng, v: VolumeUid, lba: u64) -> Result<Option<u64>, String> {
         let d = match call(
             e,
+            &self.clock,
             Request::Read {
                 volume: v,
                 offset: lba * 4096,
@@ -459,7 +501,7 @@ impl ArraySim {
                         data: block(lba, s),
                         fua: false,
                     };
-                    call(e, req).map_err(|x| self.fail(format!("write: {x}")))?;
+                    call(e, &self.clock, req).map_err(|x| self.fail(format!("write: {x}")))?;
                     self.unflushed.entry(lba).or_default().push(s);
                     self.newest_mut(lba, Some(s));
                 }
@@ -473,7 +515,8 @@ impl ArraySim {
                     }
                 }
                 85..=91 => {
-                    call(e, Request::Flush).map_err(|x| self.fail(format!("flush: {x}")))?;
+                    call(e, &self.clock, Request::Flush)
+                        .map_err(|x| self.fail(format!("flush: {x}")))?;
                     for (lba, seeds) in self.unflushed.drain() {
                         match seeds.last() {
                             Some(&s) if s != 0 => {
@@ -493,7 +536,7 @@ impl ArraySim {
                         offset: lba * 4096,
                         len: 4096,
                     };
-                    call(e, req).map_err(|x| self.fail(format!("trim: {x}")))?;
+                    call(e, &self.clock, req).map_err(|x| self.fail(format!("trim: {x}")))?;
                     // A trimmed block reads as zeros (seed 0 stands for that).
                     self.unflushed.entry(lba).or_default().push(0);
                     self.newest_mut(lba, None);
@@ -528,8 +571,9 @@ impl ArraySim {
                     self.capacity.remove(i);
                     self.counts.members_missing += 1;
                 }
-                2 | 3 => {
+                2 | 3 if cap_out == 0 => {
                     self.tainted.push(self.capacity[i].name.clone());
+                    self.garbage_members.push(self.capacity[i].name.clone());
                     b.garbage.push(i);
                     self.counts.members_garbage += 1;
                 }
@@ -586,7 +630,11 @@ impl ArraySim {
                 .map(|m| (m.index, m.name.clone()))
                 .collect();
             if st.rebuild.is_none() && !out.is_empty() && self.rng.gen_range(0..2) == 0 {
-                let (slot, old) = out[self.rng.gen_range(0..out.len())].clone();
+                let pick = out
+                    .iter()
+                    .position(|(_, n)| self.garbage_members.contains(n))
+                    .unwrap_or_else(|| self.rng.gen_range(0..out.len()));
+                let (slot, old) = out[pick].clone();
                 let (d, name) = self.new_dev(false);
                 let ctl = d.controller();
                 let z = ZoneEmu::format(d, &emu_config()).map_err(|x| x.to_string())?;
@@ -599,6 +647,7 @@ impl ArraySim {
                 self.answer(e, rx, "replace")?;
                 self.capacity.retain(|x| x.name != old);
                 self.tainted.retain(|t| *t != old);
+                self.garbage_members.retain(|t| *t != old);
                 self.capacity.push(Dev { ctl, name });
                 self.counts.replaced += 1;
             }
@@ -658,6 +707,7 @@ impl ArraySim {
         let (mut e, v) = self.format()?;
         for g in 0..generations {
             self.counts.generations += 1;
+            self.log(format!("generation {g}"));
             self.replace_some(&mut e)?;
             let was_rebuilding = self.rebuilding();
             let ops = self.rng.gen_range(50..400);
