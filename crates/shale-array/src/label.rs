@@ -78,6 +78,23 @@ impl Identity {
         }
     }
 
+    /// Brings the recorded states in line with `states` (by slot); on any change the
+    /// generation moves on and true says the labels must be written.
+    pub fn record(&mut self, states: impl Iterator<Item = crate::member::MemberState>) -> bool {
+        let mut changed = false;
+        for (st, rec) in states.zip(self.members.iter_mut()) {
+            let want = st.record();
+            if rec.state != want {
+                rec.state = want;
+                changed = true;
+            }
+        }
+        if changed {
+            self.generation += 1;
+        }
+        changed
+    }
+
     /// The label member `index` carries.
     pub fn label(&self, index: usize) -> ArrayLabel {
         ArrayLabel {

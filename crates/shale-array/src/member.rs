@@ -16,6 +16,16 @@ pub enum MemberState {
 }
 
 impl MemberState {
+    /// How a label records this state (a missing member is recorded failed).
+    pub fn record(self) -> shale_format::MemberRecord {
+        use shale_format::MemberRecord;
+        match self {
+            MemberState::Ok => MemberRecord::Ok,
+            MemberState::Failed | MemberState::Missing => MemberRecord::Failed,
+            MemberState::Rebuilding => MemberRecord::Rebuilding,
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             MemberState::Ok => "ok",
@@ -118,4 +128,13 @@ impl<D> Member<D> {
         self.state = MemberState::Failed;
         self.reason = Some(reason);
     }
+}
+
+/// Every member's status, in slot order.
+pub(crate) fn statuses<D>(members: &[Member<D>]) -> Vec<MemberStatus> {
+    members
+        .iter()
+        .enumerate()
+        .map(|(i, m)| m.status(i as u32))
+        .collect()
 }

@@ -243,20 +243,7 @@ impl<C: BlockDevice> MirrorDevice<C> {
         let Some(id) = self.identity.as_mut() else {
             return;
         };
-        let mut changed = false;
-        for (m, rec) in self.members.iter().zip(id.members.iter_mut()) {
-            let want = match m.state {
-                MemberState::Ok => MemberRecord::Ok,
-                MemberState::Failed | MemberState::Missing => MemberRecord::Failed,
-                MemberState::Rebuilding => MemberRecord::Rebuilding,
-            };
-            if rec.state != want {
-                rec.state = want;
-                changed = true;
-            }
-        }
-        if changed {
-            id.generation += 1;
+        if id.record(self.members.iter().map(|m| m.state)) {
             self.status_dirty = true;
             self.write_labels();
         }
@@ -288,11 +275,7 @@ impl<C: BlockDevice> MirrorDevice<C> {
     }
 
     pub fn members(&self) -> Vec<MemberStatus> {
-        self.members
-            .iter()
-            .enumerate()
-            .map(|(i, m)| m.status(i as u32))
-            .collect()
+        crate::member::statuses(&self.members)
     }
 
     pub fn member_state(&self, index: u32) -> Option<MemberState> {
