@@ -1,9 +1,11 @@
 //! Member labels on media, and putting an array together from labelled devices.
 //!
-//! A zoned member keeps its labels in its zone 0, one 4 KiB block appended per update
-//! (the newest valid generation wins; a torn append leaves the previous one). The
-//! zone is closed after each append so it holds no open-zone slot, and reset when
-//! full. A mirror member keeps two label blocks at its start and writes the one not
+//! A zoned member keeps its labels in its zones 0 and 1, one 4 KiB block appended per
+//! update (the newest valid generation wins; a torn append leaves the previous one).
+//! Appends go to one zone until it is full, then to the other, which is reset first:
+//! the full zone keeps the newest label until the new one is durable, so a cut
+//! between the reset and the append loses nothing. The zone is closed after each
+//! append so it holds no open-zone slot. A mirror member keeps two label blocks at its start and writes the one not
 //! holding the newest, so an interrupted update leaves the other.
 //!
 //! Open reads every device's label and refuses a set that does not belong together
@@ -13,12 +15,13 @@
 //! own label is older (it missed a change), is recorded failed in a new generation
 //! before anything is written, so it is never trusted again without a rebuild.
 
-use shale_device::{BlockDevice, DeviceError, ZoneAction, ZoneError, ZonedDevice};
+use shale_device::{BlockDevice, DeviceError, ZoneAction, ZoneError, ZoneState, ZonedDevice};
+
 use shale_format::{
     ArrayLabel, ArrayMember, ArrayRedundancy, ArrayRole, FormatError, MemberRecord, BLOCK_SIZE,
 };
 
-use crate::layout::Redundancy;
+use crate::layout::{Redundancy, LABEL_ZONES};
 
 /// What an array knows about itself beyond its devices: the label's contents.
 #[derive(Debug, Clone)]
@@ -151,41 +154,100 @@ fn newest(blocks: &[u8], at: u64) -> Result<ArrayLabel, FormatError> {
     })
 }
 
-/// Reads the newest label from a zoned member's zone 0.
+/// The written part of label zone `zone`, whole blocks.
+fn label_blocks<Z: ZonedDevice>(dev: &mut Z, zone: u32) -> Result<(u64, Vec<u8>), ZoneError> {
+    let info = dev.zone_info(zone)?;
+    let len = info.write_pointer.saturating_sub(info.start) as usize;
+    let mut buf = vec![0u8; len / BLOCK_SIZE * BLOCK_SIZE];
+    if !buf.is_empty() {
+        dev.read_at(info.start, &mut buf)?;
+    }
+    Ok((info.start, buf))
+}
+
+/// Reads the newest label from a zoned member's label zones.
 pub fn read_zoned<Z: ZonedDevice>(dev: &mut Z, name: &str) -> Result<ArrayLabel, LabelError> {
     let zerr = |source| LabelError::Zone {
         device: name.to_string(),
         source,
     };
-    let info = dev.zone_info(0).map_err(zerr)?;
-    let len = info.write_pointer.saturating_sub(info.start) as usize;
-    let len = len / BLOCK_SIZE * BLOCK_SIZE;
-    if len == 0 {
-        return Err(LabelError::Unlabelled {
-            device: name.to_string(),
-            detail: None,
-        });
+    let mut best: Option<ArrayLabel> = None;
+    let mut first_err = None;
+    let mut any = false;
+    for zone in 0..LABEL_ZONES {
+        let (at, buf) = label_blocks(dev, zone).map_err(zerr)?;
+        if buf.is_empty() {
+            continue;
+        }
+        any = true;
+        match newest(&buf, at) {
+            Ok(l) if best.as_ref().is_none_or(|b| l.generation > b.generation) => best = Some(l),
+            Ok(_) => {}
+            Err(e) => {
+                first_err.get_or_insert(e);
+            }
+        }
     }
-    let mut buf = vec![0u8; len];
-    dev.read_at(info.start, &mut buf).map_err(zerr)?;
-    newest(&buf, info.start).map_err(|e| LabelError::Unlabelled {
+    best.ok_or_else(|| LabelError::Unlabelled {
         device: name.to_string(),
-        detail: Some(e),
+        detail: if any { first_err } else { None },
     })
 }
 
-/// Appends a label to a zoned member's zone 0 (reset first when full), closes the
-/// zone and flushes.
+/// The generation of the newest valid label in label zone `zone` (`None`: none).
+fn zone_generation<Z: ZonedDevice>(dev: &mut Z, zone: u32) -> Result<Option<u64>, ZoneError> {
+    let (at, buf) = label_blocks(dev, zone)?;
+    Ok(newest(&buf, at).ok().map(|l| l.generation))
+}
+
+/// Which label zone the next append goes to. Appends fill one zone, then move to the
+/// other; so a written zone with room left is the newer one, and when both are full
+/// the one holding the older labels is the one to reset.
+fn append_zone<Z: ZonedDevice>(dev: &mut Z) -> Result<u32, ZoneError> {
+    let info = [dev.zone_info(0)?, dev.zone_info(1)?];
+    let used = |i: usize| info[i].write_pointer > info[i].start;
+    let room = |i: usize| {
+        info[i].state != ZoneState::Full
+            && info[i].write_pointer + BLOCK_SIZE as u64 <= info[i].start + info[i].capacity
+    };
+    Ok(match (used(0), used(1)) {
+        (false, false) => 0,
+        (true, false) => u32::from(!room(0)),
+        (false, true) => u32::from(room(1)),
+        (true, true) => match (room(0), room(1)) {
+            (true, false) => 0,
+            (false, true) => 1,
+            _ => {
+                // Both full (or, never by this code, both with room): the newer zone
+                // takes the append if it can, else the older one is reset.
+                let newer = u32::from(zone_generation(dev, 1)? > zone_generation(dev, 0)?);
+                if room(newer as usize) {
+                    newer
+                } else {
+                    1 - newer
+                }
+            }
+        },
+    })
+}
+
+/// Appends a label to a zoned member's label zones (see the module's comment), closes
+/// the zone and flushes.
 pub fn write_zoned<Z: ZonedDevice>(dev: &mut Z, label: &ArrayLabel) -> Result<(), ZoneError> {
-    let info = dev.zone_info(0)?;
-    let full = info.state == shale_device::ZoneState::Full
-        || info.write_pointer + BLOCK_SIZE as u64 > info.start + info.capacity;
-    if full {
-        dev.manage(0, ZoneAction::Reset)?;
+    let zone = append_zone(dev)?;
+    let info = dev.zone_info(zone)?;
+    if info.state == ZoneState::Full
+        || info.write_pointer + BLOCK_SIZE as u64 > info.start + info.capacity
+    {
+        dev.manage(zone, ZoneAction::Reset)?;
     }
-    let wp = dev.zone_info(0)?.write_pointer;
+    let wp = dev.zone_info(zone)?.write_pointer;
     dev.write_at(wp, &label.encode())?;
-    dev.manage(0, ZoneAction::Close)?;
+    // The append that fills the zone leaves it full, and a full zone holds no
+    // open-zone slot to give back.
+    if dev.zone_info(zone)?.state != ZoneState::Full {
+        dev.manage(zone, ZoneAction::Close)?;
+    }
     dev.flush()
 }
 
@@ -330,6 +392,49 @@ mod tests {
 
     const R: Redundancy = Redundancy::Parity { k: 2, m: 1 };
     const UNIT: u64 = 64 * 1024;
+
+    fn sample_label(generation: u64) -> ArrayLabel {
+        ArrayLabel {
+            pool: [3; 16],
+            role: ArrayRole::Capacity,
+            redundancy: ArrayRedundancy::Parity { k: 2, m: 1 },
+            unit: UNIT,
+            generation,
+            index: 0,
+            members: vec![
+                ArrayMember {
+                    uuid: [1; 16],
+                    state: MemberRecord::Ok,
+                    rebuilt: 0,
+                };
+                3
+            ],
+        }
+    }
+
+    #[test]
+    fn labels_outlive_filling_and_resetting_their_zones() {
+        // 64 labels a zone: 300 updates fill and reset each zone several times.
+        let (mut d, _) = zoned(1).pop().expect("device");
+        for g in 1..=300u64 {
+            write_zoned(&mut d, &sample_label(g)).expect("write");
+            assert_eq!(read_zoned(&mut d, "z").expect("read").generation, g);
+            // A cut right after the next append's reset (the worst point) still
+            // leaves this label.
+            let zone = append_zone(&mut d).expect("zone");
+            let info = d.zone_info(zone).expect("info");
+            if info.write_pointer + BLOCK_SIZE as u64 > info.start + info.capacity {
+                let bytes = d.inner().size_bytes();
+                let mut image = vec![0u8; bytes as usize];
+                d.inner_mut().read_at(0, &mut image).expect("image");
+                let mut m = MemDevice::new(bytes, 4096).expect("mem");
+                m.write_at(0, &image).expect("copy");
+                let mut copy = ZoneEmu::open(m).expect("copy");
+                copy.manage(zone, ZoneAction::Reset).expect("reset");
+                assert_eq!(read_zoned(&mut copy, "z").expect("read").generation, g);
+            }
+        }
+    }
 
     #[test]
     fn members_are_found_by_label_in_any_order() {

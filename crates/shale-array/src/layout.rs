@@ -13,8 +13,11 @@ use std::str::FromStr;
 
 use crate::codec::MAX_SHARDS;
 
-/// Member zones kept for the array's own labels (zone 0 of each member).
-pub const LABEL_ZONES: u32 = 1;
+/// Member zones kept for the array's own labels (zones 0 and 1 of each member): labels
+/// are appended to one until it is full, then the other is reset and written, so the
+/// newest label survives a cut at any point (a single zone would hold none between
+/// its reset and the next append).
+pub const LABEL_ZONES: u32 = 2;
 
 /// The largest stripe (data bytes of one row): one md group of the engine.
 pub const STRIPE_BYTES_MAX: u64 = 512 * 1024;

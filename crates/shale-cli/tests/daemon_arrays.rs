@@ -299,7 +299,7 @@ fn fail_replace_and_rebuild_online_even_across_a_kill() {
 
     // Random bytes straight into another member's file under the running daemon:
     // reads rebuild the corrupt blocks from the other members and stay correct.
-    corrupt(&devs.capacity[3], 9 << 20, 4 << 20);
+    corrupt(&devs.capacity[3], 4 << 20, 16 << 20);
     for offset in ["0", "64m", "128m"] {
         fio_region(&d.uri("default"), offset, true);
     }

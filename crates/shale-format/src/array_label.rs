@@ -11,7 +11,9 @@ use crate::codec::{check_crc, check_header, seal, Reader, Writer};
 use crate::{FormatError, Structure, BLOCK_SIZE};
 
 pub const ARRAY_LABEL_MAGIC: u32 = u32::from_le_bytes(*b"SHAL");
-pub const ARRAY_LABEL_VERSION: u16 = 1;
+/// Version 2: zoned members keep labels in two zones (version 1 had one, which a cut
+/// between its reset and the next append left without any label).
+pub const ARRAY_LABEL_VERSION: u16 = 2;
 /// Most members an array has.
 pub const ARRAY_MEMBERS_MAX: usize = 32;
 const HEADER_LEN: usize = 96;

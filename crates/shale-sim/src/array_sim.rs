@@ -200,13 +200,21 @@ impl ArraySim {
                     .status()
                     .members
                     .iter()
-                    .map(|m| format!("{}:{}", m.name, m.state))
+                    .map(|m| match &m.reason {
+                        Some(r) if m.state != MemberState::Ok =>
+                            format!("{}:{} ({r})", m.name, m.state),
+                        _ => format!("{}:{}", m.name, m.state),
+                    })
                     .collect::<Vec<_>>()),
                 self.cache_handle.as_ref().map(|h| h
                     .status()
                     .members
                     .iter()
-                    .map(|m| format!("{}:{}", m.name, m.state))
+                    .map(|m| match &m.reason {
+                        Some(r) if m.state != MemberState::Ok =>
+                            format!("{}:{} ({r})", m.name, m.state),
+                        _ => format!("{}:{}", m.name, m.state),
+                    })
                     .collect::<Vec<_>>()),
                 self.tainted
             );
@@ -394,6 +402,7 @@ impl ArraySim {
         if self.rng.gen_range(0..4) == 0 && cache_out == 0 && self.cache_doomed.is_empty() {
             let i = self.rng.gen_range(0..self.cache.len());
             self.cache[i].ctl.add_error_rule(rule);
+            self.log(format!("mirror {} fails live", self.cache[i].name));
             self.cache_doomed.push(self.cache[i].name.clone());
             self.counts.cache_mirrors_lost += 1;
         } else if cap_out < usize::from(M) {
@@ -413,6 +422,7 @@ impl ArraySim {
             if let Some(d) = self.capacity.iter().find(|d| d.name == name) {
                 d.ctl.add_error_rule(rule);
                 self.counts.members_failed_live += 1;
+                self.log(format!("{name} fails live"));
                 // Out from now on, before the array has noticed.
                 self.tainted.push(name);
             }
@@ -568,10 +578,12 @@ impl ArraySim {
             let i = serving[self.rng.gen_range(0..serving.len())];
             match self.rng.gen_range(0..10) {
                 0 | 1 => {
+                    self.log(format!("{} goes missing", self.capacity[i].name));
                     self.capacity.remove(i);
                     self.counts.members_missing += 1;
                 }
                 2 | 3 if cap_out == 0 => {
+                    self.log(format!("{} gets garbage", self.capacity[i].name));
                     self.tainted.push(self.capacity[i].name.clone());
                     self.garbage_members.push(self.capacity[i].name.clone());
                     b.garbage.push(i);
@@ -586,6 +598,7 @@ impl ArraySim {
             && self.rng.gen_range(0..12) == 0
         {
             let i = self.rng.gen_range(0..self.cache.len());
+            self.log(format!("mirror {} goes missing", self.cache[i].name));
             self.cache.remove(i);
             self.counts.cache_mirrors_lost += 1;
         }
@@ -645,6 +658,7 @@ impl ArraySim {
                     name: name.clone(),
                 });
                 self.answer(e, rx, "replace")?;
+                self.log(format!("{old} (slot {slot}) replaced by {name}"));
                 self.capacity.retain(|x| x.name != old);
                 self.tainted.retain(|t| *t != old);
                 self.garbage_members.retain(|t| *t != old);
@@ -724,6 +738,10 @@ impl ArraySim {
                 }
             }
             let crash = self.rng.gen_range(0..5) != 0;
+            self.log(format!(
+                "{} after {ops} ops",
+                if crash { "power cut" } else { "clean stop" }
+            ));
             if crash {
                 self.counts.crashes += 1;
                 if self.rebuilding() {

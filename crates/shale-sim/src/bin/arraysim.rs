@@ -32,10 +32,14 @@ struct Args {
     jobs: usize,
 }
 
+/// A progress line on stderr every this many runs.
+const PROGRESS_RUNS: u64 = 50;
+
 fn main() -> ExitCode {
     let a = Args::parse();
     let runs = a.cycles.div_ceil(u64::from(a.generations.max(1)));
     let next = AtomicU64::new(0);
+    let done = AtomicU64::new(0);
     let total = Mutex::new(ArrayCounts::default());
     let failures = Mutex::new(Vec::new());
     let start = Instant::now();
@@ -48,7 +52,20 @@ fn main() -> ExitCode {
                 }
                 match array_sim::run(a.seed + k, a.generations) {
                     Ok(c) => total.lock().unwrap_or_else(|p| p.into_inner()).add(&c),
-                    Err(e) => failures.lock().unwrap_or_else(|p| p.into_inner()).push(e),
+                    Err(e) => {
+                        // Said at once: a long run's first violation is worth
+                        // replaying before the run ends.
+                        eprintln!("violation: {e}");
+                        failures.lock().unwrap_or_else(|p| p.into_inner()).push(e);
+                    }
+                }
+                let d = done.fetch_add(1, Ordering::Relaxed) + 1;
+                if d.is_multiple_of(PROGRESS_RUNS) {
+                    eprintln!(
+                        "{d} of {runs} runs, {} violations, {:.0}s",
+                        failures.lock().map_or(0, |f| f.len()),
+                        start.elapsed().as_secs_f64()
+                    );
                 }
             });
         }
