@@ -117,9 +117,11 @@ pub struct StripeLayout {
 }
 
 impl StripeLayout {
-    /// The stripe unit for `k` data shards: the largest multiple of `granule` (the
-    /// members' indirection unit, a multiple of 4096) whose stripe fits in
-    /// [`STRIPE_BYTES_MAX`].
+    /// The stripe unit for `k` data shards: the smallest multiple of `granule` (the
+    /// members' indirection unit, a multiple of 4096) with which `k` units hold a
+    /// [`STRIPE_BYTES_MAX`] row. When `k` does not divide the row in whole granules
+    /// (3+1, 6+2, or 16 KiB granules at 8+2), the last data unit of each row is
+    /// partly zero padding: every row still holds one whole engine group.
     pub fn choose_unit(k: u32, granule: u64) -> Result<u64, LayoutError> {
         if granule == 0 || !granule.is_multiple_of(4096) {
             return Err(LayoutError::Unit {
@@ -127,22 +129,30 @@ impl StripeLayout {
                 reason: "the granule must be a non-zero multiple of 4096".into(),
             });
         }
-        let per_member = STRIPE_BYTES_MAX / u64::from(k.max(1));
-        let unit = per_member / granule * granule;
-        if unit == 0 {
+        let k = u64::from(k.max(1));
+        let unit = STRIPE_BYTES_MAX.div_ceil(k).div_ceil(granule) * granule;
+        if (k - 1) * unit >= STRIPE_BYTES_MAX {
             return Err(LayoutError::Unit {
                 unit: granule,
                 reason: format!(
-                    "{k} data shards of at least {granule} bytes exceed a {STRIPE_BYTES_MAX}-byte stripe"
+                    "{k} data shards of at least {granule} bytes leave one without data in a {STRIPE_BYTES_MAX}-byte row"
                 ),
             });
         }
         Ok(unit)
     }
 
-    /// Data bytes in one row.
+    /// Data bytes in one row: `K × unit`, or one [`STRIPE_BYTES_MAX`] group when the
+    /// units are larger (the last data unit then ends in zero padding).
     pub fn stripe_bytes(&self) -> u64 {
-        u64::from(self.k) * self.unit
+        (u64::from(self.k) * self.unit).min(STRIPE_BYTES_MAX)
+    }
+
+    /// Data bytes data shard `d` holds in a row (the rest of its unit is zeros).
+    pub fn shard_data_bytes(&self, d: u32) -> u64 {
+        self.stripe_bytes()
+            .saturating_sub(u64::from(d) * self.unit)
+            .min(self.unit)
     }
 
     /// Shards (data then parity) per row.
@@ -210,8 +220,10 @@ mod tests {
     fn units_fill_a_group_in_whole_granules() {
         assert_eq!(StripeLayout::choose_unit(4, 16384), Ok(128 * 1024));
         assert_eq!(StripeLayout::choose_unit(8, 16384), Ok(64 * 1024));
-        assert_eq!(StripeLayout::choose_unit(6, 16384), Ok(80 * 1024));
-        assert_eq!(StripeLayout::choose_unit(3, 4096), Ok(168 * 1024));
+        // 6 × 96 KiB: the sixth unit holds 32 KiB of data and 64 KiB of padding.
+        assert_eq!(StripeLayout::choose_unit(6, 16384), Ok(96 * 1024));
+        // 43 blocks: the third unit holds 42 blocks of data and one of padding.
+        assert_eq!(StripeLayout::choose_unit(3, 4096), Ok(172 * 1024));
         assert_eq!(StripeLayout::choose_unit(1, 4096), Ok(512 * 1024));
         assert!(StripeLayout::choose_unit(32, 65536).is_err());
         assert!(StripeLayout::choose_unit(4, 1000).is_err());
@@ -244,6 +256,25 @@ mod tests {
             let (row, d, off) = l.locate(rel);
             prop_assert!(d < k && off < l.unit);
             prop_assert_eq!(row * l.stripe_bytes() + u64::from(d) * l.unit + off, rel);
+        }
+
+        /// A chosen unit gives rows of exactly one group, each data shard holding
+        /// some data, the shards' data adding up to the row, and bytes landing in
+        /// the data part of their shard.
+        #[test]
+        fn padded_rows_hold_one_group(k in 1u32..=32, g in 1u64..5, rel in 0u64..10_000_000) {
+            let granule = g * 4096;
+            let Ok(unit) = StripeLayout::choose_unit(k, granule) else {
+                return Ok(());
+            };
+            prop_assert!(unit.is_multiple_of(granule));
+            let l = StripeLayout { members: k + 1, k, m: 1, unit, rows_per_zone: 10 };
+            prop_assert_eq!(l.stripe_bytes(), STRIPE_BYTES_MAX);
+            let total: u64 = (0..k).map(|d| l.shard_data_bytes(d)).sum();
+            prop_assert_eq!(total, STRIPE_BYTES_MAX);
+            prop_assert!((0..k).all(|d| l.shard_data_bytes(d) > 0));
+            let (_, d, off) = l.locate(rel);
+            prop_assert!(off < l.shard_data_bytes(d));
         }
     }
 }

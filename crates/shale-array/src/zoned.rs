@@ -32,7 +32,7 @@ use shale_device::{
 use crate::codec::{self, ErasureCodec};
 use crate::control::ArrayHandle;
 use crate::label::{self, Identity, LabelError};
-use crate::layout::{LayoutError, Redundancy, StripeLayout, LABEL_ZONES};
+use crate::layout::{LayoutError, Redundancy, StripeLayout, LABEL_ZONES, STRIPE_BYTES_MAX};
 use crate::member::{Member, MemberState, MemberStatus};
 use rebuild::Rebuild;
 pub use rebuild::RebuildLimits;
@@ -677,7 +677,12 @@ impl<Z: ZonedDevice> ZoneArray<Z> {
             let row = &buf[r * l.stripe_bytes() as usize..(r + 1) * l.stripe_bytes() as usize];
             let (data, parity) = out.split_at_mut(l.k as usize);
             for (d, o) in data.iter_mut().enumerate() {
-                o[r * unit..(r + 1) * unit].copy_from_slice(&row[d * unit..(d + 1) * unit]);
+                let n = l.shard_data_bytes(d as u32) as usize;
+                let (head, pad) = o[r * unit..(r + 1) * unit].split_at_mut(n);
+                head.copy_from_slice(&row[d * unit..d * unit + n]);
+                // The last unit of a row that K does not divide ends in zeros, on
+                // media too (pooled buffers hold old bytes).
+                pad.fill(0);
             }
             let srcs: Vec<&[u8]> = data.iter().map(|o| &o[r * unit..(r + 1) * unit]).collect();
             let mut dsts: Vec<&mut [u8]> = parity
@@ -932,7 +937,7 @@ impl<Z: ZonedDevice> ZoneArray<Z> {
         let mut at = 0usize;
         while rel < end {
             let (row, shard, off) = l.locate(rel);
-            let n = (l.unit - off).min(end - rel);
+            let n = (l.shard_data_bytes(shard) - off).min(end - rel);
             pieces.push(Piece {
                 at,
                 len: n as usize,
@@ -1356,6 +1361,11 @@ fn array_geometry(
             "must be a non-zero multiple of 4096 and of the block size".into(),
         ));
     }
+    if u64::from(k.saturating_sub(1)) * unit >= STRIPE_BYTES_MAX {
+        return Err(bad(format!(
+            "{k} data units of it leave one without data in a {STRIPE_BYTES_MAX}-byte row"
+        )));
+    }
     if unit > u64::from(mg.max_io_bytes) {
         return Err(bad(format!(
             "larger than the members' largest I/O ({})",
@@ -1580,7 +1590,7 @@ impl<Z: ZonedDevice> ZonedDevice for ZoneArray<Z> {
         let mut at = 0usize;
         while rel < end {
             let (row, shard, off) = l.locate(rel);
-            let n = (l.unit - off).min(end - rel) as usize;
+            let n = (l.shard_data_bytes(shard) - off).min(end - rel) as usize;
             let suspect = l.member_of(zone, row, shard);
             // Attempt a > 0 also leaves out the a-th other shard of the row: with a
             // second copy bad (corruption met by a rebuild), some attempt avoids both.

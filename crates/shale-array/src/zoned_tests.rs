@@ -10,7 +10,7 @@ use shale_device::{
 };
 
 use crate::codec::{ErasureCodec, ReedSolomon};
-use crate::layout::{Redundancy, LABEL_ZONES};
+use crate::layout::{Redundancy, StripeLayout, LABEL_ZONES, STRIPE_BYTES_MAX};
 use crate::member::MemberState;
 use crate::zoned::ZoneArray;
 
@@ -151,11 +151,23 @@ fn check_reads<Z: ZonedDevice>(a: &mut ZoneArray<Z>, model: &Model, rng: &mut Ch
 }
 
 fn fill<Z: ZonedDevice>(a: &mut ZoneArray<Z>, model: &mut Model, rng: &mut ChaCha8Rng, zones: u32) {
+    fill_rows(a, model, rng, zones, &[1, 2, 3]);
+}
+
+/// Writes of `rows[i]` rows each, alternately asynchronous and synchronous, to the
+/// first `zones` zones.
+fn fill_rows<Z: ZonedDevice>(
+    a: &mut ZoneArray<Z>,
+    model: &mut Model,
+    rng: &mut ChaCha8Rng,
+    zones: u32,
+    rows: &[usize],
+) {
     let s = a.geometry().write_unit as usize;
     let zsize = a.geometry().zone_size;
     for z in 0..zones {
-        for i in 0..3 {
-            let data = random_rows(rng, s, i + 1);
+        for (i, &n) in rows.iter().enumerate() {
+            let data = random_rows(rng, s, n);
             let off = z as u64 * zsize + model.zones[z as usize].len() as u64;
             if i % 2 == 0 {
                 let c = write_async(a, off, &data);
@@ -762,5 +774,48 @@ fn a_corrupt_unit_is_rebuilt_from_the_others() {
             "{r}: not rebuilt"
         );
         assert_eq!(a.members()[victim as usize].counters.corrupt_reads, 1);
+    }
+}
+
+/// K that does not divide a 512 KiB row (3+1, 6+2): every row is one whole group, the
+/// last data unit ends in zeros on media, and the padding takes part in the parity,
+/// so degraded reads and a rebuild give the data back.
+#[test]
+fn rows_k_does_not_divide_end_in_padding_and_survive_losses() {
+    for (k, m) in [(3u8, 1u8), (6, 2), (5, 1)] {
+        let r = Redundancy::Parity { k, m };
+        let n = usize::from(k + m);
+        let unit = StripeLayout::choose_unit(u32::from(k), 4096).expect("unit");
+        let members = (0..n).map(mem_member).collect();
+        let mut a = ZoneArray::new(members, r, unit).expect("array");
+        assert_eq!(a.geometry().write_unit as u64, STRIPE_BYTES_MAX, "{r}");
+        let mut rng = ChaCha8Rng::seed_from_u64(u64::from(k) * 10 + u64::from(m));
+        let mut model = Model::new();
+        fill_rows(&mut a, &mut model, &mut rng, 3, &[1, 2]);
+        check_reads(&mut a, &model, &mut rng);
+        // The padding of row 0 of zone 0 is zeros on the member holding the last
+        // data unit.
+        let l = *a.layout();
+        let last = u32::from(k) - 1;
+        let pad = (l.unit - l.shard_data_bytes(last)) as usize;
+        assert!(pad > 0, "{r}: {unit}-byte units divide the row");
+        let holder = l.member_of(0, 0, last);
+        let dev = a.member_device_mut(holder).expect("member");
+        let at = dev.geometry().zone_start(LABEL_ZONES) + l.unit - pad as u64;
+        let mut b = vec![1u8; pad];
+        dev.read_at(at, &mut b).expect("member read");
+        assert!(b.iter().all(|&x| x == 0), "{r}: padding holds data");
+        // Lose M members: every byte still reads back.
+        for victim in 0..u32::from(m) {
+            a.fail_member(victim, "test").expect("fail");
+        }
+        check_reads(&mut a, &model, &mut rng);
+        // Replace one and rebuild it; then it carries its share.
+        a.replace("0", fresh_member("new0"), "new0".into())
+            .expect("replace");
+        run_rebuild(&mut a);
+        assert_eq!(a.member_state(0), Some(MemberState::Ok), "{r}");
+        a.fail_member(u32::from(m), "test").expect("fail");
+        check_reads(&mut a, &model, &mut rng);
     }
 }

@@ -449,12 +449,9 @@ impl Config {
                 let r: shale_array::Redundancy =
                     r.parse().map_err(|e: shale_array::LayoutError| bad(e.to_string()))?;
                 let (k, _) = r.shards(n).map_err(|e| bad(e.to_string()))?;
-                // A stripe is exactly one 512 KiB zone group of the engine.
-                if 128 % k != 0 {
-                    return Err(bad(format!(
-                        "{r}: {k} data shards; a stripe is one 512 KiB zone group, so K must divide 128 (1, 2, 4, 8, 16 or 32)"
-                    )));
-                }
+                // A row holds one 512 KiB zone group of the engine in K units.
+                shale_array::StripeLayout::choose_unit(k, 4096)
+                    .map_err(|e| bad(format!("{r}: {e}")))?;
                 if n == 1 {
                     return Ok(None);
                 }

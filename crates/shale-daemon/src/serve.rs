@@ -294,7 +294,8 @@ fn capacity_device(
         let (k, _) = r
             .shards(members.len())
             .map_err(|e| set_error(&spec.capacity, e.to_string()))?;
-        let unit = stripe_unit(k).map_err(|reason| set_error(&spec.capacity, reason))?;
+        let unit = shale_array::StripeLayout::choose_unit(k, 4096)
+            .map_err(|e| set_error(&spec.capacity, e.to_string()))?;
         ZoneArray::create(members, r, unit, pool)
     } else {
         ZoneArray::open(members)
@@ -303,20 +304,6 @@ fn capacity_device(
     array.set_rebuild_limits(spec.rebuild_limits);
     let h = array.handle();
     Ok((Box::new(array), None, Some(h)))
-}
-
-/// The stripe unit of an array with `k` data shards: a stripe is exactly one zone
-/// group of the engine (512 KiB), so `k` must divide it in whole 4 KiB blocks.
-fn stripe_unit(k: u32) -> Result<u64, String> {
-    let group = u64::from(shale_format::GROUP_BLOCKS) * 4096;
-    let unit = group / u64::from(k);
-    if unit * u64::from(k) != group || unit % 4096 != 0 {
-        return Err(format!(
-            "{k} data shards: a stripe is one {} KiB zone group, so K must divide 128 (1, 2, 4, 8, 16 or 32)",
-            group >> 10
-        ));
-    }
-    Ok(unit)
 }
 
 /// The cache device: one file, or a mirror of files put together by their labels.

@@ -269,17 +269,21 @@ fn capacity(a: &Args, run: usize) -> Capacity {
     let Redundancy::Parity { k, m } = r else {
         unreachable!("parse_args takes K+M only")
     };
-    let (k, n) = (u64::from(k), usize::from(k + m));
+    let n = usize::from(k + m);
+    // A row is one 512 KiB group in K units (the last partly padding when K does not
+    // divide it); member zones hold the rows of one array zone.
+    let unit = shale_array::StripeLayout::choose_unit(u32::from(k), 4096).expect("unit");
+    let member_zone = ZONE_BYTES / shale_array::STRIPE_BYTES_MAX * unit;
     let mut paths = Vec::new();
     let members: Vec<(Option<Member>, String)> = (0..n)
         .map(|i| {
-            // One more zone for the member's labels.
-            let (z, p) = capacity_file(a, &format!("{run}-m{i}"), zones + 1, ZONE_BYTES / k);
+            // More zones for the member's labels.
+            let zones = zones + shale_array::LABEL_ZONES as u64;
+            let (z, p) = capacity_file(a, &format!("{run}-m{i}"), zones, member_zone);
             paths.push(p);
             (Some(z), format!("m{i}"))
         })
         .collect();
-    let unit = shale_array::STRIPE_BYTES_MAX / k;
     let mut arr = ZoneArray::new(members, r, unit).expect("array");
     let h = arr.handle();
     (Box::new(arr), paths, Some(h))

@@ -10,7 +10,8 @@ use common::{call, create, pattern, read, tiny_config, write};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use shale_array::{
-    MemberState, MirrorDevice, Redundancy, ZoneArray, LABEL_ZONES, MIRROR_RESERVED_BYTES,
+    MemberState, MirrorDevice, Redundancy, StripeLayout, ZoneArray, LABEL_ZONES,
+    MIRROR_RESERVED_BYTES,
 };
 use shale_device::{
     ErrorRule, FaultController, FaultDevice, MemDevice, ZoneEmu, ZoneEmuConfig, ZonedDevice,
@@ -26,7 +27,10 @@ const ZONES: u64 = 28;
 const ARRAY_ZONE_BLOCKS: u64 = 256;
 
 fn members(n: usize, k: u64, seed: u64) -> (Vec<(Option<Member>, String)>, Vec<FaultController>) {
-    let zone = ARRAY_ZONE_BLOCKS / k * 4096;
+    // Two rows a zone, each one 512 KiB group (K units, the last partly padding when
+    // K does not divide it).
+    let unit = StripeLayout::choose_unit(k as u32, 4096).unwrap();
+    let zone = ARRAY_ZONE_BLOCKS / 128 * unit;
     let mut zc = ZoneEmuConfig::new(zone);
     zc.max_open_zones = 8;
     zc.max_active_zones = 8;
@@ -45,7 +49,7 @@ fn members(n: usize, k: u64, seed: u64) -> (Vec<(Option<Member>, String)>, Vec<F
 fn engine(r: Redundancy, n: usize, seed: u64) -> (AEng, Vec<FaultController>) {
     let (k, _) = r.shards(n).unwrap();
     let (ms, ctls) = members(n, u64::from(k), seed);
-    let unit = shale_array::STRIPE_BYTES_MAX / u64::from(k);
+    let unit = StripeLayout::choose_unit(k, 4096).unwrap();
     let arr = ZoneArray::new(ms, r, unit).unwrap();
     let cache = MemDevice::new((128 + 8 * 256) * 4096, 4096).unwrap();
     let e = Engine::format(cache, arr, ManualClock::new(), tiny_config()).unwrap();
@@ -105,6 +109,8 @@ fn a_member_failing_under_load_loses_nothing() {
     for (r, n) in [
         (Redundancy::Parity { k: 4, m: 1 }, 5),
         (Redundancy::Parity { k: 2, m: 2 }, 4),
+        (Redundancy::Parity { k: 3, m: 1 }, 4),
+        (Redundancy::Parity { k: 6, m: 2 }, 8),
         (Redundancy::Mirror, 2),
     ] {
         let mut rng = ChaCha8Rng::seed_from_u64(n as u64);
