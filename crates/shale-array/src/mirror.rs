@@ -756,6 +756,38 @@ impl<C: BlockDevice> BlockDevice for MirrorDevice<C> {
         }))
     }
 
+    /// Attempt `a` reads the `a`-th readable mirror in slot order (or, if that one
+    /// fails, the next that reads), so a caller whose check failed on one mirror's
+    /// bytes gets every other mirror's in turn.
+    fn read_rebuilt(
+        &mut self,
+        offset: u64,
+        buf: &mut [u8],
+        attempt: u32,
+    ) -> Result<(), DeviceError> {
+        check_range(&self.info, IoOpKind::Read, offset, buf.len() as u64)?;
+        let readable: Vec<usize> = (0..self.members.len())
+            .filter(|&i| self.members[i].readable())
+            .collect();
+        let mut first = None;
+        for &i in readable.iter().skip(attempt as usize) {
+            let m = &mut self.members[i];
+            let Some(dev) = m.dev.as_mut() else { continue };
+            match dev.read_at(offset + MIRROR_RESERVED_BYTES, buf) {
+                Ok(()) => return Ok(()),
+                Err(e) => {
+                    m.counters.read_errors += 1;
+                    first.get_or_insert(e);
+                }
+            }
+        }
+        Err(first.unwrap_or(DeviceError::Unavailable {
+            op: IoOpKind::Read,
+            offset,
+            reason: format!("no mirror left to read after {attempt} copies"),
+        }))
+    }
+
     fn write_at(&mut self, offset: u64, buf: &[u8]) -> Result<(), DeviceError> {
         check_range(&self.info, IoOpKind::Write, offset, buf.len() as u64)?;
         self.each_writable(IoOpKind::Write, |d| {

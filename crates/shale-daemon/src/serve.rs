@@ -162,6 +162,10 @@ impl DeviceSpec {
             l2p_cache_bytes_max: Some(self.l2p_cache_bytes),
             md_cache_bytes_max: self.md_cache_bytes,
             scrub_bytes_per_sec: self.scrub_bytes_per_sec,
+            // With mirrors a corrupt cache block has a good copy: compaction checks
+            // what it moves and takes that copy, rather than carrying the corruption
+            // into the capacity tier's parity.
+            verify_compaction_reads: self.cache.len() > 1,
             ..EngineConfig::default()
         };
         c.validate().map_err(|e| ConfigError::Invalid {

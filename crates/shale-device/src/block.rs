@@ -1,6 +1,6 @@
 //! The conventional block device capability.
 
-use crate::{DeviceError, IoBuf};
+use crate::{DeviceError, IoBuf, IoOpKind};
 
 /// Static facts about a block device.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -95,6 +95,19 @@ pub trait BlockDevice {
     fn maintain(&mut self) -> u64 {
         MAINTAIN_IDLE
     }
+
+    /// Reads `buf` at `offset` again from the device's redundancy, for a caller whose
+    /// check of a plain read failed: attempt `a` reads the `a`-th copy (a mirror
+    /// reads its members in turn), so a caller tries until one checks or the device
+    /// says there are no more (an error). A device without redundancy: `Unsupported`.
+    fn read_rebuilt(
+        &mut self,
+        _offset: u64,
+        _buf: &mut [u8],
+        _attempt: u32,
+    ) -> Result<(), DeviceError> {
+        Err(DeviceError::Unsupported { op: IoOpKind::Read })
+    }
 }
 
 /// [`BlockDevice::maintain`] / [`crate::ZonedDevice::maintain`]: nothing pending.
@@ -132,6 +145,14 @@ impl<T: BlockDevice + ?Sized> BlockDevice for Box<T> {
     fn maintain(&mut self) -> u64 {
         (**self).maintain()
     }
+    fn read_rebuilt(
+        &mut self,
+        offset: u64,
+        buf: &mut [u8],
+        attempt: u32,
+    ) -> Result<(), DeviceError> {
+        (**self).read_rebuilt(offset, buf, attempt)
+    }
 }
 
 /// Lets a caller lend a device to a wrapper (e.g. `ZoneEmu<&mut MemDevice>` in tests)
@@ -167,5 +188,13 @@ impl<T: BlockDevice + ?Sized> BlockDevice for &mut T {
     }
     fn maintain(&mut self) -> u64 {
         (**self).maintain()
+    }
+    fn read_rebuilt(
+        &mut self,
+        offset: u64,
+        buf: &mut [u8],
+        attempt: u32,
+    ) -> Result<(), DeviceError> {
+        (**self).read_rebuilt(offset, buf, attempt)
     }
 }

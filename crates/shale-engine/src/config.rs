@@ -58,7 +58,10 @@ pub struct Config {
     /// heal a transient read error by reading again. That matters on the capacity
     /// tier (QLC, data at rest for long, a zone reset erases the source), hardly on
     /// the cache tier (fast media written moments ago), and costs a CRC per block,
-    /// so compaction skips it unless asked.
+    /// so compaction skips it unless asked, or unless the cache is mirrored: then a
+    /// block failing its check is read from another mirror, and the good copy is
+    /// what reaches the capacity tier (and its parity). The daemon turns it on with
+    /// two or more cache devices.
     pub verify_compaction_reads: bool,
     /// How long (engine clock) a write may wait for cache space, or queued work go
     /// without any progress and no I/O in flight, before the engine declares itself

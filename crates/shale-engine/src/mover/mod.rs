@@ -787,8 +787,9 @@ impl Mover {
         }
     }
 
-    /// Reads one zone block of a victim from the device's redundancy until a copy
-    /// matches `crc`. False where there is none (a single drive, a cache chunk).
+    /// Reads one block of a victim from the device's redundancy (an array's other
+    /// members, a mirrored cache's other mirrors) until a copy matches `crc`. False
+    /// where there is none (a single device).
     fn rebuilt_block(
         core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
         region: RegionId,
@@ -796,19 +797,22 @@ impl Mover {
         out: &mut [u8; BLOCK_SIZE],
         crc: u32,
     ) -> bool {
-        if core.geo.is_chunk(region) {
-            return false;
-        }
-        let off = core.geo.zone_offset(region, slot);
+        let chunk = core.geo.is_chunk(region);
         for attempt in 0..crate::read::reader::REBUILD_ATTEMPTS_MAX {
-            if core
-                .capacity
-                .read_rebuilt(off, &mut out[..], attempt)
-                .is_err()
-            {
+            let read = if chunk {
+                let off = core.geo.chunk_offset(region, slot);
+                core.stats.cache_read_bytes += BS;
+                core.cache.read_rebuilt(off, &mut out[..], attempt).is_ok()
+            } else {
+                let off = core.geo.zone_offset(region, slot);
+                core.stats.capacity_read_bytes += BS;
+                core.capacity
+                    .read_rebuilt(off, &mut out[..], attempt)
+                    .is_ok()
+            };
+            if !read {
                 return false;
             }
-            core.stats.capacity_read_bytes += BS;
             if shale_format::block_crc(&out[..]) == crc {
                 return true;
             }

@@ -360,10 +360,12 @@ pub(crate) fn read_block_sync(
 /// Rebuild attempts (other sources each) for a block that failed its check.
 pub(crate) const REBUILD_ATTEMPTS_MAX: u32 = 8;
 
-/// A capacity block that failed its check, read again from the device's redundancy
-/// into `buf` (an array decodes it from its other members). True if that copy
-/// checks: it is used, and staged to be written anew so the corrupt copy becomes
-/// garbage (`Core::repairs`).
+/// A block that failed its check, read again from the device's redundancy into
+/// `buf` (an array decodes it from its other members; a mirrored cache reads its
+/// other mirrors). True if that copy checks: it is used, and the corrupt copy is
+/// repaired: a cache block is written back in place (to every mirror), a capacity
+/// block is staged to be written anew so the corrupt copy becomes garbage
+/// (`Core::repairs`).
 pub(crate) fn rebuilt_block(
     core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
     writer: &ChunkWriter,
@@ -379,16 +381,22 @@ pub(crate) fn rebuilt_block(
     ) {
         return false;
     }
-    let Some((false, off)) = core.geo.device_offset(pba) else {
+    let Some((in_cache, off)) = core.geo.device_offset(pba) else {
         return false;
     };
     // Each attempt rebuilds from other sources, until one checks or none is left.
     let mut good = false;
     for attempt in 0..REBUILD_ATTEMPTS_MAX {
-        if core.capacity.read_rebuilt(off, buf, attempt).is_err() {
+        let read = if in_cache {
+            core.stats.cache_read_bytes += BS;
+            core.cache.read_rebuilt(off, buf, attempt).is_ok()
+        } else {
+            core.stats.capacity_read_bytes += BS;
+            core.capacity.read_rebuilt(off, buf, attempt).is_ok()
+        };
+        if !read {
             break;
         }
-        core.stats.capacity_read_bytes += BS;
         if verify_block(core, writer, volume, lba, pba, buf).is_ok() {
             good = true;
             break;
@@ -398,6 +406,15 @@ pub(crate) fn rebuilt_block(
         return false;
     }
     core.stats.crc_rebuilt_fixes += 1;
+    if in_cache {
+        // The block is live (mapped just now), so its chunk is not being rewritten:
+        // the same bytes again on every mirror mend the bad one.
+        tracing::warn!(%volume, %lba, %pba, "corrupt cache block read from another mirror");
+        if let Err(e) = core.cache.write_at(off, &buf[..BLOCK_SIZE]) {
+            tracing::warn!(%pba, error = %e, "rewriting a corrupt cache block failed");
+        }
+        return true;
+    }
     tracing::warn!(%volume, %lba, %pba, "corrupt capacity block rebuilt from redundancy");
     let mut data = Box::new([0u8; BLOCK_SIZE]);
     data.copy_from_slice(&buf[..BLOCK_SIZE]);
