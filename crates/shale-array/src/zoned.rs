@@ -118,6 +118,9 @@ struct Op {
     /// The caller's tag; `None` for the synchronous operation.
     tag: Option<u64>,
     buf: Option<IoBuf>,
+    /// A one-row write's buffer split into its data units (sent to the members as
+    /// they are, no copy), gathered back here and joined for the caller.
+    split: Vec<Option<IoBuf>>,
     parts_left: u32,
     kind: OpKind,
     /// The first error that fails the whole request.
@@ -171,7 +174,8 @@ struct Part {
 
 #[derive(Debug, Clone, Copy)]
 enum PartKind {
-    Write,
+    /// `Some(d)`: the unit is data unit `d` of the op's split buffer, to be kept.
+    Write(Option<u32>),
     Flush,
     /// The piece's own shard.
     Direct {
@@ -554,9 +558,13 @@ impl<Z: ZonedDevice> ZoneArray<Z> {
     }
 
     fn finish_op(&mut self, id: u32) {
-        let Some(op) = self.ops.remove(id) else {
+        let Some(mut op) = self.ops.remove(id) else {
             return;
         };
+        if !op.split.is_empty() {
+            let len = self.layout.unit as usize * op.split.len();
+            op.buf = Some(join_split(std::mem::take(&mut op.split), len));
+        }
         let result = match op.error {
             Some(e) => Err(e),
             None => Ok(op.landed_at),
@@ -594,6 +602,7 @@ impl<Z: ZonedDevice> ZoneArray<Z> {
         let id = self.ops.insert(Op {
             tag,
             buf,
+            split: Vec::new(),
             parts_left: 0,
             kind: OpKind::Flush {
                 lost: 0,
@@ -670,35 +679,25 @@ impl<Z: ZonedDevice> ZoneArray<Z> {
         let l = self.layout;
         let unit = l.unit as usize;
         let rows = buf.len() / l.stripe_bytes() as usize;
-        let shards = l.shards() as usize;
-        // One buffer per shard position, rows back to back; parity computed row by row.
-        let mut out: Vec<IoBuf> = (0..shards).map(|_| self.take_buf(rows * unit)).collect();
-        for r in 0..rows {
-            let row = &buf[r * l.stripe_bytes() as usize..(r + 1) * l.stripe_bytes() as usize];
-            let (data, parity) = out.split_at_mut(l.k as usize);
-            for (d, o) in data.iter_mut().enumerate() {
-                let n = l.shard_data_bytes(d as u32) as usize;
-                let (head, pad) = o[r * unit..(r + 1) * unit].split_at_mut(n);
-                head.copy_from_slice(&row[d * unit..d * unit + n]);
-                // The last unit of a row that K does not divide ends in zeros, on
-                // media too (pooled buffers hold old bytes).
-                pad.fill(0);
-            }
-            let srcs: Vec<&[u8]> = data.iter().map(|o| &o[r * unit..(r + 1) * unit]).collect();
-            let mut dsts: Vec<&mut [u8]> = parity
-                .iter_mut()
-                .map(|o| &mut o[r * unit..(r + 1) * unit])
-                .collect();
-            if let Err(e) = self.codec.encode(&srcs, &mut dsts) {
+        let k = l.k as usize;
+        let (mut out, buf) = match self.encode_rows(buf, rows) {
+            Ok(o) => o,
+            Err((buf, e)) => {
                 let e = unavailable(IoOpKind::Write, offset, format!("encode: {e}"));
                 return self.fail_fast(tag, Some(buf), e);
             }
-        }
+        };
+        let split = buf.is_none();
         // A member holds one shard position per row, and positions rotate by row, so
         // a multi-row write gathers each member's units from several positions.
         let id = self.ops.insert(Op {
             tag,
-            buf: Some(buf),
+            buf,
+            split: if split {
+                (0..k).map(|_| None).collect()
+            } else {
+                Vec::new()
+            },
             parts_left: 0,
             kind: OpKind::Write {
                 offset,
@@ -731,21 +730,20 @@ impl<Z: ZonedDevice> ZoneArray<Z> {
                 lost += 1;
                 continue;
             }
+            let Some(s_row0) = l.shard_on(zone, row0, member) else {
+                continue;
+            };
             let mbuf = match mbuf {
                 Some(b) => b,
-                None => {
-                    let Some(s) = l.shard_on(zone, row0, member) else {
-                        continue;
-                    };
-                    std::mem::replace(&mut out[s as usize], IoBuf::zeroed(0))
-                }
+                None => std::mem::replace(&mut out[s_row0 as usize], IoBuf::zeroed(0)),
             };
             self.members[member as usize].counters.bytes_written += mbuf.len() as u64;
             let moff = self.member_offset(zone, row0, 0);
+            let kind = PartKind::Write(split.then_some(s_row0).filter(|&d| (d as usize) < k));
             self.send(
                 id,
                 member,
-                PartKind::Write,
+                kind,
                 ZoneOp::Write {
                     offset: moff,
                     buf: mbuf,
@@ -753,8 +751,17 @@ impl<Z: ZonedDevice> ZoneArray<Z> {
                 },
             );
         }
-        for b in out {
-            self.give_buf(b);
+        for (s, b) in out.into_iter().enumerate() {
+            if split && s < k {
+                // A data unit not sent (its member is out) stays with the op.
+                if let Some(slot) = self.ops.get_mut(id).and_then(|o| o.split.get_mut(s)) {
+                    if !b.is_empty() {
+                        *slot = Some(b);
+                    }
+                }
+            } else {
+                self.give_buf(b);
+            }
         }
         if let Some(Op {
             kind: OpKind::Write { lost: l0, .. },
@@ -831,6 +838,7 @@ impl<Z: ZonedDevice> ZoneArray<Z> {
         let id = self.ops.insert(Op {
             tag,
             buf: None,
+            split: Vec::new(),
             parts_left: 0,
             kind: OpKind::Flush {
                 lost: 0,
@@ -960,6 +968,7 @@ impl<Z: ZonedDevice> ZoneArray<Z> {
         let id = self.ops.insert(Op {
             tag,
             buf: Some(buf),
+            split: Vec::new(),
             parts_left: 0,
             kind: OpKind::Read { pieces },
             error: None,
@@ -1155,13 +1164,21 @@ impl<Z: ZonedDevice> ZoneArray<Z> {
         self.members[part.member as usize].in_flight -= 1;
         let id = part.op;
         let mut c = c;
-        if matches!(part.kind, PartKind::Write) {
-            if let Some(b) = c.buf.take() {
-                self.give_buf(b);
+        match (part.kind, c.buf.take()) {
+            (PartKind::Write(Some(d)), Some(b)) => {
+                if let Some(slot) = self
+                    .ops
+                    .get_mut(id)
+                    .and_then(|o| o.split.get_mut(d as usize))
+                {
+                    *slot = Some(b);
+                }
             }
+            (PartKind::Write(None), Some(b)) => self.give_buf(b),
+            (_, b) => c.buf = b,
         }
         match (part.kind, c.result) {
-            (PartKind::Write, Err(e)) | (PartKind::Flush, Err(e)) => {
+            (PartKind::Write(_), Err(e)) | (PartKind::Flush, Err(e)) => {
                 if let Some(Op {
                     kind: OpKind::Write { errors, .. } | OpKind::Flush { errors, .. },
                     ..
@@ -1170,7 +1187,7 @@ impl<Z: ZonedDevice> ZoneArray<Z> {
                     errors.push((part.member, e));
                 }
             }
-            (PartKind::Write | PartKind::Flush, Ok(_)) => {}
+            (PartKind::Write(_) | PartKind::Flush, Ok(_)) => {}
             (PartKind::Direct { piece }, Ok(_)) => {
                 if let (Some(buf), Some(op)) = (c.buf, self.ops.get_mut(id)) {
                     match &op.kind {
@@ -1344,6 +1361,18 @@ fn member_geometry<Z: ZonedDevice>(
     Ok(mg)
 }
 
+/// The caller's buffer back from its split data units. A unit that did not come
+/// back (a member kept it) leaves a fresh buffer: a write's bytes are not needed
+/// once written.
+fn join_split(parts: Vec<Option<IoBuf>>, len: usize) -> IoBuf {
+    if parts.iter().all(Option::is_some) {
+        if let Ok(b) = IoBuf::join(parts.into_iter().flatten().collect()) {
+            return b;
+        }
+    }
+    IoBuf::zeroed(len)
+}
+
 fn array_geometry(
     mg: &ZoneGeometry,
     redundancy: Redundancy,
@@ -1462,17 +1491,23 @@ impl<Z: ZonedDevice> ZonedDevice for ZoneArray<Z> {
     ) -> Result<usize, DeviceError> {
         let want = min_complete.min(self.in_flight);
         let mut got = 0;
+        let mut waited = false;
         loop {
             while let Some(c) = self.done.pop_front() {
                 out.push(c);
                 got += 1;
                 self.in_flight -= 1;
             }
-            if got >= want {
+            // After one wait, a member's part counts as progress: the caller has
+            // other devices to look at before waiting on the next member.
+            if got >= want || waited {
                 return Ok(got);
             }
-            if !self.pump(false) && !self.pump(true) && self.done.is_empty() {
-                return Ok(got);
+            if !self.pump(false) {
+                if !self.pump(true) && self.done.is_empty() {
+                    return Ok(got);
+                }
+                waited = true;
             }
         }
     }
@@ -1641,6 +1676,62 @@ impl<Z: ZonedDevice> ZonedDevice for ZoneArray<Z> {
 impl<Z: ZonedDevice> ZoneArray<Z> {
     /// A buffer for one member's part of a write: a unit-sized one comes from the
     /// pool (fresh large allocations are page faults on every write).
+    /// Every shard of `rows` rows of `buf`, data then parity, each shard's rows back
+    /// to back. A single row of whole units (the engine's usual write: one group)
+    /// is the caller's buffer itself, split (`None` comes back: the op joins the
+    /// units for the caller); otherwise the data is copied and `buf` comes back.
+    #[allow(clippy::type_complexity)]
+    fn encode_rows(
+        &mut self,
+        buf: IoBuf,
+        rows: usize,
+    ) -> Result<(Vec<IoBuf>, Option<IoBuf>), (IoBuf, crate::CodecError)> {
+        let l = self.layout;
+        let (unit, k) = (l.unit as usize, l.k as usize);
+        let (mut out, buf) = if rows == 1 && k * unit == buf.len() {
+            match buf.split(&vec![unit; k]) {
+                Ok(parts) => (parts, None),
+                Err(buf) => (self.copy_shards(&buf, rows), Some(buf)),
+            }
+        } else {
+            (self.copy_shards(&buf, rows), Some(buf))
+        };
+        out.extend((k..l.shards() as usize).map(|_| self.take_buf(rows * unit)));
+        for r in 0..rows {
+            let (data, parity) = out.split_at_mut(k);
+            let srcs: Vec<&[u8]> = data.iter().map(|o| &o[r * unit..(r + 1) * unit]).collect();
+            let mut dsts: Vec<&mut [u8]> = parity
+                .iter_mut()
+                .map(|o| &mut o[r * unit..(r + 1) * unit])
+                .collect();
+            if let Err(e) = self.codec.encode(&srcs, &mut dsts) {
+                let buf =
+                    buf.unwrap_or_else(|| join_split(out.drain(..k).map(Some).collect(), k * unit));
+                return Err((buf, e));
+            }
+        }
+        Ok((out, buf))
+    }
+
+    /// The data shards of `rows` rows of `buf`, copied into buffers of their own
+    /// (the last unit of a row K does not divide padded with zeros).
+    fn copy_shards(&mut self, buf: &[u8], rows: usize) -> Vec<IoBuf> {
+        let l = self.layout;
+        let (unit, stripe) = (l.unit as usize, l.stripe_bytes() as usize);
+        let mut out: Vec<IoBuf> = (0..l.k).map(|_| self.take_buf(rows * unit)).collect();
+        for r in 0..rows {
+            let row = &buf[r * stripe..(r + 1) * stripe];
+            for (d, o) in out.iter_mut().enumerate() {
+                let n = l.shard_data_bytes(d as u32) as usize;
+                let (head, pad) = o[r * unit..(r + 1) * unit].split_at_mut(n);
+                head.copy_from_slice(&row[d * unit..d * unit + n]);
+                // Zeros on media too (pooled buffers hold old bytes).
+                pad.fill(0);
+            }
+        }
+        out
+    }
+
     fn take_buf(&mut self, len: usize) -> IoBuf {
         if let Some(b) = self.pool.get_mut(&len).and_then(Vec::pop) {
             self.pooled -= 1;

@@ -118,6 +118,11 @@ pub trait ZonedDevice {
 
     fn submit(&mut self, req: ZoneRequest);
 
+    /// Moves finished completions into `out`, waiting until at least `min_complete`
+    /// have arrived (capped at the number in flight); returns how many were added.
+    /// A device made of others (an array) may return fewer once it has waited for
+    /// one of its members: a request needs every member's part, and the caller may
+    /// have other devices to serve before the next wait. Callers wait in a loop.
     fn poll(
         &mut self,
         out: &mut Vec<ZoneCompletion>,
