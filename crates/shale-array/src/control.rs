@@ -23,6 +23,20 @@ pub struct ArrayStatus {
     pub generation: u64,
     pub members: Vec<MemberStatus>,
     pub rebuild: Option<RebuildStatus>,
+    /// What a replacement member must be like (so a tool creating one sizes it as
+    /// the array's members are, whatever its own defaults say).
+    pub member_shape: MemberShape,
+}
+
+/// The shape of an array's members.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub enum MemberShape {
+    #[default]
+    Unknown,
+    /// A block device of at least `bytes` (a cache mirror).
+    Block { bytes: u64 },
+    /// A zoned device of this geometry (a capacity member).
+    Zoned(shale_device::ZoneGeometry),
 }
 
 /// A rebuild in progress.

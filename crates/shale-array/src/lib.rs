@@ -16,7 +16,7 @@ mod mirror;
 mod zoned;
 
 pub use codec::{CodecError, ErasureCodec, ReedSolomon};
-pub use control::{ArrayHandle, ArrayStatus, Command, CommandResult, RebuildStatus};
+pub use control::{ArrayHandle, ArrayStatus, Command, CommandResult, MemberShape, RebuildStatus};
 pub use layout::{LayoutError, Redundancy, StripeLayout, LABEL_ZONES, STRIPE_BYTES_MAX};
 pub use member::{MemberCounters, MemberState, MemberStatus};
 pub use mirror::{MirrorDevice, MIRROR_RESERVED_BYTES};

@@ -61,6 +61,9 @@ impl<C: BlockDevice> MirrorDevice<C> {
             redundancy: "mirror".into(),
             generation: self.generation(),
             members: self.members(),
+            member_shape: crate::control::MemberShape::Block {
+                bytes: self.info.size_bytes + crate::mirror::MIRROR_RESERVED_BYTES,
+            },
             rebuild: self.rebuild.as_ref().map(|r| {
                 let secs = r.started.elapsed().as_secs_f64();
                 RebuildStatus {

@@ -99,6 +99,7 @@ impl<Z: ZonedDevice> ZoneArray<Z> {
             redundancy: self.redundancy.to_string(),
             generation: self.generation(),
             members: self.members(),
+            member_shape: crate::control::MemberShape::Zoned(self.member_geo.clone()),
             rebuild: self.rebuild.as_ref().map(|r| {
                 let secs = r.started.elapsed().as_secs_f64();
                 RebuildStatus {

@@ -267,6 +267,13 @@ fn fail_replace_and_rebuild_online_even_across_a_kill() {
             *f = new_cap.display().to_string();
         }
     }
+    // Restarted without the sizes the files were made with: replacements below are
+    // still sized as the members are.
+    for size in ["--capacity-size", "--cache-size"] {
+        if let Some(i) = flags.iter().position(|f| f == size) {
+            flags.drain(i..i + 2);
+        }
+    }
     d.set_args(flags);
     d.spawn();
     assert!(d.last_log().contains("rebuild resumes"), "{}", d.last_log());
@@ -299,6 +306,17 @@ fn fail_replace_and_rebuild_online_even_across_a_kill() {
         s["work"]["crc_rebuilt_fixes"].as_u64().unwrap_or(0) > 0,
         "no corrupt block was met: {s}"
     );
+
+    // The corrupted member replaced by a new file (created as the members are, though
+    // this daemon was not told their size): rebuilt, everything verifies.
+    let bad = devs.capacity[3].display().to_string();
+    let new3 = root.path().join("cap3-new.img");
+    device(&d, &["replace", &bad, &new3.display().to_string()]);
+    let after = rebuilt(&d);
+    assert_eq!(state_of(&after, &new3), "ok", "{after}");
+    for offset in ["0", "64m", "128m"] {
+        fio_region(&d.uri("default"), offset, true);
+    }
     d.stop();
 }
 

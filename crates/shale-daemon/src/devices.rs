@@ -10,8 +10,8 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use shale_array::{ArrayHandle, ArrayStatus, Command, MemberState};
-use shale_device::{BlockDevice, FileDevice, ZoneEmu, ZonedDevice};
+use shale_array::{ArrayHandle, ArrayStatus, Command, MemberShape, MemberState};
+use shale_device::{BlockDevice, FileDevice, ZoneEmu, ZoneEmuConfig, ZonedDevice};
 
 use crate::serve::DeviceSpec;
 
@@ -86,7 +86,7 @@ impl Devices {
     }
 
     /// Puts `new` (a file or block device; a missing file is created sparse, of the
-    /// configured size) in `old`'s place and starts the rebuild.
+    /// members' size and zones) in `old`'s place and starts the rebuild.
     pub fn replace(&self, old: &str, new: &str) -> Result<Value, String> {
         let new_path = PathBuf::from(new);
         let name = new_path.display().to_string();
@@ -98,9 +98,20 @@ impl Devices {
         }) {
             return Err(format!("{name} is already a member"));
         }
+        // A new file is sized as the members are (the array says), not from this
+        // daemon's flags: `serve` may have been started without the sizes `format`
+        // was given.
+        let cache_bytes = match cache_status.as_ref().map(|s| &s.member_shape) {
+            Some(MemberShape::Block { bytes }) => *bytes,
+            _ => self.spec.cache_size,
+        };
+        let zones = match capacity_status.as_ref().map(|s| &s.member_shape) {
+            Some(MemberShape::Zoned(g)) => Some(g.clone()),
+            _ => None,
+        };
         let (role, rx) = if self.is_member(cache_status, old) {
             let h = self.cache.as_ref().ok_or("no cache mirror")?;
-            let dev = self.open_new(&new_path, self.spec.cache_size)?;
+            let dev = self.open_new(&new_path, cache_bytes)?;
             (
                 "cache",
                 h.submit(Command::Replace {
@@ -111,10 +122,24 @@ impl Devices {
             )
         } else if self.is_member(capacity_status, old) {
             let h = self.capacity.as_ref().ok_or("no capacity array")?;
-            let file = self.open_new(&new_path, self.spec.capacity_size)?;
+            let cfg = match &zones {
+                Some(g) => ZoneEmuConfig {
+                    zone_size: g.zone_size,
+                    zone_capacity: g.zone_capacity,
+                    max_open_zones: g.max_open_zones,
+                    max_active_zones: g.max_active_zones,
+                    zone_count_max: g.zone_count,
+                },
+                None => self.spec.zone_config(),
+            };
+            let bytes = zones
+                .as_ref()
+                .and_then(|g| cfg.device_bytes_for(g.zone_count))
+                .unwrap_or(self.spec.capacity_size);
+            let file = self.open_new(&new_path, bytes)?;
             let inner: Box<dyn BlockDevice + Send> = Box::new(file);
-            let emu = ZoneEmu::format(inner, &self.spec.zone_config())
-                .map_err(|e| format!("{new}: zone emulation: {e}"))?;
+            let emu =
+                ZoneEmu::format(inner, &cfg).map_err(|e| format!("{new}: zone emulation: {e}"))?;
             (
                 "capacity",
                 h.submit(Command::Replace {

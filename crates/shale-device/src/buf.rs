@@ -254,7 +254,9 @@ mod tests {
         let base = b.as_ptr() as usize;
         let mut parts = b.split(&[4096, 8192, 8192]).expect("split");
         assert_eq!(parts[1].as_ptr() as usize, base + 4096);
-        assert!(parts.iter().all(|p| (p.as_ptr() as usize).is_multiple_of(IO_ALIGN)));
+        assert!(parts
+            .iter()
+            .all(|p| (p.as_ptr() as usize).is_multiple_of(IO_ALIGN)));
         assert_eq!(&parts[2][..], &data[3 * 4096..]);
         parts[0][..4].copy_from_slice(b"part");
         let whole = IoBuf::join(parts).expect("join");
