@@ -107,8 +107,8 @@ fn parse_args() -> Result<Args, String> {
             "--repeat" => a.repeat = num(val()?)?.clamp(1, 99) as usize,
             "--array" => {
                 let r: Redundancy = val()?.parse().map_err(|e| format!("{flag}: {e}"))?;
-                if !matches!(r, Redundancy::Parity { k, .. } if 128 % k == 0) {
-                    return Err(format!("{flag}: K+M with K dividing 128"));
+                if !matches!(r, Redundancy::Parity { .. }) {
+                    return Err(format!("{flag}: K+M"));
                 }
                 a.array = Some(r);
             }
