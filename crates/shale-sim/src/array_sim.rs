@@ -1,5 +1,6 @@
 //! Device loss as a fault, like a crash: the engine over a mirrored cache (two fault
-//! devices) and a 4+2 capacity array (six, under zone emulation), driven by a seeded
+//! devices) and a 4+2 capacity array (six, under zone emulation; 3+2 on odd seeds,
+//! whose rows end in padding), driven by a seeded
 //! workload, through generations that each end in a power cut (every device loses,
 //! keeps or tears its own unflushed writes) or a clean stop. Around them, members are
 //! lost: failing under load (every request to them errors), missing at the next open,
@@ -27,12 +28,8 @@ use shale_engine::{Config, Engine, EngineError, ManualClock, Reply, Request, Vol
 type Member = ZoneEmu<FaultDevice>;
 type Eng = Engine<MirrorDevice<FaultDevice>, ZoneArray<Member>, ManualClock>;
 
-const K: u8 = 4;
 const M: u8 = 2;
-const CAP_MEMBERS: usize = (K + M) as usize;
 const CACHE_MIRRORS: usize = 2;
-/// Array zones of 256 blocks: member zones of 64.
-const MEMBER_ZONE: u64 = 64 * 4096;
 const ZONES: u32 = 28;
 const CACHE_BYTES: u64 = shale_array::MIRROR_RESERVED_BYTES + (128 + 8 * 256) * 4096;
 const VOLUME_BLOCKS: u64 = 2048;
@@ -106,8 +103,23 @@ struct ArraySim {
     clock: ManualClock,
 }
 
-fn emu_config() -> ZoneEmuConfig {
-    let mut zc = ZoneEmuConfig::new(MEMBER_ZONE);
+/// Data shards of the run's array: 4+2 on even seeds, 3+2 on odd ones (rows whose
+/// last unit ends in padding).
+fn data_shards(seed: u64) -> u8 {
+    if seed.is_multiple_of(2) {
+        4
+    } else {
+        3
+    }
+}
+
+/// Member zones of two rows: array zones of two 512 KiB groups (256 blocks).
+fn member_zone(k: u8) -> u64 {
+    2 * shale_array::StripeLayout::choose_unit(u32::from(k), 4096).unwrap_or(128 << 10)
+}
+
+fn emu_config(k: u8) -> ZoneEmuConfig {
+    let mut zc = ZoneEmuConfig::new(member_zone(k));
     zc.max_open_zones = 8;
     zc.max_active_zones = 8;
     zc
@@ -233,7 +245,7 @@ impl ArraySim {
         let bytes = if cache {
             CACHE_BYTES
         } else {
-            emu_config()
+            emu_config(data_shards(self.seed))
                 .device_bytes_for(ZONES + shale_array::LABEL_ZONES)
                 .unwrap_or(0)
         };
@@ -255,18 +267,20 @@ impl ArraySim {
             cache.push((d, name));
         }
         let mut cap = Vec::new();
-        for _ in 0..CAP_MEMBERS {
+        let k = data_shards(self.seed);
+        for _ in 0..k + M {
             let (d, name) = self.new_dev(false);
             self.capacity.push(Dev {
                 ctl: d.controller(),
                 name: name.clone(),
             });
-            let z = ZoneEmu::format(d, &emu_config()).map_err(|e| e.to_string())?;
+            let z = ZoneEmu::format(d, &emu_config(k)).map_err(|e| e.to_string())?;
             cap.push((z, name));
         }
         let mut cache = MirrorDevice::create(cache, [7; 16]).map_err(|e| e.to_string())?;
-        let r = Redundancy::Parity { k: K, m: M };
-        let unit = shale_array::STRIPE_BYTES_MAX / u64::from(K);
+        let r = Redundancy::Parity { k, m: M };
+        let unit =
+            shale_array::StripeLayout::choose_unit(u32::from(k), 4096).map_err(|e| e.to_string())?;
         let mut cap = ZoneArray::create(cap, r, unit, [7; 16]).map_err(|e| e.to_string())?;
         self.handles(&mut cache, &mut cap);
         let mut e = Engine::format(cache, cap, self.clock.clone(), config())
@@ -617,12 +631,14 @@ impl ArraySim {
 
     /// Random bytes over part of member `i`'s data area, made durable.
     fn garbage(&mut self, d: &mut FaultDevice) -> Result<(), String> {
-        let zc = emu_config();
+        let k = data_shards(self.seed);
+        let zc = emu_config(k);
+        let zone = member_zone(k);
         let total = zc
             .device_bytes_for(ZONES + shale_array::LABEL_ZONES)
             .unwrap_or(0);
-        let data = total - u64::from(ZONES + shale_array::LABEL_ZONES) * MEMBER_ZONE;
-        let first = data + 2 * MEMBER_ZONE;
+        let data = total - u64::from(ZONES + shale_array::LABEL_ZONES) * zone;
+        let first = data + u64::from(shale_array::LABEL_ZONES) * zone;
         let blocks = (total - first) / 4096;
         let at = first + self.rng.gen_range(0..blocks - 16) * 4096;
         let len = self.rng.gen_range(1..=16) * 4096;
@@ -650,7 +666,8 @@ impl ArraySim {
                 let (slot, old) = out[pick].clone();
                 let (d, name) = self.new_dev(false);
                 let ctl = d.controller();
-                let z = ZoneEmu::format(d, &emu_config()).map_err(|x| x.to_string())?;
+                let z = ZoneEmu::format(d, &emu_config(data_shards(self.seed)))
+                    .map_err(|x| x.to_string())?;
                 let h = self.cap_handle.clone().ok_or("no handle")?;
                 let rx = h.submit(Command::Replace {
                     old: slot.to_string(),

@@ -33,7 +33,7 @@ struct Args {
 }
 
 /// A progress line on stderr every this many runs.
-const PROGRESS_RUNS: u64 = 50;
+const PROGRESS_RUNS: u64 = 25;
 
 fn main() -> ExitCode {
     let a = Args::parse();
@@ -61,10 +61,19 @@ fn main() -> ExitCode {
                 }
                 let d = done.fetch_add(1, Ordering::Relaxed) + 1;
                 if d.is_multiple_of(PROGRESS_RUNS) {
+                    let c = *total.lock().unwrap_or_else(|p| p.into_inner());
                     eprintln!(
-                        "{d} of {runs} runs, {} violations, {:.0}s",
+                        "{d} of {runs} runs, {} violations, {:.0}s: {} generations passed, {} power cuts, {} members failed live, {} missing, {} garbage, {} rebuilds, {} cuts mid-rebuild, {} blocks verified",
                         failures.lock().map_or(0, |f| f.len()),
-                        start.elapsed().as_secs_f64()
+                        start.elapsed().as_secs_f64(),
+                        c.generations,
+                        c.crashes,
+                        c.members_failed_live,
+                        c.members_missing,
+                        c.members_garbage,
+                        c.rebuilds_completed,
+                        c.crashes_mid_rebuild,
+                        c.blocks_verified
                     );
                 }
             });
