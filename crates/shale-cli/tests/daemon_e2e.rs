@@ -412,6 +412,35 @@ fn format_logs_its_steps_and_refuses_to_overwrite_without_force() {
     assert!(!log.contains("create sparse files"), "{log}");
 }
 
+/// A format that fails (devices too small for a pool) takes away the files it
+/// created, so it can be run again with other sizes, without --force.
+#[test]
+fn a_failed_format_leaves_no_files_behind() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let format = |capacity: &str| {
+        let mut cmd = shale();
+        cmd.args(["format", "--data-dir"])
+            .arg(dir.path())
+            .args(["--cache-size", "128MiB", "--capacity-size", capacity])
+            .args(["--chunk-size", "4MiB", "--zone-size", "16MiB"]);
+        output(&mut cmd)
+    };
+    let small = format("64MiB");
+    assert!(!small.status.success(), "{small:?}");
+    assert!(
+        String::from_utf8_lossy(&small.stderr).contains("too small"),
+        "{small:?}"
+    );
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .expect("dir")
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "img"))
+        .collect();
+    assert!(left.is_empty(), "files left: {left:?}");
+    let ok = format("1GiB");
+    assert!(ok.status.success(), "{ok:?}");
+}
+
 #[test]
 fn a_second_daemon_or_format_on_devices_in_use_is_refused() {
     require("qemu-io", "qemu-utils");

@@ -507,9 +507,31 @@ pub fn format(
         index: 0,
         total: 4 + usize::from(!missing.is_empty()),
     };
+    let made: Vec<PathBuf> = missing.iter().map(|(p, _)| (*p).clone()).collect();
+    let r = format_steps(spec, force, volumes, &missing, &mut steps);
+    if r.is_err() {
+        // A failed format leaves no half-made files behind: the ones it created go
+        // (files that were there before are left as they are), so it can be run again
+        // with other sizes without --force.
+        for p in made.iter().filter(|p| p.exists()) {
+            if let Err(e) = std::fs::remove_file(p) {
+                tracing::warn!(path = %p.display(), error = %e, "could not remove a file the failed format created");
+            }
+        }
+    }
+    r
+}
+
+fn format_steps(
+    spec: &DeviceSpec,
+    force: bool,
+    volumes: &[(String, Option<u64>)],
+    missing: &[(&PathBuf, u64)],
+    steps: &mut FormatSteps<'_>,
+) -> Result<Vec<shale_engine::VolumeInfo>, DaemonError> {
     if !missing.is_empty() {
         steps.step("create sparse files", || {
-            for &(path, size) in &missing {
+            for &(path, size) in missing {
                 if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
                     create_private_dir(dir)?;
                 }

@@ -279,8 +279,8 @@ impl ArraySim {
         }
         let mut cache = MirrorDevice::create(cache, [7; 16]).map_err(|e| e.to_string())?;
         let r = Redundancy::Parity { k, m: M };
-        let unit =
-            shale_array::StripeLayout::choose_unit(u32::from(k), 4096).map_err(|e| e.to_string())?;
+        let unit = shale_array::StripeLayout::choose_unit(u32::from(k), 4096)
+            .map_err(|e| e.to_string())?;
         let mut cap = ZoneArray::create(cap, r, unit, [7; 16]).map_err(|e| e.to_string())?;
         self.handles(&mut cache, &mut cap);
         let mut e = Engine::format(cache, cap, self.clock.clone(), config())
