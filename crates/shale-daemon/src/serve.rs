@@ -49,14 +49,16 @@ pub enum DaemonError {
     },
     #[error("{path}: {reason}")]
     Setup { path: PathBuf, reason: String },
+    // These four say their cause in their own message and so do not also name it as
+    // their `source`: an error chain printed whole would repeat it.
     #[error("formatting: {0}")]
-    Format(#[from] FormatDeviceError),
+    Format(FormatDeviceError),
     #[error("opening: {0}")]
-    Open(#[from] OpenError),
+    Open(OpenError),
     #[error("engine: {0}")]
-    Engine(#[from] EngineError),
+    Engine(EngineError),
     #[error("NBD server: {0}")]
-    Nbd(#[from] ServerError),
+    Nbd(ServerError),
     #[error(transparent)]
     Admin(#[from] AdminError),
     #[error("metrics endpoint {addr}: {source}")]
@@ -69,6 +71,30 @@ pub enum DaemonError {
     Spawn(std::io::Error),
     #[error("the engine failed and the daemon stopped serving: {reason}")]
     EngineFailed { reason: String },
+}
+
+impl From<FormatDeviceError> for DaemonError {
+    fn from(e: FormatDeviceError) -> Self {
+        DaemonError::Format(e)
+    }
+}
+
+impl From<OpenError> for DaemonError {
+    fn from(e: OpenError) -> Self {
+        DaemonError::Open(e)
+    }
+}
+
+impl From<EngineError> for DaemonError {
+    fn from(e: EngineError) -> Self {
+        DaemonError::Engine(e)
+    }
+}
+
+impl From<ServerError> for DaemonError {
+    fn from(e: ServerError) -> Self {
+        DaemonError::Nbd(e)
+    }
 }
 
 /// How long a daemon whose engine failed keeps answering (every request with an
