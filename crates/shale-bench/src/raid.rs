@@ -86,7 +86,7 @@ impl Geometry {
         if !(1..=2).contains(&m) {
             return Err(bad("M must be 1 (RAID-5) or 2 (RAID-6)"));
         }
-        if k < 2 || k > K_MAX {
+        if !(2..=K_MAX).contains(&k) {
             return Err(bad(&format!("K must be 2 to {K_MAX}")));
         }
         cfg.redundancy.shards(cfg.devices as usize)?;
@@ -813,7 +813,7 @@ mod tests {
     #[test]
     fn bad_layouts_are_typed_errors() {
         for (n, r) in [(4, "4+1"), (4, "1+3"), (2, "mirror"), (10, "9+1")] {
-            let e = RaidModel::new(&cfg(n, r)).err().expect(r);
+            let e = RaidModel::new(&cfg(n, r)).expect_err(r);
             assert!(
                 matches!(
                     e,

@@ -143,6 +143,51 @@ fn ratio(num: u64, den: u64) -> Option<f64> {
     (den > 0).then(|| num as f64 / den as f64)
 }
 
+/// Device bytes moved per user byte moved (docs/benchmarks.md).
+fn io_amp(o: &RunOutcome) -> IoAmp {
+    let moved = |role: Option<DeviceRole>| -> u64 {
+        o.devices
+            .iter()
+            .filter(|d| role.is_none_or(|r| d.role == r))
+            .map(|d| d.stats.host_bytes_read + d.stats.host_bytes_written)
+            .sum()
+    };
+    let capacity_read: u64 = o
+        .devices
+        .iter()
+        .filter(|d| d.role == DeviceRole::Capacity)
+        .map(|d| d.stats.host_bytes_read)
+        .sum();
+    let user_moved = o.user.write_bytes + o.user.read_bytes;
+    IoAmp {
+        capacity: ratio(moved(Some(DeviceRole::Capacity)), user_moved),
+        all: ratio(moved(None), user_moved),
+        capacity_read_per_write: ratio(capacity_read, o.user.write_bytes),
+    }
+}
+
+/// Every device, numbered within its role.
+fn device_lines(o: &RunOutcome) -> Vec<DeviceLine> {
+    let mut index = [0u32; 2];
+    o.devices
+        .iter()
+        .map(|d| {
+            let slot = &mut index[usize::from(d.role == DeviceRole::Cache)];
+            *slot += 1;
+            DeviceLine {
+                role: d.role.name(),
+                index: *slot - 1,
+                preset: d.preset.clone(),
+                host_written: d.stats.host_bytes_written,
+                host_read: d.stats.host_bytes_read,
+                nand_written: d.stats.nand_bytes_written,
+                waf: ratio(d.stats.nand_bytes_written, d.stats.host_bytes_written),
+                busy_s: d.stats.busy_secs(),
+            }
+        })
+        .collect()
+}
+
 impl BenchReport {
     pub fn from_outcome(o: &RunOutcome) -> BenchReport {
         let capacity = o.devices.iter().filter(|d| d.role == DeviceRole::Capacity);
@@ -163,37 +208,8 @@ impl BenchReport {
         let emulated_s = (busy_ns_max > 0).then_some(busy_ns_max as f64 * 1e-9);
         let emulated_mib_s = emulated_s.map(|t| user_moved as f64 / MIB / t);
         let primary = o.mix.primary();
-        let moved = |role: Option<DeviceRole>| -> u64 {
-            o.devices
-                .iter()
-                .filter(|d| role.is_none_or(|r| d.role == r))
-                .map(|d| d.stats.host_bytes_read + d.stats.host_bytes_written)
-                .sum()
-        };
-        let io_amp = IoAmp {
-            capacity: ratio(moved(Some(DeviceRole::Capacity)), user_moved),
-            all: ratio(moved(None), user_moved),
-            capacity_read_per_write: ratio(sum(|s| s.host_bytes_read), user_written),
-        };
-        let mut index = [0u32; 2];
-        let devices = o
-            .devices
-            .iter()
-            .map(|d| {
-                let slot = &mut index[usize::from(d.role == DeviceRole::Cache)];
-                *slot += 1;
-                DeviceLine {
-                    role: d.role.name(),
-                    index: *slot - 1,
-                    preset: d.preset.clone(),
-                    host_written: d.stats.host_bytes_written,
-                    host_read: d.stats.host_bytes_read,
-                    nand_written: d.stats.nand_bytes_written,
-                    waf: ratio(d.stats.nand_bytes_written, d.stats.host_bytes_written),
-                    busy_s: d.stats.busy_secs(),
-                }
-            })
-            .collect();
+        let io_amp = io_amp(o);
+        let devices = device_lines(o);
         BenchReport {
             system: o.system.clone(),
             drive: o
