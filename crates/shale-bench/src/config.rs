@@ -177,6 +177,33 @@ pub enum SetupError {
     EngineFormat(#[from] shale_engine::FormatDeviceError),
     #[error("{step} failed: {reason}")]
     EngineAdmin { step: &'static str, reason: String },
+    #[error("{got} capacity devices: expected 1 to {max}")]
+    CapacityDevices { got: u32, max: u32 },
+    #[error("{got} cache devices: expected 1 to {max} (2 or more are mirrors)")]
+    CacheDevices { got: u32, max: u32 },
+    #[error("capacity redundancy {redundancy} needs more than one capacity device")]
+    RedundancyNeedsDevices { redundancy: String },
+    #[error("arrays of capacity devices and mirrored caches run with --system shale-zns (or the raid models)")]
+    ArrayNeedsZns,
+    #[error(
+        "capacity redundancy {redundancy}: K = {k} does not divide the engine's {group_blocks}-block zone group, \
+         so a stripe cannot be one group (K must be 1, 2, 4, 8, 16 or 32)"
+    )]
+    StripeDoesNotDivideGroup {
+        redundancy: String,
+        k: u32,
+        group_blocks: u32,
+    },
+    #[error("capacity redundancy {redundancy} is not one the {system} model runs: {reason}")]
+    ModelRedundancy {
+        system: &'static str,
+        redundancy: String,
+        reason: String,
+    },
+    #[error(transparent)]
+    ArrayLayout(#[from] shale_array::LayoutError),
+    #[error(transparent)]
+    Array(#[from] shale_array::ArrayError),
 }
 
 #[cfg(test)]

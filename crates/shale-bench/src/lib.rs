@@ -12,10 +12,12 @@ mod dmzoned;
 pub mod experiments;
 mod opencas;
 pub mod plot;
+mod raid;
 mod raw;
 mod report;
 mod runner;
 mod shale;
+mod shale_arrays;
 pub mod suite;
 mod system;
 
@@ -28,13 +30,15 @@ pub use config::{
 };
 pub use dmzoned::{zone_bytes_for, DmZonedConfig, DmZonedModel, DMZONED_ZONES_PER_CAPACITY};
 pub use opencas::{OpenCasConfig, OpenCasModel, OPENCAS_LINE_BYTES, OPENCAS_WAYS};
+pub use raid::{Raid5fModel, RaidConfig, RaidModel, STRIPE_CACHE_HEADS, STRIP_BYTES};
 pub use raw::{RawConfig, RawSystem, DEFAULT_HOST_SPARE_PCT, PARTITION_ALIGN_BYTES};
-pub use report::{BenchReport, Bytes, DeviceLine, GroupLine, L2pLine, TrafficLine, Waf};
+pub use report::{BenchReport, Bytes, DeviceLine, GroupLine, IoAmp, L2pLine, TrafficLine, Waf};
 pub use runner::{
     measure, precondition, run, GroupSpec, MixSpec, NoProgress, Progress, RunOutcome, RunSpec,
     Sample,
 };
 pub use shale::{build_shale, ShaleConfig, ShaleMode, ShaleSystem, SHALE_ZONE_BYTES};
+pub use shale_arrays::{check_array_options, ENGINE_GROUP_BLOCKS};
 pub use system::{DeviceReport, DeviceRole, L2pStats, RunError, SystemUnderTest, Traffic};
 
 /// The systems `shale bench run --system` knows.
@@ -51,22 +55,31 @@ pub enum SystemKind {
     /// Shale over an Optane cache and zones emulated on a conventional QLC drive
     /// (CSAL-BLK).
     ShaleBlk,
+    /// A model of in-place RAID-5/6 (md) over `K+M` QLC drives: read-modify-write of
+    /// data and parity, a stripe cache.
+    RaidModel,
+    /// A model of a full-stripe-only array (SPDK raid5f) under a write-back cache.
+    Raid5fModel,
 }
 
 impl SystemKind {
-    pub const ALL: [SystemKind; 5] = [
+    pub const ALL: [SystemKind; 7] = [
         SystemKind::Raw,
         SystemKind::OpenCasModel,
         SystemKind::DmZonedModel,
         SystemKind::ShaleZns,
         SystemKind::ShaleBlk,
+        SystemKind::RaidModel,
+        SystemKind::Raid5fModel,
     ];
-    pub const NAMES: [&'static str; 5] = [
+    pub const NAMES: [&'static str; 7] = [
         "raw",
         "opencas-model",
         "dmzoned-model",
         "shale-zns",
         "shale-blk",
+        "raid-model",
+        "raid5f-model",
     ];
 
     /// Every system's name, as `--system` accepts it.
@@ -81,6 +94,8 @@ impl SystemKind {
             SystemKind::DmZonedModel => "dmzoned-model",
             SystemKind::ShaleZns => "shale-zns",
             SystemKind::ShaleBlk => "shale-blk",
+            SystemKind::RaidModel => "raid-model",
+            SystemKind::Raid5fModel => "raid5f-model",
         }
     }
 }
@@ -117,6 +132,12 @@ pub struct SystemOptions {
     pub streams: u32,
     /// Shale: L2P page-cache budget; `None` is 12.5% of the table.
     pub l2p_cache_bytes: Option<u64>,
+    /// `shale-zns` and the raid models: capacity drives (1: one drive, no array).
+    pub capacity_devices: u32,
+    /// How the capacity array keeps its data (`none`, `mirror`, `K+M`).
+    pub capacity_redundancy: shale_array::Redundancy,
+    /// `shale-zns`: cache drives (2 or more are mirrors).
+    pub cache_devices: u32,
 }
 
 impl Default for SystemOptions {
@@ -126,6 +147,9 @@ impl Default for SystemOptions {
             host_spare_pct: DEFAULT_HOST_SPARE_PCT,
             streams: 8,
             l2p_cache_bytes: None,
+            capacity_devices: 1,
+            capacity_redundancy: shale_array::Redundancy::None,
+            cache_devices: 1,
         }
     }
 }
@@ -136,7 +160,27 @@ pub fn build_system(
     cfg: &BenchConfig,
     opts: &SystemOptions,
 ) -> Result<Box<dyn SystemUnderTest + Send>, SetupError> {
+    let arrayed = opts.capacity_devices != 1
+        || opts.cache_devices != 1
+        || opts.capacity_redundancy != shale_array::Redundancy::None;
+    let raid = RaidConfig {
+        capacity_bytes: cfg.capacity_bytes,
+        tenants: cfg.tenants,
+        host_spare_pct: opts.host_spare_pct,
+        devices: opts.capacity_devices,
+        redundancy: opts.capacity_redundancy,
+        cache_pct: 5,
+    };
     match kind {
+        SystemKind::RaidModel => return Ok(Box::new(RaidModel::new(&raid)?)),
+        SystemKind::Raid5fModel => return Ok(Box::new(Raid5fModel::new(&raid)?)),
+        SystemKind::Raw | SystemKind::OpenCasModel | SystemKind::DmZonedModel if arrayed => {
+            return Err(SetupError::ArrayNeedsZns)
+        }
+        _ => {}
+    }
+    match kind {
+        SystemKind::RaidModel | SystemKind::Raid5fModel => Err(SetupError::ArrayNeedsZns),
         SystemKind::Raw => Ok(Box::new(RawSystem::new(&RawConfig {
             preset: opts.drive.clone(),
             capacity_bytes: cfg.capacity_bytes,
@@ -162,6 +206,9 @@ pub fn build_system(
                 queue_depth: cfg.queue_depth,
                 streams: opts.streams,
                 l2p_cache_bytes: opts.l2p_cache_bytes,
+                capacity_devices: opts.capacity_devices,
+                capacity_redundancy: opts.capacity_redundancy,
+                cache_devices: opts.cache_devices,
                 ..ShaleConfig::standard(mode, cfg.capacity_bytes, cfg.tenants)
             })
         }

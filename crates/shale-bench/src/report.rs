@@ -47,14 +47,31 @@ pub struct Bytes {
     pub cache_written: Option<u64>,
 }
 
+/// I/O amplification: bytes the devices moved (reads and writes) per byte the
+/// tenants moved; `None` where the tenants moved nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct IoAmp {
+    /// Capacity devices only.
+    pub capacity: Option<f64>,
+    /// Every device, caches included.
+    pub all: Option<f64>,
+    /// Bytes read from the capacity devices per byte the tenants wrote (md's
+    /// read-modify-write, raid5f's stripe fills, Shale's compaction and GC reads).
+    pub capacity_read_per_write: Option<f64>,
+}
+
 /// One device in the report.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct DeviceLine {
     pub role: &'static str,
+    /// Position among the devices of its role (array member, cache mirror).
+    pub index: u32,
     pub preset: String,
     pub host_written: u64,
     pub host_read: u64,
     pub nand_written: u64,
+    /// This device's own WAF: NAND bytes / bytes it received.
+    pub waf: Option<f64>,
     pub busy_s: f64,
 }
 
@@ -103,6 +120,7 @@ pub struct BenchReport {
     pub capacity_bytes: u64,
     pub volume_bytes: u64,
     pub waf: Waf,
+    pub io_amp: IoAmp,
     pub bytes: Bytes,
     /// Bytes the tenants moved per second of the busiest device's busy time, in MiB/s.
     pub emulated_mib_s: Option<f64>,
@@ -125,6 +143,51 @@ fn ratio(num: u64, den: u64) -> Option<f64> {
     (den > 0).then(|| num as f64 / den as f64)
 }
 
+/// Device bytes moved per user byte moved (docs/benchmarks.md).
+fn io_amp(o: &RunOutcome) -> IoAmp {
+    let moved = |role: Option<DeviceRole>| -> u64 {
+        o.devices
+            .iter()
+            .filter(|d| role.is_none_or(|r| d.role == r))
+            .map(|d| d.stats.host_bytes_read + d.stats.host_bytes_written)
+            .sum()
+    };
+    let capacity_read: u64 = o
+        .devices
+        .iter()
+        .filter(|d| d.role == DeviceRole::Capacity)
+        .map(|d| d.stats.host_bytes_read)
+        .sum();
+    let user_moved = o.user.write_bytes + o.user.read_bytes;
+    IoAmp {
+        capacity: ratio(moved(Some(DeviceRole::Capacity)), user_moved),
+        all: ratio(moved(None), user_moved),
+        capacity_read_per_write: ratio(capacity_read, o.user.write_bytes),
+    }
+}
+
+/// Every device, numbered within its role.
+fn device_lines(o: &RunOutcome) -> Vec<DeviceLine> {
+    let mut index = [0u32; 2];
+    o.devices
+        .iter()
+        .map(|d| {
+            let slot = &mut index[usize::from(d.role == DeviceRole::Cache)];
+            *slot += 1;
+            DeviceLine {
+                role: d.role.name(),
+                index: *slot - 1,
+                preset: d.preset.clone(),
+                host_written: d.stats.host_bytes_written,
+                host_read: d.stats.host_bytes_read,
+                nand_written: d.stats.nand_bytes_written,
+                waf: ratio(d.stats.nand_bytes_written, d.stats.host_bytes_written),
+                busy_s: d.stats.busy_secs(),
+            }
+        })
+        .collect()
+}
+
 impl BenchReport {
     pub fn from_outcome(o: &RunOutcome) -> BenchReport {
         let capacity = o.devices.iter().filter(|d| d.role == DeviceRole::Capacity);
@@ -145,6 +208,8 @@ impl BenchReport {
         let emulated_s = (busy_ns_max > 0).then_some(busy_ns_max as f64 * 1e-9);
         let emulated_mib_s = emulated_s.map(|t| user_moved as f64 / MIB / t);
         let primary = o.mix.primary();
+        let io_amp = io_amp(o);
+        let devices = device_lines(o);
         BenchReport {
             system: o.system.clone(),
             drive: o
@@ -167,6 +232,7 @@ impl BenchReport {
                 device: ratio(capacity_nand, capacity_written),
                 total: ratio(capacity_nand, user_written),
             },
+            io_amp,
             bytes: Bytes {
                 user_written,
                 user_read: o.user.read_bytes,
@@ -208,18 +274,7 @@ impl BenchReport {
                 page_writes: l.page_writes,
                 cache_pages_max: l.cache_pages_max,
             }),
-            devices: o
-                .devices
-                .iter()
-                .map(|d| DeviceLine {
-                    role: d.role.name(),
-                    preset: d.preset.clone(),
-                    host_written: d.stats.host_bytes_written,
-                    host_read: d.stats.host_bytes_read,
-                    nand_written: d.stats.nand_bytes_written,
-                    busy_s: d.stats.busy_secs(),
-                })
-                .collect(),
+            devices,
             precondition_wall_s: o.precondition_wall.as_secs_f64(),
             wall_s: o.measure_wall.as_secs_f64(),
         }
@@ -278,6 +333,12 @@ impl BenchReport {
             ("layer WAF", opt(self.waf.layer, 3)),
             ("device WAF", opt(self.waf.device, 3)),
             ("total WAF", opt(self.waf.total, 3)),
+            ("I/O amplification, capacity", opt(self.io_amp.capacity, 3)),
+            ("I/O amplification, all devices", opt(self.io_amp.all, 3)),
+            (
+                "capacity reads per user write",
+                opt(self.io_amp.capacity_read_per_write, 3),
+            ),
             ("L2P hit rate", opt(self.l2p.and_then(|l| l.hit_rate), 4)),
             ("emulated MiB/s", opt(self.emulated_mib_s, 1)),
             (
@@ -299,11 +360,14 @@ impl BenchReport {
         for d in &self.devices {
             let _ = writeln!(
                 s,
-                "  device {:<9} {:<10} host {}  NAND {}  busy {:.3} s",
+                "  device {:<8} {:>2} {:<10} written {}  read {}  NAND {}  WAF {}  busy {:.3} s",
                 d.role,
+                d.index,
                 d.preset,
                 gib(d.host_written),
+                gib(d.host_read),
                 gib(d.nand_written),
+                opt(d.waf, 3),
                 d.busy_s
             );
         }
@@ -398,6 +462,10 @@ mod tests {
             "/waf/layer",
             "/waf/device",
             "/waf/total",
+            "/io_amp/capacity",
+            "/io_amp/all",
+            "/devices/0/waf",
+            "/devices/0/index",
             "/bytes/user_written",
             "/bytes/capacity_written",
             "/bytes/capacity_nand",

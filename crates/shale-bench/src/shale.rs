@@ -16,7 +16,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use shale_device::{MemDevice, ZoneEmu, ZonedDevice};
+use shale_device::{BlockDevice, MemDevice, ZoneEmu, ZonedDevice};
 use shale_engine::{
     Config as EngineConfig, Engine, EngineError, ManualClock, Reply, Request, Stats, VolumeUid,
 };
@@ -30,7 +30,7 @@ use crate::system::{DeviceReport, DeviceRole, L2pStats, RunError, SystemUnderTes
 pub const SHALE_ZONE_BYTES: u64 = 4 << 20;
 /// Configurations below this capacity scale chunks and zones down with it (tests).
 const FULL_ZONE_CAPACITY_BYTES: u64 = 512 << 20;
-const BLOCK_BYTES: u64 = 4096;
+pub(crate) const BLOCK_BYTES: u64 = 4096;
 /// Volumes are whole MiB.
 const VOLUME_ALIGN_BYTES: u64 = 1 << 20;
 /// Largest request sent to the engine.
@@ -63,6 +63,13 @@ pub struct ShaleConfig {
     pub streams: u32,
     /// L2P page-cache budget; `None` is the engine's default (12.5% of the table).
     pub l2p_cache_bytes: Option<u64>,
+    /// Capacity drives: 1 is one drive; more make a [`shale_array::ZoneArray`] of
+    /// them (`shale-zns` only) with the same data capacity.
+    pub capacity_devices: u32,
+    /// How the capacity array keeps its data (ignored for one drive).
+    pub capacity_redundancy: shale_array::Redundancy,
+    /// Cache drives: 1, or 2 and more mirrors of one another.
+    pub cache_devices: u32,
 }
 
 impl ShaleConfig {
@@ -76,6 +83,9 @@ impl ShaleConfig {
             queue_depth: 128,
             streams: 8,
             l2p_cache_bytes: None,
+            capacity_devices: 1,
+            capacity_redundancy: shale_array::Redundancy::None,
+            cache_devices: 1,
         }
     }
 
@@ -95,7 +105,7 @@ impl ShaleConfig {
     }
 }
 
-type Cache = FlashSim<MemDevice>;
+pub(crate) type Cache = FlashSim<MemDevice>;
 type ZnsCap = ZnsSim<ZoneEmu<MemDevice>>;
 type BlkCap = ZoneEmu<FlashSim<MemDevice>>;
 
@@ -106,14 +116,21 @@ struct Shared {
     error: Mutex<Option<EngineError>>,
 }
 
+/// One simulated drive of the system, as the report lists it.
+#[derive(Debug, Clone)]
+pub(crate) struct SimDevice {
+    pub role: DeviceRole,
+    pub preset: &'static str,
+    pub stats: StatsHandle,
+}
+
 /// Shale over simulated drives.
-pub struct ShaleSystem<Z: ZonedDevice> {
+pub struct ShaleSystem<C: BlockDevice, Z: ZonedDevice> {
     name: &'static str,
-    engine: Engine<Cache, Z, ManualClock>,
+    engine: Engine<C, Z, ManualClock>,
     clock: ManualClock,
-    cache_stats: StatsHandle,
-    capacity_stats: StatsHandle,
-    capacity_preset: &'static str,
+    /// Capacity drives first, then cache drives.
+    devices: Vec<SimDevice>,
     volumes: Vec<VolumeUid>,
     volume_bytes: u64,
     inflight_max: u64,
@@ -122,7 +139,7 @@ pub struct ShaleSystem<Z: ZonedDevice> {
     stamp: u64,
 }
 
-impl<Z: ZonedDevice> std::fmt::Debug for ShaleSystem<Z> {
+impl<C: BlockDevice, Z: ZonedDevice> std::fmt::Debug for ShaleSystem<C, Z> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ShaleSystem")
             .field("name", &self.name)
@@ -132,7 +149,7 @@ impl<Z: ZonedDevice> std::fmt::Debug for ShaleSystem<Z> {
     }
 }
 
-fn engine_config(cfg: &ShaleConfig, zone_bytes: u64) -> EngineConfig {
+pub(crate) fn engine_config(cfg: &ShaleConfig, zone_bytes: u64) -> EngineConfig {
     EngineConfig {
         chunk_blocks: (zone_bytes / BLOCK_BYTES) as u32,
         streams_max: cfg.streams.max(1),
@@ -144,17 +161,30 @@ fn engine_config(cfg: &ShaleConfig, zone_bytes: u64) -> EngineConfig {
     }
 }
 
-fn cache_device(cfg: &ShaleConfig) -> Result<Cache, SetupError> {
-    let bytes = cfg.capacity_bytes / 100 * u64::from(cfg.cache_pct) / BLOCK_BYTES * BLOCK_BYTES;
+/// Bytes of the cache for `cfg`: 5% of the capacity.
+pub(crate) fn cache_bytes(cfg: &ShaleConfig) -> u64 {
+    cfg.capacity_bytes / 100 * u64::from(cfg.cache_pct) / BLOCK_BYTES * BLOCK_BYTES
+}
+
+/// One `optane` cache drive of `bytes`.
+pub(crate) fn cache_drive(bytes: u64, name: &str) -> Result<Cache, SetupError> {
     let preset = shale_flashsim::preset("optane")?;
     Ok(FlashSim::from_preset(
-        MemDevice::new(bytes, BLOCK_BYTES as u32)?.with_name("cache"),
+        MemDevice::new(bytes, BLOCK_BYTES as u32)?.with_name(name),
         &preset,
     )?)
 }
 
+fn cache_device(cfg: &ShaleConfig) -> Result<Cache, SetupError> {
+    cache_drive(cache_bytes(cfg), "cache")
+}
+
 /// Builds `shale-zns` or `shale-blk`.
 pub fn build_shale(cfg: &ShaleConfig) -> Result<Box<dyn SystemUnderTest + Send>, SetupError> {
+    if cfg.capacity_devices > 1 || cfg.cache_devices > 1 {
+        return crate::shale_arrays::build_shale_array(cfg);
+    }
+    crate::shale_arrays::check_array_options(cfg)?;
     let zone_bytes = cfg.zone_bytes();
     let cache = cache_device(cfg)?;
     match cfg.mode {
@@ -167,14 +197,24 @@ pub fn build_shale(cfg: &ShaleConfig) -> Result<Box<dyn SystemUnderTest + Send>,
             .with_name("zns");
             let emu = crate::zoned_over(inner, zone_bytes, zones)?;
             let zns: ZnsCap = ZnsSim::from_preset(emu, &shale_flashsim::preset("zns-qlc")?)?;
-            let handle = zns.stats_handle();
+            let devices = vec![
+                SimDevice {
+                    role: DeviceRole::Capacity,
+                    preset: "zns-qlc",
+                    stats: zns.stats_handle(),
+                },
+                SimDevice {
+                    role: DeviceRole::Cache,
+                    preset: "optane",
+                    stats: cache.stats_handle(),
+                },
+            ];
             Ok(Box::new(ShaleSystem::new(
                 "shale-zns",
                 cfg,
                 cache,
                 zns,
-                handle,
-                "zns-qlc",
+                devices,
                 zone_bytes,
             )?))
         }
@@ -195,33 +235,42 @@ pub fn build_shale(cfg: &ShaleConfig) -> Result<Box<dyn SystemUnderTest + Send>,
                 .with_name("qlc"),
                 &preset,
             )?;
-            let handle = drive.stats_handle();
+            let devices = vec![
+                SimDevice {
+                    role: DeviceRole::Capacity,
+                    preset: "qlc-p5316",
+                    stats: drive.stats_handle(),
+                },
+                SimDevice {
+                    role: DeviceRole::Cache,
+                    preset: "optane",
+                    stats: cache.stats_handle(),
+                },
+            ];
             let emu: BlkCap = crate::zoned_over(drive, zone_bytes, zones)?;
             Ok(Box::new(ShaleSystem::new(
                 "shale-blk",
                 cfg,
                 cache,
                 emu,
-                handle,
-                "qlc-p5316",
+                devices,
                 zone_bytes,
             )?))
         }
     }
 }
 
-impl<Z: ZonedDevice> ShaleSystem<Z> {
-    #[allow(clippy::too_many_arguments)]
-    fn new(
+impl<C: BlockDevice, Z: ZonedDevice> ShaleSystem<C, Z> {
+    /// Formats the engine over `cache` and `capacity` and makes one volume per tenant;
+    /// `devices` are the simulated drives under them, capacity first.
+    pub(crate) fn new(
         name: &'static str,
         cfg: &ShaleConfig,
-        cache: Cache,
+        cache: C,
         capacity: Z,
-        capacity_stats: StatsHandle,
-        capacity_preset: &'static str,
+        devices: Vec<SimDevice>,
         zone_bytes: u64,
-    ) -> Result<ShaleSystem<Z>, SetupError> {
-        let cache_stats = cache.stats_handle();
+    ) -> Result<ShaleSystem<C, Z>, SetupError> {
         let clock = ManualClock::new();
         let engine = Engine::format(
             cache,
@@ -243,9 +292,7 @@ impl<Z: ZonedDevice> ShaleSystem<Z> {
             name,
             engine,
             clock,
-            cache_stats,
-            capacity_stats,
-            capacity_preset,
+            devices,
             volumes: Vec::new(),
             volume_bytes,
             inflight_max: u64::from(cfg.queue_depth.max(1)) * u64::from(tenants),
@@ -338,7 +385,7 @@ struct EngineDelta {
     l2p: L2pStats,
 }
 
-impl<Z: ZonedDevice> SystemUnderTest for ShaleSystem<Z> {
+impl<C: BlockDevice, Z: ZonedDevice> SystemUnderTest for ShaleSystem<C, Z> {
     fn name(&self) -> &str {
         self.name
     }
@@ -437,24 +484,21 @@ impl<Z: ZonedDevice> SystemUnderTest for ShaleSystem<Z> {
     }
 
     fn reset_counters(&mut self) {
-        self.cache_stats.reset();
-        self.capacity_stats.reset();
+        for d in &self.devices {
+            d.stats.reset();
+        }
         self.base = self.engine.stats();
     }
 
     fn devices(&self) -> Vec<DeviceReport> {
-        vec![
-            DeviceReport {
-                role: DeviceRole::Capacity,
-                preset: self.capacity_preset.to_string(),
-                stats: self.capacity_stats.stats(),
-            },
-            DeviceReport {
-                role: DeviceRole::Cache,
-                preset: "optane".into(),
-                stats: self.cache_stats.stats(),
-            },
-        ]
+        self.devices
+            .iter()
+            .map(|d| DeviceReport {
+                role: d.role,
+                preset: d.preset.to_string(),
+                stats: d.stats.stats(),
+            })
+            .collect()
     }
 
     fn traffic(&self) -> Vec<Traffic> {

@@ -61,7 +61,8 @@ fn parse_suite_scale(s: &str) -> Result<Scale, String> {
 #[derive(Debug, Args)]
 struct RunArgs {
     /// System under test: raw (tenants on partitions of the bare drive), opencas-model,
-    /// dmzoned-model, shale-zns, shale-blk.
+    /// dmzoned-model, shale-zns, shale-blk, raid-model (in-place RAID-5/6, md-like),
+    /// raid5f-model (full-stripe-only array under a write-back cache).
     #[arg(long, value_parser = parse_system)]
     system: SystemKind,
     /// Flash preset of the capacity drive (qlc-p5316, tlc, optane).
@@ -88,6 +89,17 @@ struct RunArgs {
     /// Raw only: percentage of the drive left unpartitioned (the seeds used 10).
     #[arg(long, default_value_t = DEFAULT_HOST_SPARE_PCT, value_parser = clap::value_parser!(u8).range(0..=90))]
     host_spare_pct: u8,
+    /// shale-zns and the raid models: capacity drives (more than 1 make an array with
+    /// the single drive's data capacity).
+    #[arg(long, default_value_t = 1)]
+    capacity_devices: u32,
+    /// How the capacity array keeps its data: none (striped), mirror, or K+M
+    /// (Reed–Solomon on shale-zns, RAID-5/6 on the models; N must be K+M).
+    #[arg(long, default_value = "none", value_parser = parse_redundancy)]
+    capacity_redundancy: shale_array::Redundancy,
+    /// shale-zns: cache drives; 2 or more are mirrors of one another.
+    #[arg(long, default_value_t = 1)]
+    cache_devices: u32,
     /// Override the configuration's capacity (same shape, other size; for tests).
     #[arg(long, value_parser = parse_capacity, hide = true)]
     capacity: Option<u64>,
@@ -96,6 +108,11 @@ struct RunArgs {
 fn parse_system(s: &str) -> Result<SystemKind, String> {
     s.parse()
         .map_err(|e: shale_bench::SetupError| e.to_string())
+}
+
+fn parse_redundancy(s: &str) -> Result<shale_array::Redundancy, String> {
+    s.parse()
+        .map_err(|e: shale_array::LayoutError| e.to_string())
 }
 
 fn parse_scale(s: &str) -> Result<Scale, String> {
@@ -258,6 +275,9 @@ fn run_cmd(args: RunArgs) -> anyhow::Result<()> {
     let opts = SystemOptions {
         drive: args.drive.clone(),
         host_spare_pct: args.host_spare_pct,
+        capacity_devices: args.capacity_devices,
+        capacity_redundancy: args.capacity_redundancy,
+        cache_devices: args.cache_devices,
         ..SystemOptions::default()
     };
     let mut sut = build_system(args.system, &cfg, &opts).with_context(|| {

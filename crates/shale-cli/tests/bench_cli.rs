@@ -196,3 +196,94 @@ fn every_subcommand_has_help() {
         );
     }
 }
+
+/// `args` run and print one JSON object.
+fn run_json(args: &[&str]) -> serde_json::Value {
+    let out = shale(args);
+    assert!(
+        out.status.success(),
+        "shale {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).expect("valid JSON")
+}
+
+#[test]
+fn arrays_report_every_device_with_its_waf() {
+    let v = run_json(&[
+        "bench",
+        "run",
+        "--system",
+        "raid-model",
+        "--config",
+        "tiny",
+        "--workload",
+        "uniform",
+        "--bs",
+        "4k",
+        "--capacity-devices",
+        "4",
+        "--capacity-redundancy",
+        "3+1",
+        "--json",
+    ]);
+    assert_eq!(v["system"], "raid-model");
+    let devices = v["devices"].as_array().expect("devices");
+    assert_eq!(devices.len(), 4);
+    for (i, d) in devices.iter().enumerate() {
+        assert_eq!(d["role"], "capacity");
+        assert_eq!(d["index"], i as u64);
+        assert!(d["waf"].as_f64().is_some_and(|w| w >= 1.0), "{d}");
+    }
+    // md's read-modify-write: two pages read and two written per 4 KiB write, or
+    // close to it.
+    assert!(num(&v, "/io_amp/capacity") > 3.0, "{v}");
+    assert!(num(&v, "/io_amp/capacity_read_per_write") > 1.0, "{v}");
+}
+
+#[test]
+fn bad_array_flags_are_refused_with_a_reason() {
+    for (system, n, r, cache, want) in [
+        ("shale-zns", "4", "3+1", "1", "does not divide"),
+        ("shale-zns", "4", "4+1", "1", "needs"),
+        ("shale-blk", "5", "4+1", "1", "shale-zns"),
+        ("raw", "5", "4+1", "1", "shale-zns"),
+        ("raid-model", "2", "mirror", "1", "K+1 or K+2"),
+        ("shale-zns", "5", "4+1", "9", "cache devices"),
+    ] {
+        let out = shale(&[
+            "bench",
+            "run",
+            "--system",
+            system,
+            "--config",
+            "tiny",
+            "--workload",
+            "uniform",
+            "--bs",
+            "4k",
+            "--capacity-devices",
+            n,
+            "--capacity-redundancy",
+            r,
+            "--cache-devices",
+            cache,
+        ]);
+        assert!(!out.status.success(), "{system} {n} {r} {cache} ran");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(want), "{system} {n} {r}: {err}");
+    }
+    let out = shale(&[
+        "bench",
+        "run",
+        "--system",
+        "shale-zns",
+        "--workload",
+        "uniform",
+        "--bs",
+        "4k",
+        "--capacity-redundancy",
+        "4+0",
+    ]);
+    assert!(!out.status.success());
+}
