@@ -185,15 +185,8 @@ pub enum SetupError {
     RedundancyNeedsDevices { redundancy: String },
     #[error("arrays of capacity devices and mirrored caches run with --system shale-zns (or the raid models)")]
     ArrayNeedsZns,
-    #[error(
-        "capacity redundancy {redundancy}: K = {k} does not divide the engine's {group_blocks}-block zone group, \
-         so a stripe cannot be one group (K must be 1, 2, 4, 8, 16 or 32)"
-    )]
-    StripeDoesNotDivideGroup {
-        redundancy: String,
-        k: u32,
-        group_blocks: u32,
-    },
+    #[error("capacity redundancy {redundancy}: {reason}")]
+    Stripe { redundancy: String, reason: String },
     #[error("capacity redundancy {redundancy} is not one the {system} model runs: {reason}")]
     ModelRedundancy {
         system: &'static str,

@@ -38,7 +38,7 @@ pub use runner::{
     Sample,
 };
 pub use shale::{build_shale, ShaleConfig, ShaleMode, ShaleSystem, SHALE_ZONE_BYTES};
-pub use shale_arrays::{check_array_options, ENGINE_GROUP_BLOCKS};
+pub use shale_arrays::check_array_options;
 pub use system::{DeviceReport, DeviceRole, L2pStats, RunError, SystemUnderTest, Traffic};
 
 /// The systems `shale bench run --system` knows.

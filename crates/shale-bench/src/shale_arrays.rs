@@ -4,10 +4,10 @@
 //! stripes).
 //!
 //! The array has the single-drive configuration's data capacity and zones: an array
-//! zone is one zone on each member, each member zone 1/K of it, and the stripe unit
-//! is 512 KiB / K, so a stripe is one 128-block group of the engine. The engine
-//! writes whole groups, so K must divide 128 (2+1, 4+1, 4+2 and 8+2 run; 3+1, 6+1
-//! and 6+2 are refused). Every member is the `zns-qlc` preset; every cache drive is
+//! zone is one zone on each member, and a row (stripe) holds one 128-block group of
+//! the engine in K units of ceil(128 / K) blocks (when K does not divide 128, as at
+//! 3+1, 6+1 and 6+2, the last unit of a row ends in padding, so members hold a little
+//! more than 1/K). Every member is the `zns-qlc` preset; every cache drive is
 //! `optane` with the single cache's size (plus the mirror's label area).
 
 use shale_array::{MirrorDevice, Redundancy, ZoneArray, LABEL_ZONES, MIRROR_RESERVED_BYTES};
@@ -20,8 +20,6 @@ use crate::shale::{
 };
 use crate::system::{DeviceRole, SystemUnderTest};
 
-/// Blocks of one engine zone group: a stripe's data must divide it.
-pub const ENGINE_GROUP_BLOCKS: u32 = 128;
 /// Most cache mirrors accepted.
 pub const CACHE_DEVICES_MAX: u32 = 4;
 /// Most capacity members accepted.
@@ -59,13 +57,10 @@ pub fn check_array_options(cfg: &ShaleConfig) -> Result<(u32, u32), SetupError> 
         return Err(SetupError::ArrayNeedsZns);
     }
     let (k, m) = cfg.capacity_redundancy.shards(n as usize)?;
-    if !ENGINE_GROUP_BLOCKS.is_multiple_of(k) {
-        return Err(SetupError::StripeDoesNotDivideGroup {
-            redundancy: cfg.capacity_redundancy.to_string(),
-            k,
-            group_blocks: ENGINE_GROUP_BLOCKS,
-        });
-    }
+    shale_array::StripeLayout::choose_unit(k, BLOCK_BYTES).map_err(|e| SetupError::Stripe {
+        redundancy: cfg.capacity_redundancy.to_string(),
+        reason: e.to_string(),
+    })?;
     Ok((k, m))
 }
 
@@ -167,14 +162,19 @@ fn capacity_array(
     if cfg.capacity_devices <= 1 {
         return Ok(None);
     }
-    let member_zone = zone_bytes / u64::from(k);
+    // Member zones of the array zone's rows: one unit per 512 KiB row.
+    let unit =
+        shale_array::StripeLayout::choose_unit(k, BLOCK_BYTES).map_err(|e| SetupError::Stripe {
+            redundancy: cfg.capacity_redundancy.to_string(),
+            reason: e.to_string(),
+        })?;
+    let member_zone = zone_bytes / shale_array::STRIPE_BYTES_MAX * unit;
     let mut members = Vec::new();
     for i in 0..cfg.capacity_devices {
         let m = single_member(member_zone, zones + LABEL_ZONES, &format!("m{i}"))?;
         devices.push(member_sim(&m));
         members.push((Some(m), format!("m{i}")));
     }
-    let unit = shale_array::STRIPE_BYTES_MAX / u64::from(k);
     Ok(Some(ZoneArray::new(
         members,
         cfg.capacity_redundancy,
@@ -261,14 +261,6 @@ mod tests {
     #[test]
     fn bad_array_options_are_typed_errors() {
         let err = |c: ShaleConfig| build_shale(&c).err().expect("refused");
-        assert!(matches!(
-            err(cfg(4, "3+1", 1)),
-            SetupError::StripeDoesNotDivideGroup { k: 3, .. }
-        ));
-        assert!(matches!(
-            err(cfg(7, "6+1", 1)),
-            SetupError::StripeDoesNotDivideGroup { k: 6, .. }
-        ));
         assert!(matches!(err(cfg(4, "4+1", 1)), SetupError::ArrayLayout(_)));
         assert!(matches!(
             err(cfg(1, "4+1", 1)),

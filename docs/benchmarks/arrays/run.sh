@@ -12,6 +12,7 @@ run() { # system n redundancy workload bs
 run raid-model 4 3+1 uniform 4k
 run raid5f-model 4 3+1 uniform 4k
 run raid-model 5 4+1 uniform 4k
+run shale-zns 4 3+1 uniform 4k
 run shale-zns 5 4+1 uniform 4k
 run shale-zns 3 2+1 uniform 4k
 # ScalaAFA (seed 001 §6.2, Fig. 9): 4 KiB and 64 KiB random, 64 KiB sequential,
@@ -20,7 +21,6 @@ for l in 2+1 4+1 6+1 6+2; do
   k=${l%+*}; m=${l#*+}; n=$((k+m)); fs=$((k*64))k
   for w in "uniform 4k" "uniform 64k" "seq 64k" "seq $fs"; do
     for s in raid-model raid5f-model shale-zns; do
-      if [ $s = shale-zns ] && [ $k = 6 ]; then continue; fi
       run $s $n $l $w
     done
   done
