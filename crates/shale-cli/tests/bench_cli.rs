@@ -244,7 +244,7 @@ fn arrays_report_every_device_with_its_waf() {
 #[test]
 fn bad_array_flags_are_refused_with_a_reason() {
     for (system, n, r, cache, want) in [
-        ("shale-zns", "4", "3+1", "1", "does not divide"),
+        ("shale-zns", "3", "3+1", "1", "needs exactly 4"),
         ("shale-zns", "4", "4+1", "1", "needs"),
         ("shale-blk", "5", "4+1", "1", "shale-zns"),
         ("raw", "5", "4+1", "1", "shale-zns"),
