@@ -1489,6 +1489,10 @@ impl<Z: ZonedDevice> ZonedDevice for ZoneArray<Z> {
         out: &mut Vec<ZoneCompletion>,
         min_complete: usize,
     ) -> Result<usize, DeviceError> {
+        // Take in what the members have finished first: a poll that does not wait
+        // (min_complete 0, the engine's usual call) must still see it, or requests
+        // would complete only when the caller runs out of other work and waits.
+        self.pump(false);
         let want = min_complete.min(self.in_flight);
         let mut got = 0;
         let mut waited = false;
