@@ -23,5 +23,7 @@ for l in 2+1 4+1 6+1 6+2; do
     for s in raid-model raid5f-model shale-zns; do
       run $s $n $l $w
     done
+    nice -n 5 $B bench run --system shale-zns --capacity-devices $n --capacity-redundancy $l \
+      --cache-devices 2 --config quick --workload ${w% *} --bs ${w#* } --seed 0 --json >> $out
   done
 done
