@@ -733,31 +733,10 @@ impl<C: BlockDevice> BlockDevice for MirrorDevice<C> {
     fn read_at(&mut self, offset: u64, buf: &mut [u8]) -> Result<(), DeviceError> {
         check_range(&self.info, IoOpKind::Read, offset, buf.len() as u64)?;
         let n = self.members.len();
-        let mut first = None;
-        for j in 0..n {
-            let i = (self.next_reader + j) % n;
-            if !self.members[i].readable() {
-                continue;
-            }
-            let limit = self.read_error_limit;
-            let m = &mut self.members[i];
-            let Some(dev) = m.dev.as_mut() else { continue };
-            match dev.read_at(offset + MIRROR_RESERVED_BYTES, buf) {
-                Ok(()) => return Ok(()),
-                Err(e) => {
-                    m.counters.read_errors += 1;
-                    if m.counters.read_errors > limit {
-                        m.fail(format!("{} read errors, last: {e}", m.counters.read_errors));
-                    }
-                    first.get_or_insert(e);
-                }
-            }
-        }
-        Err(first.unwrap_or(DeviceError::Unavailable {
-            op: IoOpKind::Read,
-            offset,
-            reason: "no mirror member could serve the read".into(),
-        }))
+        let order: Vec<usize> = (0..n).map(|j| (self.next_reader + j) % n).collect();
+        self.read_first(&order, offset, buf).map_err(|e| {
+            e.unwrap_or_else(|| unavailable_read(offset, "no mirror member could serve the read"))
+        })
     }
 
     /// Attempt `a` reads the `a`-th readable mirror in slot order (or, if that one
@@ -770,26 +749,18 @@ impl<C: BlockDevice> BlockDevice for MirrorDevice<C> {
         attempt: u32,
     ) -> Result<(), DeviceError> {
         check_range(&self.info, IoOpKind::Read, offset, buf.len() as u64)?;
-        let readable: Vec<usize> = (0..self.members.len())
+        let order: Vec<usize> = (0..self.members.len())
             .filter(|&i| self.members[i].readable())
+            .skip(attempt as usize)
             .collect();
-        let mut first = None;
-        for &i in readable.iter().skip(attempt as usize) {
-            let m = &mut self.members[i];
-            let Some(dev) = m.dev.as_mut() else { continue };
-            match dev.read_at(offset + MIRROR_RESERVED_BYTES, buf) {
-                Ok(()) => return Ok(()),
-                Err(e) => {
-                    m.counters.read_errors += 1;
-                    first.get_or_insert(e);
-                }
-            }
-        }
-        Err(first.unwrap_or(DeviceError::Unavailable {
-            op: IoOpKind::Read,
-            offset,
-            reason: format!("no mirror left to read after {attempt} copies"),
-        }))
+        self.read_first(&order, offset, buf).map_err(|e| {
+            e.unwrap_or_else(|| {
+                unavailable_read(
+                    offset,
+                    &format!("no mirror left to read after {attempt} copies"),
+                )
+            })
+        })
     }
 
     fn write_at(&mut self, offset: u64, buf: &[u8]) -> Result<(), DeviceError> {
@@ -822,6 +793,47 @@ impl<C: BlockDevice> BlockDevice for MirrorDevice<C> {
         } else {
             next
         }
+    }
+}
+
+impl<C: BlockDevice> MirrorDevice<C> {
+    /// Reads `buf` from the first readable member of `order` that serves it; a read
+    /// error counts against its member (failed past the limit). `Err(None)`: no
+    /// member in `order` could be asked.
+    fn read_first(
+        &mut self,
+        order: &[usize],
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<(), Option<DeviceError>> {
+        let limit = self.read_error_limit;
+        let mut first = None;
+        for &i in order {
+            if !self.members[i].readable() {
+                continue;
+            }
+            let m = &mut self.members[i];
+            let Some(dev) = m.dev.as_mut() else { continue };
+            match dev.read_at(offset + MIRROR_RESERVED_BYTES, buf) {
+                Ok(()) => return Ok(()),
+                Err(e) => {
+                    m.counters.read_errors += 1;
+                    if m.counters.read_errors > limit {
+                        m.fail(format!("{} read errors, last: {e}", m.counters.read_errors));
+                    }
+                    first.get_or_insert(e);
+                }
+            }
+        }
+        Err(first)
+    }
+}
+
+fn unavailable_read(offset: u64, reason: &str) -> DeviceError {
+    DeviceError::Unavailable {
+        op: IoOpKind::Read,
+        offset,
+        reason: reason.into(),
     }
 }
 
