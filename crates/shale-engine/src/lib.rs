@@ -34,6 +34,7 @@ mod checkpoint;
 mod clock;
 pub mod compaction;
 mod config;
+mod copies;
 mod core;
 mod engine;
 mod error;

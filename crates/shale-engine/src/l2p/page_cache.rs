@@ -237,7 +237,16 @@ fn read_page_into<C: BlockDevice>(
     dev.read_at(off, &mut out[..])
         .map_err(EngineError::cache("L2P page read", off))?;
     counters.page_reads += 1;
-    let got = shale_format::crc32c(&out[..]);
+    let mut got = shale_format::crc32c(&out[..]);
+    // Damaged on this cache mirror: another mirror's copy (not written back: a
+    // write-back of this page may be on its way to the other slot).
+    if got != d.crc32c
+        && crate::copies::reread(dev, "L2P page", off, &mut out[..], false, |x| {
+            shale_format::crc32c(x) == d.crc32c
+        })
+    {
+        got = d.crc32c;
+    }
     if got != d.crc32c {
         return Err(EngineError::L2pPageCorrupt {
             volume: v,
@@ -1094,8 +1103,17 @@ impl L2p {
             self.counters.page_reads += pages as u64;
             for &(slot, v, p, d) in &to_read[i..j] {
                 let at = (slot - first) as usize * BLOCK_BYTES;
+                let page = &mut bytes[at..at + BLOCK_BYTES];
+                let mut got = shale_format::crc32c(page);
+                let page_off = (self.area_start + u64::from(slot)) * BS;
+                if got != d.crc32c
+                    && crate::copies::reread(dev, "L2P page", page_off, page, false, |x| {
+                        shale_format::crc32c(x) == d.crc32c
+                    })
+                {
+                    got = d.crc32c;
+                }
                 let page = &bytes[at..at + BLOCK_BYTES];
-                let got = shale_format::crc32c(page);
                 if got != d.crc32c {
                     return Err(EngineError::L2pPageCorrupt {
                         volume: VolumeId(v as u32),

@@ -288,10 +288,9 @@ impl Reader {
             Err(e) => Err(e),
         };
         let picked = match picked {
-            // Copy A of a zone group bad or unreadable: both copies, as for a chunk.
-            Err(_) if !core.geo.is_chunk(region) => {
-                md_block_read_both(core, writer, Pba(key)).map(|_| ())
-            }
+            // Copy A of a zone group bad or unreadable, or both of a chunk's: both
+            // copies again, then the device's other copies.
+            Err(_) => md_block_read_both(core, writer, Pba(key)).map(|_| ()),
             p => p,
         };
         let mut i = 0;
@@ -357,8 +356,7 @@ pub(crate) fn read_block_sync(
     }
 }
 
-/// Rebuild attempts (other sources each) for a block that failed its check.
-pub(crate) const REBUILD_ATTEMPTS_MAX: u32 = 8;
+pub(crate) use crate::copies::REBUILD_ATTEMPTS_MAX;
 
 /// A block that failed its check, read again from the device's redundancy into
 /// `buf` (an array decodes it from its other members; a mirrored cache reads its
@@ -495,7 +493,11 @@ pub(crate) fn md_block(
     md_block_read_both(core, writer, pba)
 }
 
-/// Reads both md copies of the group holding `pba` synchronously and picks one.
+/// Reads both md copies of the group holding `pba` synchronously and picks one. If
+/// neither checks, the device's other copies are tried: another cache mirror's, or
+/// (both copies sit in one stripe unit of an array) the array's rebuild. Nothing is
+/// written back: a chunk may be written again under us, and a capacity block is
+/// repaired by rewriting it elsewhere.
 fn md_block_read_both(
     core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
     writer: &ChunkWriter,
@@ -504,38 +506,44 @@ fn md_block_read_both(
     let (region, g, md_slot, key) = md_key(&core.geo, pba);
     core.stats.md_reads_sync += 1;
     let mut two = vec![0u8; 2 * BLOCK_SIZE];
-    if core.geo.is_chunk(region) {
+    let chunk = core.geo.is_chunk(region);
+    let off = if chunk {
         let off = core.geo.chunk_offset(region, md_slot);
         core.cache
             .read_at(off, &mut two)
             .map_err(EngineError::cache("md read", off))?;
         core.stats.cache_read_bytes += 2 * BS;
+        off
     } else {
         let off = core.geo.zone_offset(region, md_slot);
         core.capacity
             .read_at(off, &mut two)
             .map_err(EngineError::capacity("md read", off))?;
         core.stats.capacity_read_bytes += 2 * BS;
-        // Both copies sit in one stripe unit of an array: if neither checks, the
-        // device may rebuild them from its redundancy.
-        let picked = pick_md(core, writer, region, g, key, &two);
-        if picked.is_ok() {
-            return picked;
-        }
-        for attempt in 0..REBUILD_ATTEMPTS_MAX {
-            if core.capacity.read_rebuilt(off, &mut two, attempt).is_err() {
-                break;
-            }
-            core.stats.capacity_read_bytes += 2 * BS;
-            if let Ok(md) = pick_md(core, writer, region, g, key, &two) {
-                core.stats.crc_rebuilt_fixes += 1;
-                tracing::warn!(%region, group = g, "corrupt md rebuilt from redundancy");
-                return Ok(md);
-            }
-        }
+        off
+    };
+    let picked = pick_md(core, writer, region, g, key, &two);
+    if picked.is_ok() {
         return picked;
     }
-    pick_md(core, writer, region, g, key, &two)
+    for attempt in 0..REBUILD_ATTEMPTS_MAX {
+        let read = if chunk {
+            core.stats.cache_read_bytes += 2 * BS;
+            core.cache.read_rebuilt(off, &mut two, attempt).is_ok()
+        } else {
+            core.stats.capacity_read_bytes += 2 * BS;
+            core.capacity.read_rebuilt(off, &mut two, attempt).is_ok()
+        };
+        if !read {
+            break;
+        }
+        if let Ok(md) = pick_md(core, writer, region, g, key, &two) {
+            core.stats.crc_rebuilt_fixes += 1;
+            tracing::warn!(%region, group = g, "corrupt md read from another copy");
+            return Ok(md);
+        }
+    }
+    picked
 }
 
 /// Takes the valid copy (current SID, higher generation) of md A and B and caches it.

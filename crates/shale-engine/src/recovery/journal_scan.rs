@@ -8,12 +8,14 @@
 //! writes its entries and then flushes, so only the entries of the last one (whose
 //! flush did not complete) can be missing or torn, and they were never acknowledged.
 //! Valid entries found after that point are that same interrupted batch: reported and
-//! ignored.
+//! ignored. An entry with neither copy usable is first looked for on the other cache
+//! mirrors (damage confined to one mirror is not the end of the journal).
 
 use shale_device::BlockDevice;
 use shale_format::{journal_ring_entries, JournalBlock, Superblock, BLOCK_SIZE};
 
 use super::OpenReport;
+use crate::copies::reread;
 use crate::layout::BS;
 use crate::{EngineError, OpenError};
 
@@ -46,8 +48,7 @@ pub(crate) fn read<C: BlockDevice>(
         .read_at(off, &mut ring)
         .map_err(|e| OpenError::Engine(EngineError::cache("journal read", off)(e)))?;
     *bytes += ring.len() as u64;
-    let ring = Ring { bytes: ring, off };
-    let decode = |i: u32, copy: u32| ring.decode(i, copy);
+    let mut ring = Ring { bytes: ring, off };
     let fits = |blk: &JournalBlock, seq: u64, min_epoch: u64| {
         blk.sequence == seq && blk.epoch >= min_epoch && blk.epoch <= epoch + 1
     };
@@ -60,8 +61,32 @@ pub(crate) fn read<C: BlockDevice>(
     let mut min_epoch = epoch;
     for _ in 0..entries {
         let i = log.next;
-        let a = decode(i, 0);
-        let b = decode(i, 1);
+        let usable = |r: &Ring| {
+            (0..2).any(|c| {
+                r.decode(i, c)
+                    .is_ok_and(|x| fits(&x, log.sequence, min_epoch))
+            })
+        };
+        if !usable(&ring) {
+            // The end of the journal, or both copies damaged on this cache mirror: another
+            // mirror's pair, if it has one that fits, is taken (and mended here).
+            let at = ring.off + u64::from(2 * i) * BS;
+            let mut pair = ring.pair(i).to_vec();
+            if reread(cache, "journal entry", at, &mut pair, true, |x| {
+                let r = Ring {
+                    bytes: x.to_vec(),
+                    off: at,
+                };
+                (0..2).any(|c| {
+                    r.decode(0, c)
+                        .is_ok_and(|x| fits(&x, log.sequence, min_epoch))
+                })
+            }) {
+                ring.pair_mut(i).copy_from_slice(&pair);
+            }
+        }
+        let a = ring.decode(i, 0);
+        let b = ring.decode(i, 1);
         let pick = match (&a, &b) {
             (Ok(x), _) if fits(x, log.sequence, min_epoch) => {
                 if let Ok(y) = &b {
@@ -117,6 +142,17 @@ impl Ring {
     fn raw(&self, i: u32, copy: u32) -> &[u8] {
         let b = (2 * i + copy) as usize;
         &self.bytes[b * BLOCK_SIZE..(b + 1) * BLOCK_SIZE]
+    }
+
+    /// Both copies of entry `i`.
+    fn pair(&self, i: u32) -> &[u8] {
+        let b = 2 * i as usize;
+        &self.bytes[b * BLOCK_SIZE..(b + 2) * BLOCK_SIZE]
+    }
+
+    fn pair_mut(&mut self, i: u32) -> &mut [u8] {
+        let b = 2 * i as usize;
+        &mut self.bytes[b * BLOCK_SIZE..(b + 2) * BLOCK_SIZE]
     }
 
     fn decode(&self, i: u32, copy: u32) -> Result<JournalBlock, shale_format::FormatError> {

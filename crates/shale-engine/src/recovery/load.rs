@@ -2,7 +2,8 @@
 //! generation), the capacity label (two identical copies), the checkpoint areas (A/B
 //! by generation) and the volume table copies. A damaged copy is reported and the
 //! other one used when that is safe; when it is not, the open fails with the copy's
-//! decoding error.
+//! decoding error. A copy that fails its check on one cache mirror is read from the
+//! others first (`crate::copies`).
 
 use shale_device::{BlockDevice, ZonedDevice};
 use shale_format::{
@@ -10,6 +11,7 @@ use shale_format::{
 };
 
 use super::{Meter, OpenReport};
+use crate::copies::reread;
 use crate::layout::BS;
 use crate::{EngineError, OpenError};
 
@@ -22,6 +24,15 @@ pub(crate) fn superblock<C: BlockDevice>(
     cache
         .read_at(0, &mut b)
         .map_err(|e| OpenError::Engine(EngineError::cache("superblock read", 0)(e)))?;
+    // A copy damaged here may be intact on another cache mirror.
+    for (i, copy) in b.chunks_mut(BLOCK_SIZE).enumerate() {
+        let at = i as u64 * BS;
+        if Superblock::decode(copy, at).is_err() {
+            reread(cache, "superblock", at, copy, true, |x| {
+                Superblock::decode(x, at).is_ok()
+            });
+        }
+    }
     let a = Superblock::decode(&b[..BLOCK_SIZE], 0);
     let bb = Superblock::decode(&b[BLOCK_SIZE..], BS);
     Ok(match (a, bb) {
@@ -122,6 +133,11 @@ pub(crate) fn checkpoint<C: BlockDevice>(
         let mut head = vec![0u8; BLOCK_SIZE];
         cache.read_at(off, &mut head).map_err(read_err(off))?;
         *bytes += BS;
+        if shale_format::CheckpointHeader::decode(&head, off).is_err() {
+            reread(cache, "checkpoint header", off, &mut head, true, |x| {
+                shale_format::CheckpointHeader::decode(x, off).is_ok()
+            });
+        }
         let payload_blocks = shale_format::CheckpointHeader::decode(&head, off).map(|h| {
             h.payload_bytes
                 .div_ceil(BS)
@@ -155,7 +171,15 @@ pub(crate) fn checkpoint<C: BlockDevice>(
             meter.add((piece.len() / BLOCK_SIZE) as u64);
         }
         *bytes += payload_blocks * BS;
-        Ok(decode_area(&cb, area.off))
+        let mut c = decode_area(&cb, area.off);
+        if c.is_err()
+            && reread(cache, "checkpoint", area.off, &mut cb, true, |x| {
+                decode_area(x, area.off).is_ok()
+            })
+        {
+            c = decode_area(&cb, area.off);
+        }
+        Ok(c)
     };
     let a = header(cache, named, bytes)?;
     let b = header(cache, 1 - named, bytes)?;
@@ -235,6 +259,14 @@ pub(crate) fn volume_tables<C: BlockDevice>(
         .read_at(off, &mut b)
         .map_err(|e| OpenError::Engine(EngineError::cache("volume table read", off)(e)))?;
     *bytes += 2 * BS;
+    for (i, copy) in b.chunks_mut(BLOCK_SIZE).enumerate() {
+        let at = off + i as u64 * BS;
+        if VolumeTable::decode(copy, at).is_err() {
+            reread(cache, "volume table", at, copy, true, |x| {
+                VolumeTable::decode(x, at).is_ok()
+            });
+        }
+    }
     let copies = [
         VolumeTable::decode(&b[..BLOCK_SIZE], off),
         VolumeTable::decode(&b[BLOCK_SIZE..], off + BS),

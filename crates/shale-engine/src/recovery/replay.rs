@@ -360,7 +360,9 @@ fn scan_region(
         }
         let k = groups.data_slots(g);
         let md_slot = groups.md_slot(g);
-        let at = read_region(core, r, md_slot, &mut two)?;
+        // Data slots of this group the journal says are durable.
+        let proven_n = end.saturating_sub(gstart).min(k);
+        let at = read_group_md(core, r, g, md_slot, kind, p.sid, proven_n, &mut two)?;
         bytes += 2 * BS;
         counts.md_groups_read += 1;
         meter.add(1);
@@ -373,8 +375,6 @@ fn scan_region(
             return Ok(bytes);
         };
         let best = best.and_then(|c| copies[c].as_ref().ok().map(|h| (c, h)));
-        // Data slots of this group the journal says are durable.
-        let proven_n = end.saturating_sub(gstart).min(k);
         let have = best.map_or(0, |(_, h)| u32::from(h.entry_count));
         if have < proven_n {
             return Err(RecoveryError::MdLost {
@@ -468,6 +468,45 @@ fn best_copy(
         }
     }
     Some(best.map(|(c, _)| c))
+}
+
+/// Reads group `g`'s two md copies into `two` and returns their byte offset. When
+/// neither holds the `proven_n` entries the journal proves durable (damage on this
+/// cache mirror or capacity member), the device's other copies are read: another
+/// mirror's (mended in place; nothing else writes during recovery), or the array's
+/// rebuild.
+#[allow(clippy::too_many_arguments)]
+fn read_group_md(
+    core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+    r: RegionId,
+    g: u32,
+    md_slot: u32,
+    kind: MdRegionKind,
+    sid: Sid,
+    proven_n: u32,
+    two: &mut [u8],
+) -> Result<u64, OpenError> {
+    let at = read_region(core, r, md_slot, two)?;
+    let entries = |two: &[u8]| {
+        (0..2)
+            .filter_map(|c| {
+                let at = at + c as u64 * BS;
+                md_copy(&two[c * BLOCK_SIZE..(c + 1) * BLOCK_SIZE], at, r, g, kind).ok()
+            })
+            .filter(|h| h.region_sid == sid)
+            .map(|h| u32::from(h.entry_count))
+            .max()
+            .unwrap_or(0)
+    };
+    if entries(two) < proven_n {
+        let ok = |x: &[u8]| entries(x) >= proven_n;
+        if core.geo.is_chunk(r) {
+            crate::copies::reread(&mut core.cache, "md", at, two, true, ok);
+        } else {
+            crate::copies::reread_capacity(&mut core.capacity, "md", at, two, ok);
+        }
+    }
+    Ok(at)
 }
 
 /// Reads `buf.len()` bytes of region `r` from `slot`; returns the byte offset.
