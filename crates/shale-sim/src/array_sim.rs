@@ -45,6 +45,8 @@ pub struct ArrayCounts {
     pub members_missing: u64,
     pub members_garbage: u64,
     pub cache_mirrors_lost: u64,
+    /// Cache mirrors given garbage (metadata or data), until replaced.
+    pub cache_garbage: u64,
     pub replaced: u64,
     pub rebuilds_completed: u64,
     pub crashes_mid_rebuild: u64,
@@ -61,6 +63,7 @@ impl ArrayCounts {
         self.members_missing += o.members_missing;
         self.members_garbage += o.members_garbage;
         self.cache_mirrors_lost += o.cache_mirrors_lost;
+        self.cache_garbage += o.cache_garbage;
         self.replaced += o.replaced;
         self.rebuilds_completed += o.rebuilds_completed;
         self.crashes_mid_rebuild += o.crashes_mid_rebuild;
@@ -143,6 +146,9 @@ fn config() -> Config {
         background_steps_per_poll_max: 4,
         // The scrub runs too (on the simulated clock, 20 µs a poll).
         scrub_bytes_per_sec: 512 << 20,
+        // As the daemon sets it over a mirrored cache: compaction checks what it moves,
+        // so a mirror's garbage is not carried into the stripes.
+        verify_compaction_reads: true,
         ..Config::default()
     }
 }
@@ -577,6 +583,8 @@ impl ArraySim {
 struct Between {
     /// Capacity members given garbage (indices on the books).
     garbage: Vec<usize>,
+    /// A cache mirror given garbage (index on the books).
+    cache_garbage: Option<usize>,
 }
 
 impl ArraySim {
@@ -606,15 +614,26 @@ impl ArraySim {
                 _ => {}
             }
         }
-        if cache_out == 0
-            && self.cache_doomed.is_empty()
-            && self.cache.len() > 1
-            && self.rng.gen_range(0..12) == 0
-        {
-            let i = self.rng.gen_range(0..self.cache.len());
-            self.log(format!("mirror {} goes missing", self.cache[i].name));
-            self.cache.remove(i);
-            self.counts.cache_mirrors_lost += 1;
+        if cache_out == 0 && self.cache_doomed.is_empty() && self.cache.len() > 1 {
+            match self.rng.gen_range(0..12) {
+                0 => {
+                    let i = self.rng.gen_range(0..self.cache.len());
+                    self.log(format!("mirror {} goes missing", self.cache[i].name));
+                    self.cache.remove(i);
+                    self.counts.cache_mirrors_lost += 1;
+                }
+                1 => {
+                    // Out of service in effect (the other mirror must not fail while its
+                    // garbage is not yet replaced), but still serving: reads of the
+                    // damaged ranges must find the other mirror's copies.
+                    let i = self.rng.gen_range(0..self.cache.len());
+                    self.log(format!("mirror {} gets garbage", self.cache[i].name));
+                    self.cache_doomed.push(self.cache[i].name.clone());
+                    b.cache_garbage = Some(i);
+                    self.counts.cache_garbage += 1;
+                }
+                _ => {}
+            }
         }
         b
     }
@@ -646,6 +665,21 @@ impl ArraySim {
         d.write_at(at, &junk)
             .and_then(|()| d.flush())
             .map_err(|e| self.fail(format!("garbage: {e}")))
+    }
+
+    /// Random bytes over part of a cache mirror (past its label), made durable: half
+    /// the time in the metadata area (superblocks, volume table, checkpoints, journal,
+    /// L2P pages), otherwise anywhere in the cache.
+    fn cache_garbage(&mut self, d: &mut FaultDevice) -> Result<(), String> {
+        let first = shale_array::MIRROR_RESERVED_BYTES / 4096;
+        let blocks = CACHE_BYTES / 4096 - first;
+        let span = if self.rng.gen_bool(0.5) { 128 } else { blocks };
+        let len = self.rng.gen_range(1..=16u64);
+        let at = (first + self.rng.gen_range(0..span - len)) * 4096;
+        let junk: Vec<u8> = (0..len * 4096).map(|_| self.rng.gen()).collect();
+        d.write_at(at, &junk)
+            .and_then(|()| d.flush())
+            .map_err(|e| self.fail(format!("cache garbage: {e}")))
     }
 
     /// Puts fresh devices in for members out of service, now and then.
@@ -808,6 +842,13 @@ impl ArraySim {
                     .map_err(|x| self.fail(format!("crash: {x}")))?;
                 self.garbage(&mut d)?;
             }
+        }
+        if let Some(i) = damage.cache_garbage {
+            let (_, mut d) = self.cache[i]
+                .ctl
+                .crash(&CrashMode::KeepAll)
+                .map_err(|x| self.fail(format!("crash: {x}")))?;
+            self.cache_garbage(&mut d)?;
         }
         self.reopen(crash)
     }

@@ -434,13 +434,20 @@ pub(crate) fn verify_block(
     };
     let idx = (slot % shale_format::GROUP_BLOCKS) as usize;
     let md = md_block(core, writer, pba)?;
-    let e = decode_md_entry(&md[..], idx, 0)
+    let mut e = decode_md_entry(&md[..], idx, 0)
         .map_err(|source| EngineError::MdCorrupt { pba, source })?;
     let got = shale_format::block_crc(data);
-    if !matches!(e.kind, EntryKind::Data | EntryKind::Relocated)
-        || e.volume != volume
-        || e.lba != lba
-    {
+    let names = |e: &shale_format::MdEntry| {
+        matches!(e.kind, EntryKind::Data | EntryKind::Relocated)
+            && e.volume == volume
+            && e.lba == lba
+    };
+    if !names(&e) {
+        if let Some(other) = md_naming(core, writer, pba, idx, &names) {
+            e = other;
+        }
+    }
+    if !names(&e) {
         core.stats.crc_errors += 1;
         return Err(EngineError::Misdirected {
             volume,
@@ -462,6 +469,62 @@ pub(crate) fn verify_block(
         });
     }
     Ok(())
+}
+
+/// The md entry `idx` of `pba`'s group as another copy of the md holds it, when that
+/// copy (this life of the region, this group) has an entry `names` accepts. A cache
+/// mirror whose newer md copy is damaged reads as its older copy, which lacks the
+/// entries written since; the other mirror's newer copy has them. The copy found
+/// replaces the cached md. `None` on a device without other copies.
+fn md_naming(
+    core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+    writer: &ChunkWriter,
+    pba: Pba,
+    idx: usize,
+    names: &impl Fn(&shale_format::MdEntry) -> bool,
+) -> Option<shale_format::MdEntry> {
+    let (region, g, md_slot, key) = md_key(&core.geo, pba);
+    let chunk = core.geo.is_chunk(region);
+    let off = if chunk {
+        core.geo.chunk_offset(region, md_slot)
+    } else {
+        core.geo.zone_offset(region, md_slot)
+    };
+    let sid = core.regions.get(region).sid;
+    let mut two = vec![0u8; 2 * BLOCK_SIZE];
+    for attempt in 0..REBUILD_ATTEMPTS_MAX {
+        let read = if chunk {
+            core.stats.cache_read_bytes += 2 * BS;
+            core.cache.read_rebuilt(off, &mut two, attempt).is_ok()
+        } else {
+            core.stats.capacity_read_bytes += 2 * BS;
+            core.capacity.read_rebuilt(off, &mut two, attempt).is_ok()
+        };
+        if !read {
+            return None;
+        }
+        for copy in two.chunks(BLOCK_SIZE) {
+            let ours = decode_md_header(copy, off)
+                .is_ok_and(|h| h.region_sid == sid && h.region == region && h.group == g);
+            let Some(e) = decode_md_entry(copy, idx, 0)
+                .ok()
+                .filter(|e| ours && names(e))
+            else {
+                continue;
+            };
+            tracing::warn!(%region, group = g, %pba, "md lacking an entry; another copy has it");
+            core.stats.crc_rebuilt_fixes += 1;
+            let growing = writer
+                .groups
+                .iter()
+                .any(|x| x.region == region && x.group == g);
+            if !growing {
+                core.md_cache.insert(key.0, copy);
+            }
+            return Some(e);
+        }
+    }
+    None
 }
 
 /// (region, group, md slot, key = PBA of md copy A) of the group holding `pba`.

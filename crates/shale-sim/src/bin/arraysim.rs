@@ -63,7 +63,7 @@ fn main() -> ExitCode {
                 if d.is_multiple_of(PROGRESS_RUNS) {
                     let c = *total.lock().unwrap_or_else(|p| p.into_inner());
                     eprintln!(
-                        "{d} of {runs} runs, {} violations, {:.0}s: {} generations passed, {} power cuts, {} members failed live, {} missing, {} garbage, {} rebuilds, {} cuts mid-rebuild, {} blocks verified",
+                        "{d} of {runs} runs, {} violations, {:.0}s: {} generations passed, {} power cuts, {} members failed live, {} missing, {} garbage, {} cache garbage, {} rebuilds, {} cuts mid-rebuild, {} blocks verified",
                         failures.lock().map_or(0, |f| f.len()),
                         start.elapsed().as_secs_f64(),
                         c.generations,
@@ -71,6 +71,7 @@ fn main() -> ExitCode {
                         c.members_failed_live,
                         c.members_missing,
                         c.members_garbage,
+                        c.cache_garbage,
                         c.rebuilds_completed,
                         c.crashes_mid_rebuild,
                         c.blocks_verified
@@ -89,8 +90,8 @@ fn main() -> ExitCode {
         c.generations as f64 / secs.max(1e-9)
     );
     println!(
-        "generations {}  power cuts {}  clean stops {}  members failed live {}  missing {}  garbage {}  cache mirrors lost {}",
-        c.generations, c.crashes, c.clean_stops, c.members_failed_live, c.members_missing, c.members_garbage, c.cache_mirrors_lost
+        "generations {}  power cuts {}  clean stops {}  members failed live {}  missing {}  garbage {}  cache mirrors lost {}  cache mirrors given garbage {}",
+        c.generations, c.crashes, c.clean_stops, c.members_failed_live, c.members_missing, c.members_garbage, c.cache_mirrors_lost, c.cache_garbage
     );
     println!(
         "replaced {}  rebuilds completed {}  cuts during a rebuild {}  blocks verified {}  blocks rebuilt after a checksum failure {}",
