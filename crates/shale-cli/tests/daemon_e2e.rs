@@ -427,10 +427,11 @@ fn a_failed_format_leaves_no_files_behind() {
     };
     let small = format("64MiB");
     assert!(!small.status.success(), "{small:?}");
-    assert!(
-        String::from_utf8_lossy(&small.stderr).contains("too small"),
-        "{small:?}"
-    );
+    let err = String::from_utf8_lossy(&small.stderr);
+    assert!(err.contains("too small"), "{small:?}");
+    // Names the flag to change, and says its cause once.
+    assert!(err.contains("--capacity-size (now 64MiB)"), "{err}");
+    assert_eq!(err.matches("too small").count(), 1, "{err}");
     let left: Vec<_> = std::fs::read_dir(dir.path())
         .expect("dir")
         .flatten()

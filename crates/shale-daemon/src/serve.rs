@@ -40,12 +40,13 @@ const ZNS_ACTIVE_ZONES_MAX: u32 = 14;
 pub enum DaemonError {
     #[error(transparent)]
     Config(#[from] ConfigError),
-    #[error("{what} {path}: {source}")]
+    // Like the four below, these say their cause in their message rather than as a
+    // `source`, which an error chain printed whole would repeat.
+    #[error("{what} {path}: {error}")]
     Device {
         what: &'static str,
         path: PathBuf,
-        #[source]
-        source: DeviceError,
+        error: DeviceError,
     },
     #[error("{path}: {reason}")]
     Setup { path: PathBuf, reason: String },
@@ -61,11 +62,13 @@ pub enum DaemonError {
     Nbd(ServerError),
     #[error(transparent)]
     Admin(#[from] AdminError),
-    #[error("metrics endpoint {addr}: {source}")]
-    Metrics {
-        addr: String,
-        #[source]
-        source: std::io::Error,
+    #[error("metrics endpoint {addr}: {error}")]
+    Metrics { addr: String, error: std::io::Error },
+    /// A device too small, with which flags set the sizes of the files format made.
+    #[error("{error}; {hint}")]
+    TooSmall {
+        error: Box<DaemonError>,
+        hint: String,
     },
     #[error("starting the engine thread: {0}")]
     Spawn(std::io::Error),
@@ -212,10 +215,10 @@ impl DeviceSpec {
 }
 
 fn open_file(what: &'static str, path: &Path) -> Result<FileDevice, DaemonError> {
-    FileDevice::open(path).map_err(|source| DaemonError::Device {
+    FileDevice::open(path).map_err(|error| DaemonError::Device {
         what,
         path: path.to_path_buf(),
-        source,
+        error,
     })
 }
 
@@ -260,10 +263,10 @@ fn capacity_file(
     } else {
         ZoneEmu::open(inner)
     }
-    .map_err(|source| DaemonError::Device {
+    .map_err(|error| DaemonError::Device {
         what: "zone emulation on",
         path: path.to_path_buf(),
-        source,
+        error,
     })?;
     match &preset {
         Some(p) if zoned_preset => {
@@ -448,10 +451,10 @@ pub fn has_shale_superblock(path: &Path) -> Result<bool, DaemonError> {
         return Ok(false);
     }
     dev.read_at(0, &mut b)
-        .map_err(|source| DaemonError::Device {
+        .map_err(|error| DaemonError::Device {
             what: "cache device",
             path: path.to_path_buf(),
-            source,
+            error,
         })?;
     Ok(shale_format::Superblock::decode(&b[..4096], 0).is_ok()
         || shale_format::Superblock::decode(&b[4096..], 4096).is_ok())
@@ -534,7 +537,8 @@ pub fn format(
         total: 4 + usize::from(!missing.is_empty()),
     };
     let made: Vec<PathBuf> = missing.iter().map(|(p, _)| (*p).clone()).collect();
-    let r = format_steps(spec, force, volumes, &missing, &mut steps);
+    let r = format_steps(spec, force, volumes, &missing, &mut steps)
+        .map_err(|e| size_hint(e, spec, &missing));
     if r.is_err() {
         // A failed format leaves no half-made files behind: the ones it created go
         // (files that were there before are left as they are), so it can be run again
@@ -546,6 +550,63 @@ pub fn format(
         }
     }
     r
+}
+
+/// A too-small error of a format that created files names the flags their sizes came
+/// from (the defaults are what a user who gave none gets).
+fn size_hint(e: DaemonError, spec: &DeviceSpec, made: &[(&PathBuf, u64)]) -> DaemonError {
+    let too_small = matches!(
+        e,
+        DaemonError::Format(FormatDeviceError::TooSmall { .. })
+            | DaemonError::Device {
+                error: DeviceError::TooSmall { .. },
+                ..
+            }
+    );
+    if !too_small || made.is_empty() {
+        return e;
+    }
+    // A device error names its file: only that one's flag.
+    let made: Vec<&PathBuf> = match &e {
+        DaemonError::Device { path, .. } => made
+            .iter()
+            .map(|(p, _)| *p)
+            .filter(|p| *p == path)
+            .collect(),
+        _ => made.iter().map(|(p, _)| *p).collect(),
+    };
+    if made.is_empty() {
+        return e;
+    }
+    let mut flags = Vec::new();
+    if made.iter().any(|p| spec.cache.contains(p)) {
+        flags.push(format!(
+            "--cache-size (now {})",
+            human_bytes(spec.cache_size)
+        ));
+    }
+    if made.iter().any(|p| spec.capacity.contains(p)) {
+        flags.push(format!(
+            "--capacity-size (now {})",
+            human_bytes(spec.capacity_size)
+        ));
+    }
+    DaemonError::TooSmall {
+        error: Box::new(e),
+        hint: format!(
+            "format created the files with sizes from {}: give larger ones",
+            flags.join(" and ")
+        ),
+    }
+}
+
+/// Bytes as the size flags take them (`64MiB`, `1GiB`), or plain bytes.
+fn human_bytes(b: u64) -> String {
+    match b {
+        b if b >= 1 << 30 && b % (1 << 30) == 0 => format!("{}GiB", b >> 30),
+        b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{}MiB", b >> 20),
+        b => format!("{b} bytes"),
+    }
 }
 
 fn format_steps(
@@ -561,10 +622,10 @@ fn format_steps(
                 if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
                     create_private_dir(dir)?;
                 }
-                FileDevice::create_sparse(path, size).map_err(|source| DaemonError::Device {
+                FileDevice::create_sparse(path, size).map_err(|error| DaemonError::Device {
                     what: "creating",
                     path: path.clone(),
-                    source,
+                    error,
                 })?;
             }
             let names: Vec<String> = missing
@@ -788,9 +849,9 @@ impl Daemon {
                 addr,
                 Arc::new(move || crate::handler::metrics(&b, drive.as_ref())),
             )
-            .map_err(|source| DaemonError::Metrics {
+            .map_err(|error| DaemonError::Metrics {
                 addr: config.metrics.listen.clone(),
-                source,
+                error,
             })?;
             // The bound address, so port 0 is usable.
             tracing::info!(addr = %server.local_addr(), "serving Prometheus metrics");
