@@ -161,9 +161,13 @@ pub(crate) fn engine_config(cfg: &ShaleConfig, zone_bytes: u64) -> EngineConfig 
     }
 }
 
-/// Bytes of the cache for `cfg`: 5% of the capacity.
+/// Bytes of the cache for `cfg`: 5% of the capacity, and at least room for the
+/// engine's rule (two of the largest requests in the chunks beside the one being
+/// compacted) and the metadata: the `tiny` scale's 5% alone is
+/// three chunks.
 pub(crate) fn cache_bytes(cfg: &ShaleConfig) -> u64 {
-    cfg.capacity_bytes / 100 * u64::from(cfg.cache_pct) / BLOCK_BYTES * BLOCK_BYTES
+    let pct = cfg.capacity_bytes / 100 * u64::from(cfg.cache_pct) / BLOCK_BYTES * BLOCK_BYTES;
+    pct.max(4 * REQUEST_BYTES_MAX + 2 * cfg.zone_bytes())
 }
 
 /// One `optane` cache drive of `bytes`.
@@ -531,6 +535,17 @@ mod tests {
             offset,
             len,
             not_before_ns: 0,
+        }
+    }
+
+    /// The `tiny` scale (64 MiB, 8 tenants): its 5% cache alone is three chunks, too
+    /// few for the engine; the cache is raised to what it needs.
+    #[test]
+    fn both_modes_build_at_the_tiny_scale() {
+        for mode in [ShaleMode::Zns, ShaleMode::Blk] {
+            let cfg = ShaleConfig::standard(mode, crate::Scale::Tiny.capacity_bytes(), 8);
+            let s = build_shale(&cfg).unwrap_or_else(|e| panic!("{mode:?}: {e}"));
+            assert_eq!(s.volume_count(), 8);
         }
     }
 
