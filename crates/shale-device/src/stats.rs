@@ -299,6 +299,16 @@ impl<D: BlockDevice> BlockDevice for StatsDevice<D> {
     fn maintain(&mut self) -> u64 {
         BlockDevice::maintain(&mut self.inner)
     }
+
+    fn read_rebuilt(
+        &mut self,
+        offset: u64,
+        buf: &mut [u8],
+        attempt: u32,
+    ) -> Result<(), DeviceError> {
+        let r = BlockDevice::read_rebuilt(&mut self.inner, offset, buf, attempt);
+        self.count_sync(Kind::Read(buf.len() as u64), r)
+    }
 }
 
 impl<D: ZonedDevice> ZonedDevice for StatsDevice<D> {
