@@ -873,6 +873,18 @@ pub fn run(seed: u64, generations: u32) -> Result<ArrayCounts, String> {
 
 #[cfg(test)]
 mod tests {
+    /// Seeds that found defects once cache mirrors were given garbage: an older md
+    /// copy lacking a block's entry (500148) and, without checked compaction reads, a
+    /// mirror's garbage carried into the stripes (500084).
+    #[test]
+    fn cache_garbage_seeds_that_found_defects() {
+        for seed in [500_084, 500_148] {
+            if let Err(e) = super::run(seed, 12) {
+                panic!("{e}");
+            }
+        }
+    }
+
     #[test]
     fn a_few_array_runs_keep_every_flushed_write() {
         for seed in 0..4 {
