@@ -427,6 +427,69 @@ mod tests {
     use super::*;
     use crate::{IoBuf, MemDevice, ZoneEmu, ZoneEmuConfig};
 
+    /// A device with a second copy, which `read_rebuilt` reads (as a mirror does).
+    struct TwoCopies(MemDevice, MemDevice);
+
+    impl BlockDevice for TwoCopies {
+        fn info(&self) -> &crate::DeviceInfo {
+            self.0.info()
+        }
+        fn submit(&mut self, req: crate::IoRequest) {
+            self.0.submit(req)
+        }
+        fn poll(
+            &mut self,
+            out: &mut Vec<crate::IoCompletion>,
+            min_complete: usize,
+        ) -> Result<usize, DeviceError> {
+            self.0.poll(out, min_complete)
+        }
+        fn in_flight(&self) -> usize {
+            self.0.in_flight()
+        }
+        fn read_at(&mut self, offset: u64, buf: &mut [u8]) -> Result<(), DeviceError> {
+            self.0.read_at(offset, buf)
+        }
+        fn write_at(&mut self, offset: u64, buf: &[u8]) -> Result<(), DeviceError> {
+            self.0.write_at(offset, buf)
+        }
+        fn flush(&mut self) -> Result<(), DeviceError> {
+            self.0.flush()
+        }
+        fn discard(&mut self, offset: u64, len: u64) -> Result<(), DeviceError> {
+            self.0.discard(offset, len)
+        }
+        fn read_rebuilt(
+            &mut self,
+            offset: u64,
+            buf: &mut [u8],
+            attempt: u32,
+        ) -> Result<(), DeviceError> {
+            match attempt {
+                0 => self.1.read_at(offset, buf),
+                _ => Err(DeviceError::Unsupported {
+                    op: crate::IoOpKind::Read,
+                }),
+            }
+        }
+    }
+
+    #[test]
+    fn passes_rebuilt_reads_through_and_counts_them() {
+        let mut other = MemDevice::new(1 << 20, 4096).expect("mem");
+        other.write_at(4096, &[7u8; 4096]).expect("write");
+        let mut d = StatsDevice::new(TwoCopies(
+            MemDevice::new(1 << 20, 4096).expect("mem"),
+            other,
+        ));
+        let mut b = [0u8; 4096];
+        BlockDevice::read_rebuilt(&mut d, 4096, &mut b, 0).expect("the other copy");
+        assert_eq!(b, [7u8; 4096]);
+        assert!(BlockDevice::read_rebuilt(&mut d, 4096, &mut b, 1).is_err());
+        // The copy read counts; the attempt with no copy left moved nothing.
+        assert_eq!(d.stats().read_bytes, 4096);
+    }
+
     #[test]
     fn counts_block_io_through_a_handle_after_the_device_moved() {
         let d = StatsDevice::new(MemDevice::new(1 << 20, 4096).expect("mem"));
