@@ -12,6 +12,24 @@ use shale_device::{BlockDevice, ZonedDevice};
 /// member it can leave out).
 pub(crate) const REBUILD_ATTEMPTS_MAX: u32 = 8;
 
+/// Reads copy after copy into `buf` (`read(attempt, buf)`, false when none is left)
+/// until `ok` accepts one; returns the attempt that did.
+fn first_good(
+    buf: &mut [u8],
+    mut read: impl FnMut(u32, &mut [u8]) -> bool,
+    mut ok: impl FnMut(&[u8]) -> bool,
+) -> Option<u32> {
+    for attempt in 0..REBUILD_ATTEMPTS_MAX {
+        if !read(attempt, buf) {
+            return None;
+        }
+        if ok(buf) {
+            return Some(attempt);
+        }
+    }
+    None
+}
+
 /// Reads `buf` at `off` from the cache's other copies in turn until `ok` accepts one
 /// (`buf` then holds it) and returns whether one did. With `mend`, the accepted bytes
 /// are written back in place on every mirror, so the copy that failed is repaired;
@@ -22,28 +40,24 @@ pub(crate) fn reread<C: BlockDevice + ?Sized>(
     off: u64,
     buf: &mut [u8],
     mend: bool,
-    mut ok: impl FnMut(&[u8]) -> bool,
+    ok: impl FnMut(&[u8]) -> bool,
 ) -> bool {
-    for attempt in 0..REBUILD_ATTEMPTS_MAX {
-        if dev.read_rebuilt(off, buf, attempt).is_err() {
-            return false;
-        }
-        if ok(buf) {
-            tracing::warn!(
-                what,
-                offset = off,
-                attempt,
-                "damaged on one cache mirror; read from another"
-            );
-            if mend {
-                if let Err(e) = dev.write_at(off, buf) {
-                    tracing::warn!(what, offset = off, error = %e, "mending a damaged copy failed");
-                }
-            }
-            return true;
+    let read = |attempt, b: &mut [u8]| dev.read_rebuilt(off, b, attempt).is_ok();
+    let Some(attempt) = first_good(buf, read, ok) else {
+        return false;
+    };
+    tracing::warn!(
+        what,
+        offset = off,
+        attempt,
+        "damaged on one cache mirror; read from another"
+    );
+    if mend {
+        if let Err(e) = dev.write_at(off, buf) {
+            tracing::warn!(what, offset = off, error = %e, "mending a damaged copy failed");
         }
     }
-    false
+    true
 }
 
 /// [`reread`] for the capacity device: copies decoded from an array's other shards.
@@ -53,21 +67,17 @@ pub(crate) fn reread_capacity<Z: ZonedDevice + ?Sized>(
     what: &'static str,
     off: u64,
     buf: &mut [u8],
-    mut ok: impl FnMut(&[u8]) -> bool,
+    ok: impl FnMut(&[u8]) -> bool,
 ) -> bool {
-    for attempt in 0..REBUILD_ATTEMPTS_MAX {
-        if dev.read_rebuilt(off, buf, attempt).is_err() {
-            return false;
-        }
-        if ok(buf) {
-            tracing::warn!(
-                what,
-                offset = off,
-                attempt,
-                "damaged on the capacity device; rebuilt from its redundancy"
-            );
-            return true;
-        }
-    }
-    false
+    let read = |attempt, b: &mut [u8]| dev.read_rebuilt(off, b, attempt).is_ok();
+    let Some(attempt) = first_good(buf, read, ok) else {
+        return false;
+    };
+    tracing::warn!(
+        what,
+        offset = off,
+        attempt,
+        "damaged on the capacity device; rebuilt from its redundancy"
+    );
+    true
 }

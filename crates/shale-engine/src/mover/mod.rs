@@ -798,19 +798,13 @@ impl Mover {
         crc: u32,
     ) -> bool {
         let chunk = core.geo.is_chunk(region);
+        let off = if chunk {
+            core.geo.chunk_offset(region, slot)
+        } else {
+            core.geo.zone_offset(region, slot)
+        };
         for attempt in 0..crate::read::reader::REBUILD_ATTEMPTS_MAX {
-            let read = if chunk {
-                let off = core.geo.chunk_offset(region, slot);
-                core.stats.cache_read_bytes += BS;
-                core.cache.read_rebuilt(off, &mut out[..], attempt).is_ok()
-            } else {
-                let off = core.geo.zone_offset(region, slot);
-                core.stats.capacity_read_bytes += BS;
-                core.capacity
-                    .read_rebuilt(off, &mut out[..], attempt)
-                    .is_ok()
-            };
-            if !read {
+            if !crate::read::reader::read_copy(core, chunk, off, &mut out[..], attempt) {
                 return false;
             }
             if shale_format::block_crc(&out[..]) == crc {

@@ -385,14 +385,7 @@ pub(crate) fn rebuilt_block(
     // Each attempt rebuilds from other sources, until one checks or none is left.
     let mut good = false;
     for attempt in 0..REBUILD_ATTEMPTS_MAX {
-        let read = if in_cache {
-            core.stats.cache_read_bytes += BS;
-            core.cache.read_rebuilt(off, buf, attempt).is_ok()
-        } else {
-            core.stats.capacity_read_bytes += BS;
-            core.capacity.read_rebuilt(off, buf, attempt).is_ok()
-        };
-        if !read {
+        if !read_copy(core, in_cache, off, buf, attempt) {
             break;
         }
         if verify_block(core, writer, volume, lba, pba, buf).is_ok() {
@@ -493,14 +486,7 @@ fn md_naming(
     let sid = core.regions.get(region).sid;
     let mut two = vec![0u8; 2 * BLOCK_SIZE];
     for attempt in 0..REBUILD_ATTEMPTS_MAX {
-        let read = if chunk {
-            core.stats.cache_read_bytes += 2 * BS;
-            core.cache.read_rebuilt(off, &mut two, attempt).is_ok()
-        } else {
-            core.stats.capacity_read_bytes += 2 * BS;
-            core.capacity.read_rebuilt(off, &mut two, attempt).is_ok()
-        };
-        if !read {
+        if !read_copy(core, chunk, off, &mut two, attempt) {
             return None;
         }
         for copy in two.chunks(BLOCK_SIZE) {
@@ -525,6 +511,25 @@ fn md_naming(
         }
     }
     None
+}
+
+/// Reads copy `attempt` of `buf.len()` bytes at `off` from the cache (another mirror's)
+/// or the capacity device (an array's rebuild), counting the bytes; false when the
+/// device has no such copy.
+pub(crate) fn read_copy(
+    core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+    in_cache: bool,
+    off: u64,
+    buf: &mut [u8],
+    attempt: u32,
+) -> bool {
+    if in_cache {
+        core.stats.cache_read_bytes += buf.len() as u64;
+        core.cache.read_rebuilt(off, buf, attempt).is_ok()
+    } else {
+        core.stats.capacity_read_bytes += buf.len() as u64;
+        core.capacity.read_rebuilt(off, buf, attempt).is_ok()
+    }
 }
 
 /// (region, group, md slot, key = PBA of md copy A) of the group holding `pba`.
@@ -590,14 +595,7 @@ fn md_block_read_both(
         return picked;
     }
     for attempt in 0..REBUILD_ATTEMPTS_MAX {
-        let read = if chunk {
-            core.stats.cache_read_bytes += 2 * BS;
-            core.cache.read_rebuilt(off, &mut two, attempt).is_ok()
-        } else {
-            core.stats.capacity_read_bytes += 2 * BS;
-            core.capacity.read_rebuilt(off, &mut two, attempt).is_ok()
-        };
-        if !read {
+        if !read_copy(core, chunk, off, &mut two, attempt) {
             break;
         }
         if let Ok(md) = pick_md(core, writer, region, g, key, &two) {
