@@ -156,13 +156,26 @@ struct Piece {
     shard: u32,
     /// Offset inside the unit.
     off: u64,
-    /// The piece is the whole request and reads straight into the caller's buffer.
-    whole: bool,
+    dest: Dest,
     /// Shards read for reconstruction (by shard index), when degraded.
     shards: Vec<Option<IoBuf>>,
     /// Shards that cannot be used (failed reads, unreadable members, the target).
     bad: u64,
     pending: u32,
+}
+
+/// Where a piece's bytes land.
+#[derive(Debug)]
+enum Dest {
+    /// The piece is the whole request: it reads straight into the caller's buffer.
+    Whole,
+    /// Its own part of the caller's buffer (split in block-aligned parts, one per
+    /// piece, joined back when the read finishes: a whole-group read copies
+    /// nothing). `None` while a member holds it.
+    Part(Option<IoBuf>),
+    /// A buffer of its own, copied into the caller's at `at` (pieces not
+    /// [`IO_ALIGN`]-aligned).
+    Copy,
 }
 
 #[derive(Debug)]
@@ -565,6 +578,11 @@ impl<Z: ZonedDevice> ZoneArray<Z> {
             let len = self.layout.unit as usize * op.split.len();
             op.buf = Some(join_split(std::mem::take(&mut op.split), len));
         }
+        if let OpKind::Read { pieces } = &mut op.kind {
+            if op.buf.is_none() && pieces.iter().any(|pc| matches!(pc.dest, Dest::Part(_))) {
+                op.buf = Some(join_pieces(pieces));
+            }
+        }
         let result = match op.error {
             Some(e) => Err(e),
             None => Ok(op.landed_at),
@@ -953,7 +971,7 @@ impl<Z: ZonedDevice> ZoneArray<Z> {
                 row,
                 shard,
                 off,
-                whole: false,
+                dest: Dest::Copy,
                 shards: Vec::new(),
                 bad: 0,
                 pending: 0,
@@ -961,13 +979,24 @@ impl<Z: ZonedDevice> ZoneArray<Z> {
             at += n as usize;
             rel += n;
         }
+        let mut buf = Some(buf);
         if pieces.len() == 1 {
-            pieces[0].whole = true;
+            pieces[0].dest = Dest::Whole;
+        } else if let Some(b) = buf.take() {
+            let lens: Vec<usize> = pieces.iter().map(|pc| pc.len).collect();
+            match b.split(&lens) {
+                Ok(parts) => {
+                    for (pc, part) in pieces.iter_mut().zip(parts) {
+                        pc.dest = Dest::Part(Some(part));
+                    }
+                }
+                Err(b) => buf = Some(b),
+            }
         }
         let count = pieces.len() as u32;
         let id = self.ops.insert(Op {
             tag,
-            buf: Some(buf),
+            buf,
             split: Vec::new(),
             parts_left: 0,
             kind: OpKind::Read { pieces },
@@ -993,16 +1022,15 @@ impl<Z: ZonedDevice> ZoneArray<Z> {
 
     fn start_piece(&mut self, id: u32, p: u32) {
         let Some(pc) = self.piece(id, p) else { return };
-        let (zone, row, shard, off, len, whole) =
-            (pc.zone, pc.row, pc.shard, pc.off, pc.len, pc.whole);
+        let (zone, row, shard, off, len) = (pc.zone, pc.row, pc.shard, pc.off, pc.len);
         let member = self.layout.member_of(zone, row, shard);
         if !self.in_zone(member as usize, zone) {
             return self.start_reconstruct(id, p);
         }
-        let buf = if whole {
-            self.ops.get_mut(id).and_then(|o| o.buf.take())
-        } else {
-            None
+        let buf = match self.piece(id, p).map(|pc| &mut pc.dest) {
+            Some(Dest::Part(part)) => part.take(),
+            Some(Dest::Whole) => self.ops.get_mut(id).and_then(|o| o.buf.take()),
+            _ => None,
         }
         .unwrap_or_else(|| self.take_buf(len));
         self.members[member as usize].counters.bytes_read += len as u64;
@@ -1101,22 +1129,30 @@ impl<Z: ZonedDevice> ZoneArray<Z> {
             return;
         };
         let pc = &mut pieces[p as usize];
-        let mut out = vec![0u8; pc.len];
+        let (at, len) = (pc.at, pc.len);
+        // Decoded straight into the piece's part of the caller's buffer where it has
+        // one (a part lost with a member's queue is replaced: the join then copies).
+        let mut copy = Vec::new();
+        let out: &mut [u8] = match &mut pc.dest {
+            Dest::Part(part) => part.get_or_insert_with(|| IoBuf::zeroed(len)),
+            Dest::Whole | Dest::Copy => {
+                copy = vec![0u8; len];
+                &mut copy
+            }
+        };
         let shards: Vec<Option<&[u8]>> = pc.shards.iter().map(|s| s.as_deref()).collect();
         let r = self
             .codec
-            .reconstruct(&shards, &[pc.shard as usize], &mut [&mut out[..]]);
-        let (at, len) = (pc.at, pc.len);
+            .reconstruct(&shards, &[pc.shard as usize], &mut [out]);
         let used: Vec<IoBuf> = pc.shards.iter_mut().filter_map(Option::take).collect();
         match r {
-            Ok(()) => {
-                if op.buf.is_none() {
-                    op.buf = Some(IoBuf::zeroed(len));
-                }
-                if let Some(b) = op.buf.as_mut() {
-                    b[at..at + len].copy_from_slice(&out);
-                }
+            Ok(()) if !copy.is_empty() => {
+                // A whole-request piece's buffer may be gone (its member's queue
+                // was lost): the caller gets a fresh one.
+                let b = op.buf.get_or_insert_with(|| IoBuf::zeroed(len));
+                b[at..at + len].copy_from_slice(&copy);
             }
+            Ok(()) => {}
             Err(e) => {
                 op.error.get_or_insert(unavailable(
                     IoOpKind::Read,
@@ -1128,6 +1164,30 @@ impl<Z: ZonedDevice> ZoneArray<Z> {
         for b in used {
             self.give_buf(b);
         }
+    }
+
+    /// A piece's direct read is back with `buf`: the caller's buffer (or its part)
+    /// goes back where it belongs; a buffer of the piece's own is copied into the
+    /// caller's if the read succeeded (`ok`) and given back to be pooled.
+    fn land_piece(&mut self, id: u32, p: u32, buf: IoBuf, ok: bool) -> Option<IoBuf> {
+        let Some(op) = self.ops.get_mut(id) else {
+            return Some(buf);
+        };
+        let OpKind::Read { pieces } = &mut op.kind else {
+            return Some(buf);
+        };
+        let pc = &mut pieces[p as usize];
+        match &mut pc.dest {
+            Dest::Whole => op.buf = Some(buf),
+            Dest::Part(part) => *part = Some(buf),
+            Dest::Copy => {
+                if let (true, Some(b)) = (ok, op.buf.as_mut()) {
+                    b[pc.at..pc.at + pc.len].copy_from_slice(&buf);
+                }
+                return Some(buf);
+            }
+        }
+        None
     }
 
     /// One part of op `id` is back: finish the op when nothing remains.
@@ -1189,26 +1249,16 @@ impl<Z: ZonedDevice> ZoneArray<Z> {
             }
             (PartKind::Write(_) | PartKind::Flush, Ok(_)) => {}
             (PartKind::Direct { piece }, Ok(_)) => {
-                if let (Some(buf), Some(op)) = (c.buf, self.ops.get_mut(id)) {
-                    match &op.kind {
-                        OpKind::Read { pieces } if pieces[piece as usize].whole => {
-                            op.buf = Some(buf);
-                        }
-                        OpKind::Read { pieces } => {
-                            let pc = &pieces[piece as usize];
-                            if let Some(b) = op.buf.as_mut() {
-                                b[pc.at..pc.at + pc.len].copy_from_slice(&buf);
-                            }
-                            self.give_buf(buf);
-                        }
-                        _ => {}
+                if let Some(buf) = c.buf {
+                    if let Some(spare) = self.land_piece(id, piece, buf, true) {
+                        self.give_buf(spare);
                     }
                 }
             }
             (PartKind::Direct { piece }, Err(e)) => {
-                if let (Some(buf), Some(op)) = (c.buf, self.ops.get_mut(id)) {
-                    if matches!(&op.kind, OpKind::Read { pieces } if pieces[piece as usize].whole) {
-                        op.buf = Some(buf);
+                if let Some(buf) = c.buf {
+                    if let Some(spare) = self.land_piece(id, piece, buf, false) {
+                        self.give_buf(spare);
                     }
                 }
                 self.read_error(part.member, &e);
@@ -1371,6 +1421,36 @@ fn join_split(parts: Vec<Option<IoBuf>>, len: usize) -> IoBuf {
         }
     }
     IoBuf::zeroed(len)
+}
+
+/// The caller's buffer back from its pieces' parts. A part a member kept (its
+/// queue was lost; the read has failed) leaves zeroes in a fresh buffer.
+fn join_pieces(pieces: &mut [Piece]) -> IoBuf {
+    let parts: Vec<Option<IoBuf>> = pieces
+        .iter_mut()
+        .map(|pc| match &mut pc.dest {
+            Dest::Part(part) => part.take(),
+            Dest::Whole | Dest::Copy => None,
+        })
+        .collect();
+    if parts.iter().all(Option::is_some) {
+        match IoBuf::join(parts.into_iter().flatten().collect()) {
+            Ok(b) => return b,
+            Err(parts) => return copy_pieces(pieces, parts.into_iter().map(Some).collect()),
+        }
+    }
+    copy_pieces(pieces, parts)
+}
+
+fn copy_pieces(pieces: &[Piece], parts: Vec<Option<IoBuf>>) -> IoBuf {
+    let len = pieces.iter().map(|pc| pc.at + pc.len).max().unwrap_or(0);
+    let mut whole = IoBuf::zeroed(len);
+    for (pc, part) in pieces.iter().zip(parts) {
+        if let Some(b) = part {
+            whole[pc.at..pc.at + pc.len].copy_from_slice(&b);
+        }
+    }
+    whole
 }
 
 fn array_geometry(

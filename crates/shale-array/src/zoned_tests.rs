@@ -202,6 +202,33 @@ fn every_shape_reads_back_what_it_wrote() {
     }
 }
 
+/// A read of whole units comes back in the caller's own buffer (split among the
+/// members and joined back), also when a unit is rebuilt from the others into its part.
+#[test]
+fn a_whole_row_read_comes_back_in_the_callers_buffer() {
+    let mut a = mem_array(Redundancy::Parity { k: 4, m: 1 }, 5);
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    let s = a.geometry().write_unit as usize;
+    let data = random_rows(&mut rng, s, 2);
+    a.write_at(0, &data).expect("write");
+    for failed in [false, true] {
+        if failed {
+            a.fail_member(1, "test").expect("fail");
+        }
+        let buf = IoBuf::zeroed(2 * s);
+        let at = buf.as_ptr();
+        a.submit(ZoneRequest {
+            tag: 5,
+            op: ZoneOp::Read { offset: 0, buf },
+        });
+        let c = poll_one(&mut a).pop().expect("one");
+        c.result.expect("read");
+        let got = c.buf.expect("buffer back");
+        assert_eq!(got.as_ptr(), at, "failed member: {failed}");
+        assert!(got[..] == data[..], "failed member: {failed}");
+    }
+}
+
 #[test]
 fn geometry_follows_the_layout() {
     let a = mem_array(Redundancy::Parity { k: 4, m: 2 }, 6);
