@@ -9,7 +9,8 @@
 //! describes can fit without the input holding them.
 
 use crate::zone_meta::{
-    decode_geometry, decode_table, META_BLOCK_BYTES, TABLE_ENTRY_BYTES, TABLE_HEADER_BYTES,
+    decode_geometry, decode_table, decode_table_block, reseal_table_block, table_blocks,
+    META_BLOCK_BYTES, META_VERSION_WHOLE, TABLE_ENTRY_BYTES, TABLE_HEADER_BYTES,
     TABLE_SLOT0_OFFSET,
 };
 use crate::{BlockDevice, MemDevice, ZoneEmu, ZoneState, ZonedDevice};
@@ -43,6 +44,12 @@ fn reseal(image: &mut [u8]) {
         else {
             continue;
         };
+        if g.version != META_VERSION_WHOLE {
+            for b in slot.chunks_exact_mut(block) {
+                reseal_table_block(b);
+            }
+            continue;
+        }
         let n = g.zone_count as usize;
         let body_end = TABLE_HEADER_BYTES + n * TABLE_ENTRY_BYTES;
         if body_end <= slot.len() {
@@ -81,9 +88,17 @@ pub fn zone_table(data: &[u8]) {
                     .ok()
                     .zip(usize::try_from(end).ok())
                     .and_then(|(s, e)| image.get(s..e));
-                if let Some(slot) = slot {
+                let Some(slot) = slot else { continue };
+                if g.version == META_VERSION_WHOLE {
                     if let Ok((_, entries)) = decode_table(&g, slot) {
                         assert_eq!(entries.len(), g.zone_count as usize);
+                    }
+                    continue;
+                }
+                let blocks = table_blocks(u64::from(g.zone_count));
+                for (b, bytes) in (0..blocks).zip(slot.chunks_exact(block)) {
+                    if let Ok((_, entries)) = decode_table_block(&g, b, bytes) {
+                        assert!(entries.len() <= crate::zone_meta::ENTRIES_PER_BLOCK);
                     }
                 }
             }

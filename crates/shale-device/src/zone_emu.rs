@@ -11,9 +11,14 @@
 //! - Zone writes are issued to the inner device in increasing offset order per
 //!   zone; `Zone::inflight` is therefore sorted, and the persisted write pointer of
 //!   a zone (its "safe" write pointer) never covers a write that has not completed.
-//! - Every table persist is `inner flush; write table slot; inner flush`, so the
+//! - Every table persist is `inner flush; write what changed; inner flush`, so the
 //!   persisted table never claims data that the inner device has not made durable,
-//!   and is itself durable before the operation that wrote it returns.
+//!   and is itself durable before the operation that wrote it returns. What changed
+//!   is the table blocks whose zones changed (the whole table on a pool formatted
+//!   with the version-1 metadata); a torn persist leaves each zone old or new.
+//! - With a limit on active zones, no subset of a persist's block writes may
+//!   exceed it at open: blocks that lower their active count are written and
+//!   flushed before blocks that raise it.
 //! - A reset waits for the zone's in-flight writes and is persisted before its range
 //!   is discarded, so a stale write can never land in a reused zone and a crash
 //!   cannot resurrect the zone's old contents above the write pointer.
@@ -32,8 +37,10 @@
 use std::collections::VecDeque;
 
 use crate::zone_meta::{
-    data_offset_for, decode_geometry, decode_table, encode_geometry, encode_table,
-    table_slot_bytes, MetaGeometry, TableEntry, META_BLOCK_BYTES, TABLE_SLOT0_OFFSET,
+    block_zones, data_offset_for, decode_geometry, decode_table, decode_table_block,
+    encode_geometry, encode_table, encode_table_block, table_blocks, table_slot_bytes,
+    MetaGeometry, TableEntry, ENTRIES_PER_BLOCK, META_BLOCK_BYTES, META_VERSION_BLOCKS,
+    META_VERSION_WHOLE, TABLE_SLOT0_OFFSET,
 };
 use crate::{
     BlockDevice, DeviceError, IoBuf, IoCompletion, IoOp, IoOpKind, IoRequest, ZoneAction,
@@ -166,7 +173,23 @@ pub struct ZoneEmu<D: BlockDevice> {
     zones: Vec<Zone>,
     open_count: u32,
     active_count: u32,
+    /// The highest table generation on media.
     generation: u64,
+    /// Version 2: each table block's newest version on media, what a persist
+    /// compares with to find the blocks to write.
+    persisted: Vec<TableEntry>,
+    /// Version 2: the copy (0 or 1) holding each block's newest version.
+    newest_copy: Vec<u8>,
+    /// Version 2: blocks a failed persist may have left in an unknown state, written
+    /// by the next persist whether or not they changed.
+    must_write: Vec<bool>,
+    /// Version 2: blocks with a zone changed since the last persist (state, write
+    /// pointer, a write completed), listed once; a persist looks at these only, so
+    /// its cost follows what changed, not the drive's zone count.
+    touched: Vec<u64>,
+    touched_flag: Vec<bool>,
+    /// Discards in flight, so waiting for all of them need not scan every zone.
+    discards_in_flight: usize,
     /// Inner requests in flight, indexed by the internal tag.
     slots: Vec<Option<InnerSlot>>,
     free_slots: Vec<usize>,
@@ -179,6 +202,7 @@ pub struct ZoneEmu<D: BlockDevice> {
     done: VecDeque<ZoneCompletion>,
     user_in_flight: usize,
     inner_out: Vec<IoCompletion>,
+    /// Encoding space: a whole table slot (version 1) or one block (version 2).
     slot_buf: Vec<u8>,
     /// The first failed asynchronous discard, reported by the next zone management
     /// command or flush.
@@ -253,6 +277,7 @@ impl<D: BlockDevice> ZoneEmu<D> {
             .max()
             .unwrap_or(0);
         let meta = MetaGeometry {
+            version: META_VERSION_BLOCKS,
             logical_block_size: lbs,
             zone_size: c.zone_size,
             zone_capacity: c.zone_capacity,
@@ -270,15 +295,15 @@ impl<D: BlockDevice> ZoneEmu<D> {
             };
             zone_count as usize
         ];
-        let mut emu = ZoneEmu::assemble(inner, meta, &entries, 1)?;
+        let blocks = table_blocks(zone_count) as usize;
+        let mut emu = ZoneEmu::assemble(inner, meta, &entries, 1, vec![1; blocks])?;
         // Tables first (generations 0 and 1), geometry last: a format torn before the
         // geometry is written leaves either the old format or no format, never a
         // geometry pointing at tables of another format.
-        let fmt = emu.meta.format_id;
+        let mut slot = vec![0u8; emu.meta.table_slot_bytes as usize];
         for generation in 0..2u64 {
-            emu.encode_slot(fmt, generation);
-            emu.inner
-                .write_at(emu.slot_offset(generation), &emu.slot_buf)?;
+            emu.encode_whole_slot(generation, &mut slot);
+            emu.inner.write_at(emu.slot_offset(generation), &slot)?;
         }
         encode_geometry(&emu.meta, &mut block);
         emu.inner.write_at(0, &block)?;
@@ -338,25 +363,18 @@ impl<D: BlockDevice> ZoneEmu<D> {
                 meta.zone_count, meta.zone_size, meta.data_offset
             )));
         }
-        let mut slot = vec![0u8; meta.table_slot_bytes as usize];
-        let mut best: Option<(u64, Vec<TableEntry>)> = None;
-        for i in 0..2u64 {
-            let off = TABLE_SLOT0_OFFSET + i * meta.table_slot_bytes;
-            inner.read_at(off, &mut slot)?;
-            match decode_table(&meta, &slot) {
-                Ok((generation, entries)) => {
-                    if best.as_ref().is_none_or(|(g, _)| generation > *g) {
-                        best = Some((generation, entries));
-                    }
-                }
-                Err(e) => errors.push(format!("table slot {i}: {e}")),
-            }
-        }
-        let Some((generation, mut entries)) = best else {
+        let slots = read_slots(&mut inner, &meta)?;
+        let loaded = if meta.version == META_VERSION_WHOLE {
+            newest_whole_table(&meta, &slots, &mut errors)
+        } else {
+            newest_blocks(&meta, &slots, &mut errors)
+        };
+        let Some((generation, mut entries, newest_copy)) = loaded else {
             return Err(DeviceError::CorruptMetadata {
                 reason: errors.join("; "),
             });
         };
+        let persisted = entries.clone();
         if !errors.is_empty() {
             tracing::warn!(problems = %errors.join("; "), "zone emulation: using the older valid metadata copy");
         }
@@ -369,7 +387,16 @@ impl<D: BlockDevice> ZoneEmu<D> {
                 };
             }
         }
-        let emu = ZoneEmu::assemble(inner, meta, &entries, generation)?;
+        let mut emu = ZoneEmu::assemble(inner, meta, &entries, generation, newest_copy)?;
+        if emu.meta.version == META_VERSION_BLOCKS {
+            // Zones that came back Closed or Empty from open differ from the media.
+            for (i, (now, was)) in entries.iter().zip(&persisted).enumerate() {
+                if now != was {
+                    emu.touch(i as u32);
+                }
+            }
+            emu.persisted = persisted;
+        }
         if emu.meta.max_active_zones != 0 && emu.active_count > emu.meta.max_active_zones {
             return Err(DeviceError::CorruptMetadata {
                 reason: format!(
@@ -425,19 +452,37 @@ impl<D: BlockDevice> ZoneEmu<D> {
             )));
             return Ok(problems);
         }
-        let mut slot = vec![0u8; slot_bytes];
-        let mut valid = 0;
-        for i in 0..2u64 {
-            inner.read_at(TABLE_SLOT0_OFFSET + i * meta.table_slot_bytes, &mut slot)?;
-            match decode_table(&meta, &slot) {
-                Ok(_) => valid += 1,
-                Err(e) => {
-                    problems.push(MetaProblem::survivable(format!("zone table slot {i}: {e}")))
+        let slots = read_slots(inner, &meta)?;
+        if meta.version == META_VERSION_WHOLE {
+            let mut valid = 0;
+            for (i, slot) in slots.iter().enumerate() {
+                match decode_table(&meta, slot) {
+                    Ok(_) => valid += 1,
+                    Err(e) => {
+                        problems.push(MetaProblem::survivable(format!("zone table slot {i}: {e}")))
+                    }
                 }
             }
+            if valid == 0 {
+                problems.push(MetaProblem::fatal("no valid zone table slot".into()));
+            }
+            return Ok(problems);
         }
-        if valid == 0 {
-            problems.push(MetaProblem::fatal("no valid zone table slot".into()));
+        for b in 0..table_blocks(u64::from(meta.zone_count)) {
+            let mut valid = 0;
+            for (i, slot) in slots.iter().enumerate() {
+                match decode_table_block(&meta, b, table_block(slot, b)) {
+                    Ok(_) => valid += 1,
+                    Err(e) => problems.push(MetaProblem::survivable(format!(
+                        "zone table block {b}, copy {i}: {e}"
+                    ))),
+                }
+            }
+            if valid == 0 {
+                problems.push(MetaProblem::fatal(format!(
+                    "zone table block {b}: no valid copy"
+                )));
+            }
         }
         Ok(problems)
     }
@@ -447,6 +492,7 @@ impl<D: BlockDevice> ZoneEmu<D> {
         meta: MetaGeometry,
         entries: &[TableEntry],
         generation: u64,
+        newest_copy: Vec<u8>,
     ) -> Result<ZoneEmu<D>, DeviceError> {
         let geo = ZoneGeometry {
             name: format!("zone-emu({})", inner.info().name),
@@ -471,7 +517,13 @@ impl<D: BlockDevice> ZoneEmu<D> {
             .collect();
         let open_count = zones.iter().filter(|z| is_open(z.state)).count() as u32;
         let active_count = zones.iter().filter(|z| is_active(z.state)).count() as u32;
-        let slot_buf = vec![0u8; meta.table_slot_bytes as usize];
+        let (slot_buf, persisted) = if meta.version == META_VERSION_WHOLE {
+            (vec![0u8; meta.table_slot_bytes as usize], Vec::new())
+        } else {
+            (vec![0u8; META_BLOCK_BYTES as usize], entries.to_vec())
+        };
+        let must_write = vec![false; newest_copy.len()];
+        let touched_flag = vec![false; newest_copy.len()];
         Ok(ZoneEmu {
             inner,
             geo,
@@ -480,6 +532,12 @@ impl<D: BlockDevice> ZoneEmu<D> {
             open_count,
             active_count,
             generation,
+            persisted,
+            newest_copy,
+            must_write,
+            touched: Vec::new(),
+            touched_flag,
+            discards_in_flight: 0,
             slots: Vec::new(),
             free_slots: Vec::new(),
             order: VecDeque::new(),
@@ -570,6 +628,7 @@ impl<D: BlockDevice> ZoneEmu<D> {
     /// Moves `zone` to `state`, keeping the open/active counts exact and the write
     /// pointer consistent with the state.
     fn set_state(&mut self, zone: u32, state: ZoneState) {
+        self.touch(zone);
         let cap = self.meta.zone_capacity;
         let z = &mut self.zones[zone as usize];
         let old = z.state;
@@ -590,6 +649,17 @@ impl<D: BlockDevice> ZoneEmu<D> {
         }
         if is_active(state) {
             self.active_count += 1;
+        }
+    }
+
+    /// Notes that `zone`'s persisted entry may have changed.
+    fn touch(&mut self, zone: u32) {
+        let b = zone as usize / ENTRIES_PER_BLOCK;
+        if let Some(flag) = self.touched_flag.get_mut(b) {
+            if !*flag {
+                *flag = true;
+                self.touched.push(b as u64);
+            }
         }
     }
 
@@ -722,6 +792,7 @@ impl<D: BlockDevice> ZoneEmu<D> {
         if matches!(state, ZoneState::Empty | ZoneState::Closed) {
             self.set_state(zone, ZoneState::ImplicitlyOpen);
         }
+        self.touch(zone);
         let z = &mut self.zones[zone as usize];
         z.wp += len;
         assert!(
@@ -785,8 +856,13 @@ impl<D: BlockDevice> ZoneEmu<D> {
     }
 
     fn table_entries(&self) -> impl ExactSizeIterator<Item = TableEntry> + '_ {
+        self.zones.iter().map(|z| self.entry_of(z))
+    }
+
+    /// What the table says of `z`: only what has completed.
+    fn entry_of(&self, z: &Zone) -> TableEntry {
         let cap = self.meta.zone_capacity;
-        self.zones.iter().map(move |z| {
+        {
             // Persist only what has completed; an open or closed zone whose writes
             // are all still in flight is Empty as far as the media knows.
             let safe = z.safe_wp();
@@ -801,30 +877,145 @@ impl<D: BlockDevice> ZoneEmu<D> {
                 _ => safe,
             };
             TableEntry { state, wp }
-        })
+        }
+    }
+
+    /// The entries of block `b`'s zones.
+    fn block_entries(&self, b: u64) -> Vec<TableEntry> {
+        self.zones[block_zones(self.meta.zone_count, b)]
+            .iter()
+            .map(|z| self.entry_of(z))
+            .collect()
     }
 
     fn slot_offset(&self, generation: u64) -> u64 {
         TABLE_SLOT0_OFFSET + (generation % 2) * self.meta.table_slot_bytes
     }
 
-    fn encode_slot(&mut self, format_id: u64, generation: u64) {
-        let mut buf = std::mem::take(&mut self.slot_buf);
-        encode_table(format_id, generation, self.table_entries(), &mut buf);
-        self.slot_buf = buf;
+    /// The whole table at `generation` into `slot` (a table slot's bytes): one
+    /// table (version 1) or every block (version 2).
+    fn encode_whole_slot(&self, generation: u64, slot: &mut [u8]) {
+        let fmt = self.meta.format_id;
+        if self.meta.version == META_VERSION_WHOLE {
+            encode_table(fmt, generation, self.table_entries(), slot);
+            return;
+        }
+        let entries: Vec<TableEntry> = self.table_entries().collect();
+        slot.fill(0);
+        let bs = META_BLOCK_BYTES as usize;
+        for b in 0..table_blocks(u64::from(self.meta.zone_count)) {
+            let at = b as usize * bs;
+            let zones = block_zones(self.meta.zone_count, b);
+            encode_table_block(fmt, generation, b, &entries[zones], &mut slot[at..at + bs]);
+        }
     }
 
-    /// Makes completed data durable, then writes the next table generation and
-    /// makes it durable.
+    /// Makes completed data durable, then writes the next table generation (what
+    /// changed of it) and makes it durable.
     fn persist(&mut self) -> Result<(), DeviceError> {
+        if self.meta.version == META_VERSION_BLOCKS {
+            return self.persist_blocks();
+        }
         self.inner.flush()?;
         let generation = self.generation + 1;
-        self.encode_slot(self.meta.format_id, generation);
+        let mut buf = std::mem::take(&mut self.slot_buf);
+        encode_table(
+            self.meta.format_id,
+            generation,
+            self.table_entries(),
+            &mut buf,
+        );
+        self.slot_buf = buf;
         self.inner
             .write_at(self.slot_offset(generation), &self.slot_buf)?;
         self.inner.flush()?;
         self.generation = generation;
         Ok(())
+    }
+
+    /// Version 2: writes each table block whose zones changed since its newest
+    /// version on media to its other copy. Nothing changed: one flush.
+    fn persist_blocks(&mut self) -> Result<(), DeviceError> {
+        self.inner.flush()?;
+        let count = self.meta.zone_count;
+        let mut dirty: Vec<(u64, Vec<TableEntry>)> = Vec::new();
+        for b in std::mem::take(&mut self.touched) {
+            self.touched_flag[b as usize] = false;
+            let entries = self.block_entries(b);
+            if self.must_write[b as usize] || entries[..] != self.persisted[block_zones(count, b)] {
+                dirty.push((b, entries));
+            }
+        }
+        if dirty.is_empty() {
+            #[cfg(test)]
+            assert!(
+                self.table_entries().eq(self.persisted.iter().copied()),
+                "a changed zone was not persisted"
+            );
+            return Ok(());
+        }
+        for (b, _) in &dirty {
+            // Until this persist is done: a failure leaves the block unknown.
+            self.must_write[*b as usize] = true;
+            if !self.touched_flag[*b as usize] {
+                self.touched_flag[*b as usize] = true;
+                self.touched.push(*b);
+            }
+        }
+        // Under an active-zone limit, blocks whose active count falls go first and
+        // are made durable before those whose count rises: whichever writes a crash
+        // keeps, the table read at open stays within the limit.
+        let rises = |(b, e): &(u64, Vec<TableEntry>)| {
+            active_in(e) > active_in(&self.persisted[block_zones(count, *b)])
+        };
+        let (then, first): (Vec<_>, Vec<_>) = if self.meta.max_active_zones == 0 {
+            (Vec::new(), dirty)
+        } else {
+            dirty.into_iter().partition(rises)
+        };
+        let generation = self.generation + 1;
+        self.write_blocks(&first, generation)?;
+        if !first.is_empty() && !then.is_empty() {
+            self.inner.flush()?;
+        }
+        self.write_blocks(&then, generation)?;
+        self.inner.flush()?;
+        for (b, entries) in first.into_iter().chain(then) {
+            self.persisted[block_zones(count, b)].copy_from_slice(&entries);
+            self.newest_copy[b as usize] ^= 1;
+            self.must_write[b as usize] = false;
+        }
+        self.generation = generation;
+        // Tests check what the touched list saves scanning: nothing was missed.
+        #[cfg(test)]
+        assert!(
+            self.table_entries().eq(self.persisted.iter().copied()),
+            "a changed zone was not persisted"
+        );
+        Ok(())
+    }
+
+    /// Writes `blocks` (index, entries) at `generation`, each to the copy not
+    /// holding its newest version.
+    fn write_blocks(
+        &mut self,
+        blocks: &[(u64, Vec<TableEntry>)],
+        generation: u64,
+    ) -> Result<(), DeviceError> {
+        let mut buf = std::mem::take(&mut self.slot_buf);
+        let mut r = Ok(());
+        for (b, entries) in blocks {
+            let b = *b;
+            encode_table_block(self.meta.format_id, generation, b, entries, &mut buf);
+            let copy = u64::from(self.newest_copy[b as usize] ^ 1);
+            let off = TABLE_SLOT0_OFFSET + copy * self.meta.table_slot_bytes + b * META_BLOCK_BYTES;
+            r = self.inner.write_at(off, &buf);
+            if r.is_err() {
+                break;
+            }
+        }
+        self.slot_buf = buf;
+        r
     }
 
     fn alloc_slot(&mut self, slot: InnerSlot) -> u64 {
@@ -855,6 +1046,7 @@ impl<D: BlockDevice> ZoneEmu<D> {
             }
             InnerKind::Discard { zone } => {
                 self.zones[zone as usize].discarding = true;
+                self.discards_in_flight += 1;
             }
             InnerKind::Read => {}
         }
@@ -885,10 +1077,13 @@ impl<D: BlockDevice> ZoneEmu<D> {
         match slot.kind {
             InnerKind::Write { zone, rel } => {
                 mark_done(&mut self.zones[zone as usize].inflight, rel);
+                // The zone's safe write pointer may have moved.
+                self.touch(zone);
             }
             InnerKind::Discard { zone } => {
                 let z = &mut self.zones[zone as usize];
                 z.discarding = false;
+                self.discards_in_flight -= 1;
                 // Still in submission (= offset) order.
                 for req in std::mem::take(&mut z.held) {
                     self.inner.submit(req);
@@ -928,7 +1123,7 @@ impl<D: BlockDevice> ZoneEmu<D> {
     fn discard_pending(&self, zone: Option<u32>) -> bool {
         match zone {
             Some(z) => self.zones[z as usize].discarding,
-            None => self.zones.iter().any(|z| z.discarding),
+            None => self.discards_in_flight > 0,
         }
     }
 
@@ -983,6 +1178,91 @@ impl<D: BlockDevice> ZoneEmu<D> {
             result: Err(e),
         });
     }
+}
+
+fn active_in(entries: &[TableEntry]) -> usize {
+    entries.iter().filter(|e| is_active(e.state)).count()
+}
+
+/// Both table slots, as read.
+fn read_slots<D: BlockDevice>(
+    inner: &mut D,
+    meta: &MetaGeometry,
+) -> Result<[Vec<u8>; 2], DeviceError> {
+    let mut slots = [
+        vec![0u8; meta.table_slot_bytes as usize],
+        vec![0u8; meta.table_slot_bytes as usize],
+    ];
+    for (i, slot) in slots.iter_mut().enumerate() {
+        inner.read_at(TABLE_SLOT0_OFFSET + i as u64 * meta.table_slot_bytes, slot)?;
+    }
+    Ok(slots)
+}
+
+/// Block `b`'s bytes in a version-2 slot.
+fn table_block(slot: &[u8], b: u64) -> &[u8] {
+    let bs = META_BLOCK_BYTES as usize;
+    &slot[b as usize * bs..(b as usize + 1) * bs]
+}
+
+/// What a table and its copies hold: the highest generation, every zone's entry
+/// and (version 2) the copy of each block holding its newest version.
+type Loaded = (u64, Vec<TableEntry>, Vec<u8>);
+
+/// Version 1: the valid slot with the higher generation.
+fn newest_whole_table(
+    meta: &MetaGeometry,
+    slots: &[Vec<u8>; 2],
+    errors: &mut Vec<String>,
+) -> Option<Loaded> {
+    let mut best: Option<(u64, Vec<TableEntry>)> = None;
+    for (i, slot) in slots.iter().enumerate() {
+        match decode_table(meta, slot) {
+            Ok((generation, entries)) => {
+                if best.as_ref().is_none_or(|(g, _)| generation > *g) {
+                    best = Some((generation, entries));
+                }
+            }
+            Err(e) => errors.push(format!("table slot {i}: {e}")),
+        }
+    }
+    best.map(|(g, e)| (g, e, Vec::new()))
+}
+
+/// Version 2: block by block, the valid copy with the higher generation; `None`
+/// if some block has no valid copy (the errors say which).
+fn newest_blocks(
+    meta: &MetaGeometry,
+    slots: &[Vec<u8>; 2],
+    errors: &mut Vec<String>,
+) -> Option<Loaded> {
+    let blocks = table_blocks(u64::from(meta.zone_count));
+    let mut entries = Vec::with_capacity(meta.zone_count as usize);
+    let mut newest_copy = Vec::with_capacity(blocks as usize);
+    let mut generation = 0;
+    let mut complete = true;
+    for b in 0..blocks {
+        let mut best: Option<(u64, Vec<TableEntry>, u8)> = None;
+        for (i, slot) in slots.iter().enumerate() {
+            match decode_table_block(meta, b, table_block(slot, b)) {
+                Ok((g, e)) => {
+                    if best.as_ref().is_none_or(|(bg, _, _)| g > *bg) {
+                        best = Some((g, e, i as u8));
+                    }
+                }
+                Err(e) => errors.push(format!("table block {b}, copy {i}: {e}")),
+            }
+        }
+        match best {
+            Some((g, e, copy)) => {
+                generation = generation.max(g);
+                entries.extend(e);
+                newest_copy.push(copy);
+            }
+            None => complete = false,
+        }
+    }
+    complete.then_some((generation, entries, newest_copy))
 }
 
 /// Marks the entry with key `key` done in a queue sorted by key, then pops the

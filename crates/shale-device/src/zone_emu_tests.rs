@@ -1292,3 +1292,165 @@ fn every_metadata_byte_flip_is_reported_and_survived() {
         dev = reopened.into_inner();
     }
 }
+
+/// 600 zones of two 4 KiB blocks: three table blocks a copy.
+fn many_zones() -> ZoneEmuConfig {
+    ZoneEmuConfig {
+        zone_size: 8 * KB,
+        zone_capacity: 8 * KB,
+        max_open_zones: 1,
+        max_active_zones: 1,
+        zone_count_max: 600,
+    }
+}
+
+/// The metadata area's 4 KiB blocks that differ between two reads of it.
+fn changed_blocks(a: &[u8], b: &[u8]) -> Vec<u64> {
+    let bs = META_BLOCK_BYTES as usize;
+    (0..a.len() / bs)
+        .filter(|&i| a[i * bs..(i + 1) * bs] != b[i * bs..(i + 1) * bs])
+        .map(|i| i as u64)
+        .collect()
+}
+
+#[test]
+fn a_persist_writes_only_the_table_blocks_that_changed() {
+    let zc = many_zones();
+    let size = zc.device_bytes_for(600).expect("fits");
+    let mut dev = MemDevice::new(size, 4096).expect("device");
+    let mut emu = ZoneEmu::format(&mut dev, &zc).expect("format");
+    let slot = emu.meta.table_slot_bytes;
+    assert_eq!(slot, 3 * META_BLOCK_BYTES);
+    let area = |emu: &mut ZoneEmu<&mut MemDevice>| {
+        let mut b = vec![0u8; (2 * slot) as usize];
+        emu.inner_mut()
+            .read_at(TABLE_SLOT0_OFFSET, &mut b)
+            .expect("read");
+        b
+    };
+    let g = emu.table_generation();
+    let before = area(&mut emu);
+    // Zone 300 is in block 1, whose newest copy after format is copy 1.
+    emu.append(300, &[1u8; 4096]).expect("append");
+    emu.flush().expect("flush");
+    let after = area(&mut emu);
+    assert_eq!(changed_blocks(&before, &after), vec![1], "block 1, copy 0");
+    assert_eq!(emu.table_generation(), g + 1);
+    // Nothing changed: a flush writes no table block.
+    emu.flush().expect("flush");
+    assert_eq!(changed_blocks(&after, &area(&mut emu)), Vec::<u64>::new());
+    assert_eq!(emu.table_generation(), g + 1);
+    // The next change of block 1 goes to its other copy; zone 599 is in block 2.
+    emu.finish_zone(300).expect("finish");
+    let finished = area(&mut emu);
+    assert_eq!(changed_blocks(&after, &finished), vec![3 + 1]);
+    emu.append(599, &[2u8; 4096]).expect("append");
+    emu.flush().expect("flush");
+    assert_eq!(changed_blocks(&finished, &area(&mut emu)), vec![2]);
+    drop(emu);
+    assert_eq!(ZoneEmu::verify_metadata(&mut dev).expect("verify"), vec![]);
+    let emu = ZoneEmu::open(&mut dev).expect("reopen");
+    let s = states(&emu);
+    assert_eq!(s[300], (ZoneState::Full, 8 * KB));
+    assert_eq!(s[599], (ZoneState::Closed, 4 * KB));
+    assert!(s
+        .iter()
+        .enumerate()
+        .all(|(i, &(st, _))| i == 300 || i == 599 || st == ZoneState::Empty));
+}
+
+/// One flush that closes an active zone in block 0 and opens one in block 1, under a
+/// limit of one active zone; its inner flushes fail after the first and the power is
+/// cut with each subset of the writes it left pending. Every outcome opens within the
+/// limit: block 1's write is sent only once block 0's is durable.
+#[test]
+fn a_torn_persist_never_exceeds_the_active_zone_limit() {
+    use crate::{CrashMode, FaultDevice};
+    let zc = many_zones();
+    let size = zc.device_bytes_for(600).expect("fits");
+    let scenario = || {
+        let dev = FaultDevice::new(size, 4096, 7).expect("device");
+        let ctl = dev.controller();
+        let mut emu = ZoneEmu::format(dev, &zc).expect("format");
+        emu.append(0, &[1u8; 4096]).expect("open zone 0");
+        emu.flush().expect("flush");
+        emu.append(0, &[2u8; 4096]).expect("zone 0 full");
+        emu.append(300, &[3u8; 4096]).expect("open zone 300");
+        // Every flush after the persist's first one fails: what it wrote before
+        // failing is left pending.
+        ctl.fail_flushes(1, 8);
+        assert!(emu.flush().is_err(), "a flush fails");
+        let pending: Vec<_> = ctl.pending_writes().into_iter().map(|w| w.id).collect();
+        (ctl, pending)
+    };
+    let (_, pending) = scenario();
+    assert!(!pending.is_empty());
+    for mask in 0..1u32 << pending.len() {
+        let (ctl, pending) = scenario();
+        let keep = pending
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| mask & 1 << i != 0)
+            .map(|(_, &id)| id)
+            .collect();
+        let (_, dev) = ctl.crash(&CrashMode::Keep(keep)).expect("crash");
+        let emu = ZoneEmu::open(dev).unwrap_or_else(|e| panic!("subset {mask:b}: {e}"));
+        let s = states(&emu);
+        let old_or_new = [(ZoneState::Closed, 4 * KB), (ZoneState::Full, 8 * KB)];
+        assert!(old_or_new.contains(&s[0]), "subset {mask:b}: {:?}", s[0]);
+        assert!(matches!(s[300].0, ZoneState::Empty | ZoneState::Closed));
+    }
+}
+
+/// A pool formatted with the whole-table metadata (version 1) opens, works and
+/// keeps its format.
+#[test]
+fn a_version_1_table_opens_and_stays_version_1() {
+    use crate::zone_meta::{whole_table_slot_bytes, MetaGeometry};
+    let zones = 8u32;
+    let mut dev = mem(u64::from(zones), 4096);
+    let slot = whole_table_slot_bytes(u64::from(zones));
+    let meta = MetaGeometry {
+        version: META_VERSION_WHOLE,
+        logical_block_size: 4096,
+        zone_size: ZONE,
+        zone_capacity: CAP,
+        zone_count: zones,
+        max_open_zones: 2,
+        max_active_zones: 3,
+        table_slot_bytes: slot,
+        data_offset: data_offset_for(slot, ZONE).expect("offset"),
+        format_id: 1,
+    };
+    let empty = TableEntry {
+        state: ZoneState::Empty,
+        wp: 0,
+    };
+    let mut buf = vec![0u8; slot as usize];
+    for generation in 0..2u64 {
+        encode_table(
+            1,
+            generation,
+            vec![empty; zones as usize].into_iter(),
+            &mut buf,
+        );
+        dev.write_at(TABLE_SLOT0_OFFSET + generation * slot, &buf)
+            .expect("table");
+    }
+    let mut block = vec![0u8; META_BLOCK_BYTES as usize];
+    encode_geometry(&meta, &mut block);
+    dev.write_at(0, &block).expect("geometry");
+    dev.write_at(META_BLOCK_BYTES, &block).expect("geometry");
+    let mut emu = ZoneEmu::open(&mut dev).expect("open");
+    emu.append(3, &data(8192, 4)).expect("append");
+    emu.flush().expect("flush");
+    emu.finish_zone(5).expect("finish");
+    assert_eq!(emu.table_generation(), 3);
+    drop(emu);
+    assert_eq!(ZoneEmu::verify_metadata(&mut dev).expect("verify"), vec![]);
+    let emu = ZoneEmu::open(&mut dev).expect("reopen");
+    assert_eq!(emu.meta.version, META_VERSION_WHOLE);
+    let s = states(&emu);
+    assert_eq!(s[3], (ZoneState::Closed, 8192));
+    assert_eq!(s[5], (ZoneState::Full, CAP));
+}

@@ -5,7 +5,10 @@
 //!
 //! `SHALE_FUZZ_ITERS` raises the number of inputs (default 3000).
 //! `cargo test -p shale-device --test fuzz_corpus -- --ignored write_seed_corpus`
-//! regenerates the seeds by formatting and writing small emulated devices.
+//! regenerates the `v2-` seeds by formatting and writing small emulated devices
+//! (version-2 metadata, the table block by block). The seeds without the prefix are
+//! version-1 images (one whole table) written by an earlier build: kept, not
+//! regenerated, so that format stays covered.
 
 #[path = "../../../fuzz/standin.rs"]
 mod standin;
@@ -103,15 +106,15 @@ fn write_seed_corpus() {
     standin::write_seeds(
         "zone_table",
         vec![
-            ("fresh", seed(4096, small.clone(), 4, true, |_| {})),
+            ("v2-fresh", seed(4096, small.clone(), 4, true, |_| {})),
             (
-                "fresh-as-stored",
+                "v2-fresh-as-stored",
                 seed(4096, small.clone(), 4, false, |_| {}),
             ),
-            ("written", seed(4096, small.clone(), 4, true, written)),
-            ("written-as-stored", seed(4096, small, 4, false, written)),
+            ("v2-written", seed(4096, small.clone(), 4, true, written)),
+            ("v2-written-as-stored", seed(4096, small, 4, false, written)),
             (
-                "limits-512",
+                "v2-limits-512",
                 seed(512, limited, 6, true, |emu| {
                     let zone = emu.geometry().zone_size;
                     emu.write_at(zone, &[4u8; 1024]).expect("zone 1");
