@@ -582,6 +582,8 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn main() {
+    // Built with the tests' `paranoid` feature (a dev-dependency): not timed here.
+    shale_engine::disable_paranoid_checks();
     let a = match parse_args() {
         Ok(a) => a,
         Err(e) => {

@@ -128,6 +128,8 @@ fn random_writes(e: &mut Eng, volume: shale_engine::VolumeUid, blocks: u64, writ
 }
 
 fn main() {
+    // Built with the tests' `paranoid` feature (a dev-dependency): not timed here.
+    shale_engine::disable_paranoid_checks();
     let a = match parse_args() {
         Ok(a) => a,
         Err(e) => {

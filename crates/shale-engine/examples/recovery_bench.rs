@@ -12,7 +12,17 @@
 //! `kill`: a real kill -9 of a process writing randomly to a 6 GiB cache and a 24 GiB
 //! capacity, then the recovery timed (`SECS`, `RUNS` in the environment).
 //!
+//! `row`: one configuration given by flags, printed as one JSON object (with `--json`
+//! on one line): `--capacity SIZE` (`64G`, `1T`, ...), `--mapped FRACTION` of the
+//! volume's L2P pages that exist (one 4 KiB block written in each; 1.0: every page),
+//! `--recent SIZE` of random 64 KiB writes after the checkpoint, `--dir DIR`. Fields:
+//! `recovery_ms`, `clean_open_ms`, their bytes read and steps, `rss_peak_bytes` (the
+//! process's peak resident memory over the whole row: format, writes, both opens) and
+//! `rss_open_peak_bytes` (from the recovery open on).
+//!
 //! cargo run --release -p shale-engine --example recovery_bench -- [table|rss|stall|kill] [dir]
+//! cargo run --release -p shale-engine --example recovery_bench -- row --capacity 1T
+//!     --mapped 1.0 --recent 1G --dir /dev/shm/rb [--json]
 #![allow(clippy::unwrap_used)]
 
 use std::path::{Path, PathBuf};
@@ -292,6 +302,163 @@ fn table(dir: &Path) {
     }
 }
 
+/// `row`: one configuration, the contract: `--capacity SIZE --mapped FRACTION
+/// --recent SIZE --dir DIR [--json]`. `mapped` is the fraction of the volume's L2P
+/// pages that exist (one 4 KiB block written in each; 1.0: every page), then a
+/// checkpoint, `recent` bytes of random 64 KiB writes, a flush and a stop without
+/// shutdown; the recovery open is timed, then a clean shutdown and a clean open.
+struct RowArgs {
+    capacity: u64,
+    mapped: f64,
+    recent: u64,
+    dir: PathBuf,
+    json: bool,
+}
+
+/// `64G`, `1T`, `512M`, or bytes.
+fn parse_size(s: &str) -> Result<u64, String> {
+    let (num, unit) = match s.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
+        Some((i, _)) => s.split_at(i),
+        None => (s, ""),
+    };
+    let n: f64 = num.parse().map_err(|_| format!("bad size {s:?}"))?;
+    let mult = match unit
+        .to_ascii_uppercase()
+        .trim_end_matches("IB")
+        .trim_end_matches('B')
+    {
+        "" => 1u64,
+        "K" => 1 << 10,
+        "M" => 1 << 20,
+        "G" => 1 << 30,
+        "T" => 1 << 40,
+        "P" => 1 << 50,
+        _ => return Err(format!("bad size unit in {s:?}")),
+    };
+    Ok((n * mult as f64) as u64)
+}
+
+fn parse_row(args: &[String]) -> Result<RowArgs, String> {
+    let mut r = RowArgs {
+        capacity: 0,
+        mapped: 0.0,
+        recent: 0,
+        dir: std::env::temp_dir().join("shale-recovery-bench"),
+        json: false,
+    };
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut val = || it.next().cloned().ok_or(format!("{a} needs a value"));
+        match a.as_str() {
+            "--capacity" => r.capacity = parse_size(&val()?)?,
+            "--mapped" => {
+                r.mapped = val()?
+                    .parse()
+                    .map_err(|_| "--mapped takes a fraction 0..=1".to_string())?
+            }
+            "--recent" => r.recent = parse_size(&val()?)?,
+            "--dir" => r.dir = PathBuf::from(val()?),
+            "--json" => r.json = true,
+            other => return Err(format!("unknown argument {other}")),
+        }
+    }
+    if r.capacity < GIB || !(0.0..=1.0).contains(&r.mapped) {
+        return Err("--capacity of at least 1G and --mapped in 0..=1 are needed".into());
+    }
+    Ok(r)
+}
+
+/// A field of /proc/self/status in bytes (`VmHWM`, `VmRSS`).
+fn status_bytes(field: &str) -> u64 {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    s.lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        .map_or(0, |kib| kib * 1024)
+}
+
+fn steps_ms(r: &OpenReport) -> serde_json::Value {
+    serde_json::Value::Object(
+        r.steps
+            .iter()
+            .map(|s| {
+                (
+                    s.name.to_string(),
+                    serde_json::json!(s.duration_ns as f64 / 1e6),
+                )
+            })
+            .collect(),
+    )
+}
+
+fn row(a: &RowArgs) {
+    std::fs::create_dir_all(&a.dir).unwrap();
+    let t = Instant::now();
+    let mut e = create(&a.dir, a.capacity, config());
+    let blocks = (e.user_capacity_bytes() - 16 * MIB) / 4096;
+    let total_pages = blocks.div_ceil(1024);
+    let pages = ((a.mapped * total_pages as f64).round() as u64).min(total_pages);
+    if pages > 0 {
+        // One block at the start of every (total / pages)-th page.
+        write_many(&mut e, pages, 4096, |i| {
+            (i * total_pages / pages * 1024).min(blocks - 1)
+        });
+    }
+    call(
+        &mut e,
+        Request::CreateVolume {
+            name: "ckpt".into(),
+            size_bytes: 4096,
+        },
+    );
+    let mut x = 0x9E37_79B9u64;
+    if a.recent > 0 {
+        write_many(&mut e, a.recent / (64 * 1024), 64 * 1024, |_| {
+            (rng(&mut x) % (blocks - 16)) & !15
+        });
+    }
+    call(&mut e, Request::Flush);
+    drop(e.abandon());
+    let fill_s = t.elapsed().as_secs_f64();
+    let peak_fill = status_bytes("VmHWM");
+    // From here on: the open's own peak.
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+    let (e, recover) = open(&a.dir, config());
+    let rep = e.open_report().clone();
+    assert!(!rep.clean);
+    let peak_open = status_bytes("VmHWM");
+    drop(e.shutdown().unwrap());
+    let (e, clean) = open(&a.dir, config());
+    let clean_rep = e.open_report().clone();
+    assert!(clean_rep.clean);
+    drop(e.shutdown().unwrap());
+    let peak_all = peak_fill.max(status_bytes("VmHWM"));
+    let (c, z) = paths(&a.dir);
+    let _ = std::fs::remove_file(c);
+    let _ = std::fs::remove_file(z);
+    let out = serde_json::json!({
+        "capacity_bytes": a.capacity,
+        "mapped_fraction": a.mapped,
+        "l2p_pages_total": total_pages,
+        "l2p_pages_written": pages,
+        "recent_bytes": a.recent,
+        "fill_s": fill_s,
+        "recovery_ms": recover.as_secs_f64() * 1e3,
+        "recovery_read_bytes": rep.bytes_read(),
+        "recovery_steps_ms": steps_ms(&rep),
+        "clean_open_ms": clean.as_secs_f64() * 1e3,
+        "clean_open_read_bytes": clean_rep.bytes_read(),
+        "clean_open_steps_ms": steps_ms(&clean_rep),
+        "rss_peak_bytes": peak_all,
+        "rss_open_peak_bytes": peak_open,
+    });
+    if a.json {
+        println!("{out}");
+    } else {
+        println!("{}", serde_json::to_string_pretty(&out).unwrap());
+    }
+}
+
 fn rss_mib() -> f64 {
     let s = std::fs::read_to_string("/proc/self/status").unwrap();
     let kb: f64 = s
@@ -470,8 +637,20 @@ fn kill_child(dir: &Path) {
 }
 
 fn main() {
+    // Built with the tests' `paranoid` feature (a dev-dependency): not timed here.
+    shale_engine::disable_paranoid_checks();
     let args: Vec<String> = std::env::args().collect();
     let what = args.get(1).map_or("table", String::as_str);
+    if what == "row" {
+        match parse_row(&args[2..]) {
+            Ok(a) => row(&a),
+            Err(e) => {
+                eprintln!("recovery_bench row: {e}\nusage: row --capacity SIZE --mapped FRACTION --recent SIZE --dir DIR [--json]");
+                std::process::exit(2);
+            }
+        }
+        return;
+    }
     let dir = args
         .get(2)
         .map(PathBuf::from)

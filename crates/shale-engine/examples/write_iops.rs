@@ -57,6 +57,8 @@ fn setup(
 }
 
 fn main() {
+    // Built with the tests' `paranoid` feature (a dev-dependency): not timed here.
+    shale_engine::disable_paranoid_checks();
     let args: Vec<String> = std::env::args().collect();
     let cap_mib: u64 = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(1024);
     let secs: u64 = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(20);

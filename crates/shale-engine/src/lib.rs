@@ -52,6 +52,8 @@ mod recovery;
 mod request;
 mod scrub;
 mod selfcheck;
+#[cfg(feature = "paranoid")]
+pub use selfcheck::disable_paranoid_checks;
 mod space;
 mod thread;
 mod volume;
