@@ -144,6 +144,8 @@ pub fn check<C: BlockDevice, Z: ZonedDevice>(
     }
     let mut config = opts.config.clone();
     config.open_self_check = false;
+    // The checks below read the validity bits: the census runs within the open.
+    config.census_in_background = false;
     config.recover = true;
     let opened = Engine::open(
         Sandbox::new(cache),

@@ -50,8 +50,16 @@ pub struct Config {
     pub checkpoint_pages_per_poll: u32,
     /// Recover after an unclean stop; when false, open refuses with `NeedsRecovery`.
     pub recover: bool,
-    /// Run the O(mapped blocks) self-check at the end of open.
+    /// Run the self-check at the end of open (its cost follows the region count; the
+    /// census before it has walked the L2P).
     pub open_self_check: bool,
+    /// After a clean shutdown, rebuild the validity bits in the background while I/O
+    /// is served (`census.rs`) instead of walking every L2P page before the open
+    /// returns. Compaction and GC wait for it (or finish it when space runs short).
+    pub census_in_background: bool,
+    /// L2P pages the background census walks per loop iteration while space is not
+    /// short (read in runs of nearby slots: 256 pages are at most 1 MiB).
+    pub census_pages_per_poll: u32,
     /// Check each block compaction moves against its CRC (GC always checks). A copy
     /// keeps its original CRC, so a corrupt block stays detectable on every later
     /// read either way; checking before the source is erased only adds the chance to
@@ -96,6 +104,8 @@ impl Default for Config {
             checkpoint_pages_per_poll: 16,
             recover: true,
             open_self_check: true,
+            census_in_background: true,
+            census_pages_per_poll: 256,
             verify_compaction_reads: false,
             stuck_after_ms: 60_000,
             scrub_bytes_per_sec: 0,

@@ -49,6 +49,8 @@ pub(crate) struct Core<C: BlockDevice, Z: ZonedDevice, K: Clock> {
     /// Capacity blocks rebuilt from redundancy after failing their checksum, to be
     /// written anew by compaction (the event loop hands them over).
     pub repairs: Vec<(shale_format::Pba, Box<[u8; crate::layout::BS as usize]>)>,
+    /// The validity bits' rebuild after a clean open, while it runs (`census.rs`).
+    pub census: Option<crate::census::Census>,
 }
 
 impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Core<C, Z, K> {

@@ -553,24 +553,13 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             compaction_threshold, gc_threshold, pending_counts, release_due, steps_for,
         };
         let mut progress = false;
-        self.scrubber.step(&mut self.core, &self.writer)?;
-        self.stage_repairs()?;
         let blocked = self.compaction.zone_blocked;
-        self.compaction.zone_blocked = false;
-
         // Pacing counts PendingFree regions as free: the next durability point frees
         // them, and running the movers ahead for them would only cost spare space.
         let (pending_chunks, pending_zones) = pending_counts(&self.core.geo, &self.core.regions);
         let free_zones = self.core.regions.free_zones.len() + pending_zones;
         let threshold = gc_threshold(&self.core.config, self.gc.gc_reserve());
         let gc_steps = steps_for(&self.core.config, free_zones, threshold, blocked);
-        for _ in 0..gc_steps {
-            if !self.gc.step(&mut self.core, 0)? {
-                break;
-            }
-            progress = true;
-        }
-
         let free_chunks = self.core.regions.free_chunks.len() + pending_chunks;
         let threshold = compaction_threshold(&self.core.geo, &self.core.config);
         let steps = steps_for(
@@ -579,6 +568,34 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             threshold,
             self.health.user_blocked,
         );
+        if self.core.census.is_some() {
+            // The movers and the scrub read validity bits: until the census has
+            // rebuilt them they wait, unless space is short, which finishes it now.
+            if gc_steps > 0 || steps > 0 {
+                crate::census::complete(&mut self.core)?;
+                progress = true;
+            } else {
+                progress |= crate::census::background_step(&mut self.core)?;
+            }
+        }
+        let census_pending = self.core.regions.census_pending;
+        if !census_pending {
+            self.scrubber.step(&mut self.core, &self.writer)?;
+            self.stage_repairs()?;
+        }
+        self.compaction.zone_blocked = false;
+        let (gc_steps, steps) = if census_pending {
+            (0, 0)
+        } else {
+            (gc_steps, steps)
+        };
+        for _ in 0..gc_steps {
+            if !self.gc.step(&mut self.core, 0)? {
+                break;
+            }
+            progress = true;
+        }
+
         for _ in 0..steps {
             let (mover, core, floor) = self.mover_with_core(false);
             if !mover.step(core, floor)? {
@@ -609,7 +626,9 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
 
     /// Breaks a stall: pads every partial batch and makes freed space reusable.
     fn force_background(&mut self) -> Result<bool, EngineError> {
-        let mut progress = self.gc.pad_streams(&mut self.core, 0)?;
+        let mut progress = self.core.census.is_some();
+        crate::census::complete(&mut self.core)?;
+        progress |= self.gc.pad_streams(&mut self.core, 0)?;
         let (mover, core, floor) = self.mover_with_core(false);
         progress |= mover.pad_streams(core, floor)?;
         self.drain_io()?;
@@ -829,6 +848,17 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
 
     /// Checks every space invariant; the first violation is returned.
     pub fn self_check(&mut self) -> Result<(), crate::SelfCheckError> {
+        // The bits must be whole before they are checked.
+        if let Err(e) = crate::census::complete(&mut self.core) {
+            let reason = e.to_string();
+            if matches!(e, EngineError::Failed { .. }) {
+                self.fail(e);
+            }
+            return Err(crate::SelfCheckError::RegionState {
+                region: shale_format::RegionId(u32::MAX),
+                reason,
+            });
+        }
         crate::selfcheck::self_check(
             &mut self.core,
             &self.writer,

@@ -29,6 +29,7 @@
 
 mod background;
 mod buffers;
+mod census;
 pub mod check;
 mod checkpoint;
 mod clock;

@@ -64,6 +64,10 @@ pub struct Stats {
     /// Incremental checkpoints started, and the L2P pages they wrote in the background.
     pub checkpoints_started: u64,
     pub checkpoint_page_writes: u64,
+    /// The validity bits are still being rebuilt after a clean open (compaction and
+    /// GC wait), and the L2P pages that rebuild has walked so far.
+    pub census_pending: bool,
+    pub census_pages: u64,
     pub durability_points: u64,
     /// Flushes that found everything already durable (no device I/O).
     pub idle_flushes: u64,
@@ -194,6 +198,11 @@ pub(crate) fn snapshot(
     s.l2p_cache_pages_max = core.l2p.frames_max() as u64;
     s.md_cache_hits = core.md_cache.hits;
     s.md_cache_misses = core.md_cache.misses;
+    s.census_pending = core.regions.census_pending;
+    s.census_pages = core
+        .census
+        .as_ref()
+        .map_or(core.stats.census_pages, |c| c.pages);
     s.free_chunks = core.regions.free_chunks.len() as u64;
     s.free_zones = core.regions.free_zones.len() as u64;
     s.io_buffer_allocs = core.bufs.allocs;

@@ -144,6 +144,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 open_report: crate::recovery::OpenReport::default(),
                 device_wake_ns: shale_device::MAINTAIN_IDLE,
                 repairs: Vec::new(),
+                census: None,
             },
             queue: VecDeque::new(),
             writer,
@@ -1132,6 +1133,17 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Opening<C, Z, K> {
     fn census_clean(&mut self, meter: &mut Meter<'_>) -> StepDone {
         let e = &mut self.engine;
         let zone_wps = e.zone_write_pointers()?;
+        if e.core.config.census_in_background {
+            // The checkpoint's counts are exact (a clean shutdown takes it at one
+            // instant); the bits are rebuilt while I/O is served.
+            e.core.regions.validity.clear_all();
+            e.core.regions.census_pending = true;
+            e.core.census = Some(crate::census::Census::new(zone_wps));
+            return Ok((
+                0,
+                format!("{}; bits rebuilt in the background", e.census_detail()),
+            ));
+        }
         let bytes = e.census(true, &zone_wps, meter)?;
         Ok((bytes, e.census_detail()))
     }

@@ -729,10 +729,12 @@ fn check_progress(seen: &[Seen], report: &OpenReport) -> Vec<(&'static str, &'st
     metered
 }
 
-/// Progress: a clean open reports every step in order, with the L2P walks counted.
+/// Progress: a clean open reports every step in order, with the L2P walks counted
+/// (the census walking inside the open, as `shale check` has it).
 #[test]
 fn a_clean_open_reports_its_steps_and_l2p_walks() {
     let mut r = Rig::new(52);
+    r.config.census_in_background = false;
     for l in 0..600 {
         r.write(l * 5);
     }
@@ -962,4 +964,91 @@ fn forge_clean_superblock(cache: &mut shale_device::FaultDevice) {
     sb.generation += 1;
     let copy = sb.generation % 2;
     cache.write_at(copy * 4096, &sb.encode()).unwrap();
+}
+
+/// Rule: after a clean shutdown the validity bits are rebuilt in the background. The
+/// open returns with the census pending; writes, overwrites and trims served during
+/// the walk leave exact bits and counts; a count reaching zero meanwhile waits; the
+/// self-check (which finishes the walk) and every read agree afterwards.
+#[test]
+fn the_census_runs_in_the_background_after_a_clean_open() {
+    let config = Config {
+        census_pages_per_poll: 1,
+        compaction_free_chunks_pct: 1,
+        gc_free_zones_min: 1,
+        l2p_cache_bytes_max: Some(64 * 4096),
+        ..tiny_config()
+    };
+    // 90 zones: a volume of 16 L2P pages.
+    let mut r = Rig::build(61, config, 90, 15 * 1024);
+    for i in 0..2000u64 {
+        r.write((i * 1031) % 15_000);
+    }
+    r.flush();
+    let e = r.e.take().unwrap();
+    let (c, z) = e.shutdown().unwrap();
+    r.reopen(c.into_inner(), z.into_inner().into_inner())
+        .unwrap();
+    let report = r.e().open_report().clone();
+    assert!(report.clean);
+    let census = report.steps.iter().find(|s| s.name == "census").unwrap();
+    assert_eq!(census.bytes_read, 0, "{census:?}");
+    assert!(r.e().stats().census_pending);
+    // Overwrite and trim blocks mapped at the open, a few at a time, while it walks.
+    let mut overlapped = 0;
+    for i in 0..40u64 {
+        overlapped += u32::from(r.e().stats().census_pending);
+        r.write((i * 1031) % 15_000);
+        if i % 8 == 0 {
+            r.trim((i * 2063) % 15_000, 3);
+        }
+    }
+    assert!(
+        overlapped >= 4,
+        "only {overlapped} writes ran during the census"
+    );
+    let s = r.e().stats();
+    assert!(s.census_pages > 0, "{s:?}");
+    r.flush();
+    r.verify();
+    r.e().self_check().unwrap();
+    let s = r.e().stats();
+    assert!(!s.census_pending);
+    assert!(s.census_pages >= 15, "{s:?}");
+    // And the state it left survives a clean reopen (the census then checks counts).
+    let e = r.e.take().unwrap();
+    let (c, z) = e.shutdown().unwrap();
+    r.model.flushed();
+    r.reopen(c.into_inner(), z.into_inner().into_inner())
+        .unwrap();
+    r.e().self_check().unwrap();
+    r.verify();
+}
+
+/// Rule: space running short finishes the census at once, then compaction runs.
+#[test]
+fn space_running_short_finishes_the_census() {
+    let config = Config {
+        census_pages_per_poll: 1,
+        l2p_cache_bytes_max: Some(64 * 4096),
+        ..tiny_config()
+    };
+    let mut r = Rig::build(62, config, 90, 15 * 1024);
+    for i in 0..2000u64 {
+        r.write((i * 1031) % 15_000);
+    }
+    let e = r.e.take().unwrap();
+    let (c, z) = e.shutdown().unwrap();
+    r.model.flushed();
+    r.reopen(c.into_inner(), z.into_inner().into_inner())
+        .unwrap();
+    for i in 0..3000u64 {
+        r.write((i * 7) % 15_000);
+    }
+    let s = r.e().stats();
+    assert!(!s.census_pending, "{s:?}");
+    assert!(s.compaction_victims > 0, "{s:?}");
+    r.flush();
+    r.verify();
+    r.e().self_check().unwrap();
 }

@@ -539,6 +539,14 @@ impl Sim {
         }
         // Periodic checkpoints: synchronous, or incremental at 1 or 16 pages a poll.
         config.checkpoint_pages_per_poll = [0, 1, 16][self.rng.gen_range(0..3)];
+        // The census after a clean open: one L2P page a poll in a third of the runs, so
+        // writes and crashes meet it mid-walk (tied to the draw above: no new draw, so
+        // every seed replays the run it did).
+        config.census_pages_per_poll = if config.checkpoint_pages_per_poll == 1 {
+            1
+        } else {
+            256
+        };
         self.queue_depth = self.rng.gen_range(1..=self.cfg.queue_depth_max.max(1));
         let lbs = |rng: &mut ChaCha8Rng| if rng.gen_bool(0.5) { 512 } else { 4096 };
         let cache_lbs = lbs(&mut self.rng);

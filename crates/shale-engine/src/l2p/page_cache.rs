@@ -1036,7 +1036,7 @@ impl L2p {
         &mut self,
         dev: &mut C,
         meter: &mut Meter<'_>,
-        mut f: impl FnMut(VolumeId, Lba, Pba),
+        f: impl FnMut(VolumeId, Lba, Pba),
     ) -> Result<(), EngineError> {
         // The pages the walk visits: cached, with deferred switches, or written back.
         let pages: usize = self
@@ -1050,14 +1050,39 @@ impl L2p {
             })
             .sum();
         meter.start(pages as u64);
+        self.for_each_mapped_from((0, 0), usize::MAX, dev, meter, f)?;
+        Ok(())
+    }
+
+    /// The walk of [`for_each_mapped_metered`](Self::for_each_mapped_metered) from page
+    /// `from` (volume, page) on, over at most `max_pages` mapped pages (cached, with
+    /// deferred switches, or written back), each in its current state. Returns where
+    /// the next part of the walk starts, `None` once every volume is walked.
+    pub fn for_each_mapped_from<C: BlockDevice>(
+        &mut self,
+        from: (usize, usize),
+        max_pages: usize,
+        dev: &mut C,
+        meter: &mut Meter<'_>,
+        mut f: impl FnMut(VolumeId, Lba, Pba),
+    ) -> Result<Option<(usize, usize)>, EngineError> {
         let mut buf = Box::new([0u32; EPP]);
         // (slot, volume, page, descriptor) of the pages to read.
         let mut to_read: Vec<(u32, usize, usize, PageDesc)> = Vec::new();
-        for v in 0..self.vols.len() {
+        let mut taken = 0usize;
+        let mut next = None;
+        'walk: for v in from.0..self.vols.len() {
             let Some(m) = &self.vols[v] else {
                 continue;
             };
-            for p in 0..m.dir.len() {
+            let first = if v == from.0 { from.1 } else { 0 };
+            for p in first..m.dir.len() {
+                let mapped = m.frame[p] != FRAME_NONE || m.dir[p].slot != L2P_SLOT_NONE;
+                if mapped && taken == max_pages {
+                    next = Some((v, p));
+                    break 'walk;
+                }
+                taken += usize::from(mapped);
                 match slot_of(m.frame[p]) {
                     Slot::Frame(fr) => {
                         decode(&self.frames[fr as usize].data, &mut buf);
@@ -1137,7 +1162,7 @@ impl L2p {
             }
             i = j;
         }
-        Ok(())
+        Ok(next)
     }
 
     /// Switches `lba` of `v` from a relocation's source to `pba`. The caller has checked

@@ -46,6 +46,9 @@ pub(crate) struct Regions {
     pub free_chunks: VecDeque<RegionId>,
     pub free_zones: VecDeque<RegionId>,
     pub pending_free: Vec<RegionId>,
+    /// The validity bits are being rebuilt in the background (`census.rs`): a bit may
+    /// still be clear for a mapped block, and a count reaching zero waits.
+    pub census_pending: bool,
 }
 
 impl Regions {
@@ -60,6 +63,7 @@ impl Regions {
                 .map(RegionId)
                 .collect(),
             pending_free: Vec::new(),
+            census_pending: false,
         }
     }
 
@@ -115,7 +119,7 @@ impl Regions {
             panic!("mark_invalid of {pba} outside the data regions");
         };
         let was = self.validity.clear(pba);
-        assert!(was, "{pba} was not valid");
+        assert!(was || self.census_pending, "{pba} was not valid");
         let reg = &mut self.regions[r.0 as usize];
         reg.valid -= 1;
         self.maybe_pending_free(r);
@@ -126,6 +130,7 @@ impl Regions {
     pub fn maybe_pending_free(&mut self, r: RegionId) {
         let reg = &mut self.regions[r.0 as usize];
         if reg.state == RegionState::Closed
+            && !self.census_pending
             && reg.valid == 0
             && reg.relocations == 0
             && reg.inflight_writes == 0
