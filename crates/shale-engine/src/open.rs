@@ -1157,6 +1157,15 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Opening<C, Z, K> {
         let stray = replay::reset_stray_zones(&mut e.core, meter)?;
         meter.finish();
         e.resume_open_regions(self.now)?;
+        // A shutdown during a background census records regions emptied meanwhile as
+        // Closed with nothing valid: once the counts are checked (a census inside the
+        // open) they wait for reuse like any emptied region, released (zones reset) by
+        // the next durability point. A background census does this when it ends.
+        if !e.core.regions.census_pending {
+            for i in 0..e.core.geo.region_count() {
+                e.core.regions.maybe_pending_free(RegionId(i));
+            }
+        }
         e.write_superblock_dirty()?;
         Ok((
             0,
