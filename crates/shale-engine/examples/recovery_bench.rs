@@ -154,6 +154,27 @@ struct Row {
     recent: u64,
 }
 
+/// Takes a checkpoint (a volume creation does), writes `recent` bytes of random 64 KiB
+/// writes over the first `blocks`, flushes and stops without a shutdown: what kill -9
+/// leaves, with `recent` for the recovery to replay.
+fn checkpoint_then_stop(mut e: E, recent: u64, blocks: u64) {
+    call(
+        &mut e,
+        Request::CreateVolume {
+            name: "ckpt".into(),
+            size_bytes: 4096,
+        },
+    );
+    let mut x = 0x9E37_79B9u64;
+    if recent > 0 {
+        write_many(&mut e, recent / (64 * 1024), 64 * 1024, |_| {
+            (rng(&mut x) % (blocks - 16)) & !15
+        });
+    }
+    call(&mut e, Request::Flush);
+    drop(e.abandon());
+}
+
 fn step_ms(r: &OpenReport, name: &str) -> f64 {
     r.steps
         .iter()
@@ -173,22 +194,7 @@ fn run_row(dir: &Path, row: &Row) {
         let stride = stride.max(1024);
         write_many(&mut e, row.pages, 4096, |i| (i * stride) % blocks);
     }
-    // A checkpoint now: what follows is what recovery replays.
-    call(
-        &mut e,
-        Request::CreateVolume {
-            name: "ckpt".into(),
-            size_bytes: 4096,
-        },
-    );
-    let mut x = 0x9E37_79B9u64;
-    if row.recent > 0 {
-        write_many(&mut e, row.recent / (64 * 1024), 64 * 1024, |_| {
-            (rng(&mut x) % (blocks - 16)) & !15
-        });
-    }
-    call(&mut e, Request::Flush);
-    drop(e.abandon());
+    checkpoint_then_stop(e, row.recent, blocks);
     let (e, recover) = open(dir, config());
     let rep = e.open_report().clone();
     assert!(!rep.clean);
@@ -406,21 +412,7 @@ fn row(a: &RowArgs) {
             (i * total_pages / pages * 1024).min(blocks - 1)
         });
     }
-    call(
-        &mut e,
-        Request::CreateVolume {
-            name: "ckpt".into(),
-            size_bytes: 4096,
-        },
-    );
-    let mut x = 0x9E37_79B9u64;
-    if a.recent > 0 {
-        write_many(&mut e, a.recent / (64 * 1024), 64 * 1024, |_| {
-            (rng(&mut x) % (blocks - 16)) & !15
-        });
-    }
-    call(&mut e, Request::Flush);
-    drop(e.abandon());
+    checkpoint_then_stop(e, a.recent, blocks);
     let fill_s = t.elapsed().as_secs_f64();
     let peak_fill = status_bytes("VmHWM");
     // From here on: the open's own peak.

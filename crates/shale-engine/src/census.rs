@@ -21,13 +21,62 @@
 //! on the strength of those counts, so nothing is lost).
 
 use shale_device::{BlockDevice, ZonedDevice};
-use shale_format::RegionState;
+use shale_format::{Lba, Pba, RegionId, RegionState, VolumeId};
 
 use crate::core::Core;
-use crate::layout::Groups;
+use crate::layout::{Geometry, Groups};
 use crate::recovery::Meter;
-use crate::{Clock, EngineError};
-use shale_format::RegionId;
+use crate::space::Region;
+use crate::{Clock, EngineError, OpenError, RecoveryError};
+
+/// Where a mapping met by a census may point: a data slot of an open or closed region,
+/// below its zone's write pointer on the device when the open began (`zone_wps`, in
+/// blocks). Returns the region.
+pub(crate) fn check_mapping(
+    geo: &Geometry,
+    regions: &[Region],
+    zone_wps: &[u32],
+    (volume, lba, pba): (VolumeId, Lba, Pba),
+) -> Result<RegionId, OpenError> {
+    let Some((region, slot)) = geo.region_slot(pba).filter(|&(r, slot)| {
+        Groups {
+            blocks: geo.region_blocks(r),
+        }
+        .is_data_slot(slot)
+    }) else {
+        return Err(OpenError::InconsistentCheckpoint {
+            reason: format!("{volume} {lba} maps to {pba}, not a data slot"),
+        });
+    };
+    let state = regions[region.0 as usize].state;
+    if !matches!(state, RegionState::Open | RegionState::Closed) {
+        return Err(RecoveryError::MappedIntoUnusedRegion {
+            volume,
+            lba,
+            pba,
+            region,
+            state: format!("{state:?}"),
+        }
+        .into());
+    }
+    if !geo.is_chunk(region) {
+        let wp = zone_wps
+            .get(geo.zone_of(region).0 as usize)
+            .copied()
+            .unwrap_or(0);
+        if slot >= wp {
+            return Err(RecoveryError::MappedPastWritePointer {
+                volume,
+                lba,
+                pba,
+                region,
+                wp,
+            }
+            .into());
+        }
+    }
+    Ok(region)
+}
 
 /// A walk in progress.
 #[derive(Debug)]
@@ -120,33 +169,9 @@ pub(crate) fn step(
             if bad.is_some() {
                 return;
             }
-            let Some((r, slot)) = geo.region_slot(pba).filter(|&(r, slot)| {
-                Groups {
-                    blocks: geo.region_blocks(r),
-                }
-                .is_data_slot(slot)
-            }) else {
-                bad = Some(format!("{volume} {lba} maps to {pba}, not a data slot"));
+            if let Err(e) = check_mapping(&geo, regions, zone_wps, (volume, lba, pba)) {
+                bad = Some(e.to_string());
                 return;
-            };
-            let state = regions[r.0 as usize].state;
-            if !matches!(state, RegionState::Open | RegionState::Closed) {
-                bad = Some(format!(
-                    "{volume} {lba} maps to {pba} in {r}, which is {state:?}"
-                ));
-                return;
-            }
-            if !geo.is_chunk(r) {
-                let wp = zone_wps
-                    .get(geo.zone_of(r).0 as usize)
-                    .copied()
-                    .unwrap_or(0);
-                if slot >= wp {
-                    bad = Some(format!(
-                        "{volume} {lba} maps to {pba}, past its zone's write pointer {wp}"
-                    ));
-                    return;
-                }
             }
             // Already set: mapped since the open, or mapped twice (the full self-check
             // finds the latter).

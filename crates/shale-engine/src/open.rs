@@ -36,10 +36,7 @@ use crate::recovery::{
 use crate::space::Regions;
 use crate::volume::Volumes;
 use crate::write::chunk_writer::ChunkWriter;
-use crate::{
-    Clock, Config, ConfigError, Engine, EngineError, FormatDeviceError, OpenError, RecoveryError,
-    Stats,
-};
+use crate::{Clock, Config, ConfigError, Engine, EngineError, FormatDeviceError, OpenError, Stats};
 
 fn streams_for(config: &Config, z: &shale_device::ZoneGeometry) -> Result<u32, String> {
     let mut streams = config.streams_max.min(config.volumes_max);
@@ -332,50 +329,18 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                     if err.is_some() {
                         return;
                     }
-                    let Some((r, slot)) = geo.region_slot(pba).filter(|&(r, slot)| {
-                        Groups {
-                            blocks: geo.region_blocks(r),
-                        }
-                        .is_data_slot(slot)
-                    }) else {
-                        err = Some(OpenError::InconsistentCheckpoint {
-                            reason: format!("{volume} {lba} maps to {pba}, not a data slot"),
-                        });
-                        return;
-                    };
-                    let state = regions[r.0 as usize].state;
-                    if !matches!(state, RegionState::Open | RegionState::Closed) {
-                        err = Some(
-                            RecoveryError::MappedIntoUnusedRegion {
-                                volume,
-                                lba,
-                                pba,
-                                region: r,
-                                state: format!("{state:?}"),
-                            }
-                            .into(),
-                        );
-                        return;
-                    }
-                    if !geo.is_chunk(r) {
-                        let wp = zone_wps
-                            .get(geo.zone_of(r).0 as usize)
-                            .copied()
-                            .unwrap_or(0);
-                        if slot >= wp {
-                            err = Some(
-                                RecoveryError::MappedPastWritePointer {
-                                    volume,
-                                    lba,
-                                    pba,
-                                    region: r,
-                                    wp,
-                                }
-                                .into(),
-                            );
+                    let r = match crate::census::check_mapping(
+                        &geo,
+                        regions,
+                        zone_wps,
+                        (volume, lba, pba),
+                    ) {
+                        Ok(r) => r,
+                        Err(e) => {
+                            err = Some(e);
                             return;
                         }
-                    }
+                    };
                     if validity.set(pba) {
                         err = Some(OpenError::InconsistentCheckpoint {
                             reason: format!("{pba} mapped twice ({volume} {lba})"),
