@@ -156,14 +156,15 @@ pub(crate) fn step(
     let mut bad: Option<String> = None;
     let mut pages = 0u64;
     let mut last_page = None;
+    let epp = core.l2p.format().entries_per_page();
     let next = core.l2p.for_each_mapped_from(
         census.next,
         max_pages,
         &mut core.cache,
         &mut Meter::off(),
         |volume, lba, pba| {
-            if last_page != Some((volume, lba.0 / shale_format::L2P_ENTRIES_PER_PAGE)) {
-                last_page = Some((volume, lba.0 / shale_format::L2P_ENTRIES_PER_PAGE));
+            if last_page != Some((volume, lba.0 / epp)) {
+                last_page = Some((volume, lba.0 / epp));
                 pages += 1;
             }
             if bad.is_some() {

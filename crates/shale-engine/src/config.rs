@@ -15,6 +15,10 @@ pub struct Config {
     /// Spare factor Sf = spare / physical capacity space.
     pub spare_factor: f64,
     pub journal_blocks: u32,
+    /// Bytes per L2P entry (4: pools up to 16 TiB of PBAs, 5: up to 4 PiB); `None`
+    /// takes the narrowest that addresses the pool. Forcing 5 on a small pool runs
+    /// the wide format where tests can reach it.
+    pub l2p_entry_bytes: Option<u8>,
 
     // ---- runtime ----
     /// Compaction runs while free chunks are below this percentage of all chunks.
@@ -88,6 +92,7 @@ impl Default for Config {
             volumes_max: 16,
             spare_factor: 0.18,
             journal_blocks: 256,
+            l2p_entry_bytes: None,
             compaction_free_chunks_pct: 20,
             gc_free_zones_min: 5,
             l2p_cache_bytes_max: None,
@@ -196,7 +201,8 @@ impl Config {
     /// L2P pages the largest request can touch, plus the reserve and a margin.
     pub fn l2p_min_pages(&self) -> u64 {
         let req_blocks = self.request_bytes_max.div_ceil(4096) + 1;
-        req_blocks.div_ceil(shale_format::L2P_ENTRIES_PER_PAGE)
+        // The narrower page count of wide entries bounds both formats.
+        req_blocks.div_ceil(shale_format::L2pFormat::WIDE.entries_per_page())
             + 1
             + u64::from(self.l2p_reserved_pages)
             + 2

@@ -42,7 +42,7 @@ pub(crate) enum InflightIo {
     },
     /// Both md copies of a group a user read needs (`key`: PBA of copy A).
     MdRead {
-        key: u32,
+        key: u64,
     },
     /// Piece `part` of a mover's victim group read `read`.
     MoverRead {

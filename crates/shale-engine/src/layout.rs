@@ -6,8 +6,8 @@
 //! are skipped); groups are 128 blocks except possibly the last (>= 3 blocks).
 
 use shale_format::{
-    CacheLayout, CapacityGeometry, Checkpoint, ChunkId, Pba, RegionId, ZoneId, BLOCK_SIZE,
-    GROUP_BLOCKS, L2P_ENTRIES_PER_PAGE,
+    CacheLayout, CapacityGeometry, Checkpoint, ChunkId, L2pFormat, Pba, RegionId, ZoneId,
+    BLOCK_SIZE, GROUP_BLOCKS,
 };
 
 pub(crate) const BS: u64 = BLOCK_SIZE as u64;
@@ -22,7 +22,7 @@ pub(crate) struct Geometry {
     pub zone_size_blocks: u32,
     pub zone_cap_blocks: u32,
     pub zone_count: u32,
-    pub cache_data_blocks: u32,
+    pub cache_data_blocks: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,7 +40,7 @@ impl Geometry {
             zone_size_blocks: cap.zone_size_blocks,
             zone_cap_blocks: cap.zone_capacity_blocks,
             zone_count: cap.zone_count,
-            cache_data_blocks: layout.chunk_blocks * layout.chunk_count,
+            cache_data_blocks: layout.cache_data_blocks(),
         }
     }
 
@@ -49,8 +49,7 @@ impl Geometry {
     }
 
     pub fn pba_count(&self) -> u64 {
-        u64::from(self.cache_data_blocks)
-            + u64::from(self.zone_size_blocks) * u64::from(self.zone_count)
+        self.cache_data_blocks + u64::from(self.zone_size_blocks) * u64::from(self.zone_count)
     }
 
     pub fn is_chunk(&self, r: RegionId) -> bool {
@@ -82,20 +81,22 @@ impl Geometry {
 
     pub fn region_base(&self, r: RegionId) -> Pba {
         if self.is_chunk(r) {
-            Pba(r.0 * self.chunk_blocks)
+            Pba(u64::from(r.0) * u64::from(self.chunk_blocks))
         } else {
-            Pba(self.cache_data_blocks + (r.0 - self.chunk_count) * self.zone_size_blocks)
+            Pba(self.cache_data_blocks
+                + u64::from(r.0 - self.chunk_count) * u64::from(self.zone_size_blocks))
         }
     }
 
     pub fn place(&self, pba: Pba) -> Option<Place> {
         if pba.0 < self.cache_data_blocks {
+            let chunk = u64::from(self.chunk_blocks);
             Some(Place::Chunk(
-                ChunkId(pba.0 / self.chunk_blocks),
-                pba.0 % self.chunk_blocks,
+                ChunkId((pba.0 / chunk) as u32),
+                (pba.0 % chunk) as u32,
             ))
         } else {
-            let rel = u64::from(pba.0 - self.cache_data_blocks);
+            let rel = pba.0 - self.cache_data_blocks;
             let z = rel / u64::from(self.zone_size_blocks);
             let slot = (rel % u64::from(self.zone_size_blocks)) as u32;
             if z >= u64::from(self.zone_count) || z == 0 || slot >= self.zone_cap_blocks {
@@ -114,7 +115,7 @@ impl Geometry {
     }
 
     pub fn pba(&self, r: RegionId, slot: u32) -> Pba {
-        Pba(self.region_base(r).0 + slot)
+        Pba(self.region_base(r).0 + u64::from(slot))
     }
 
     /// Byte offset of a chunk slot on the cache device.
@@ -190,19 +191,66 @@ impl Groups {
 pub(crate) struct FormatPlan {
     pub layout: CacheLayout,
     pub user_capacity_blocks: u64,
+    pub l2p: L2pFormat,
 }
 
-/// Lays out the cache device. `reserve_zones` are data zones kept out of the user
-/// capacity (GC threshold and open streams).
+/// What a format is asked for, besides the devices' geometry.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PlanInput {
+    pub chunk_blocks: u32,
+    pub volumes_max: u32,
+    pub journal_blocks: u32,
+    pub spare_factor: f64,
+    /// Data zones kept out of the user capacity (GC threshold and open streams).
+    pub reserve_zones: u32,
+    /// The L2P entry width; `None` takes the narrowest that addresses the pool.
+    pub l2p: Option<L2pFormat>,
+}
+
+/// Lays out the cache device. Without a chosen L2P format, narrow entries are tried
+/// first and wide ones when the PBAs do not fit (wide pages need a larger L2P area,
+/// which leaves fewer chunks, so the layout is planned again).
 pub(crate) fn plan(
     cache_blocks: u64,
     cap: &CapacityGeometry,
-    chunk_blocks: u32,
-    volumes_max: u32,
-    journal_blocks: u32,
-    spare_factor: f64,
-    reserve_zones: u32,
+    input: &PlanInput,
 ) -> Result<FormatPlan, String> {
+    let first = input.l2p.unwrap_or(L2pFormat::NARROW);
+    let p = plan_with(cache_blocks, cap, input, first)?;
+    let pbas =
+        p.layout.cache_data_blocks() + u64::from(cap.zone_size_blocks) * u64::from(cap.zone_count);
+    if pbas <= first.pba_limit() {
+        return Ok(p);
+    }
+    if input.l2p.is_none() {
+        let p = plan_with(cache_blocks, cap, input, L2pFormat::WIDE)?;
+        let pbas = p.layout.cache_data_blocks()
+            + u64::from(cap.zone_size_blocks) * u64::from(cap.zone_count);
+        if pbas <= L2pFormat::WIDE.pba_limit() {
+            return Ok(p);
+        }
+    }
+    Err(format!(
+        "{pbas} blocks exceed the PBA space of {}-byte L2P entries ({} blocks)",
+        input.l2p.unwrap_or(L2pFormat::WIDE).entry_bytes(),
+        input.l2p.unwrap_or(L2pFormat::WIDE).pba_limit()
+    ))
+}
+
+fn plan_with(
+    cache_blocks: u64,
+    cap: &CapacityGeometry,
+    input: &PlanInput,
+    l2p: L2pFormat,
+) -> Result<FormatPlan, String> {
+    let PlanInput {
+        chunk_blocks,
+        volumes_max,
+        journal_blocks,
+        spare_factor,
+        reserve_zones,
+        ..
+    } = *input;
     let zone_data = u64::from(
         Groups {
             blocks: cap.zone_capacity_blocks,
@@ -224,7 +272,7 @@ pub(crate) fn plan(
             data_zones
         ));
     }
-    let pool_pages = user.div_ceil(L2P_ENTRIES_PER_PAGE) + u64::from(volumes_max);
+    let pool_pages = l2p.pages_for(user) + u64::from(volumes_max);
     let pool_pages = u32::try_from(pool_pages).map_err(|_| "L2P pool too large".to_string())?;
     let mut l = CacheLayout {
         volume_table_start: 2,
@@ -257,15 +305,10 @@ pub(crate) fn plan(
         ));
     }
     l.chunk_count = u32::try_from(chunks).map_err(|_| "too many chunks".to_string())?;
-    let pbas = l.cache_data_blocks() + u64::from(cap.zone_size_blocks) * u64::from(cap.zone_count);
-    if pbas >= u64::from(u32::MAX) {
-        return Err(format!(
-            "{pbas} blocks exceed the 32-bit PBA space (16 TiB)"
-        ));
-    }
     Ok(FormatPlan {
         layout: l,
         user_capacity_blocks: user,
+        l2p,
     })
 }
 

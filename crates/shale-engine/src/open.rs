@@ -13,8 +13,8 @@ use std::collections::VecDeque;
 
 use shale_device::{BlockDevice, ZoneAction, ZoneState, ZonedDevice};
 use shale_format::{
-    CapacityGeometry, CapacityLabel, RegionId, RegionRole, RegionState, Superblock, VolumeTable,
-    BLOCK_SIZE,
+    CapacityGeometry, CapacityLabel, L2pFormat, RegionId, RegionRole, RegionState, Superblock,
+    VolumeTable, BLOCK_SIZE,
 };
 
 use crate::checkpoint::Checkpointer;
@@ -25,7 +25,7 @@ use crate::engine::{Completions, Health};
 use crate::flush::Durability;
 use crate::journal::Journal;
 use crate::l2p::{L2p, VolumeMap};
-use crate::layout::{plan, Geometry, Groups, BS};
+use crate::layout::{plan, Geometry, Groups, PlanInput, BS};
 use crate::mover::Mover;
 use crate::prefetch::Prefetch;
 use crate::read::md_cache::MdCache;
@@ -175,11 +175,10 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         let vt = VolumeTable::default();
         let geo = Geometry::new(&sb.layout, &sb.capacity);
         let regions = Regions::new(&geo);
-        let table_pages = sb
-            .user_capacity_blocks
-            .div_ceil(shale_format::L2P_ENTRIES_PER_PAGE);
+        let table_pages = sb.l2p.pages_for(sb.user_capacity_blocks);
         let frames = config.l2p_budget_pages(table_pages)?;
         let l2p = L2p::new(
+            sb.l2p,
             config.volumes_max,
             sb.layout.l2p_pool_pages,
             frames,
@@ -531,16 +530,23 @@ fn format_plan(
     let streams = streams_for(config, zg).map_err(geometry)?;
     let gc_threshold = (config.gc_free_zones_min).max(streams + 2);
     let reserve = gc_threshold + 2 * streams;
-    let p = plan(
-        info.size_bytes / BS,
-        &cap,
-        config.chunk_blocks,
-        config.volumes_max,
-        config.journal_blocks,
-        config.spare_factor,
-        reserve,
-    )
-    .map_err(|r| too_small("cache or capacity", r))?;
+    let l2p =
+        match config.l2p_entry_bytes {
+            None => None,
+            Some(b) => Some(L2pFormat::from_entry_bytes(b).ok_or_else(|| {
+                geometry(format!("L2P entries of {b} bytes (4 or 5 are supported)"))
+            })?),
+        };
+    let input = PlanInput {
+        chunk_blocks: config.chunk_blocks,
+        volumes_max: config.volumes_max,
+        journal_blocks: config.journal_blocks,
+        spare_factor: config.spare_factor,
+        reserve_zones: reserve,
+        l2p,
+    };
+    let p =
+        plan(info.size_bytes / BS, &cap, &input).map_err(|r| too_small("cache or capacity", r))?;
     // The largest request must fit in the cache with a chunk to spare for compaction.
     let chunk_data = u64::from(
         Groups {
@@ -568,6 +574,7 @@ fn format_plan(
         cache_size_blocks: info.size_bytes / BS,
         layout: p.layout,
         capacity: cap,
+        l2p: p.l2p,
     };
     sb.validate()
         .map_err(|(f, r)| geometry(format!("{f}: {r}")))?;
@@ -940,14 +947,13 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Loading<C, Z, K> {
         let (ck, _) = self.checkpoint.as_ref().expect("the checkpoint step ran");
         let geo = Geometry::new(&sb.layout, &sb.capacity);
         let regions = Regions::from_entries(&geo, &ck.regions);
-        let table_pages = sb
-            .user_capacity_blocks
-            .div_ceil(shale_format::L2P_ENTRIES_PER_PAGE);
+        let table_pages = sb.l2p.pages_for(sb.user_capacity_blocks);
         let frames = self
             .config
             .l2p_budget_pages(table_pages)
             .map_err(|e: ConfigError| OpenError::Config(e))?;
         let mut l2p = L2p::new(
+            sb.l2p,
             sb.volumes_max,
             sb.layout.l2p_pool_pages,
             frames,
@@ -957,7 +963,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Loading<C, Z, K> {
             let Some(v) = ck.volumes.entries.iter().find(|e| e.id == d.volume) else {
                 return Err(inconsistent(format!("directory for unknown {}", d.volume)));
             };
-            let pages = v.size_blocks.div_ceil(shale_format::L2P_ENTRIES_PER_PAGE) as usize;
+            let pages = sb.l2p.pages_for(v.size_blocks) as usize;
             if d.volume.0 >= sb.volumes_max || pages != d.pages.len() {
                 return Err(inconsistent(format!(
                     "{}: {} directory pages for {} blocks",

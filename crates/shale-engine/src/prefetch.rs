@@ -15,7 +15,7 @@
 use std::collections::VecDeque;
 
 use shale_device::{BlockDevice, IoOp, IoRequest, ZonedDevice};
-use shale_format::{VolumeId, L2P_ENTRIES_PER_PAGE};
+use shale_format::{L2pFormat, VolumeId};
 
 use crate::core::Core;
 use crate::engine::InflightIo;
@@ -34,7 +34,7 @@ const LOADS_MAX: usize = 64;
 const WRITE_BACKS_MAX: usize = 32;
 
 /// The L2P pages of a user request that prefetching covers: (volume, first, end).
-fn request_pages(volumes: &Volumes, req: &Request) -> Option<(VolumeId, u64, u64)> {
+fn request_pages(volumes: &Volumes, fmt: L2pFormat, req: &Request) -> Option<(VolumeId, u64, u64)> {
     let (volume, offset, len) = match req {
         Request::Read {
             volume,
@@ -64,7 +64,7 @@ fn request_pages(volumes: &Volumes, req: &Request) -> Option<(VolumeId, u64, u64
     }
     // A request for a volume gone fails when dispatched; it needs no pages.
     let volume = volumes.resolve(volume)?;
-    let per_page = L2P_ENTRIES_PER_PAGE * BS;
+    let per_page = fmt.entries_per_page() * BS;
     let first = offset / per_page;
     let last = offset.checked_add(len - 1)? / per_page;
     Some((
@@ -102,7 +102,8 @@ impl Prefetch {
         let loads_max = Self::loads_max(core);
         let end = queue.len().min(PREFETCH_REQUESTS_MAX);
         while self.looked < end && core.l2p.loads_in_flight() < loads_max {
-            let Some((volume, first, last)) = request_pages(&core.volumes, &queue[self.looked].0)
+            let Some((volume, first, last)) =
+                request_pages(&core.volumes, core.l2p.format(), &queue[self.looked].0)
             else {
                 self.looked += 1;
                 continue;
@@ -142,7 +143,7 @@ impl Prefetch {
         if core.l2p.loads_in_flight() == 0 {
             return false;
         }
-        request_pages(&core.volumes, req).is_some_and(|(v, first, last)| {
+        request_pages(&core.volumes, core.l2p.format(), req).is_some_and(|(v, first, last)| {
             self.looked == 0 || (first..last).any(|p| core.l2p.is_loading(v, p as usize))
         })
     }

@@ -182,7 +182,7 @@ fn check_region_blocks(
         });
     }
     if bits != seen.count_range(base, span) {
-        for p in base.0..base.0 + span {
+        for p in base.0..base.0 + u64::from(span) {
             if rs.validity.get(Pba(p)) && !seen.get(Pba(p)) {
                 return Err(SelfCheckError::ValidButUnmapped { pba: Pba(p) });
             }
@@ -202,14 +202,14 @@ fn check_region_blocks(
         // slots past the last group must be clear.
         let md = (0..groups.count())
             .flat_map(|g| [groups.md_slot(g), groups.md_slot(g) + 1])
-            .find(|&s| rs.validity.get(Pba(base.0 + s)));
+            .find(|&s| rs.validity.get(Pba(base.0 + u64::from(s))));
         let tail = rs
             .validity
             .first_set(
-                Pba(base.0 + groups.end()),
+                Pba(base.0 + u64::from(groups.end())),
                 span.saturating_sub(groups.end()),
             )
-            .map(|p| p.0 - base.0);
+            .map(|p| (p.0 - base.0) as u32);
         if let Some(s) = md.or(tail) {
             return bad_region(r, format!("md or unused slot {s} marked valid"));
         }

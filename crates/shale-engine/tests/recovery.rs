@@ -29,7 +29,7 @@ fn modes(seed: u64) -> Vec<CrashMode> {
     ]
 }
 
-fn tier(r: &mut Rig, lba: u64) -> Option<(Tier, u32)> {
+fn tier(r: &mut Rig, lba: u64) -> Option<(Tier, u64)> {
     r.e()
         .locate(V, Lba(lba))
         .unwrap()

@@ -28,8 +28,9 @@ newtype!(
 );
 newtype!(
     /// A physical block address over both devices: `0..cache_data_blocks` are cache data
-    /// region blocks, the rest capacity blocks. [`Pba::NONE`] means unmapped.
-    Pba(u32), "pba:"
+    /// region blocks, the rest capacity blocks. [`Pba::NONE`] means unmapped. On media
+    /// a PBA takes 4 or 5 bytes (see [`crate::L2pFormat`]); in memory always 64 bits.
+    Pba(u64), "pba:"
 );
 newtype!(
     /// Sequence id, incremented when a chunk or zone opens.
@@ -58,11 +59,11 @@ newtype!(
 );
 
 impl Pba {
-    /// The unmapped marker in L2P pages and md entries.
-    pub const NONE: Pba = Pba(u32::MAX);
+    /// The unmapped marker (on media: all ones at the field's width).
+    pub const NONE: Pba = Pba(u64::MAX);
 
     pub const fn is_none(self) -> bool {
-        self.0 == u32::MAX
+        self.0 == u64::MAX
     }
 }
 

@@ -17,6 +17,7 @@ pub mod fuzzing;
 mod ids;
 mod journal;
 mod l2p_dir;
+mod l2p_page;
 mod label;
 mod md;
 mod region_table;
@@ -37,6 +38,7 @@ pub use journal::{
     JOURNAL_MAGIC, JOURNAL_PAYLOAD_MAX, JOURNAL_VERSION,
 };
 pub use l2p_dir::{L2pDirectory, PageDesc, L2P_DIR_HEADER_LEN, L2P_DIR_MAGIC, L2P_SLOT_NONE};
+pub use l2p_page::L2pFormat;
 pub use label::{CapacityLabel, LABEL_COPIES, LABEL_MAGIC, LABEL_VERSION};
 pub use md::{
     decode_md, decode_md_entry, decode_md_header, encode_md, md_claimed_generation, seal_md,
@@ -61,8 +63,6 @@ pub const BLOCK_SIZE: usize = 4096;
 pub const GROUP_BLOCKS: u32 = 128;
 /// Data slots per (full) group.
 pub const GROUP_DATA_SLOTS: usize = 126;
-/// Entries per L2P page (4-byte PBAs in a 4 KiB page).
-pub const L2P_ENTRIES_PER_PAGE: u64 = 1024;
 
 /// CRC32C of a data block as stored in md entries.
 pub fn block_crc(data: &[u8]) -> u32 {

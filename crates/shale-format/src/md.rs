@@ -11,7 +11,9 @@ use crate::{
 };
 
 pub const MD_MAGIC: u32 = u32::from_le_bytes(*b"SHMD");
-pub const MD_VERSION: u16 = 1;
+/// Version 2 widened `source` to 40 bits (its high byte was padding in version 1, whose
+/// blocks still decode).
+pub const MD_VERSION: u16 = 2;
 pub const MD_HEADER_LEN: usize = 64;
 pub const MD_ENTRY_LEN: usize = 32;
 
@@ -63,15 +65,22 @@ impl MdEntry {
     };
 
     fn write(&self, w: &mut Writer<'_>) {
+        // `source` as 40 bits: the high byte in what version 1 left as padding, all
+        // ones for none.
+        let source = self.source.0.min(SOURCE_NONE);
         w.u32(self.volume.0);
         w.u8(self.kind as u8);
-        w.skip(3);
+        w.u8((source >> 32) as u8);
+        w.skip(2);
         w.u64(self.lba.0);
         w.u64(self.sid.0);
         w.u32(self.data_crc);
-        w.u32(self.source.0);
+        w.u32(source as u32);
     }
 }
+
+/// `source` of an entry with none, on media (version 2).
+const SOURCE_NONE: u64 = (1 << 40) - 1;
 
 /// Which device family a group belongs to; recorded so a misdirected read is caught.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -142,7 +151,11 @@ pub fn write_md_entry(out: &mut [u8], index: usize, e: &MdEntry) {
 /// Decodes and verifies an md block header (and its CRC over the whole block).
 pub fn decode_md_header(buf: &[u8], at: u64) -> Result<MdHeader, FormatError> {
     let s = Structure::MdBlock;
-    check_header(buf, s, at, MD_MAGIC, MD_VERSION, BLOCK_SIZE)?;
+    if md_version(buf) == 1 {
+        check_header(buf, s, at, MD_MAGIC, 1, BLOCK_SIZE)?;
+    } else {
+        check_header(buf, s, at, MD_MAGIC, MD_VERSION, BLOCK_SIZE)?;
+    }
     let buf = &buf[..BLOCK_SIZE];
     check_crc(buf, s, at)?;
     let mut r = Reader::at(buf, 6, s, at);
@@ -191,20 +204,45 @@ pub fn decode_md_entry(buf: &[u8], index: usize, at: u64) -> Result<MdEntry, For
             reason: format!("{index} >= {GROUP_DATA_SLOTS}"),
         });
     }
+    let v1 = md_version(buf) == 1;
     let mut r = Reader::at(buf, MD_HEADER_LEN + index * MD_ENTRY_LEN, s, at);
     let volume = VolumeId(r.u32()?);
     let kind_byte = r.u8()?;
     let kind = EntryKind::from_u8(kind_byte)
         .ok_or_else(|| r.invalid("entry kind", format!("{kind_byte}")))?;
-    r.skip(3)?;
+    let source_high = if v1 { 0 } else { u64::from(r.u8()?) };
+    r.skip(if v1 { 3 } else { 2 })?;
+    let lba = Lba(r.u64()?);
+    let sid = Sid(r.u64()?);
+    let data_crc = r.u32()?;
+    let low = r.u32()?;
+    let source = if v1 {
+        if low == u32::MAX {
+            Pba::NONE
+        } else {
+            Pba(u64::from(low))
+        }
+    } else {
+        match source_high << 32 | u64::from(low) {
+            SOURCE_NONE => Pba::NONE,
+            p => Pba(p),
+        }
+    };
     Ok(MdEntry {
         kind,
         volume,
-        lba: Lba(r.u64()?),
-        sid: Sid(r.u64()?),
-        data_crc: r.u32()?,
-        source: Pba(r.u32()?),
+        lba,
+        sid,
+        data_crc,
+        source,
     })
+}
+
+/// The version an md block claims (0 if too short to say).
+fn md_version(buf: &[u8]) -> u16 {
+    buf.get(4..6)
+        .and_then(|b| b.try_into().ok())
+        .map_or(0, u16::from_le_bytes)
 }
 
 /// Decodes a whole md block.
@@ -246,7 +284,7 @@ mod tests {
             any::<u64>(),
             any::<u64>(),
             any::<u32>(),
-            any::<u32>(),
+            prop_oneof![Just(Pba::NONE), (0..SOURCE_NONE).prop_map(Pba)],
         )
             .prop_map(|(k, v, l, s, c, p)| MdEntry {
                 kind: EntryKind::from_u8(k).unwrap_or_default(),
@@ -254,8 +292,56 @@ mod tests {
                 lba: Lba(l),
                 sid: Sid(s),
                 data_crc: c,
-                source: Pba(p),
+                source: p,
             })
+    }
+
+    /// A block as version 1 wrote it: `source` a u32 with the bytes before it padding.
+    #[test]
+    fn version_1_blocks_still_decode() {
+        let h = MdHeader {
+            region_kind: MdRegionKind::Zone,
+            region: RegionId(3),
+            group: 1,
+            entry_count: 2,
+            region_sid: Sid(9),
+            generation: 4,
+        };
+        let mut b = vec![0u8; BLOCK_SIZE];
+        encode_md(&mut b, &h, &[]);
+        b[4..6].copy_from_slice(&1u16.to_le_bytes());
+        for (i, source) in [0x8765_4321u32, u32::MAX].into_iter().enumerate() {
+            let at = MD_HEADER_LEN + i * MD_ENTRY_LEN;
+            b[at..at + 4].copy_from_slice(&7u32.to_le_bytes());
+            b[at + 4] = EntryKind::Relocated as u8;
+            b[at + 28..at + 32].copy_from_slice(&source.to_le_bytes());
+        }
+        seal(&mut b, BLOCK_SIZE);
+        let (got, entries) = decode_md(&b, 0).unwrap();
+        assert_eq!(got, h);
+        assert_eq!(entries[0].source, Pba(0x8765_4321));
+        assert_eq!(entries[1].source, Pba::NONE);
+        assert_eq!(entries[0].volume, VolumeId(7));
+    }
+
+    #[test]
+    fn a_40_bit_source_roundtrips() {
+        let mut b = vec![0u8; BLOCK_SIZE];
+        let e = MdEntry {
+            kind: EntryKind::Relocated,
+            source: Pba((1 << 38) + 5),
+            ..MdEntry::EMPTY
+        };
+        let h = MdHeader {
+            region_kind: MdRegionKind::Zone,
+            region: RegionId(3),
+            group: 1,
+            entry_count: 1,
+            region_sid: Sid(9),
+            generation: 4,
+        };
+        encode_md(&mut b, &h, &[e]);
+        assert_eq!(decode_md(&b, 0).unwrap().1[0], e);
     }
 
     proptest! {

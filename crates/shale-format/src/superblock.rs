@@ -6,7 +6,7 @@
 //! (cache data blocks + zone_count x zone_size_blocks) fits below `u32::MAX`.
 
 use crate::codec::{check_crc, check_header, seal, Reader, Writer};
-use crate::{FormatError, Structure, BLOCK_SIZE, GROUP_BLOCKS};
+use crate::{FormatError, L2pFormat, Structure, BLOCK_SIZE, GROUP_BLOCKS};
 
 pub const SUPERBLOCK_MAGIC: u32 = u32::from_le_bytes(*b"SHSB");
 pub const SUPERBLOCK_VERSION: u16 = 1;
@@ -67,6 +67,9 @@ pub struct Superblock {
     pub cache_size_blocks: u64,
     pub layout: CacheLayout,
     pub capacity: CapacityGeometry,
+    /// The entry width of the L2P pages (byte 148; 0, as pools formatted before it
+    /// existed have there, means 4-byte entries).
+    pub l2p: L2pFormat,
 }
 
 impl Superblock {
@@ -103,7 +106,8 @@ impl Superblock {
         w.u32(c.zone_capacity_blocks); // 136
         w.u32(c.zone_count); // 140
         w.u32(BLOCK_SIZE as u32); // 144
-        w.skip(12); // 148..160 reserved
+        w.u8(self.l2p.entry_bytes()); // 148
+        w.skip(11); // 149..160 reserved
         debug_assert_eq!(w.pos(), SUPERBLOCK_LEN);
         seal(&mut b, BLOCK_SIZE);
         b
@@ -154,6 +158,11 @@ impl Superblock {
         if block_size != BLOCK_SIZE as u32 {
             return Err(r.invalid("block_size", format!("{block_size} != {BLOCK_SIZE}")));
         }
+        let l2p = match r.u8()? {
+            0 => L2pFormat::NARROW,
+            b => L2pFormat::from_entry_bytes(b)
+                .ok_or_else(|| r.invalid("l2p_entry_bytes", format!("{b} is neither 4 nor 5")))?,
+        };
         let sb = Superblock {
             uuid,
             generation,
@@ -164,6 +173,7 @@ impl Superblock {
             cache_size_blocks,
             layout,
             capacity,
+            l2p,
         };
         sb.validate()
             .map_err(|(field, reason)| r.invalid(field, reason))?;
@@ -247,8 +257,14 @@ impl Superblock {
             ));
         }
         let pbas = l.cache_data_blocks() + u64::from(c.zone_size_blocks) * u64::from(c.zone_count);
-        if pbas >= u64::from(u32::MAX) {
-            return Err(("zone_count", format!("{pbas} PBAs do not fit in 32 bits")));
+        if pbas > self.l2p.pba_limit() {
+            return Err((
+                "zone_count",
+                format!(
+                    "{pbas} PBAs do not fit in {}-byte L2P entries",
+                    self.l2p.entry_bytes()
+                ),
+            ));
         }
         if self.volumes_max == 0 || self.volumes_max > crate::VOLUMES_MAX {
             return Err((
@@ -292,7 +308,38 @@ mod tests {
                 zone_capacity_blocks: 500,
                 zone_count: 20,
             },
+            l2p: L2pFormat::NARROW,
         }
+    }
+
+    /// Pools formatted before the entry width was recorded have zero there.
+    #[test]
+    fn a_superblock_without_an_entry_width_is_narrow() {
+        let mut b = sample().encode();
+        b[148] = 0;
+        crate::codec::seal(&mut b, BLOCK_SIZE);
+        assert_eq!(Superblock::decode(&b, 0).unwrap().l2p, L2pFormat::NARROW);
+        b[148] = 8;
+        crate::codec::seal(&mut b, BLOCK_SIZE);
+        assert!(matches!(
+            Superblock::decode(&b, 0),
+            Err(FormatError::InvalidField {
+                field: "l2p_entry_bytes",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn pools_past_32_bit_pbas_need_wide_entries() {
+        let mut sb = sample();
+        sb.capacity.zone_size_blocks = 1 << 20;
+        sb.capacity.zone_capacity_blocks = 1 << 20;
+        sb.capacity.zone_count = 8192;
+        assert_eq!(sb.validate().unwrap_err().0, "zone_count");
+        sb.l2p = L2pFormat::WIDE;
+        sb.validate().unwrap();
+        assert_eq!(Superblock::decode(&sb.encode(), 0).unwrap(), sb);
     }
 
     #[test]

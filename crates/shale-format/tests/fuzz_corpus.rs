@@ -101,6 +101,7 @@ fn superblock(clean: bool, active: u8, volumes_max: u32) -> Superblock {
             zone_capacity_blocks: 500,
             zone_count: 8,
         },
+        l2p: L2pFormat::NARROW,
     }
 }
 
@@ -182,7 +183,7 @@ fn md_entries(n: usize) -> Vec<MdEntry> {
                 sid: Sid(30 + i as u64 / 10),
                 data_crc: crc32c(&(i as u32).to_le_bytes()),
                 source: if kind == EntryKind::Relocated {
-                    Pba(1000 + i as u32)
+                    Pba(1000 + i as u64)
                 } else {
                     Pba::NONE
                 },

@@ -551,6 +551,9 @@ impl Sim {
         let lbs = |rng: &mut ChaCha8Rng| if rng.gen_bool(0.5) { 512 } else { 4096 };
         let cache_lbs = lbs(&mut self.rng);
         let cap_lbs = lbs(&mut self.rng);
+        // Wide (5-byte) L2P entries, which pools past 16 TiB take, in the half of the
+        // runs with a 512-byte cache block (tied to that draw, as above).
+        config.l2p_entry_bytes = Some(if cache_lbs == 512 { 5 } else { 4 });
         let cache = FaultDevice::new(self.geo.cache_blocks * BS, cache_lbs, self.rng.gen())
             .map_err(|e| self.harness(format!("cache device: {e}")))?;
         let cap_bytes = self.geo.capacity_bytes();

@@ -8,8 +8,11 @@
 //! waits here, chained from the page's slot in `VolumeMap::frame`, and is applied by
 //! the next fault of that page, which user I/O does anyway.
 //!
-//! Each switch is 8 bytes: a link to the previous switch of the same page (newest
-//! first) and the entry index packed into one word, and the new PBA.
+//! Each switch is 12 bytes: a link to the previous switch of the same page (newest
+//! first) and the entry index packed into one word, and the new PBA in the next two
+//! (only 40 bits are used: the widest L2P entry).
+
+use shale_format::Pba;
 
 /// End of a chain.
 pub(super) const LINK_NONE: u32 = (1 << LINK_BITS) - 1;
@@ -21,7 +24,14 @@ pub(super) const DEFERRED_MAX_LIMIT: usize = LINK_NONE as usize - 1;
 struct Switch {
     /// Previous switch of the same page (`LINK_NONE` at the end) | entry index << 22.
     link: u32,
-    pba: u32,
+    pba_low: u32,
+    pba_high: u32,
+}
+
+impl Switch {
+    fn pba(&self) -> Pba {
+        Pba(u64::from(self.pba_high) << 32 | u64::from(self.pba_low))
+    }
 }
 
 /// A slab of switches with a free list; chains are kept by the caller (page heads).
@@ -54,11 +64,12 @@ impl Deferred {
     }
 
     /// Adds switch (`index` -> `pba`) in front of chain `head`; returns the new head.
-    pub fn push(&mut self, head: u32, index: u32, pba: u32) -> u32 {
+    pub fn push(&mut self, head: u32, index: u32, pba: Pba) -> u32 {
         debug_assert!(index < 1 << (32 - LINK_BITS));
         let node = Switch {
             link: head | index << LINK_BITS,
-            pba,
+            pba_low: pba.0 as u32,
+            pba_high: (pba.0 >> 32) as u32,
         };
         self.live += 1;
         if self.free != LINK_NONE {
@@ -81,12 +92,12 @@ impl Deferred {
 
     /// Removes chain `head`, appending its switches oldest first to `out` as
     /// (entry index, PBA): applied in that order, the newest wins.
-    pub fn take(&mut self, head: u32, out: &mut Vec<(u32, u32)>) {
+    pub fn take(&mut self, head: u32, out: &mut Vec<(u32, Pba)>) {
         let start = out.len();
         let mut n = head;
         while n != LINK_NONE {
             let s = self.nodes[n as usize];
-            out.push((s.link >> LINK_BITS, s.pba));
+            out.push((s.link >> LINK_BITS, s.pba()));
             self.nodes[n as usize].link = self.free;
             self.free = n;
             self.live -= 1;
@@ -107,12 +118,12 @@ impl Deferred {
     }
 
     /// Calls `f(index, pba)` for chain `head`, oldest first, without removing it.
-    pub fn for_each(&self, head: u32, mut f: impl FnMut(u32, u32)) {
+    pub fn for_each(&self, head: u32, mut f: impl FnMut(u32, Pba)) {
         let mut v = Vec::with_capacity(self.chain_len(head));
         let mut n = head;
         while n != LINK_NONE {
             let s = self.nodes[n as usize];
-            v.push((s.link >> LINK_BITS, s.pba));
+            v.push((s.link >> LINK_BITS, s.pba()));
             n = s.link & LINK_NONE;
         }
         for &(i, p) in v.iter().rev() {
@@ -130,29 +141,32 @@ mod tests {
         let mut d = Deferred::new(100);
         let mut a = LINK_NONE;
         let mut b = LINK_NONE;
-        a = d.push(a, 5, 10);
-        b = d.push(b, 1023, 7);
-        a = d.push(a, 5, 11);
-        a = d.push(a, 0, 12);
+        a = d.push(a, 5, Pba(10));
+        b = d.push(b, 1023, Pba(7));
+        a = d.push(a, 5, Pba((1 << 39) + 11));
+        a = d.push(a, 0, Pba(12));
         assert_eq!(d.live(), 4);
         assert_eq!(d.chain_len(a), 3);
         let mut seen = Vec::new();
         d.for_each(a, |i, p| seen.push((i, p)));
-        assert_eq!(seen, vec![(5, 10), (5, 11), (0, 12)]);
+        assert_eq!(
+            seen,
+            vec![(5, Pba(10)), (5, Pba((1 << 39) + 11)), (0, Pba(12))]
+        );
         let mut out = Vec::new();
         d.take(a, &mut out);
         assert_eq!(out, seen);
         assert_eq!(d.live(), 1);
         let nodes = d.nodes.len();
-        let c = d.push(LINK_NONE, 3, 3);
-        let c = d.push(c, 4, 4);
+        let c = d.push(LINK_NONE, 3, Pba(3));
+        let c = d.push(c, 4, Pba(4));
         assert_eq!(d.nodes.len(), nodes, "freed nodes are reused");
         out.clear();
         d.take(b, &mut out);
-        assert_eq!(out, vec![(1023, 7)]);
+        assert_eq!(out, vec![(1023, Pba(7))]);
         out.clear();
         d.take(c, &mut out);
-        assert_eq!(out, vec![(3, 3), (4, 4)]);
+        assert_eq!(out, vec![(3, Pba(3)), (4, Pba(4))]);
         assert_eq!(d.live(), 0);
     }
 }

@@ -1,6 +1,6 @@
 //! A volume's L2P directory and which pages are cached.
 
-use shale_format::{PageDesc, L2P_SLOT_NONE};
+use shale_format::{L2pFormat, PageDesc, L2P_SLOT_NONE};
 
 pub(crate) const FRAME_NONE: u32 = u32::MAX;
 /// A `frame` value with this bit set (other than `FRAME_NONE`) is not a frame but the
@@ -20,8 +20,8 @@ pub(crate) struct VolumeMap {
 }
 
 impl VolumeMap {
-    pub fn new(size_blocks: u64) -> VolumeMap {
-        let pages = size_blocks.div_ceil(shale_format::L2P_ENTRIES_PER_PAGE) as usize;
+    pub fn new(fmt: L2pFormat, size_blocks: u64) -> VolumeMap {
+        let pages = fmt.pages_for(size_blocks) as usize;
         VolumeMap {
             dir: vec![PageDesc::NONE; pages],
             ckpt_slot: vec![L2P_SLOT_NONE; pages],

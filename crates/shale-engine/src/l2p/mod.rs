@@ -1,5 +1,5 @@
 //! The logical-to-physical map: per-volume directories in DRAM (directory.rs) and
-//! 4 KiB pages of 1024 PBAs cached in DRAM under a budget (page_cache.rs).
+//! 4 KiB pages of 1024 or 816 PBAs (the pool's entry width) cached in DRAM under a budget (page_cache.rs).
 //!
 //! Invariants:
 //! - a page's newest copy is in the cache frame if cached, else at `dir[p].slot` with
@@ -25,4 +25,4 @@ mod inflight;
 mod page_cache;
 
 pub(crate) use directory::VolumeMap;
-pub(crate) use page_cache::{L2p, WriteBackTarget};
+pub(crate) use page_cache::{L2p, WriteBackTarget, MAX_EPP};

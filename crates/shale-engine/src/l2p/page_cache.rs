@@ -2,7 +2,7 @@
 //! (volume map -> frame index).
 
 use shale_device::{BlockDevice, IoBuf, IoOp, IoRequest};
-use shale_format::{Lba, PageDesc, Pba, VolumeId, L2P_ENTRIES_PER_PAGE, L2P_SLOT_NONE};
+use shale_format::{L2pFormat, Lba, PageDesc, Pba, VolumeId, L2P_SLOT_NONE};
 
 use super::deferred::{Deferred, LINK_NONE};
 use super::directory::{VolumeMap, DEFERRED_BIT, FRAME_NONE};
@@ -32,7 +32,8 @@ impl WriteBackTarget {
     }
 }
 
-const EPP: usize = L2P_ENTRIES_PER_PAGE as usize;
+/// Decoded-page buffers hold this many entries (the most a page has at any width).
+pub(crate) const MAX_EPP: usize = L2pFormat::MAX_ENTRIES_PER_PAGE;
 
 #[derive(Debug)]
 pub(super) struct Frame {
@@ -137,6 +138,8 @@ pub(super) fn slot_of(v: u32) -> Slot {
 
 #[derive(Debug)]
 pub(crate) struct L2p {
+    /// The pool's entry width (and so LBAs per page).
+    pub(super) fmt: L2pFormat,
     pub vols: Vec<Option<VolumeMap>>,
     pub(super) frames: Vec<Frame>,
     /// Most recently used at head.
@@ -157,7 +160,7 @@ pub(crate) struct L2p {
     pending_cursor: usize,
     /// Relocation switches waiting for their page (deferred.rs).
     deferred: Deferred,
-    switch_scratch: Vec<(u32, u32)>,
+    switch_scratch: Vec<(u32, Pba)>,
     /// An incremental checkpoint is in progress: a frame that takes deferred switches
     /// is marked for it (they may predate its start).
     ckpt_active: bool,
@@ -169,29 +172,7 @@ pub(crate) struct L2p {
     draining: bool,
 }
 
-pub(super) const PAGE_BYTES: usize = EPP * 4;
-
-fn entry(page: &[u8; PAGE_BYTES], i: usize) -> u32 {
-    let mut b = [0u8; 4];
-    b.copy_from_slice(&page[i * 4..i * 4 + 4]);
-    u32::from_le_bytes(b)
-}
-
-fn set_entry(page: &mut [u8; PAGE_BYTES], i: usize, v: u32) {
-    page[i * 4..i * 4 + 4].copy_from_slice(&v.to_le_bytes());
-}
-
-fn decode(page: &[u8; PAGE_BYTES], out: &mut [u32; EPP]) {
-    for (e, b) in out.iter_mut().zip(page.chunks_exact(4)) {
-        *e = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-    }
-}
-
-fn fill_unmapped(page: &mut [u8; PAGE_BYTES]) {
-    for b in page.chunks_exact_mut(4) {
-        b.copy_from_slice(&Pba::NONE.0.to_le_bytes());
-    }
-}
+pub(super) const PAGE_BYTES: usize = shale_format::BLOCK_SIZE;
 
 /// Frames from the LRU tail an eviction looks through for a clean one before it
 /// writes a dirty one back synchronously.
@@ -202,19 +183,14 @@ const FOR_EACH_RUN_PAGES: usize = 256;
 const FOR_EACH_GAP_SLOTS: u32 = 8;
 const BLOCK_BYTES: usize = 4096;
 
-/// Calls `f` for the mapped entries of page `p` (entries past the volume's size are
-/// ignored).
-fn emit(
-    v: VolumeId,
-    p: usize,
-    size: u64,
-    page: &[u32; EPP],
-    f: &mut impl FnMut(VolumeId, Lba, Pba),
-) {
+/// Calls `f` for the mapped entries of page `p`, decoded in `page` (entries past the
+/// volume's size are ignored).
+fn emit(v: VolumeId, p: usize, size: u64, page: &[Pba], f: &mut impl FnMut(VolumeId, Lba, Pba)) {
+    let first = p as u64 * page.len() as u64;
     for (i, &e) in page.iter().enumerate() {
-        let lba = p as u64 * L2P_ENTRIES_PER_PAGE + i as u64;
-        if e != Pba::NONE.0 && lba < size {
-            f(v, Lba(lba), Pba(e));
+        let lba = first + i as u64;
+        if !e.is_none() && lba < size {
+            f(v, Lba(lba), e);
         }
     }
 }
@@ -230,7 +206,7 @@ fn read_page_into<C: BlockDevice>(
     counters: &mut L2pCounters,
 ) -> Result<(), EngineError> {
     if d.slot == L2P_SLOT_NONE {
-        fill_unmapped(out);
+        L2pFormat::fill_unmapped(&mut out[..]);
         return Ok(());
     }
     let off = (area_start + u64::from(d.slot)) * BS;
@@ -260,8 +236,15 @@ fn read_page_into<C: BlockDevice>(
 }
 
 impl L2p {
-    pub fn new(volumes_max: u32, pool_pages: u32, frames_max: u64, area_start: u64) -> L2p {
+    pub fn new(
+        fmt: L2pFormat,
+        volumes_max: u32,
+        pool_pages: u32,
+        frames_max: u64,
+        area_start: u64,
+    ) -> L2p {
         L2p {
+            fmt,
             vols: vec![None; volumes_max as usize],
             frames: Vec::new(),
             head: FRAME_NONE,
@@ -313,7 +296,12 @@ impl L2p {
     }
 
     pub fn add_volume(&mut self, v: VolumeId, size_blocks: u64) {
-        self.vols[v.0 as usize] = Some(VolumeMap::new(size_blocks));
+        self.vols[v.0 as usize] = Some(VolumeMap::new(self.fmt, size_blocks));
+    }
+
+    /// The pool's L2P entry width.
+    pub fn format(&self) -> L2pFormat {
+        self.fmt
     }
 
     pub fn volume_size(&self, v: VolumeId) -> Option<u64> {
@@ -446,7 +434,7 @@ impl L2p {
         dev: &mut C,
         v: VolumeId,
         p: usize,
-        out: &mut [u32; EPP],
+        out: &mut [Pba],
     ) -> Result<(), EngineError> {
         let d = self.vols[v.0 as usize]
             .as_ref()
@@ -460,7 +448,7 @@ impl L2p {
             &mut self.scratch,
             &mut self.counters,
         )?;
-        decode(&self.scratch, out);
+        self.fmt.decode(&self.scratch[..], out);
         Ok(())
     }
 
@@ -635,7 +623,7 @@ impl L2p {
         for k in 0..n {
             let fr = &self.frames[f as usize];
             let i = usize::from(fr.dirty_log[k]);
-            let pba = entry(&fr.data, i);
+            let pba = self.fmt.get(&fr.data[..], i);
             head = self.deferred.push(head, i as u32, pba);
         }
         let Some(Some(m)) = self.vols.get_mut(v) else {
@@ -666,7 +654,7 @@ impl L2p {
             self.deferred.take(head, &mut sw);
             let fr = &mut self.frames[f as usize];
             for &(i, pba) in &sw {
-                set_entry(&mut fr.data, i as usize, pba);
+                self.fmt.set(&mut fr.data[..], i as usize, pba);
                 fr.mark_dirty(i as usize);
             }
             if !sw.is_empty() {
@@ -693,12 +681,9 @@ impl L2p {
         if lba.0 >= size {
             return Ok(None);
         }
-        let p = (lba.0 / L2P_ENTRIES_PER_PAGE) as usize;
-        let (f, _) = self.frame(dev, v, p)?;
-        Ok(Some(Pba(entry(
-            &self.frames[f as usize].data,
-            (lba.0 % L2P_ENTRIES_PER_PAGE) as usize,
-        ))))
+        let (p, i) = self.fmt.locate(lba.0);
+        let (f, _) = self.frame(dev, v, p as usize)?;
+        Ok(Some(self.fmt.get(&self.frames[f as usize].data[..], i)))
     }
 
     /// Sets `lba` to `pba`; returns the previous PBA. The volume must exist and the LBA
@@ -710,13 +695,12 @@ impl L2p {
         lba: Lba,
         pba: Pba,
     ) -> Result<Pba, EngineError> {
-        let p = (lba.0 / L2P_ENTRIES_PER_PAGE) as usize;
-        let (f, _) = self.frame(dev, v, p)?;
+        let (p, i) = self.fmt.locate(lba.0);
+        let (f, _) = self.frame(dev, v, p as usize)?;
         let fr = &mut self.frames[f as usize];
-        let i = (lba.0 % L2P_ENTRIES_PER_PAGE) as usize;
-        let old = Pba(entry(&fr.data, i));
+        let old = self.fmt.get(&fr.data[..], i);
         if old != pba {
-            set_entry(&mut fr.data, i, pba.0);
+            self.fmt.set(&mut fr.data[..], i, pba);
             fr.mark_dirty(i);
         }
         Ok(old)
@@ -731,17 +715,19 @@ impl L2p {
         })
     }
 
-    /// Copies page `p` of `v` into `out` without touching the LRU order or the hit
-    /// counters: from its frame if cached, else read from the device (CRC-checked).
-    /// Returns false, with no I/O, when the page was never written (all unmapped).
-    /// For queries that scan wide ranges, which must not evict the working set.
+    /// Copies page `p` of `v` into `out` (its first `entries_per_page` entries) without
+    /// touching the LRU order or the hit counters: from its frame if cached, else read
+    /// from the device (CRC-checked). Returns false, with no I/O, when the page was
+    /// never written (all unmapped). For queries that scan wide ranges, which must not
+    /// evict the working set.
     pub fn peek_page<C: BlockDevice>(
         &mut self,
         dev: &mut C,
         v: VolumeId,
         p: usize,
-        out: &mut [u32; EPP],
+        out: &mut [Pba; MAX_EPP],
     ) -> Result<bool, EngineError> {
+        let out = &mut out[..self.fmt.entries_per_page() as usize];
         if self.page_is_empty(v, p) {
             return Ok(false);
         }
@@ -749,7 +735,7 @@ impl L2p {
             .as_ref()
             .map_or(FRAME_NONE, |m| m.frame[p]);
         match slot_of(cur) {
-            Slot::Frame(f) => decode(&self.frames[f as usize].data, out),
+            Slot::Frame(f) => self.fmt.decode(&self.frames[f as usize].data[..], out),
             Slot::Empty => self.read_page(dev, v, p, out)?,
             Slot::Deferred(head) => {
                 self.read_page(dev, v, p, out)?;
@@ -1002,7 +988,7 @@ impl L2p {
         let Some(mut m) = self.vols[v.0 as usize].take() else {
             return;
         };
-        let pages = size_blocks.div_ceil(L2P_ENTRIES_PER_PAGE) as usize;
+        let pages = self.fmt.pages_for(size_blocks) as usize;
         if pages < m.dir.len() {
             let dir = m.dir.split_off(pages);
             let ck = m.ckpt_slot.split_off(pages);
@@ -1066,7 +1052,8 @@ impl L2p {
         meter: &mut Meter<'_>,
         mut f: impl FnMut(VolumeId, Lba, Pba),
     ) -> Result<Option<(usize, usize)>, EngineError> {
-        let mut buf = Box::new([0u32; EPP]);
+        let epp = self.fmt.entries_per_page() as usize;
+        let mut buf = vec![Pba::NONE; epp];
         // (slot, volume, page, descriptor) of the pages to read.
         let mut to_read: Vec<(u32, usize, usize, PageDesc)> = Vec::new();
         let mut taken = 0usize;
@@ -1085,7 +1072,8 @@ impl L2p {
                 taken += usize::from(mapped);
                 match slot_of(m.frame[p]) {
                     Slot::Frame(fr) => {
-                        decode(&self.frames[fr as usize].data, &mut buf);
+                        self.fmt
+                            .decode(&self.frames[fr as usize].data[..], &mut buf);
                         emit(VolumeId(v as u32), p, m.size_blocks, &buf, &mut f);
                         meter.add(1);
                     }
@@ -1095,7 +1083,7 @@ impl L2p {
                     Slot::Deferred(head) => {
                         // Switches for a page never written back (not expected: a
                         // relocated entry was mapped, so its page was written).
-                        buf.fill(Pba::NONE.0);
+                        buf.fill(Pba::NONE);
                         self.deferred.for_each(head, |i, pba| buf[i as usize] = pba);
                         emit(VolumeId(v as u32), p, m.size_blocks, &buf, &mut f);
                         meter.add(1);
@@ -1148,9 +1136,7 @@ impl L2p {
                         got,
                     });
                 }
-                for (e, b) in buf.iter_mut().zip(page.chunks_exact(4)) {
-                    *e = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-                }
+                self.fmt.decode(page, &mut buf);
                 if let Some(Slot::Deferred(head)) =
                     self.vols[v].as_ref().map(|m| slot_of(m.frame[p]))
                 {
@@ -1177,25 +1163,23 @@ impl L2p {
         lba: Lba,
         pba: Pba,
     ) -> Result<(), EngineError> {
-        let p = (lba.0 / L2P_ENTRIES_PER_PAGE) as usize;
-        let i = (lba.0 % L2P_ENTRIES_PER_PAGE) as usize;
+        let (p, i) = self.fmt.locate(lba.0);
+        let p = p as usize;
         let Some(Some(m)) = self.vols.get_mut(v.0 as usize) else {
             panic!("relocation switch for {v}, which has no map");
         };
         match slot_of(m.frame[p]) {
             Slot::Frame(f) => {
                 let fr = &mut self.frames[f as usize];
-                if entry(&fr.data, i) != pba.0 {
-                    set_entry(&mut fr.data, i, pba.0);
+                if self.fmt.get(&fr.data[..], i) != pba {
+                    self.fmt.set(&mut fr.data[..], i, pba);
                     fr.mark_dirty(i);
                 }
                 return Ok(());
             }
-            Slot::Empty => {
-                m.frame[p] = DEFERRED_BIT | self.deferred.push(LINK_NONE, i as u32, pba.0)
-            }
+            Slot::Empty => m.frame[p] = DEFERRED_BIT | self.deferred.push(LINK_NONE, i as u32, pba),
             Slot::Deferred(head) => {
-                m.frame[p] = DEFERRED_BIT | self.deferred.push(head, i as u32, pba.0)
+                m.frame[p] = DEFERRED_BIT | self.deferred.push(head, i as u32, pba)
             }
         }
         self.counters.deferred += 1;
@@ -1316,17 +1300,21 @@ mod tests {
         /// write-backs, deferred relocation switches (a few allowed to wait, so forced
         /// drains happen), checkpoints and resizes, and never reuses a pool page twice.
         #[test]
-        fn behaves_like_a_map(ops in proptest::collection::vec(op(), 1..400)) {
+        fn behaves_like_a_map(ops in proptest::collection::vec(op(), 1..400), wide in any::<bool>()) {
             let mut dev = MemDevice::new(64 * 4096, 4096).unwrap();
-            let mut l2p = L2p::new(2, 30, 3, 0);
+            let fmt = if wide { L2pFormat::WIDE } else { L2pFormat::NARROW };
+            let epp = fmt.entries_per_page();
+            // Wide pools get PBAs past 32 bits.
+            let val = |p: u32| if wide { u64::from(p) * 1_000_003 } else { u64::from(p) };
+            let mut l2p = L2p::new(fmt, 2, 30, 3, 0);
             l2p.deferred.max = 6;
             let mut sizes = [6000u64, 3000];
             l2p.add_volume(VolumeId(0), sizes[0]);
             l2p.add_volume(VolumeId(1), sizes[1]);
-            let mut model: HashMap<(u8, u64), u32> = HashMap::new();
+            let mut model: HashMap<(u8, u64), u64> = HashMap::new();
             // Values each entry held at or after the start of the incremental checkpoint
             // in progress (absent: unmapped throughout).
-            let mut since_t0: Option<HashMap<(u8, u64), std::collections::HashSet<u32>>> = None;
+            let mut since_t0: Option<HashMap<(u8, u64), std::collections::HashSet<u64>>> = None;
             // Asynchronous I/O in flight: loads (volume, page, offset, data if read at
             // the start) and write-backs (frame, target, data).
             let mut loads: Vec<(u8, usize, u64, Option<Vec<u8>>)> = Vec::new();
@@ -1355,13 +1343,13 @@ mod tests {
             for op in ops {
                 if let (Some(h), Op::Set(v, l, p)) = (since_t0.as_mut(), &op) {
                     // Unmapped at the start unless recorded.
-                    h.entry((*v, *l)).or_insert_with(|| [Pba::NONE.0].into()).insert(*p);
+                    h.entry((*v, *l)).or_insert_with(|| [Pba::NONE.0].into()).insert(val(*p));
                 }
                 match op {
                     Op::Set(v, l, p) => {
                         if l < sizes[v as usize] {
-                            let old = l2p.set(&mut dev, VolumeId(v.into()), Lba(l), Pba(p)).unwrap();
-                            let want = model.insert((v, l), p).unwrap_or(Pba::NONE.0);
+                            let old = l2p.set(&mut dev, VolumeId(v.into()), Lba(l), Pba(val(p))).unwrap();
+                            let want = model.insert((v, l), val(p)).unwrap_or(Pba::NONE.0);
                             prop_assert_eq!(old, Pba(want));
                         }
                     }
@@ -1376,19 +1364,19 @@ mod tests {
                         mapped.sort_unstable();
                         if !mapped.is_empty() {
                             let (v, l) = mapped[sel as usize % mapped.len()];
-                            l2p.relocate(&mut dev, VolumeId(v.into()), Lba(l), Pba(p)).unwrap();
-                            model.insert((v, l), p);
+                            l2p.relocate(&mut dev, VolumeId(v.into()), Lba(l), Pba(val(p))).unwrap();
+                            model.insert((v, l), val(p));
                             if let Some(h) = since_t0.as_mut() {
-                                h.entry((v, l)).or_default().insert(p);
+                                h.entry((v, l)).or_default().insert(val(p));
                             }
                         }
                     }
                     Op::Peek(v, l) => {
                         if l < sizes[v as usize] {
-                            let mut page = Box::new([0u32; EPP]);
-                            let p = (l / L2P_ENTRIES_PER_PAGE) as usize;
+                            let mut page = Box::new([Pba(0); MAX_EPP]);
+                            let p = (l / epp) as usize;
                             let got = if l2p.peek_page(&mut dev, VolumeId(v.into()), p, &mut page).unwrap() {
-                                page[(l % L2P_ENTRIES_PER_PAGE) as usize]
+                                page[(l % epp) as usize].0
                             } else {
                                 Pba::NONE.0
                             };
@@ -1400,7 +1388,7 @@ mod tests {
                         l2p.write_back_all(&mut dev).unwrap();
                     }
                     Op::StartLoad(v, l, read_now) => {
-                        let p = (l / L2P_ENTRIES_PER_PAGE) as usize;
+                        let p = (l / epp) as usize;
                         if let Some(off) = l2p.start_load(VolumeId(v.into()), p) {
                             let data = read_now.then(|| {
                                 let mut b = vec![0u8; PAGE_BYTES];
@@ -1441,7 +1429,7 @@ mod tests {
                     }
                     Op::CkptBegin => {
                         l2p.mark_checkpoint_pending();
-                        let mut h: HashMap<_, std::collections::HashSet<u32>> = HashMap::new();
+                        let mut h: HashMap<_, std::collections::HashSet<u64>> = HashMap::new();
                         for (&k, &p) in &model {
                             h.entry(k).or_default().insert(p);
                         }
@@ -1458,12 +1446,13 @@ mod tests {
                             // value at the start or a later one.
                             let h = since_t0.take().unwrap();
                             for v in 0..2u8 {
-                                let pages = sizes[v as usize].div_ceil(L2P_ENTRIES_PER_PAGE) as usize;
+                                let pages = sizes[v as usize].div_ceil(epp) as usize;
                                 for p in 0..pages {
-                                    let mut page = Box::new([0u32; EPP]);
+                                    let mut page = vec![Pba(0); epp as usize];
                                     l2p.read_page(&mut dev, VolumeId(v.into()), p, &mut page).unwrap();
                                     for (i, &e) in page.iter().enumerate() {
-                                        let l = p as u64 * L2P_ENTRIES_PER_PAGE + i as u64;
+                                        let e = e.0;
+                                        let l = p as u64 * epp + i as u64;
                                         if l >= sizes[v as usize] {
                                             continue;
                                         }
@@ -1530,7 +1519,7 @@ mod tests {
     #[test]
     fn an_arrived_page_gets_a_frame_even_while_write_backs_lag() {
         let mut dev = MemDevice::new(64 * 4096, 4096).unwrap();
-        let mut l2p = L2p::new(1, 30, 3, 0);
+        let mut l2p = L2p::new(L2pFormat::NARROW, 1, 30, 3, 0);
         l2p.add_volume(VolumeId(0), 8 * 1024);
         // Page 3 is stored; pages 0..3 fill the three frames, all dirty.
         l2p.set(&mut dev, VolumeId(0), Lba(3 * 1024), Pba(33))
@@ -1539,15 +1528,10 @@ mod tests {
         for p in 0..3u64 {
             // More changed entries than a frame lists: these must be written back.
             for i in 0..=DIRTY_LOG as u64 {
-                l2p.set(
-                    &mut dev,
-                    VolumeId(0),
-                    Lba(p * 1024 + 1 + i),
-                    Pba(100 + i as u32),
-                )
-                .unwrap();
+                l2p.set(&mut dev, VolumeId(0), Lba(p * 1024 + 1 + i), Pba(100 + i))
+                    .unwrap();
             }
-            l2p.set(&mut dev, VolumeId(0), Lba(p * 1024), Pba(p as u32))
+            l2p.set(&mut dev, VolumeId(0), Lba(p * 1024), Pba(p))
                 .unwrap();
         }
         let mut out = Vec::new();
@@ -1576,7 +1560,7 @@ mod tests {
         for p in 0..3u64 {
             assert_eq!(
                 l2p.get(&mut dev, VolumeId(0), Lba(p * 1024)).unwrap(),
-                Some(Pba(p as u32))
+                Some(Pba(p))
             );
         }
     }
@@ -1587,7 +1571,7 @@ mod tests {
     #[test]
     fn few_changes_evict_as_switches_and_come_back() {
         let mut dev = MemDevice::new(64 * 4096, 4096).unwrap();
-        let mut l2p = L2p::new(1, 30, 1, 0);
+        let mut l2p = L2p::new(L2pFormat::NARROW, 1, 30, 1, 0);
         let v = VolumeId(0);
         l2p.add_volume(v, 8 * 1024);
         l2p.set(&mut dev, v, Lba(5), Pba(50)).unwrap();
@@ -1596,17 +1580,16 @@ mod tests {
         // Page 1 pushes page 0 out (two changes: switches), page 2 pushes page 1 out
         // (seven changes: written back).
         for i in 0..=DIRTY_LOG as u64 {
-            l2p.set(&mut dev, v, Lba(1024 + i), Pba(200 + i as u32))
-                .unwrap();
+            l2p.set(&mut dev, v, Lba(1024 + i), Pba(200 + i)).unwrap();
         }
         l2p.set(&mut dev, v, Lba(2048), Pba(1)).unwrap();
         assert_eq!(l2p.counters.evicted_as_switches, 1);
         assert_eq!(l2p.counters.page_writes, 1);
         assert_eq!(l2p.deferred_switches().0, 2);
-        let mut out = [0u32; EPP];
+        let mut out = [Pba(0); MAX_EPP];
         assert!(l2p.peek_page(&mut dev, v, 0, &mut out).unwrap());
-        assert_eq!((out[5], out[7]), (51, 70));
-        assert_eq!(out[6], Pba::NONE.0);
+        assert_eq!((out[5], out[7]), (Pba(51), Pba(70)));
+        assert_eq!(out[6], Pba::NONE);
         // Faulting page 0 back applies its two and evicts page 2's one change.
         assert_eq!(l2p.get(&mut dev, v, Lba(5)).unwrap(), Some(Pba(51)));
         assert_eq!(l2p.get(&mut dev, v, Lba(7)).unwrap(), Some(Pba(70)));
@@ -1615,7 +1598,7 @@ mod tests {
         for i in 0..=DIRTY_LOG as u64 {
             assert_eq!(
                 l2p.get(&mut dev, v, Lba(1024 + i)).unwrap(),
-                Some(Pba(200 + i as u32))
+                Some(Pba(200 + i))
             );
         }
         // A checkpoint's drain writes back what it faults in instead of making new
@@ -1623,7 +1606,7 @@ mod tests {
         l2p.apply_deferred(&mut dev).unwrap();
         assert_eq!(l2p.deferred_switches().0, 0);
         l2p.write_back_all(&mut dev).unwrap();
-        let mut fresh = L2p::new(1, 30, 1, 0);
+        let mut fresh = L2p::new(L2pFormat::NARROW, 1, 30, 1, 0);
         fresh.add_volume(v, 8 * 1024);
         fresh.vols[0].as_mut().unwrap().dir = l2p.vols[0].as_ref().unwrap().dir.clone();
         for (lba, pba) in [(5, 51), (7, 70), (1030, 206), (2048, 1)] {
@@ -1639,11 +1622,11 @@ mod tests {
         use shale_device::{ErrorRule, FaultDevice};
         let mut dev = FaultDevice::new(64 * 4096, 4096, 1).unwrap();
         let ctl = dev.controller();
-        let mut l2p = L2p::new(2, 30, 3, 0);
+        let mut l2p = L2p::new(L2pFormat::NARROW, 2, 30, 3, 0);
         l2p.add_volume(VolumeId(0), 6000);
         l2p.add_volume(VolumeId(1), 6000);
         for (i, l) in [0u64, 1024, 2048].into_iter().enumerate() {
-            l2p.set(&mut dev, VolumeId(0), Lba(l), Pba(100 + i as u32))
+            l2p.set(&mut dev, VolumeId(0), Lba(l), Pba(100 + i as u64))
                 .unwrap();
         }
         let free_before = l2p.pool_free.len();
@@ -1665,7 +1648,7 @@ mod tests {
         }
         for (i, l) in [0u64, 1024, 2048].into_iter().enumerate() {
             let got = l2p.get(&mut dev, VolumeId(0), Lba(l)).unwrap();
-            assert_eq!(got, Some(Pba(100 + i as u32)), "lba {l}");
+            assert_eq!(got, Some(Pba(100 + i as u64)), "lba {l}");
         }
     }
 }

@@ -551,7 +551,7 @@ impl Mover {
             // needs only a few sizes.
             let mut runs: Vec<(usize, usize)> = Vec::new();
             for i in 0..k {
-                if core.regions.validity.get(Pba(base.0 + i as u32)) {
+                if core.regions.validity.get(Pba(base.0 + i as u64)) {
                     match runs.last_mut() {
                         Some(r) if i - r.1 <= READ_GAP_BLOCKS => r.1 = i + 1,
                         _ => runs.push((i, i + 1)),

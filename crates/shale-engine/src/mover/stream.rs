@@ -152,7 +152,7 @@ mod tests {
             lba: Lba(i),
             sid: Sid(1),
             crc: 0,
-            source: Pba(i as u32),
+            source: Pba(i),
         }
     }
 

@@ -12,14 +12,12 @@
 //! reply.
 
 use shale_device::{BlockDevice, ZonedDevice};
-use shale_format::{Pba, VolumeId, L2P_ENTRIES_PER_PAGE};
+use shale_format::{Pba, VolumeId};
 
 use crate::core::Core;
 use crate::layout::BS;
 use crate::request::{Extent, ALLOCATION_QUERY_BYTES_MAX};
 use crate::{Clock, EngineError};
-
-const EPP: u64 = L2P_ENTRIES_PER_PAGE;
 
 /// Appends `len` bytes of `mapped` state, merging with the previous extent.
 fn push(out: &mut Vec<Extent>, len: u64, mapped: bool) {
@@ -52,13 +50,14 @@ pub(crate) fn block_status(
     // Bytes of blocks [a, b) that lie inside the request.
     let bytes = |a: u64, b: u64| (b * BS).min(end) - (a * BS).max(offset);
     let mut out = Vec::new();
-    let mut page = Box::new([Pba::NONE.0; L2P_ENTRIES_PER_PAGE as usize]);
+    let mut page = Box::new([Pba::NONE; crate::l2p::MAX_EPP]);
+    let epp = core.l2p.format().entries_per_page();
     let first = offset / BS;
     let last = (end - 1) / BS;
     let mut lba = first;
     while lba <= last {
-        let p = lba / EPP;
-        let stop = ((p + 1) * EPP).min(last + 1);
+        let p = lba / epp;
+        let stop = ((p + 1) * epp).min(last + 1);
         if !core
             .l2p
             .peek_page(&mut core.cache, volume, p as usize, &mut page)?
@@ -68,9 +67,9 @@ pub(crate) fn block_status(
             continue;
         }
         while lba < stop {
-            let mapped = page[(lba % EPP) as usize] != Pba::NONE.0;
+            let mapped = !page[(lba % epp) as usize].is_none();
             let mut run_end = lba + 1;
-            while run_end < stop && (page[(run_end % EPP) as usize] != Pba::NONE.0) == mapped {
+            while run_end < stop && page[(run_end % epp) as usize].is_none() != mapped {
                 run_end += 1;
             }
             push(&mut out, bytes(lba, run_end), mapped);

@@ -7,7 +7,7 @@ const NONE: u32 = u32::MAX;
 
 #[derive(Debug)]
 struct Entry {
-    key: u32,
+    key: u64,
     prev: u32,
     next: u32,
     block: Box<[u8; 4096]>,
@@ -15,7 +15,7 @@ struct Entry {
 
 #[derive(Debug)]
 pub(crate) struct MdCache {
-    map: HashMap<u32, u32>,
+    map: HashMap<u64, u32>,
     entries: Vec<Entry>,
     head: u32,
     tail: u32,
@@ -63,7 +63,7 @@ impl MdCache {
         }
     }
 
-    pub fn get(&mut self, key: u32) -> Option<&[u8; 4096]> {
+    pub fn get(&mut self, key: u64) -> Option<&[u8; 4096]> {
         match self.map.get(&key).copied() {
             Some(i) => {
                 self.hits += 1;
@@ -83,11 +83,11 @@ impl MdCache {
     }
 
     /// Whether `key` is cached (no LRU update, no counting).
-    pub fn contains(&self, key: u32) -> bool {
+    pub fn contains(&self, key: u64) -> bool {
         self.map.contains_key(&key)
     }
 
-    pub fn insert(&mut self, key: u32, block: &[u8]) {
+    pub fn insert(&mut self, key: u64, block: &[u8]) {
         if let Some(&i) = self.map.get(&key) {
             self.entries[i as usize].block.copy_from_slice(block);
             self.unlink(i);
@@ -117,17 +117,17 @@ impl MdCache {
     }
 
     /// Forgets every md block of a region being reused.
-    pub fn invalidate_range(&mut self, start: u32, len: u32) {
-        let keys: Vec<u32> = self
+    pub fn invalidate_range(&mut self, start: u64, len: u32) {
+        let keys: Vec<u64> = self
             .map
             .keys()
             .copied()
-            .filter(|k| (start..start + len).contains(k))
+            .filter(|k| (start..start + u64::from(len)).contains(k))
             .collect();
         for k in keys {
             if let Some(i) = self.map.remove(&k) {
                 self.unlink(i);
-                self.entries[i as usize].key = NONE;
+                self.entries[i as usize].key = u64::MAX;
                 // Park the entry at the tail so it is reused first.
                 self.entries[i as usize].prev = self.tail;
                 self.entries[i as usize].next = NONE;

@@ -58,8 +58,8 @@ pub(crate) struct Reader {
     pub free: Vec<u32>,
     /// md reads in flight for user reads (PBA of copy A), and data blocks waiting for
     /// them: (key, read op, block, PBA, data).
-    pub md_reads: Vec<u32>,
-    pub parked: Vec<(u32, u32, u32, Pba, shale_device::IoBuf)>,
+    pub md_reads: Vec<u64>,
+    pub parked: Vec<(u64, u32, u32, Pba, shale_device::IoBuf)>,
 }
 
 impl Reader {
@@ -273,7 +273,7 @@ impl Reader {
         &mut self,
         core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
         writer: &ChunkWriter,
-        key: u32,
+        key: u64,
         r: Result<Option<IoBuf>, EngineError>,
     ) {
         self.md_reads.retain(|&k| k != key);

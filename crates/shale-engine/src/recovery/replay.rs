@@ -35,7 +35,6 @@ use shale_device::{BlockDevice, ZoneState, ZonedDevice};
 use shale_format::{
     decode_md_entry, decode_md_header, EntryKind, JournalBlock, JournalRecord, Lba, MdHeader,
     MdRegionKind, Pba, RegionId, RegionRole, RegionState, Sid, VolumeId, BLOCK_SIZE,
-    L2P_ENTRIES_PER_PAGE,
 };
 
 use super::{Meter, ReplayCounts};
@@ -620,8 +619,9 @@ fn unmap_replayed(
 ) -> Result<(), OpenError> {
     let mut lba = lo;
     while lba < hi {
-        let page = (lba / L2P_ENTRIES_PER_PAGE) as usize;
-        let page_end = ((page as u64 + 1) * L2P_ENTRIES_PER_PAGE).min(hi);
+        let epp = core.l2p.format().entries_per_page();
+        let page = (lba / epp) as usize;
+        let page_end = ((page as u64 + 1) * epp).min(hi);
         if core.l2p.page_is_empty(v, page) {
             lba = page_end;
             continue;

@@ -42,7 +42,7 @@ impl Validity {
     /// Set bits in `[start, start + len)`, a word at a time (whole-device walks at
     /// open and in the self-check count every region).
     pub fn count_range(&self, start: Pba, len: u32) -> u32 {
-        let lo = u64::from(start.0);
+        let lo = start.0;
         let hi = lo + u64::from(len);
         if lo >= hi {
             return 0;
@@ -63,13 +63,13 @@ impl Validity {
 
     /// The first set bit in `[start, start + len)`.
     pub fn first_set(&self, start: Pba, len: u32) -> Option<Pba> {
-        let mut p = u64::from(start.0);
+        let mut p = start.0;
         let hi = p + u64::from(len);
         while p < hi {
             let w = self.bits.get((p / 64) as usize).copied().unwrap_or(0) >> (p % 64);
             if w != 0 {
                 let at = p + u64::from(w.trailing_zeros());
-                return (at < hi).then_some(Pba(at as u32));
+                return (at < hi).then_some(Pba(at));
             }
             p = (p / 64 + 1) * 64;
         }
@@ -90,17 +90,17 @@ mod tests {
         /// Word-at-a-time counting and search agree with a bit-by-bit walk.
         #[test]
         fn count_and_first_set_match_a_naive_walk(
-            bits in proptest::collection::vec(0u32..1000, 0..200),
-            start in 0u32..1000,
+            bits in proptest::collection::vec(0u64..1000, 0..200),
+            start in 0u64..1000,
             len in 0u32..600,
         ) {
             let mut v = Validity::new(1100);
             for b in &bits {
                 v.set(Pba(*b));
             }
-            let naive = (start..start + len).filter(|&p| v.get(Pba(p))).count() as u32;
+            let naive = (start..start + u64::from(len)).filter(|&p| v.get(Pba(p))).count() as u32;
             prop_assert_eq!(v.count_range(Pba(start), len), naive);
-            let first = (start..start + len).find(|&p| v.get(Pba(p))).map(Pba);
+            let first = (start..start + u64::from(len)).find(|&p| v.get(Pba(p))).map(Pba);
             prop_assert_eq!(v.first_set(Pba(start), len), first);
         }
     }

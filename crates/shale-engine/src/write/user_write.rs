@@ -2,7 +2,7 @@
 //! blocks, then append + L2P update + validity.
 
 use shale_device::{BlockDevice, ZonedDevice};
-use shale_format::{JournalRecord, Lba, Pba, VolumeId, BLOCK_SIZE, L2P_ENTRIES_PER_PAGE};
+use shale_format::{JournalRecord, Lba, Pba, VolumeId, BLOCK_SIZE};
 
 use crate::core::Core;
 use crate::layout::BS;
@@ -242,8 +242,9 @@ impl ChunkWriter {
         let mut lba = first;
         let end = first + count;
         while lba < end {
-            let page = (lba / L2P_ENTRIES_PER_PAGE) as usize;
-            let page_end = ((page as u64 + 1) * L2P_ENTRIES_PER_PAGE).min(end);
+            let epp = core.l2p.format().entries_per_page();
+            let page = (lba / epp) as usize;
+            let page_end = ((page as u64 + 1) * epp).min(end);
             if core.l2p.page_is_empty(volume, page) {
                 lba = page_end;
                 continue;
