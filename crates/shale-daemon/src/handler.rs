@@ -201,6 +201,7 @@ pub fn stats_json(s: &Stats) -> Value {
             "page_writes_ahead": s.l2p_page_writes_ahead,
             "cached_pages": s.l2p_cached_pages,
             "cache_pages_max": s.l2p_cache_pages_max,
+            "entry_bytes": s.l2p_entry_bytes,
         },
         "space": {
             "free_chunks": s.free_chunks,

@@ -52,6 +52,8 @@ pub struct Stats {
     pub l2p_deferred_waiting: u64,
     pub l2p_cached_pages: u64,
     pub l2p_cache_pages_max: u64,
+    /// Bytes per L2P entry: 4, or 5 in pools past 2^32 blocks.
+    pub l2p_entry_bytes: u8,
     pub md_cache_hits: u64,
     pub md_cache_misses: u64,
     /// md reads issued with the data read (asynchronous) and on the synchronous
@@ -196,6 +198,7 @@ pub(crate) fn snapshot(
     s.l2p_deferred_waiting = core.l2p.deferred_switches().0 as u64;
     s.l2p_cached_pages = core.l2p.cached_pages() as u64;
     s.l2p_cache_pages_max = core.l2p.frames_max() as u64;
+    s.l2p_entry_bytes = core.l2p.format().entry_bytes();
     s.md_cache_hits = core.md_cache.hits;
     s.md_cache_misses = core.md_cache.misses;
     s.census_pending = core.regions.census_pending;

@@ -944,7 +944,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Loading<C, Z, K> {
         let inconsistent = |reason: String| OpenError::InconsistentCheckpoint { reason };
         let clean = self.clean();
         let sb = &self.found.as_ref().expect("the superblock step ran").sb;
-        let (ck, _) = self.checkpoint.as_ref().expect("the checkpoint step ran");
+        let (ck, _) = self.checkpoint.as_mut().expect("the checkpoint step ran");
         let geo = Geometry::new(&sb.layout, &sb.capacity);
         let regions = Regions::from_entries(&geo, &ck.regions);
         let table_pages = sb.l2p.pages_for(sb.user_capacity_blocks);
@@ -959,7 +959,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Loading<C, Z, K> {
             frames,
             sb.layout.l2p_area_start,
         );
-        for d in &ck.directories {
+        for d in &mut ck.directories {
             let Some(v) = ck.volumes.entries.iter().find(|e| e.id == d.volume) else {
                 return Err(inconsistent(format!("directory for unknown {}", d.volume)));
             };
@@ -972,8 +972,10 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Loading<C, Z, K> {
                     v.size_blocks
                 )));
             }
-            l2p.vols[d.volume.0 as usize] =
-                Some(VolumeMap::from_dir(d.pages.clone(), v.size_blocks));
+            // Moved, not copied: the directories are megabytes per TiB (and the
+            // checkpoint's copy is not needed past this step).
+            let pages = std::mem::take(&mut d.pages);
+            l2p.vols[d.volume.0 as usize] = Some(VolumeMap::from_dir(pages, v.size_blocks));
         }
         if ck
             .volumes

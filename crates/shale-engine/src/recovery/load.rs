@@ -182,7 +182,22 @@ pub(crate) fn checkpoint<C: BlockDevice>(
         Ok(c)
     };
     let a = header(cache, named, bytes)?;
-    let b = header(cache, 1 - named, bytes)?;
+    let mut b = header(cache, 1 - named, bytes)?;
+    // The other area's payload matters only if its header claims a newer
+    // generation: otherwise it is an older checkpoint (or a torn one), and reading
+    // it would double the step at scale (the directories are 128 MiB at 64 TiB).
+    let generation = |x: &Area| {
+        shale_format::CheckpointHeader::decode(&x.head, x.off)
+            .ok()
+            .map(|h| h.generation)
+    };
+    let newer = match (generation(&a), generation(&b)) {
+        (Some(x), Some(y)) => y > x,
+        _ => true,
+    };
+    if !newer {
+        b.payload_blocks = Ok(0);
+    }
     meter.start(
         [&a, &b]
             .iter()
@@ -190,9 +205,13 @@ pub(crate) fn checkpoint<C: BlockDevice>(
             .sum(),
     );
     let a = read(cache, a, bytes, meter)?;
-    let b = read(cache, b, bytes, meter)?;
+    let b = if newer {
+        Some(read(cache, b, bytes, meter)?)
+    } else {
+        None
+    };
     match (a, b) {
-        (Ok(x), Ok(y)) if y.header.generation > x.header.generation => {
+        (Ok(x), Some(Ok(y))) if y.header.generation > x.header.generation => {
             report.warn(format!(
                 "checkpoint area {} (generation {}) is newer than the one the superblock names (generation {}): the crash came before the superblock write, or that superblock copy is damaged; using the newer",
                 1 - named,
@@ -201,8 +220,8 @@ pub(crate) fn checkpoint<C: BlockDevice>(
             ));
             Ok((y, 1 - named))
         }
-        (Ok(x), Ok(_)) => Ok((x, named)),
-        (Ok(x), Err(e)) => {
+        (Ok(x), None | Some(Ok(_))) => Ok((x, named)),
+        (Ok(x), Some(Err(e))) => {
             // Torn by a crash during a checkpoint, or damaged: not in use either way.
             report.warn(format!(
                 "checkpoint area {} (not in use) does not decode: {e}",
