@@ -210,6 +210,17 @@ pub(crate) fn checkpoint<C: BlockDevice>(
     } else {
         None
     };
+    choose(a, b, named, report)
+}
+
+/// The checkpoint to open from: the one the superblock names (`a`), unless the other
+/// (`b`, read only when its header claims to be newer) decodes and is newer.
+fn choose(
+    a: Result<Checkpoint, FormatError>,
+    b: Option<Result<Checkpoint, FormatError>>,
+    named: u8,
+    report: &mut OpenReport,
+) -> Result<(Checkpoint, u8), OpenError> {
     match (a, b) {
         (Ok(x), Some(Ok(y))) if y.header.generation > x.header.generation => {
             report.warn(format!(
