@@ -61,7 +61,7 @@ pub struct ShaleConfig {
     /// Placement streams: 8 isolates each tenant's data in its own zones; 1 mixes all
     /// tenants (the seeds' "no user isolation").
     pub streams: u32,
-    /// L2P page-cache budget; `None` is the engine's default (12.5% of the table).
+    /// L2P page-cache budget; `None` is 12.5% of the table (the seeds' ratio).
     pub l2p_cache_bytes: Option<u64>,
     /// Capacity drives: 1 is one drive; more make a [`shale_array::ZoneArray`] of
     /// them (`shale-zns` only) with the same data capacity.
@@ -154,6 +154,9 @@ pub(crate) fn engine_config(cfg: &ShaleConfig, zone_bytes: u64) -> EngineConfig 
         chunk_blocks: (zone_bytes / BLOCK_BYTES) as u32,
         streams_max: cfg.streams.max(1),
         l2p_cache_bytes_max: cfg.l2p_cache_bytes,
+        // DESIGN.md's configuration: the seeds' DRAM ratio, 12.5% of the table.
+        l2p_cache_divisor: 8,
+        l2p_cache_floor_bytes: 0,
         // The largest request the benchmarks send (preconditioning's 1 MiB writes); the
         // default 4 MiB would need more chunks than a test-sized cache has.
         request_bytes_max: REQUEST_BYTES_MAX,

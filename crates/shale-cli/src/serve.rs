@@ -176,10 +176,10 @@ pub struct ServeArgs {
     /// certificate it signed
     #[arg(long, requires = "tls_cert")]
     pub tls_required: bool,
-    /// DRAM for cached L2P pages; the table is 1/1024 of the user capacity [default: 1GiB]
+    /// DRAM for cached L2P pages (the table is 1/1024 of the user capacity), or auto: the whole table up to 8 MiB, else 5% of it [default: auto]
     #[arg(long)]
     pub l2p_cache_size: Option<String>,
-    /// DRAM for cached metadata blocks used to verify reads [default: 64MiB]
+    /// DRAM for cached metadata blocks used to verify reads, or auto (4 MiB) [default: auto]
     #[arg(long)]
     pub md_cache_size: Option<String>,
     /// Log format: text or json [default: text]

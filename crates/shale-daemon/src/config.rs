@@ -25,6 +25,20 @@ use shale_workload::parse_size;
 pub struct Size(pub String);
 
 impl Size {
+    /// `"auto"`: the engine picks (memory budgets only).
+    pub fn is_auto(&self) -> bool {
+        self.0.trim().eq_ignore_ascii_case("auto")
+    }
+
+    /// The size, or `None` for `"auto"`.
+    pub fn bytes_or_auto(&self, field: &'static str) -> Result<Option<u64>, ConfigError> {
+        if self.is_auto() {
+            Ok(None)
+        } else {
+            self.bytes(field).map(Some)
+        }
+    }
+
     pub fn bytes(&self, field: &'static str) -> Result<u64, ConfigError> {
         parse_size(&self.0).map_err(|e| ConfigError::BadSize {
             field,
@@ -271,19 +285,21 @@ impl TcpExposure {
 #[serde(deny_unknown_fields, default)]
 pub struct MemoryConfig {
     /// Cached L2P pages. The whole table is 1/1024 of the user capacity (4 bytes per
-    /// 4 KiB block), so the default keeps all of it in DRAM up to 1 TiB of volumes;
-    /// beyond that, a miss is a synchronous 4 KiB read on the engine thread (and a
-    /// write-back if the evicted page was dirty).
+    /// 4 KiB block; 5 in pools past 16 TiB). `auto` (the default) is the engine's
+    /// budget: the whole table up to 8 MiB (8 GiB of volumes), else 5% of it, which
+    /// keeps the daemon within 100 MiB per TiB. A miss is a 4 KiB read, a synchronous
+    /// one on the engine thread unless a queued request asked for it ahead.
     pub l2p_cache_size: Size,
-    /// Cached metadata blocks, used to verify reads (one per 126 data blocks).
+    /// Cached metadata blocks, used to verify reads (one per 126 data blocks);
+    /// `auto` (the default) is the engine's 4 MiB.
     pub md_cache_size: Size,
 }
 
 impl Default for MemoryConfig {
     fn default() -> MemoryConfig {
         MemoryConfig {
-            l2p_cache_size: Size("1GiB".into()),
-            md_cache_size: Size("64MiB".into()),
+            l2p_cache_size: Size("auto".into()),
+            md_cache_size: Size("auto".into()),
         }
     }
 }
@@ -513,7 +529,7 @@ impl Config {
             ("memory.l2p_cache_size", &self.memory.l2p_cache_size),
             ("memory.md_cache_size", &self.memory.md_cache_size),
         ] {
-            if size.bytes(field)? < 4096 {
+            if !size.is_auto() && size.bytes(field)? < 4096 {
                 return Err(ConfigError::Invalid {
                     field,
                     reason: format!("{} is less than one 4 KiB page", size.0),

@@ -128,8 +128,9 @@ pub struct DeviceSpec {
     /// Simulated-drive preset wrapped around the capacity file (counts NAND traffic
     /// since the daemon started; the data itself is the file's).
     pub drive: Option<String>,
-    pub l2p_cache_bytes: u64,
-    pub md_cache_bytes: u64,
+    /// `None`: the engine's default budgets.
+    pub l2p_cache_bytes: Option<u64>,
+    pub md_cache_bytes: Option<u64>,
 }
 
 impl DeviceSpec {
@@ -171,8 +172,14 @@ impl DeviceSpec {
             zone_bytes: d.zone_size.bytes("devices.zone_size")?,
             spare_factor: d.spare_factor,
             drive: d.drive.clone(),
-            l2p_cache_bytes: c.memory.l2p_cache_size.bytes("memory.l2p_cache_size")?,
-            md_cache_bytes: c.memory.md_cache_size.bytes("memory.md_cache_size")?,
+            l2p_cache_bytes: c
+                .memory
+                .l2p_cache_size
+                .bytes_or_auto("memory.l2p_cache_size")?,
+            md_cache_bytes: c
+                .memory
+                .md_cache_size
+                .bytes_or_auto("memory.md_cache_size")?,
         })
     }
 
@@ -188,8 +195,10 @@ impl DeviceSpec {
             request_bytes_max: u64::from(PAYLOAD_BYTES_MAX),
             // Enough group buffers (126 blocks each) for the largest request twice over.
             write_buffers_max: 2 * (PAYLOAD_BYTES_MAX / (126 * 4096) + 2),
-            l2p_cache_bytes_max: Some(self.l2p_cache_bytes),
-            md_cache_bytes_max: self.md_cache_bytes,
+            l2p_cache_bytes_max: self.l2p_cache_bytes,
+            md_cache_bytes_max: self
+                .md_cache_bytes
+                .unwrap_or(EngineConfig::default().md_cache_bytes_max),
             scrub_bytes_per_sec: self.scrub_bytes_per_sec,
             // With mirrors a corrupt cache block has a good copy: compaction checks
             // what it moves and takes that copy, rather than carrying the corruption

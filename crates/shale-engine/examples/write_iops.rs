@@ -35,6 +35,8 @@ fn setup(
         chunk_blocks: 1024,
         volumes_max: 8,
         l2p_cache_bytes_max: l2p_mib.map(|m| m << 20),
+        l2p_cache_divisor: 8,
+        l2p_cache_floor_bytes: 0,
         ..Config::default()
     };
     let mut e = Engine::format(cache, cap, MonotonicClock::new(), config).unwrap();

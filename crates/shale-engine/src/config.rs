@@ -25,8 +25,15 @@ pub struct Config {
     pub compaction_free_chunks_pct: u32,
     /// GC runs while free zones are below this.
     pub gc_free_zones_min: u32,
-    /// DRAM for cached L2P pages; `None` = 12.5% of the table (at least the minimum).
+    /// DRAM for cached L2P pages; `None` = the default budget below.
     pub l2p_cache_bytes_max: Option<u64>,
+    /// The default L2P budget: 1/`l2p_cache_divisor` of the table counted at 4 bytes
+    /// an entry (20: 41 MiB per TiB of volumes, which keeps the engine within 100 MiB
+    /// per TiB of capacity; the seeds' configuration caches 1/8)...
+    pub l2p_cache_divisor: u32,
+    /// ... and never less than the whole table up to this many bytes (8 MiB: pools of
+    /// up to 8 GiB of volumes stay wholly cached; 0 for the plain ratio).
+    pub l2p_cache_floor_bytes: u64,
     /// Pages kept back for background work.
     pub l2p_reserved_pages: u32,
     /// DRAM for cached md blocks (used to verify reads). 4 MiB covers the md of the
@@ -96,6 +103,8 @@ impl Default for Config {
             compaction_free_chunks_pct: 20,
             gc_free_zones_min: 5,
             l2p_cache_bytes_max: None,
+            l2p_cache_divisor: 20,
+            l2p_cache_floor_bytes: 8 << 20,
             l2p_reserved_pages: 4,
             md_cache_bytes_max: 4 << 20,
             write_buffers_max: 16,
@@ -208,9 +217,9 @@ impl Config {
             + 2
     }
 
-    /// The L2P page budget for a table of `table_pages` pages; refuses budgets that are
-    /// too small to make progress.
-    pub fn l2p_budget_pages(&self, table_pages: u64) -> Result<u64, ConfigError> {
+    /// The L2P page budget for `user_blocks` of volumes mapped in `table_pages` pages;
+    /// refuses budgets that are too small to make progress.
+    pub fn l2p_budget_pages(&self, user_blocks: u64, table_pages: u64) -> Result<u64, ConfigError> {
         let min = self.l2p_min_pages();
         match self.l2p_cache_bytes_max {
             Some(bytes) => {
@@ -225,7 +234,11 @@ impl Config {
                 }
                 Ok(pages)
             }
-            None => Ok((table_pages / 8).max(min)),
+            None => {
+                let share = user_blocks.div_ceil(1024) / u64::from(self.l2p_cache_divisor.max(1));
+                let floor = table_pages.min(self.l2p_cache_floor_bytes / 4096);
+                Ok(share.max(floor).max(min))
+            }
         }
     }
 }

@@ -176,7 +176,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         let geo = Geometry::new(&sb.layout, &sb.capacity);
         let regions = Regions::new(&geo);
         let table_pages = sb.l2p.pages_for(sb.user_capacity_blocks);
-        let frames = config.l2p_budget_pages(table_pages)?;
+        let frames = config.l2p_budget_pages(sb.user_capacity_blocks, table_pages)?;
         let l2p = L2p::new(
             sb.l2p,
             config.volumes_max,
@@ -950,7 +950,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Loading<C, Z, K> {
         let table_pages = sb.l2p.pages_for(sb.user_capacity_blocks);
         let frames = self
             .config
-            .l2p_budget_pages(table_pages)
+            .l2p_budget_pages(sb.user_capacity_blocks, table_pages)
             .map_err(|e: ConfigError| OpenError::Config(e))?;
         let mut l2p = L2p::new(
             sb.l2p,

@@ -154,6 +154,10 @@ pub(crate) struct L2p {
     pub(super) io: super::inflight::InflightPages,
     /// A page read for a caller that does not want it cached.
     scratch: Box<[u8; PAGE_BYTES]>,
+    /// The runs of pages a map walk reads (kept: a background census walks a few
+    /// hundred pages a poll, and a fresh 1 MiB buffer each time costs its page
+    /// faults and an munmap).
+    walk_buf: Vec<u8>,
     pub counters: L2pCounters,
     /// Frames marked `ckpt_pending`, and where the next search for one starts.
     pending: usize,
@@ -254,6 +258,7 @@ impl L2p {
             pool_deferred: Vec::new(),
             area_start,
             scratch: Box::new([0; PAGE_BYTES]),
+            walk_buf: Vec::new(),
             counters: L2pCounters::default(),
             pending: 0,
             pending_cursor: 0,
@@ -1093,7 +1098,10 @@ impl L2p {
             }
         }
         to_read.sort_unstable_by_key(|t| t.0);
-        let mut run_buf = vec![0u8; FOR_EACH_RUN_PAGES * BLOCK_BYTES];
+        let mut run_buf = std::mem::take(&mut self.walk_buf);
+        if !to_read.is_empty() {
+            run_buf.resize(FOR_EACH_RUN_PAGES * BLOCK_BYTES, 0);
+        }
         let mut i = 0;
         while i < to_read.len() {
             // A run of nearby slots spanning at most FOR_EACH_RUN_PAGES. A page's two
@@ -1136,19 +1144,40 @@ impl L2p {
                         got,
                     });
                 }
-                self.fmt.decode(page, &mut buf);
-                if let Some(Slot::Deferred(head)) =
-                    self.vols[v].as_ref().map(|m| slot_of(m.frame[p]))
-                {
-                    self.deferred.for_each(head, |i, pba| buf[i as usize] = pba);
-                }
-                let size = self.vols[v].as_ref().map_or(0, |m| m.size_blocks);
-                emit(VolumeId(v as u32), p, size, &buf, &mut f);
+                self.emit_stored(v, p, page, &mut buf, &mut f);
                 meter.add(1);
             }
             i = j;
         }
+        self.walk_buf = run_buf;
         Ok(next)
+    }
+
+    /// Calls `f` for the mapped entries of stored page `p` of volume `v` (read and
+    /// verified), with its deferred switches applied; `buf` is scratch.
+    fn emit_stored(
+        &self,
+        v: usize,
+        p: usize,
+        page: &[u8],
+        buf: &mut [Pba],
+        f: &mut impl FnMut(VolumeId, Lba, Pba),
+    ) {
+        let size = self.vols[v].as_ref().map_or(0, |m| m.size_blocks);
+        if let Some(Slot::Deferred(head)) = self.vols[v].as_ref().map(|m| slot_of(m.frame[p])) {
+            self.fmt.decode(page, buf);
+            self.deferred.for_each(head, |i, pba| buf[i as usize] = pba);
+            emit(VolumeId(v as u32), p, size, buf, f);
+        } else {
+            // Only the mapped entries (most of a sparse pool's pages are nearly empty).
+            let first = p as u64 * self.fmt.entries_per_page();
+            self.fmt.for_each_mapped(page, |i, pba| {
+                let lba = first + i as u64;
+                if lba < size {
+                    f(VolumeId(v as u32), Lba(lba), pba);
+                }
+            });
+        }
     }
 
     /// Switches `lba` of `v` from a relocation's source to `pba`. The caller has checked
