@@ -105,6 +105,18 @@ fn superblock(clean: bool, active: u8, volumes_max: u32) -> Superblock {
     }
 }
 
+/// A pool past 2^32 PBAs: 5-byte L2P entries.
+fn wide_superblock() -> Superblock {
+    let mut sb = superblock(true, 0, 8);
+    sb.capacity = CapacityGeometry {
+        zone_size_blocks: 1 << 20,
+        zone_capacity_blocks: 1 << 20,
+        zone_count: 8192,
+    };
+    sb.l2p = L2pFormat::WIDE;
+    sb
+}
+
 fn volumes(n: u32) -> VolumeTable {
     VolumeTable {
         generation: 3,
@@ -297,6 +309,7 @@ fn write_seed_corpus() {
             ("clean-as-stored", as_stored(&sb)),
             ("dirty", resealed(&superblock(false, 0, 1).encode())),
             ("volumes-max", resealed(&superblock(true, 0, 63).encode())),
+            ("wide-l2p", resealed(&wide_superblock().encode())),
         ],
     );
     let label = CapacityLabel {
@@ -328,6 +341,16 @@ fn write_seed_corpus() {
     );
     write_array_label_seeds();
     let chunk_full = md(MdRegionKind::Chunk, &md_entries(GROUP_DATA_SLOTS), 2);
+    // Relocations from PBAs past 32 bits (the source's high byte in use).
+    let wide: Vec<MdEntry> = md_entries(20)
+        .into_iter()
+        .map(|mut e| {
+            if e.kind == EntryKind::Relocated {
+                e.source = Pba(e.source.0 + (3 << 36));
+            }
+            e
+        })
+        .collect();
     standin::write_seeds(
         "md_block",
         vec![
@@ -342,6 +365,10 @@ fn write_seed_corpus() {
                 resealed(&md(MdRegionKind::Zone, &md_entries(40), 1)),
             ),
             ("empty", resealed(&md(MdRegionKind::Chunk, &[], 0))),
+            (
+                "zone-wide-sources",
+                resealed(&md(MdRegionKind::Zone, &wide, 3)),
+            ),
         ],
     );
     let cp = checkpoint(24, 2, 5);
