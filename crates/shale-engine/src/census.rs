@@ -150,8 +150,7 @@ pub(crate) fn step(
         return Ok(false);
     };
     let geo = core.geo.clone();
-    let validity = &mut core.regions.validity;
-    let regions = &core.regions.regions;
+    let regions = &mut core.regions;
     let zone_wps = &census.zone_wps;
     let mut bad: Option<String> = None;
     let mut pages = 0u64;
@@ -170,13 +169,14 @@ pub(crate) fn step(
             if bad.is_some() {
                 return;
             }
-            if let Err(e) = check_mapping(&geo, regions, zone_wps, (volume, lba, pba)) {
-                bad = Some(e.to_string());
-                return;
+            match check_mapping(&geo, &regions.regions, zone_wps, (volume, lba, pba)) {
+                // Already set: mapped since the open, or mapped twice (the full
+                // self-check finds the latter).
+                Ok(r) => {
+                    regions.census_set(r, pba);
+                }
+                Err(e) => bad = Some(e.to_string()),
             }
-            // Already set: mapped since the open, or mapped twice (the full self-check
-            // finds the latter).
-            validity.set(pba);
         },
     );
     census.pages += pages;
@@ -214,32 +214,38 @@ pub(crate) fn complete(
     Ok(())
 }
 
-/// The walk is over: every region's bits must add up to its count; regions whose
-/// count reached zero meanwhile may now wait for reuse.
+/// The walk is over: every region's bits must add up to its count (after a crash the
+/// counts are the bits, counted as they were set); regions whose count reached zero
+/// meanwhile may now wait for reuse.
 fn finish(
     core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
     census: &Census,
 ) -> Result<(), EngineError> {
-    let geo = &core.geo;
-    for i in 0..geo.region_count() {
-        let r = RegionId(i);
-        let span = if geo.is_chunk(r) {
-            geo.chunk_blocks
-        } else {
-            geo.zone_size_blocks
-        };
-        let bits = core.regions.validity.count_range(geo.region_base(r), span);
-        let recorded = core.regions.get(r).valid;
-        if bits != recorded {
+    for (i, (reg, &bits)) in core
+        .regions
+        .regions
+        .iter()
+        .zip(&core.regions.census_bits)
+        .enumerate()
+    {
+        if bits != reg.valid {
+            let what = if core.regions.counts_unknown {
+                "counted"
+            } else {
+                "by the checkpoint's count"
+            };
             return Err(EngineError::Failed {
                 reason: format!(
-                    "census: {r} has {recorded} valid blocks by the checkpoint's count and \
-                     the L2P maps {bits} into it"
+                    "census: {} has {} valid blocks {what} and the L2P maps {bits} into it",
+                    RegionId(i as u32),
+                    reg.valid
                 ),
             });
         }
     }
     core.regions.census_pending = false;
+    core.regions.counts_unknown = false;
+    core.regions.census_bits = Vec::new();
     for i in 0..core.geo.region_count() {
         core.regions.maybe_pending_free(RegionId(i));
     }

@@ -457,6 +457,11 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             return Err(EngineError::Failed { reason: r.clone() });
         }
         self.run_until_idle()?;
+        // Counts a crash left unknown are rebuilt by the census: the clean checkpoint
+        // below records them, and the next open trusts them.
+        if self.core.regions.counts_unknown {
+            crate::census::complete(&mut self.core)?;
+        }
         // Staged relocations are dropped: their sources still hold the live copies.
         for role in [RegionRole::Compaction, RegionRole::Gc] {
             for s in 0..self.core.streams as usize {
@@ -1109,8 +1114,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Opening<C, Z, K> {
         if e.core.config.census_in_background {
             // The checkpoint's counts are exact (a clean shutdown takes it at one
             // instant); the bits are rebuilt while I/O is served.
-            e.core.regions.validity.clear_all();
-            e.core.regions.census_pending = true;
+            e.core.regions.begin_census(true);
             e.core.census = Some(crate::census::Census::new(zone_wps));
             return Ok((
                 0,
@@ -1195,6 +1199,15 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Opening<C, Z, K> {
         };
         let e = &mut self.engine;
         replay::close_replayed(&mut e.core, rp, now)?;
+        if e.core.config.census_in_background {
+            // The counts are rebuilt with the bits, in the background: until the walk
+            // ends they are not trusted (compaction and GC wait, no region is freed, a
+            // shutdown finishes the walk before its checkpoint records them), so the
+            // open's cost follows what was written since the checkpoint.
+            e.core.regions.begin_census(false);
+            e.core.census = Some(crate::census::Census::new(self.zone_wps.clone()));
+            return Ok((0, "counts and bits rebuilt in the background".into()));
+        }
         let bytes = e.census(false, &self.zone_wps, meter)?;
         Ok((bytes, e.census_detail()))
     }

@@ -49,6 +49,12 @@ pub(crate) struct Regions {
     /// The validity bits are being rebuilt in the background (`census.rs`): a bit may
     /// still be clear for a mapped block, and a count reaching zero waits.
     pub census_pending: bool,
+    /// While a census runs: each region's set bits (kept on every transition, so its
+    /// end needs no pass over the bitmap).
+    pub census_bits: Vec<u32>,
+    /// While a census after a crash runs: the counts are not known yet. Each region's
+    /// `valid` is then its set bits, exact once every page is walked.
+    pub counts_unknown: bool,
 }
 
 impl Regions {
@@ -64,7 +70,38 @@ impl Regions {
                 .collect(),
             pending_free: Vec::new(),
             census_pending: false,
+            census_bits: Vec::new(),
+            counts_unknown: false,
         }
+    }
+
+    /// A background census begins: every bit clear, none counted. With
+    /// `counts_known` (a clean shutdown's exact counts) the counts stay and the census
+    /// checks them at its end; otherwise (after a crash) they start at zero and count
+    /// the bits as they are set.
+    pub fn begin_census(&mut self, counts_known: bool) {
+        self.validity.clear_all();
+        self.census_pending = true;
+        self.census_bits = vec![0; self.regions.len()];
+        self.counts_unknown = !counts_known;
+        if !counts_known {
+            for r in &mut self.regions {
+                r.valid = 0;
+            }
+        }
+    }
+
+    /// The census set `pba`'s bit, in region `r`, unless it was set already (mapped
+    /// since the open). Returns whether it was.
+    pub fn census_set(&mut self, r: RegionId, pba: Pba) -> bool {
+        let was = self.validity.set(pba);
+        if !was {
+            self.census_bits[r.0 as usize] += 1;
+            if self.counts_unknown {
+                self.regions[r.0 as usize].valid += 1;
+            }
+        }
+        was
     }
 
     /// Rebuilds from a checkpoint's table (validity is rebuilt separately by census).
@@ -111,6 +148,9 @@ impl Regions {
         let was = self.validity.set(pba);
         assert!(!was, "{pba} already valid");
         self.regions[r.0 as usize].valid += 1;
+        if self.census_pending {
+            self.census_bits[r.0 as usize] += 1;
+        }
     }
 
     /// Marks `pba` invalid (its mapping moved away); the region may become PendingFree.
@@ -120,8 +160,14 @@ impl Regions {
         };
         let was = self.validity.clear(pba);
         assert!(was || self.census_pending, "{pba} was not valid");
-        let reg = &mut self.regions[r.0 as usize];
-        reg.valid -= 1;
+        if self.census_pending && was {
+            self.census_bits[r.0 as usize] -= 1;
+        }
+        // Unknown counts are the set bits: a bit the census has not set yet was never
+        // counted.
+        if was || !self.counts_unknown {
+            self.regions[r.0 as usize].valid -= 1;
+        }
         self.maybe_pending_free(r);
     }
 
