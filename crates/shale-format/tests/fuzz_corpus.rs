@@ -340,37 +340,7 @@ fn write_seed_corpus() {
         ],
     );
     write_array_label_seeds();
-    let chunk_full = md(MdRegionKind::Chunk, &md_entries(GROUP_DATA_SLOTS), 2);
-    // Relocations from PBAs past 32 bits (the source's high byte in use).
-    let wide: Vec<MdEntry> = md_entries(20)
-        .into_iter()
-        .map(|mut e| {
-            if e.kind == EntryKind::Relocated {
-                e.source = Pba(e.source.0 + (3 << 36));
-            }
-            e
-        })
-        .collect();
-    standin::write_seeds(
-        "md_block",
-        vec![
-            ("chunk-full", resealed(&chunk_full)),
-            ("chunk-full-as-stored", as_stored(&chunk_full)),
-            (
-                "chunk-partial",
-                resealed(&md(MdRegionKind::Chunk, &md_entries(5), 7)),
-            ),
-            (
-                "zone",
-                resealed(&md(MdRegionKind::Zone, &md_entries(40), 1)),
-            ),
-            ("empty", resealed(&md(MdRegionKind::Chunk, &[], 0))),
-            (
-                "zone-wide-sources",
-                resealed(&md(MdRegionKind::Zone, &wide, 3)),
-            ),
-        ],
-    );
+    write_md_seeds();
     let cp = checkpoint(24, 2, 5);
     standin::write_seeds(
         "checkpoint",
@@ -412,6 +382,40 @@ fn write_seed_corpus() {
 
 /// Seeds of the array member label: a capacity member of a 4+1 array with one member
 /// rebuilding, and a cache mirror with one member failed.
+fn write_md_seeds() {
+    let chunk_full = md(MdRegionKind::Chunk, &md_entries(GROUP_DATA_SLOTS), 2);
+    // Relocations from PBAs past 32 bits (the source's high byte in use).
+    let wide: Vec<MdEntry> = md_entries(20)
+        .into_iter()
+        .map(|mut e| {
+            if e.kind == EntryKind::Relocated {
+                e.source = Pba(e.source.0 + (3 << 36));
+            }
+            e
+        })
+        .collect();
+    standin::write_seeds(
+        "md_block",
+        vec![
+            ("chunk-full", resealed(&chunk_full)),
+            ("chunk-full-as-stored", as_stored(&chunk_full)),
+            (
+                "chunk-partial",
+                resealed(&md(MdRegionKind::Chunk, &md_entries(5), 7)),
+            ),
+            (
+                "zone",
+                resealed(&md(MdRegionKind::Zone, &md_entries(40), 1)),
+            ),
+            ("empty", resealed(&md(MdRegionKind::Chunk, &[], 0))),
+            (
+                "zone-wide-sources",
+                resealed(&md(MdRegionKind::Zone, &wide, 3)),
+            ),
+        ],
+    );
+}
+
 fn write_array_label_seeds() {
     let member = |i: u8, state| ArrayMember {
         uuid: [i; 16],
