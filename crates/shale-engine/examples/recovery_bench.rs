@@ -407,7 +407,11 @@ fn row(a: &RowArgs) {
     let mut e = create(&a.dir, a.capacity, config());
     let blocks = (e.user_capacity_bytes() - 16 * MIB) / 4096;
     // LBAs per L2P page: 816 with the 5-byte entries of pools past 16 TiB.
-    let per_page = if e.stats().l2p_entry_bytes == 5 { 816 } else { 1024 };
+    let per_page = if e.stats().l2p_entry_bytes == 5 {
+        816
+    } else {
+        1024
+    };
     let total_pages = blocks.div_ceil(per_page);
     let pages = ((a.mapped * total_pages as f64).round() as u64).min(total_pages);
     if pages > 0 {

@@ -1,24 +1,30 @@
-//! The census after a clean open, in the background.
+//! The census after an open, in the background.
 //!
 //! A clean shutdown's checkpoint is taken at one instant, so the valid counts it
 //! records are exact, and the engine can serve I/O with them at once; what it lacks is
 //! the validity bits, one per block, which only a walk of every L2P page can rebuild
 //! (at 1 TiB fully mapped, 211,247 pages and about half a second; at 16 TiB, seconds).
-//! The walk runs here a batch of pages per loop iteration while user I/O goes on.
+//! After a crash the counts are not known either (an incremental checkpoint's counts
+//! are as of its start, its L2P pages may be later): they start at zero and count the
+//! bits as they are set (`Regions::counts_unknown`). The walk runs here a batch of
+//! pages per loop iteration while user I/O goes on.
 //!
 //! Why a walk interleaved with writes ends with exact bits: a page is walked in one
 //! step, in its current state, and sets the bits of its current mappings. A mapping
 //! made after the open sets its bit when made (`mark_valid`); one removed clears its bit
-//! when removed (`mark_invalid`; a bit the walk has not set yet stays clear) and
-//! decrements the count either way. So after the last page, every mapped block's bit
-//! is set and no other.
+//! when removed (`mark_invalid`; a bit the walk has not set yet stays clear). So after
+//! the last page, every mapped block's bit is set and no other. Each region's set bits
+//! are tallied on every flip (`Regions::census_bits`); known counts move with every
+//! mapping made or removed, unknown ones are the tally.
 //!
 //! Until then nothing may trust a region's bits or act on a count reaching zero:
 //! compaction, GC and the scrub wait, and a region whose count reaches zero is not made
-//! PendingFree (`Regions::census_pending`). If space runs short meanwhile, the rest of
-//! the walk runs at once. At the end every region's bits must add up to its count, or
-//! the checkpoint was wrong: the engine stops with the reason (nothing has been freed
-//! on the strength of those counts, so nothing is lost).
+//! PendingFree (`Regions::census_pending`). If space runs short meanwhile the walk
+//! speeds up, and a write waiting for space finishes it. At the end every region's
+//! tally must equal its count, or the checkpoint was wrong: the engine stops with the
+//! reason (nothing has been freed on the strength of those counts, so nothing is lost).
+//! A shutdown finishes a walk whose counts were unknown before its checkpoint records
+//! them.
 
 use shale_device::{BlockDevice, ZonedDevice};
 use shale_format::{Lba, Pba, RegionId, RegionState, VolumeId};
@@ -109,17 +115,18 @@ impl Census {
 /// How long a census whose page read failed waits before trying again.
 const RETRY_NS: u64 = 100_000_000;
 
-/// One bounded step in the background: a failed page read is retried later (a user
+/// One bounded step in the background (`batches` times the configured pages): a failed page read is retried later (a user
 /// request meeting the same error fails alone; the census is not a reason to stop).
 /// A broken invariant (`EngineError::Failed`) is returned.
 pub(crate) fn background_step(
     core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+    batches: usize,
 ) -> Result<bool, EngineError> {
     let now = core.now();
     if core.census.as_ref().is_none_or(|c| now < c.retry_at_ns) {
         return Ok(false);
     }
-    let pages = core.config.census_pages_per_poll.max(1) as usize;
+    let pages = core.config.census_pages_per_poll.max(1) as usize * batches;
     match step(core, pages) {
         Err(e @ EngineError::Failed { .. }) => Err(e),
         Err(e) => {

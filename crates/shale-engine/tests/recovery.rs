@@ -1082,7 +1082,8 @@ fn after_a_crash_the_counts_are_rebuilt_in_the_background() {
     r.verify();
 }
 
-/// Rule: space running short finishes the census at once, then compaction runs.
+/// Rule: space running short speeds the census up and a write waiting for space
+/// finishes it; then compaction runs.
 #[test]
 fn space_running_short_finishes_the_census() {
     let config = Config {
