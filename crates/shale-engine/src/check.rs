@@ -302,7 +302,7 @@ fn raw_checkpoints<C: BlockDevice>(cache: &mut C, sb: &Superblock, rep: &mut Che
             rep.add(sev, "checkpoint", format!("area {area} payload unreadable"));
             continue;
         }
-        if let Err(e) = crate::recovery::load::decode_area(&all, off) {
+        if let Err(e) = crate::recovery::load::decode_area(&all, off, u64::from(l.l2p_pool_pages)) {
             rep.add(sev, "checkpoint", format!("area {area}: {e}"));
         }
     }

@@ -123,7 +123,9 @@ impl Checkpoint {
             Ok(())
         });
         let Ok(n) = r;
-        debug_assert_eq!(n as usize, len);
+        // The bound is the dense form's; sparse directories take less.
+        debug_assert!(n as usize <= len);
+        out.truncate(n as usize);
         out
     }
 
@@ -171,8 +173,16 @@ impl Checkpoint {
         Ok(end)
     }
 
-    /// Decodes a checkpoint from the bytes of its area (`at` = the area's byte offset).
+    /// Decodes a checkpoint from the bytes of its area (`at` = the area's byte offset),
+    /// its directories describing at most 8 pages per input byte (what a dense
+    /// directory of these bytes could hold).
     pub fn decode(buf: &[u8], at: u64) -> Result<Checkpoint, FormatError> {
+        Self::decode_bounded(buf, at, 8 * buf.len() as u64)
+    }
+
+    /// [`Self::decode`], its directories describing at most `max_pages` pages in all
+    /// (a pool's L2P page count: sparse directories are expanded as they decode).
+    pub fn decode_bounded(buf: &[u8], at: u64, max_pages: u64) -> Result<Checkpoint, FormatError> {
         let header = CheckpointHeader::decode(buf, at)?;
         let s = Structure::CheckpointHeader;
         let pat = at + BLOCK_SIZE as u64;
@@ -217,8 +227,10 @@ impl Checkpoint {
         pos = vt_end;
         let mut directories =
             Vec::with_capacity((header.directory_count as usize).min(crate::VOLUMES_MAX as usize));
+        let mut left = max_pages;
         for _ in 0..header.directory_count {
-            let (d, used) = L2pDirectory::decode(&payload[pos..], pat + pos as u64)?;
+            let (d, used) = L2pDirectory::decode(&payload[pos..], pat + pos as u64, left)?;
+            left -= d.pages.len() as u64;
             directories.push(d);
             pos += used;
         }

@@ -37,7 +37,10 @@ pub use journal::{
     journal_ring_entries, JournalBlock, JournalRecord, FLUSH_POINT_REGIONS_MAX, JOURNAL_HEADER_LEN,
     JOURNAL_MAGIC, JOURNAL_PAYLOAD_MAX, JOURNAL_VERSION,
 };
-pub use l2p_dir::{L2pDirectory, PageDesc, L2P_DIR_HEADER_LEN, L2P_DIR_MAGIC, L2P_SLOT_NONE};
+pub use l2p_dir::{
+    L2pDirectory, PageDesc, L2P_DIR_HEADER_LEN, L2P_DIR_MAGIC, L2P_DIR_VERSION,
+    L2P_DIR_VERSION_RUNS, L2P_SLOT_NONE,
+};
 pub use l2p_page::L2pFormat;
 pub use label::{CapacityLabel, LABEL_COPIES, LABEL_MAGIC, LABEL_VERSION};
 pub use md::{
@@ -140,7 +143,8 @@ mod tests {
             let _ = CapacityLabel::decode(&stamp(bytes.clone(), LABEL_MAGIC, LABEL_VERSION, BLOCK_SIZE), 0);
             let _ = decode_md(&stamp(bytes.clone(), MD_MAGIC, MD_VERSION, BLOCK_SIZE), 0);
             let _ = decode_region_table(&stamp(bytes.clone(), REGION_TABLE_MAGIC, 1, REGION_TABLE_HEADER_LEN + 96), 0);
-            let _ = L2pDirectory::decode(&stamp(bytes.clone(), L2P_DIR_MAGIC, 1, L2P_DIR_HEADER_LEN + 24), 0);
+            let _ = L2pDirectory::decode(&stamp(bytes.clone(), L2P_DIR_MAGIC, 1, L2P_DIR_HEADER_LEN + 24), 0, 1 << 16);
+            let _ = L2pDirectory::decode(&stamp(bytes.clone(), L2P_DIR_MAGIC, L2P_DIR_VERSION_RUNS, L2P_DIR_HEADER_LEN + 24), 0, 1 << 16);
             let _ = VolumeTable::decode(&stamp(bytes.clone(), VOLUME_TABLE_MAGIC, 1, BLOCK_SIZE), 0);
             let _ = VolumeTable::decode(&stamp(bytes.clone(), VOLUME_TABLE_MAGIC, VOLUME_TABLE_VERSION, BLOCK_SIZE), 0);
             let _ = JournalBlock::decode(&stamp(bytes.clone(), JOURNAL_MAGIC, JOURNAL_VERSION, BLOCK_SIZE), 0);

@@ -205,6 +205,16 @@ fn md_entries(n: usize) -> Vec<MdEntry> {
 }
 
 fn checkpoint(regions: usize, directories: u32, pages: u32) -> Vec<u8> {
+    checkpoint_with(regions, directories, pages, |p| p % 3 != 2)
+}
+
+/// A checkpoint whose directories have page `p` written when `written(p)`.
+fn checkpoint_with(
+    regions: usize,
+    directories: u32,
+    pages: u32,
+    written: impl Fn(u32) -> bool,
+) -> Vec<u8> {
     let states = [
         (RegionState::Free, RegionRole::None),
         (RegionState::Open, RegionRole::User),
@@ -245,7 +255,7 @@ fn checkpoint(regions: usize, directories: u32, pages: u32) -> Vec<u8> {
                 volume: VolumeId(v),
                 pages: (0..pages)
                     .map(|p| PageDesc {
-                        slot: if p % 3 == 2 { L2P_SLOT_NONE } else { 2 * p + v },
+                        slot: if written(p) { 2 * p + v } else { L2P_SLOT_NONE },
                         crc32c: p ^ 0x5151,
                     })
                     .collect(),
@@ -350,6 +360,10 @@ fn write_seed_corpus() {
             ("empty", resealed(&checkpoint(0, 0, 0))),
             ("one-volume-no-pages", resealed(&checkpoint(3, 1, 0))),
             ("many-pages", resealed(&checkpoint(9, 3, 200))),
+            (
+                "sparse-directories",
+                resealed(&checkpoint_with(9, 2, 5000, |p| p % 97 < 3)),
+            ),
         ],
     );
     let j = journal(every_record());

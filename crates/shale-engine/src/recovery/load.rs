@@ -125,6 +125,8 @@ pub(crate) fn checkpoint<C: BlockDevice>(
     meter: &mut Meter<'_>,
 ) -> Result<(Checkpoint, u8), OpenError> {
     let named = sb.active_checkpoint;
+    // The volumes have at most as many L2P pages as the L2P area has pool pages.
+    let max_pages = u64::from(sb.layout.l2p_pool_pages);
     let read_err = |off| move |e| OpenError::Engine(EngineError::cache("checkpoint read", off)(e));
     // Both headers first: an unwritten area need not be read in full, and the two
     // payloads are the step's total.
@@ -171,13 +173,13 @@ pub(crate) fn checkpoint<C: BlockDevice>(
             meter.add((piece.len() / BLOCK_SIZE) as u64);
         }
         *bytes += payload_blocks * BS;
-        let mut c = decode_area(&cb, area.off);
+        let mut c = decode_area(&cb, area.off, max_pages);
         if c.is_err()
             && reread(cache, "checkpoint", area.off, &mut cb, true, |x| {
-                decode_area(x, area.off).is_ok()
+                decode_area(x, area.off, max_pages).is_ok()
             })
         {
-            c = decode_area(&cb, area.off);
+            c = decode_area(&cb, area.off, max_pages);
         }
         Ok(c)
     };
@@ -260,8 +262,8 @@ struct Area {
 /// Decodes a checkpoint area read up to the end of its payload's last block. That
 /// block is zero past the payload: anything else there is damage the payload CRC
 /// does not cover.
-pub(crate) fn decode_area(cb: &[u8], off: u64) -> Result<Checkpoint, FormatError> {
-    let c = Checkpoint::decode(cb, off)?;
+pub(crate) fn decode_area(cb: &[u8], off: u64, max_pages: u64) -> Result<Checkpoint, FormatError> {
+    let c = Checkpoint::decode_bounded(cb, off, max_pages)?;
     let used = BLOCK_SIZE + c.header.payload_bytes as usize;
     if let Some(i) = cb[used.min(cb.len())..].iter().position(|&x| x != 0) {
         return Err(FormatError::InvalidField {
