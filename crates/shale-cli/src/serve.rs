@@ -176,7 +176,7 @@ pub struct ServeArgs {
     /// certificate it signed
     #[arg(long, requires = "tls_cert")]
     pub tls_required: bool,
-    /// DRAM for cached L2P pages (the table is 1/1024 of the user capacity), or auto: the whole table up to 8 MiB, else 5% of it [default: auto]
+    /// DRAM for cached L2P pages (the table is 1/1024 of the user capacity), or auto: the whole table up to 32 MiB, else 5% of it [default: auto]
     #[arg(long)]
     pub l2p_cache_size: Option<String>,
     /// DRAM for cached metadata blocks used to verify reads, or auto (4 MiB) [default: auto]

@@ -286,7 +286,7 @@ impl TcpExposure {
 pub struct MemoryConfig {
     /// Cached L2P pages. The whole table is 1/1024 of the user capacity (4 bytes per
     /// 4 KiB block; 5 in pools past 16 TiB). `auto` (the default) is the engine's
-    /// budget: the whole table up to 8 MiB (8 GiB of volumes), else 5% of it, which
+    /// budget: the whole table up to 32 MiB (32 GiB of volumes), else 5% of it, which
     /// keeps the daemon within 100 MiB per TiB. A miss is a 4 KiB read, a synchronous
     /// one on the engine thread unless a queued request asked for it ahead.
     pub l2p_cache_size: Size,

@@ -31,8 +31,9 @@ pub struct Config {
     /// an entry (20: 41 MiB per TiB of volumes, which keeps the engine within 100 MiB
     /// per TiB of capacity; the seeds' configuration caches 1/8)...
     pub l2p_cache_divisor: u32,
-    /// ... and never less than the whole table up to this many bytes (8 MiB: pools of
-    /// up to 8 GiB of volumes stay wholly cached; 0 for the plain ratio).
+    /// ... and never less than the whole table up to this many bytes (32 MiB: pools of
+    /// up to 32 GiB of volumes, the daemon's embedded default among them, stay wholly
+    /// cached; 0 for the plain ratio).
     pub l2p_cache_floor_bytes: u64,
     /// Pages kept back for background work.
     pub l2p_reserved_pages: u32,
@@ -104,7 +105,7 @@ impl Default for Config {
             gc_free_zones_min: 5,
             l2p_cache_bytes_max: None,
             l2p_cache_divisor: 20,
-            l2p_cache_floor_bytes: 8 << 20,
+            l2p_cache_floor_bytes: 32 << 20,
             l2p_reserved_pages: 4,
             md_cache_bytes_max: 4 << 20,
             write_buffers_max: 16,
