@@ -76,8 +76,8 @@ impl L2pDirectory {
     /// Hands the encoded directory to `f` a bounded piece at a time (the sealed header,
     /// then the pages in batches): at TiB scale a directory is megabytes.
     pub(crate) fn chunks(&self, f: &mut dyn FnMut(&[u8])) {
-        let (dense, runs_len) = self.lens();
-        let as_runs = runs_len < dense;
+        let (runs, written) = self.runs();
+        let as_runs = 8 * runs + 8 * written < 8 * self.pages.len();
         let mut header = [0u8; L2P_DIR_HEADER_LEN];
         let mut w = Writer::new(&mut header);
         w.u32(L2P_DIR_MAGIC);
@@ -90,24 +90,11 @@ impl L2pDirectory {
         w.u32(0);
         w.u32(self.volume.0);
         w.u32(self.pages.len() as u32);
-        w.u32(if as_runs { self.runs().0 as u32 } else { 0 });
+        w.u32(if as_runs { runs as u32 } else { 0 });
         if as_runs {
             crate::codec::sealed_chunks(&mut header, |g| self.run_chunks(g), f);
         } else {
-            crate::codec::sealed_chunks(&mut header, |g| self.page_chunks(g), f);
-        }
-    }
-
-    fn page_chunks(&self, f: &mut dyn FnMut(&[u8])) {
-        const BATCH: usize = 512;
-        let mut buf = [0u8; BATCH * 8];
-        for batch in self.pages.chunks(BATCH) {
-            let mut w = Writer::new(&mut buf);
-            for p in batch {
-                w.u32(p.slot);
-                w.u32(p.crc32c);
-            }
-            f(&buf[..batch.len() * 8]);
+            crate::codec::sealed_chunks(&mut header, |g| desc_chunks(&self.pages, g), f);
         }
     }
 
@@ -127,15 +114,7 @@ impl L2pDirectory {
             w.u32(start as u32);
             w.u32((i - start) as u32);
             f(&head);
-            let mut buf = [0u8; 512 * 8];
-            for batch in self.pages[start..i].chunks(512) {
-                let mut w = Writer::new(&mut buf);
-                for p in batch {
-                    w.u32(p.slot);
-                    w.u32(p.crc32c);
-                }
-                f(&buf[..batch.len() * 8]);
-            }
+            desc_chunks(&self.pages[start..i], f);
         }
     }
 
@@ -241,6 +220,20 @@ impl L2pDirectory {
             end = start + n;
         }
         Ok((L2pDirectory { volume, pages }, len))
+    }
+}
+
+/// Encodes `pages`' descriptors (slot, CRC) to `f` in batches.
+fn desc_chunks(pages: &[PageDesc], f: &mut dyn FnMut(&[u8])) {
+    const BATCH: usize = 512;
+    let mut buf = [0u8; BATCH * 8];
+    for batch in pages.chunks(BATCH) {
+        let mut w = Writer::new(&mut buf);
+        for p in batch {
+            w.u32(p.slot);
+            w.u32(p.crc32c);
+        }
+        f(&buf[..batch.len() * 8]);
     }
 }
 

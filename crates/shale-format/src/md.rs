@@ -151,11 +151,9 @@ pub fn write_md_entry(out: &mut [u8], index: usize, e: &MdEntry) {
 /// Decodes and verifies an md block header (and its CRC over the whole block).
 pub fn decode_md_header(buf: &[u8], at: u64) -> Result<MdHeader, FormatError> {
     let s = Structure::MdBlock;
-    if md_version(buf) == 1 {
-        check_header(buf, s, at, MD_MAGIC, 1, BLOCK_SIZE)?;
-    } else {
-        check_header(buf, s, at, MD_MAGIC, MD_VERSION, BLOCK_SIZE)?;
-    }
+    // Version 1 blocks still decode (their `source` is 32 bits).
+    let version = if md_version(buf) == 1 { 1 } else { MD_VERSION };
+    check_header(buf, s, at, MD_MAGIC, version, BLOCK_SIZE)?;
     let buf = &buf[..BLOCK_SIZE];
     check_crc(buf, s, at)?;
     let mut r = Reader::at(buf, 6, s, at);
