@@ -169,9 +169,14 @@ impl L2pDirectory {
             check_crc(&buf[..len], s, at)?;
             let mut pages = Vec::with_capacity(count);
             for _ in 0..count {
-                pages.push(PageDesc {
-                    slot: r.u32()?,
-                    crc32c: r.u32()?,
+                let slot = r.u32()?;
+                let crc32c = r.u32()?;
+                // An unwritten page's CRC means nothing (the runs form does not even
+                // store it): it reads as NONE whatever the bytes say.
+                pages.push(if slot == L2P_SLOT_NONE {
+                    PageDesc::NONE
+                } else {
+                    PageDesc { slot, crc32c }
                 });
             }
             return Ok((L2pDirectory { volume, pages }, len));
@@ -269,6 +274,32 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    /// Found by fuzzing: a dense directory may carry a CRC for an unwritten page,
+    /// which the runs form cannot say; it decodes as NONE so that re-encoding in
+    /// either form gives back the same directory.
+    #[test]
+    fn an_unwritten_page_decodes_as_none_whatever_its_crc() {
+        let d = L2pDirectory {
+            volume: VolumeId(3),
+            pages: vec![
+                PageDesc {
+                    slot: L2P_SLOT_NONE,
+                    crc32c: 7,
+                },
+                PageDesc { slot: 1, crc32c: 2 },
+            ],
+        };
+        let mut b = Vec::new();
+        d.encode_into(&mut b);
+        assert_eq!(u16::from_le_bytes([b[4], b[5]]), L2P_DIR_VERSION);
+        let (got, _) = L2pDirectory::decode(&b, 0, 2).unwrap();
+        assert_eq!(got.pages[0], PageDesc::NONE);
+        assert_eq!(got.pages[1], d.pages[1]);
+        let mut again = Vec::new();
+        got.encode_into(&mut again);
+        assert_eq!(L2pDirectory::decode(&again, 0, 2).unwrap().0, got);
     }
 
     proptest! {
