@@ -15,7 +15,9 @@
 //! `row`: one configuration given by flags, printed as one JSON object (with `--json`
 //! on one line): `--capacity SIZE` (`64G`, `1T`, ...), `--mapped FRACTION` of the
 //! volume's L2P pages that exist (one 4 KiB block written in each; 1.0: every page),
-//! `--recent SIZE` of random 64 KiB writes after the checkpoint, `--dir DIR`. Fields:
+//! `--recent SIZE` of random 64 KiB writes after the checkpoint, `--dir DIR`; optional
+//! `--cache SIZE` (default 5% of the capacity) and `--capacity-dir DIR` (default `--dir`).
+//! Fields:
 //! `recovery_ms`, `clean_open_ms`, their bytes read and steps,
 //! `census_after_recovery_ms` (the counts' and bits' rebuild a recovery leaves to the
 //! background, polled to its end with no other I/O),
@@ -58,15 +60,20 @@ fn paths(dir: &Path) -> (PathBuf, PathBuf) {
 
 fn create(dir: &Path, cap_bytes: u64, config: Config) -> E {
     let (c, z) = paths(dir);
-    let _ = std::fs::remove_file(&c);
-    let _ = std::fs::remove_file(&z);
+    create_at(&c, &z, cap_bytes, cap_bytes / 20 / MIB * MIB, config)
+}
+
+/// The files named, the cache `cache_bytes` long.
+fn create_at(c: &Path, z: &Path, cap_bytes: u64, cache_bytes: u64, config: Config) -> E {
+    let _ = std::fs::remove_file(c);
+    let _ = std::fs::remove_file(z);
     let zones = cap_bytes / ZONE;
     let mut zc = ZoneEmuConfig::new(ZONE);
     zc.zone_count_max = zones as u32;
-    FileDevice::create_sparse(&z, zc.device_bytes_for(zones as u32).unwrap()).unwrap();
-    FileDevice::create_sparse(&c, cap_bytes / 20 / MIB * MIB).unwrap();
-    let cap = ZoneEmu::format(FileDevice::open(&z).unwrap(), &zc).unwrap();
-    let cache = FileDevice::open(&c).unwrap();
+    FileDevice::create_sparse(z, zc.device_bytes_for(zones as u32).unwrap()).unwrap();
+    FileDevice::create_sparse(c, cache_bytes).unwrap();
+    let cap = ZoneEmu::format(FileDevice::open(z).unwrap(), &zc).unwrap();
+    let cache = FileDevice::open(c).unwrap();
     let mut e = Engine::format(cache, cap, MonotonicClock::new(), config).unwrap();
     // Room is left for the small volumes whose creation takes a checkpoint.
     let user = e.user_capacity_bytes() - 16 * MIB;
@@ -82,10 +89,14 @@ fn create(dir: &Path, cap_bytes: u64, config: Config) -> E {
 
 fn open(dir: &Path, config: Config) -> (E, Duration) {
     let (c, z) = paths(dir);
+    open_at(&c, &z, config)
+}
+
+fn open_at(c: &Path, z: &Path, config: Config) -> (E, Duration) {
     let t = Instant::now();
-    let cap = ZoneEmu::open(FileDevice::open(&z).unwrap()).unwrap();
+    let cap = ZoneEmu::open(FileDevice::open(z).unwrap()).unwrap();
     let e = Engine::open(
-        FileDevice::open(&c).unwrap(),
+        FileDevice::open(c).unwrap(),
         cap,
         MonotonicClock::new(),
         config,
@@ -322,6 +333,11 @@ struct RowArgs {
     mapped: f64,
     recent: u64,
     dir: PathBuf,
+    /// Where the capacity file goes (default `dir`): a fully mapped 16 TiB row
+    /// needs its 13 GiB of L2P pages on tmpfs and its data elsewhere.
+    capacity_dir: Option<PathBuf>,
+    /// The cache file's size (default 5% of the capacity).
+    cache: Option<u64>,
     json: bool,
 }
 
@@ -354,6 +370,8 @@ fn parse_row(args: &[String]) -> Result<RowArgs, String> {
         mapped: 0.0,
         recent: 0,
         dir: std::env::temp_dir().join("shale-recovery-bench"),
+        capacity_dir: None,
+        cache: None,
         json: false,
     };
     let mut it = args.iter();
@@ -368,6 +386,8 @@ fn parse_row(args: &[String]) -> Result<RowArgs, String> {
             }
             "--recent" => r.recent = parse_size(&val()?)?,
             "--dir" => r.dir = PathBuf::from(val()?),
+            "--capacity-dir" => r.capacity_dir = Some(PathBuf::from(val()?)),
+            "--cache" => r.cache = Some(parse_size(&val()?)? / MIB * MIB),
             "--json" => r.json = true,
             other => return Err(format!("unknown argument {other}")),
         }
@@ -403,8 +423,14 @@ fn steps_ms(r: &OpenReport) -> serde_json::Value {
 
 fn row(a: &RowArgs) {
     std::fs::create_dir_all(&a.dir).unwrap();
+    let (c, mut z) = paths(&a.dir);
+    if let Some(d) = &a.capacity_dir {
+        std::fs::create_dir_all(d).unwrap();
+        z = d.join("capacity.img");
+    }
+    let cache_bytes = a.cache.unwrap_or(a.capacity / 20 / MIB * MIB);
     let t = Instant::now();
-    let mut e = create(&a.dir, a.capacity, config());
+    let mut e = create_at(&c, &z, a.capacity, cache_bytes, config());
     let blocks = (e.user_capacity_bytes() - 16 * MIB) / 4096;
     // LBAs per L2P page: 816 with the 5-byte entries of pools past 16 TiB.
     let per_page = if e.stats().l2p_entry_bytes == 5 {
@@ -425,7 +451,7 @@ fn row(a: &RowArgs) {
     let peak_fill = status_bytes("VmHWM");
     // From here on: the open's own peak.
     let _ = std::fs::write("/proc/self/clear_refs", "5");
-    let (mut e, recover) = open(&a.dir, config());
+    let (mut e, recover) = open_at(&c, &z, config());
     let rep = e.open_report().clone();
     assert!(!rep.clean);
     // After a crash too the census (counts and bits) runs after the open returns.
@@ -436,7 +462,7 @@ fn row(a: &RowArgs) {
     let census_after_recovery = t.elapsed();
     let peak_open = status_bytes("VmHWM");
     drop(e.shutdown().unwrap());
-    let (mut e, clean) = open(&a.dir, config());
+    let (mut e, clean) = open_at(&c, &z, config());
     let clean_rep = e.open_report().clone();
     assert!(clean_rep.clean);
     // The validity bits are rebuilt after the open returns, while I/O is served.
@@ -447,11 +473,11 @@ fn row(a: &RowArgs) {
     let census_after_open = t.elapsed();
     drop(e.shutdown().unwrap());
     let peak_all = peak_fill.max(status_bytes("VmHWM"));
-    let (c, z) = paths(&a.dir);
-    let _ = std::fs::remove_file(c);
-    let _ = std::fs::remove_file(z);
+    let _ = std::fs::remove_file(&c);
+    let _ = std::fs::remove_file(&z);
     let out = serde_json::json!({
         "capacity_bytes": a.capacity,
+        "cache_bytes": cache_bytes,
         "mapped_fraction": a.mapped,
         "l2p_pages_total": total_pages,
         "l2p_pages_written": pages,
@@ -661,7 +687,7 @@ fn main() {
         match parse_row(&args[2..]) {
             Ok(a) => row(&a),
             Err(e) => {
-                eprintln!("recovery_bench row: {e}\nusage: row --capacity SIZE --mapped FRACTION --recent SIZE --dir DIR [--json]");
+                eprintln!("recovery_bench row: {e}\nusage: row --capacity SIZE --mapped FRACTION --recent SIZE --dir DIR [--cache SIZE] [--capacity-dir DIR] [--json]");
                 std::process::exit(2);
             }
         }

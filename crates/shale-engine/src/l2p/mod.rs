@@ -23,6 +23,7 @@ mod deferred;
 mod directory;
 mod inflight;
 mod page_cache;
+mod pool;
 
 pub(crate) use directory::VolumeMap;
 pub(crate) use page_cache::{L2p, WriteBackTarget, MAX_EPP};

@@ -6,6 +6,7 @@ use shale_format::{L2pFormat, Lba, PageDesc, Pba, VolumeId, L2P_SLOT_NONE};
 
 use super::deferred::{Deferred, LINK_NONE};
 use super::directory::{VolumeMap, DEFERRED_BIT, FRAME_NONE};
+use super::pool::PagePool;
 use crate::layout::BS;
 use crate::recovery::Meter;
 use crate::EngineError;
@@ -146,8 +147,8 @@ pub(crate) struct L2p {
     head: u32,
     pub(super) tail: u32,
     frames_max: usize,
-    pool_free: Vec<u32>,
-    /// Pool pages to return to `pool_free` after the next checkpoint.
+    pool: PagePool,
+    /// Pool pages to return to `pool` after the next checkpoint.
     pub(super) pool_deferred: Vec<u32>,
     pub(super) area_start: u64,
     /// Asynchronous page loads and write-backs in flight (inflight.rs).
@@ -254,7 +255,7 @@ impl L2p {
             head: FRAME_NONE,
             tail: FRAME_NONE,
             frames_max: frames_max as usize,
-            pool_free: (0..pool_pages).rev().collect(),
+            pool: PagePool::new(pool_pages),
             pool_deferred: Vec::new(),
             area_start,
             scratch: Box::new([0; PAGE_BYTES]),
@@ -276,27 +277,23 @@ impl L2p {
 
     /// After loading directories: pool pages referenced by any directory are taken.
     pub fn rebuild_pool(&mut self, pool_pages: u32) -> Result<(), String> {
-        let mut used = vec![false; pool_pages as usize];
+        let mut pool = PagePool::new(pool_pages);
         for (v, m) in self.vols.iter().enumerate() {
             let Some(m) = m else { continue };
             for (p, d) in m.dir.iter().enumerate() {
                 if d.slot == L2P_SLOT_NONE {
                     continue;
                 }
-                let pp = (d.slot / 2) as usize;
-                match used.get_mut(pp) {
-                    Some(u) if !*u => *u = true,
-                    Some(_) => return Err(format!("pool page {pp} used twice (vol:{v} page {p})")),
-                    None => {
-                        return Err(format!("slot {} beyond pool of {pool_pages} pages", d.slot))
-                    }
+                let pp = d.slot / 2;
+                if pp >= pool_pages {
+                    return Err(format!("slot {} beyond pool of {pool_pages} pages", d.slot));
+                }
+                if !pool.mark_used(pp) {
+                    return Err(format!("pool page {pp} used twice (vol:{v} page {p})"));
                 }
             }
         }
-        self.pool_free = (0..pool_pages)
-            .rev()
-            .filter(|&p| !used[p as usize])
-            .collect();
+        self.pool = pool;
         Ok(())
     }
 
@@ -379,7 +376,7 @@ impl L2p {
         } else if cur != L2P_SLOT_NONE {
             (cur, false)
         } else {
-            let Some(pp) = self.pool_free.pop() else {
+            let Some(pp) = self.pool.take() else {
                 panic!("L2P page pool exhausted: the pool is sized for the user capacity");
             };
             (pp * 2, true)
@@ -394,7 +391,7 @@ impl L2p {
     /// The write to `t` did not happen: a pool page taken for it goes back.
     pub(super) fn write_back_failed(&mut self, t: &WriteBackTarget) {
         if t.new_pool_page {
-            self.pool_free.push(t.slot / 2);
+            self.pool.give(t.slot / 2);
         }
     }
 
@@ -949,7 +946,9 @@ impl L2p {
                 *c = d.slot;
             }
         }
-        self.pool_free.append(&mut self.pool_deferred);
+        for p in self.pool_deferred.drain(..) {
+            self.pool.give(p);
+        }
     }
 
     /// Drops a volume's map; its pool pages return after the next checkpoint.
@@ -1658,7 +1657,7 @@ mod tests {
             l2p.set(&mut dev, VolumeId(0), Lba(l), Pba(100 + i as u64))
                 .unwrap();
         }
-        let free_before = l2p.pool_free.len();
+        let free_before = l2p.pool.free();
         ctl.add_error_rule(ErrorRule {
             reads: false,
             writes: true,
@@ -1668,7 +1667,7 @@ mod tests {
         });
         assert!(l2p.write_back_all(&mut dev).is_err());
         // Two pages written (two pool pages taken), one failed and gave its back.
-        assert_eq!(l2p.pool_free.len(), free_before - 2);
+        assert_eq!(l2p.pool.free(), free_before - 2);
         assert_eq!(l2p.write_back_all(&mut dev).unwrap(), BS);
         assert_eq!(l2p.write_back_all(&mut dev).unwrap(), 0);
         // Evict all three (other pages take the frames), then fault them back.
