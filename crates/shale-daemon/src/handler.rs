@@ -223,6 +223,7 @@ pub fn stats_json(s: &Stats) -> Value {
             "repairs_staged": s.repairs_staged,
             "scrub_bytes": s.scrub_bytes,
             "scrub_errors": s.scrub_errors,
+            "scrub_mapping_errors": s.scrub_mapping_errors,
         },
     })
 }

@@ -87,6 +87,9 @@ pub struct Stats {
     /// Bytes the background scrub read, and the blocks it found failing their check.
     pub scrub_bytes: u64,
     pub scrub_errors: u64,
+    /// Valid blocks the scrub found whose md entry's (volume, LBA) does not map back
+    /// to them: the L2P and the validity bits disagree (0 unless metadata is damaged).
+    pub scrub_mapping_errors: u64,
 
     pub free_chunks: u64,
     pub chunk_count: u64,

@@ -5,16 +5,23 @@
 //! (`read::reader::rebuilt_block`). On a single drive a bad block is counted and
 //! logged (nothing can rebuild it).
 //!
+//! It also checks the map from the other side, which the census after each open does
+//! not: a valid block's md entry names the (volume, LBA) whose L2P entry must point
+//! back at it (what `shale check` verifies for the whole pool at once; here a group at
+//! a time, the L2P pages peeked without disturbing the cache). A block that does not
+//! is counted (`scrub_mapping_errors`) and logged.
+//!
 //! Paced by `Config::scrub_bytes_per_sec` in engine-clock time (0: off): one group
 //! per step when the pace allows. A step is synchronous on the engine thread (a
 //! group read of up to 512 KiB), so it never overlaps a reuse of the zone.
 
 use shale_device::{BlockDevice, ZonedDevice};
 use shale_format::{
-    decode_md_entry, EntryKind, Lba, RegionId, RegionRole, RegionState, BLOCK_SIZE,
+    decode_md_entry, EntryKind, Lba, Pba, RegionId, RegionRole, RegionState, VolumeId, BLOCK_SIZE,
 };
 
 use crate::core::Core;
+use crate::l2p::MAX_EPP;
 use crate::layout::{Groups, BS};
 use crate::write::chunk_writer::ChunkWriter;
 use crate::{Clock, EngineError};
@@ -27,6 +34,43 @@ pub(crate) struct Scrubber {
     /// Engine-clock time of the last step, and the bytes the pace allows now.
     last_ns: u64,
     credit: f64,
+    map: PeekedPage,
+}
+
+/// The L2P page the mapping check last peeked (a group's blocks mostly share one).
+#[derive(Debug, Default)]
+struct PeekedPage {
+    page: Option<(VolumeId, u64)>,
+    entries: Option<Box<[Pba; MAX_EPP]>>,
+    /// The page was never written: every entry unmapped.
+    empty: bool,
+}
+
+impl PeekedPage {
+    /// Where `lba` of `volume` maps; `None` past the volume's end or for a volume
+    /// that does not exist.
+    fn lookup(
+        &mut self,
+        core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+        volume: VolumeId,
+        lba: u64,
+    ) -> Result<Option<Pba>, EngineError> {
+        if core.l2p.volume_size(volume).is_none_or(|size| lba >= size) {
+            return Ok(None);
+        }
+        let (p, i) = core.l2p.format().locate(lba);
+        let entries = self
+            .entries
+            .get_or_insert_with(|| Box::new([Pba::NONE; MAX_EPP]));
+        if self.page != Some((volume, p)) {
+            self.page = None;
+            self.empty = !core
+                .l2p
+                .peek_page(&mut core.cache, volume, p as usize, entries)?;
+            self.page = Some((volume, p));
+        }
+        Ok(Some(if self.empty { Pba::NONE } else { entries[i] }))
+    }
 }
 
 impl Scrubber {
@@ -54,7 +98,9 @@ impl Scrubber {
             return Ok(());
         };
         self.credit -= group_bytes;
-        scrub_group(core, writer, r, g)
+        // Mappings change between steps: each starts from a fresh peek.
+        self.map.page = None;
+        scrub_group(core, writer, &mut self.map, r, g)
     }
 
     /// The next group with valid blocks in a closed capacity zone, in order.
@@ -97,6 +143,7 @@ impl Scrubber {
 fn scrub_group(
     core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
     writer: &ChunkWriter,
+    map: &mut PeekedPage,
     r: RegionId,
     g: u32,
 ) -> Result<(), EngineError> {
@@ -123,6 +170,14 @@ fn scrub_group(
         };
         if !matches!(e.kind, EntryKind::Data | EntryKind::Relocated) {
             continue;
+        }
+        let mapped = map.lookup(core, e.volume, e.lba.0)?;
+        if mapped != Some(pba) {
+            core.stats.scrub_mapping_errors += 1;
+            tracing::error!(
+                %pba, volume = %e.volume, lba = e.lba.0, mapped = ?mapped,
+                "scrub: a valid block's (volume, LBA) does not map to it"
+            );
         }
         let block = &mut data[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE];
         if shale_format::block_crc(block) == e.data_crc {

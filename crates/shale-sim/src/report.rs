@@ -101,6 +101,7 @@ pub struct Counts {
     pub l2p_page_writes: u64,
     pub l2p_deferred_switches: u64,
     pub l2p_evictions_as_switches: u64,
+    pub scrub_bytes: u64,
 }
 
 impl Counts {
@@ -146,6 +147,7 @@ impl Counts {
         self.l2p_page_writes += o.l2p_page_writes;
         self.l2p_deferred_switches += o.l2p_deferred_switches;
         self.l2p_evictions_as_switches += o.l2p_evictions_as_switches;
+        self.scrub_bytes += o.scrub_bytes;
     }
 
     pub fn moment(&mut self, key: &str) {
@@ -193,7 +195,7 @@ impl fmt::Display for Counts {
         )?;
         writeln!(
             f,
-            "engine: compaction victims {}  GC victims {}  relocated blocks {}  checkpoints {}  durability points {}  zone resets {}  chunk frees {}  L2P page reads/writes {}/{} (ahead {}/{})  deferred switches {}  evictions as switches {}",
+            "engine: compaction victims {}  GC victims {}  relocated blocks {}  checkpoints {}  durability points {}  zone resets {}  chunk frees {}  L2P page reads/writes {}/{} (ahead {}/{})  deferred switches {}  evictions as switches {}  scrubbed MiB {}",
             self.compaction_victims,
             self.gc_victims,
             self.relocated_blocks,
@@ -206,7 +208,8 @@ impl fmt::Display for Counts {
             self.l2p_page_reads_ahead,
             self.l2p_page_writes_ahead,
             self.l2p_deferred_switches,
-            self.l2p_evictions_as_switches
+            self.l2p_evictions_as_switches,
+            self.scrub_bytes >> 20
         )?;
         let moments: Vec<String> = self
             .moments

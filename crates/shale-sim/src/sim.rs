@@ -207,6 +207,9 @@ impl SimConfig {
                 background_steps_per_poll_max: 4,
                 // The simulated clock moves STEP_NS a poll: 200,000 polls.
                 stuck_after_ms: 4_000,
+                // The scrub runs, so its check of the map from the P2L side (every
+                // valid block's md entry maps back to it) runs at every crash point.
+                scrub_bytes_per_sec: 256 << 20,
                 ..Config::default()
             },
             mix: Mix::default(),
@@ -687,6 +690,7 @@ impl Sim {
         c.l2p_page_writes_ahead += s.l2p_page_writes_ahead;
         c.l2p_deferred_switches += s.l2p_deferred_switches;
         c.l2p_evictions_as_switches += s.l2p_evictions_as_switches;
+        c.scrub_bytes += s.scrub_bytes;
         for x in [
             s.user_write_bytes,
             s.capacity_compaction_write_bytes,
@@ -1356,7 +1360,13 @@ impl Sim {
             return Err(self.harness("no engine".into()));
         };
         match catch_unwind(AssertUnwindSafe(|| e.self_check())) {
-            Ok(Ok(())) => Ok(()),
+            Ok(Ok(())) => match e.stats().scrub_mapping_errors {
+                0 => Ok(()),
+                n => Err(self.violation(
+                    ViolationKind::SelfCheck,
+                    format!("{when}: the scrub found {n} valid blocks the L2P does not map"),
+                )),
+            },
             Ok(Err(err)) => Err(self.violation(
                 ViolationKind::SelfCheck,
                 format!("self-check {when}: {err}"),
