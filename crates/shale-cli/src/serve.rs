@@ -53,8 +53,7 @@ pub struct DeviceArgs {
     /// Rebuild pace of an array while it is idle, per second [default: no limit]
     #[arg(long)]
     pub rebuild_speed_max: Option<String>,
-    /// Background scrub pace, per second; 0 turns it off [default: 8MiB with a
-    /// capacity array, off otherwise]
+    /// Background scrub pace, per second; 0 turns it off [default: 8MiB]
     #[arg(long)]
     pub scrub_speed: Option<String>,
     /// Size of a cache file created by format [default: 1GiB]

@@ -144,9 +144,9 @@ pub struct DevicesConfig {
     /// Rebuild pace while idle, per second; unset for no limit (md's
     /// `speed_limit_max`).
     pub rebuild_speed_max: Option<Size>,
-    /// Pace of the background scrub (every valid capacity block read and checked,
-    /// corrupt ones rebuilt from an array's redundancy), per second; "0" turns it
-    /// off. Unset: 8MiB with a capacity array, off on a single drive.
+    /// Pace of the background scrub (every valid capacity block read and checked
+    /// against its md entry and the L2P, corrupt ones rebuilt from an array's
+    /// redundancy), per second; "0" turns it off. Unset: 8MiB.
     pub scrub_speed: Option<Size>,
     /// Sizes used only when the embedded default creates sparse files.
     pub cache_size: Size,

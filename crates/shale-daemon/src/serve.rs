@@ -155,8 +155,7 @@ impl DeviceSpec {
             scrub_bytes_per_sec: match &d.scrub_speed {
                 Some(s) if s.0.trim() == "0" => 0,
                 Some(s) => s.bytes("devices.scrub_speed")?,
-                None if d.capacity.list().len() > 1 => 8 << 20,
-                None => 0,
+                None => 8 << 20,
             },
             rebuild_limits: shale_array::RebuildLimits {
                 min_bytes_per_sec: d.rebuild_speed_min.bytes("devices.rebuild_speed_min")?,
