@@ -1238,19 +1238,44 @@ impl L2p {
         }
         pages.sort_unstable_by_key(|p| std::cmp::Reverse(p.0));
         self.draining = true;
-        let mut result = Ok(());
-        for (_, v, p) in pages {
+        let result = self.fault_all(dev, &pages, keep);
+        self.draining = false;
+        result
+    }
+
+    /// Faults in `pages` (chain length, volume, page) in order until no more than
+    /// `keep` switches wait, loading them a batch at a time ahead of the faults.
+    fn fault_all<C: BlockDevice>(
+        &mut self,
+        dev: &mut C,
+        pages: &[(usize, u32, u32)],
+        keep: usize,
+    ) -> Result<(), EngineError> {
+        let batch = self.load_batch();
+        for chunk in pages.chunks(batch) {
             if self.deferred.live() <= keep {
                 break;
             }
-            self.counters.deferred_faults += 1;
-            if let Err(e) = self.frame(dev, VolumeId(v), p as usize) {
-                result = Err(e);
-                break;
+            let keys: Vec<(VolumeId, usize)> = chunk
+                .iter()
+                .map(|&(_, v, p)| (VolumeId(v), p as usize))
+                .collect();
+            self.load_pages(dev, &keys)?;
+            for &(v, p) in &keys {
+                if self.deferred.live() <= keep {
+                    break;
+                }
+                self.counters.deferred_faults += 1;
+                self.frame(dev, v, p)?;
             }
         }
-        self.draining = false;
-        result
+        Ok(())
+    }
+
+    /// Pages `load_pages` is given at once: what a drive serves in parallel, and few
+    /// enough beside the budget that the batch is still cached when it is used.
+    pub fn load_batch(&self) -> usize {
+        (self.frames_max / 4).clamp(1, 64)
     }
 
     /// Applies every deferred switch (a checkpoint's pages must reflect every
@@ -1678,5 +1703,53 @@ mod tests {
             let got = l2p.get(&mut dev, VolumeId(0), Lba(l)).unwrap();
             assert_eq!(got, Some(Pba(100 + i as u64)), "lba {l}");
         }
+    }
+
+    /// A batch of pages is read at once and cached; a page whose read fails is left to
+    /// its fault, which reports the error; cached and never-written pages are skipped.
+    #[test]
+    fn load_pages_reads_a_batch_and_leaves_failures_to_the_fault() {
+        use shale_device::{ErrorRule, FaultDevice};
+        let mut dev = FaultDevice::new(64 * 4096, 4096, 1).unwrap();
+        let ctl = dev.controller();
+        let mut l2p = L2p::new(L2pFormat::NARROW, 2, 30, 8, 0);
+        l2p.add_volume(VolumeId(0), 8 * 1024);
+        for p in 0..4u64 {
+            l2p.set(&mut dev, VolumeId(0), Lba(p * 1024 + 5), Pba(50 + p))
+                .unwrap();
+        }
+        l2p.write_back_all(&mut dev).unwrap();
+        // Evict them: other pages of another volume take every frame.
+        l2p.add_volume(VolumeId(1), 8 * 1024);
+        for p in 0..8u64 {
+            l2p.set(&mut dev, VolumeId(1), Lba(p * 1024), Pba(7))
+                .unwrap();
+        }
+        l2p.write_back_all(&mut dev).unwrap();
+        // Page 3's stored copy fails to read.
+        let slot3 = l2p.vols[0].as_ref().unwrap().dir[3].slot;
+        ctl.add_error_rule(ErrorRule {
+            reads: true,
+            writes: false,
+            offset: u64::from(slot3) * 4096,
+            len: 4096,
+            remaining: Some(2),
+        });
+        let reads = l2p.counters.page_reads;
+        let keys: Vec<(VolumeId, usize)> = (0..6).map(|p| (VolumeId(0), p)).collect();
+        l2p.load_pages(&mut dev, &keys).unwrap();
+        // Pages 0..3 read; 3 failed; 4 and 5 were never written.
+        assert_eq!(l2p.counters.page_reads - reads, 3);
+        assert_eq!(l2p.loads_in_flight(), 0);
+        for p in 0..3u64 {
+            let got = l2p.get(&mut dev, VolumeId(0), Lba(p * 1024 + 5)).unwrap();
+            assert_eq!(got, Some(Pba(50 + p)));
+        }
+        assert_eq!(l2p.counters.page_reads - reads, 3, "the batch was cached");
+        assert!(l2p.get(&mut dev, VolumeId(0), Lba(3 * 1024 + 5)).is_err());
+        assert_eq!(
+            l2p.get(&mut dev, VolumeId(0), Lba(3 * 1024 + 5)).unwrap(),
+            Some(Pba(53))
+        );
     }
 }

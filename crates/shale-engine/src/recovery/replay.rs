@@ -586,9 +586,34 @@ pub(crate) fn apply_replay(
         .map(|(k, (key, p))| (k, key, p))
         .collect();
     entries.sort_unstable_by_key(|e| e.0);
-    for (k, key, pba) in entries {
-        meter.add(1);
+    // The pages the entries land on, in order, are loaded a batch at a time ahead of
+    // the loop (a synchronous read each otherwise: seconds for 100,000s of pages).
+    let epp = core.l2p.format().entries_per_page();
+    let batch = core.l2p.load_batch();
+    let mut ahead = 0;
+    let mut loaded_to: Option<(VolumeId, u64)> = None;
+    for i in 0..entries.len() {
+        let (k, key, pba) = entries[i];
         let (v, lba) = unpack(k);
+        if loaded_to.is_none_or(|end| (v, lba / epp) > end) {
+            let mut pages: Vec<(VolumeId, usize)> = Vec::with_capacity(batch);
+            ahead = ahead.max(i);
+            while ahead < entries.len() && pages.len() < batch {
+                let (av, alba) = unpack(entries[ahead].0);
+                let page = (av, (alba / epp) as usize);
+                if pages.last() != Some(&page) {
+                    pages.push(page);
+                }
+                ahead += 1;
+            }
+            // Entries past `ahead` are on later pages than the last one loaded, or
+            // on that page (which the loop then finds cached).
+            loaded_to = pages.last().map(|&(pv, pp)| (pv, pp as u64));
+            core.l2p
+                .load_pages(&mut core.cache, &pages)
+                .map_err(OpenError::Engine)?;
+        }
+        meter.add(1);
         let trimmed = painted
             .get(v.0 as usize)
             .and_then(|m| m.range(..=lba).next_back())
