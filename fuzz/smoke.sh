@@ -11,14 +11,14 @@
 #   RUSTC_BOOTSTRAP=1 cargo fuzz run -s none -O <target> <scratch> corpus/<target>
 # and the stable stand-in (what `cargo xtask ci` runs without nightly) is:
 #   SHALE_FUZZ_ITERS=200000 cargo test --release -p <crate> --test fuzz_corpus
-# for crate in shale-nbd shale-format shale-device shale-daemon.
+# for crate in shale-nbd shale-format shale-device shale-daemon shale-vhost.
 set -euo pipefail
 secs="${1:-30}"
 here="$(cd "$(dirname "$0")" && pwd)"
 cd "$here"
 scratch="$(mktemp -d)"
 trap 'rm -rf "$scratch"' EXIT
-targets="handshake request superblock capacity_label array_label md_block checkpoint journal_block volume_table zone_table config"
+targets="handshake request superblock capacity_label array_label md_block checkpoint journal_block volume_table zone_table config vhost_request"
 for target in $targets; do
     mkdir -p "$scratch/$target"
     echo "== fuzzing $target for ${secs}s"

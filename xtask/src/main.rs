@@ -169,6 +169,7 @@ fn smoke() -> Result<(), String> {
         ("shale-format", "300000"),
         ("shale-device", "100000"),
         ("shale-daemon", "300000"),
+        ("shale-vhost", "300000"),
     ] {
         run(
             "cargo",

@@ -58,21 +58,35 @@ pub fn limits_for(sel: u8) -> RequestLimits {
 
 /// Parses and completes every chain the input's avail ring offers.
 pub fn request(data: &[u8]) {
+    let _ = outcomes(data);
+}
+
+/// What became of one chain: the request's name, or the status it was refused
+/// with (`None`: no status byte to write).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Parsed(&'static str),
+    Refused(Option<u8>),
+}
+
+/// [`request`], returning each chain's head and outcome (for the seed tests).
+pub fn outcomes(data: &[u8]) -> Vec<(u16, Outcome)> {
+    let mut out = Vec::new();
     let Some((&sel, rest)) = data.split_first() else {
-        return;
+        return out;
     };
     let Some((&count, image)) = rest.split_first() else {
-        return;
+        return out;
     };
     let Ok(mem) = GuestMemoryMmap::<()>::from_ranges(&[
         (GuestAddress(0), LOW_REGION_BYTES),
         (GuestAddress(HIGH_REGION), HIGH_REGION_BYTES),
     ]) else {
-        return;
+        return out;
     };
     let image = image.get(..LOW_REGION_BYTES).unwrap_or(image);
     if mem.write_slice(image, GuestAddress(0)).is_err() {
-        return;
+        return out;
     }
     let count = u16::from(count & 0x0f);
     // The avail ring: flags 0, idx = count, then the heads.
@@ -85,10 +99,10 @@ pub fn request(data: &[u8]) {
         avail[4 + 2 * i..6 + 2 * i].copy_from_slice(&head.to_le_bytes());
     }
     if mem.write_slice(&avail, GuestAddress(AVAIL_RING)).is_err() {
-        return;
+        return out;
     }
     let Ok(mut queue) = Queue::new(QUEUE_SIZE) else {
-        return;
+        return out;
     };
     let placed = queue.try_set_desc_table_address(GuestAddress(0)).is_ok()
         && queue
@@ -106,13 +120,20 @@ pub fn request(data: &[u8]) {
     }
     for chain in chains {
         let head = chain.head_index();
-        let used_len = run_one(&mem, head, chain, &limits);
+        let (used_len, outcome) = run_one(&mem, head, chain, &limits);
         // Out-of-table heads are refused by the queue; that is the point.
         let _ = queue.add_used(&mem, head, used_len);
+        out.push((head, outcome));
     }
+    out
 }
 
-fn run_one<I>(mem: &GuestMemoryMmap<()>, head: u16, chain: I, limits: &RequestLimits) -> u32
+fn run_one<I>(
+    mem: &GuestMemoryMmap<()>,
+    head: u16,
+    chain: I,
+    limits: &RequestLimits,
+) -> (u32, Outcome)
 where
     I: IntoIterator<Item = virtio_queue::desc::split::Descriptor>,
 {
@@ -124,8 +145,9 @@ where
                     "status outside memory"
                 );
             }
-            rej.status
-                .map_or(0, |s| u32::from(write_status(mem, s, rej.code)))
+            let written = rej.status.is_some_and(|s| write_status(mem, s, rej.code));
+            let code = rej.status.map(|_| rej.code);
+            (u32::from(written), Outcome::Refused(code))
         }
         Ok(req) => {
             assert!(
@@ -133,7 +155,16 @@ where
                 "status outside memory"
             );
             let data_len = check_op(mem, &req.op, limits);
-            u32::from(write_status(mem, req.status, STATUS_OK)) + data_len
+            let name = match req.op {
+                Op::Read { .. } => "read",
+                Op::Write { .. } => "write",
+                Op::Flush => "flush",
+                Op::GetId { .. } => "get-id",
+                Op::Discard { .. } => "discard",
+                Op::WriteZeroes { .. } => "write-zeroes",
+            };
+            let used = u32::from(write_status(mem, req.status, STATUS_OK)) + data_len;
+            (used, Outcome::Parsed(name))
         }
     }
 }
