@@ -1,7 +1,7 @@
 //! [`BlkBackend`]: the virtio-blk device behind one vhost-user connection.
 //!
 //! Each virtqueue has its own thread (the library's vring worker, one queue per
-//! thread) and its own [`QueueCtx`]. On a kick the thread pops descriptor
+//! thread) and its own `QueueCtx`. On a kick the thread pops descriptor
 //! chains, parses them (`request.rs`), copies write payloads out of guest
 //! memory and submits to the [`BlockTarget`] without waiting. The target's
 //! callback, from whatever thread, puts the outcome on the queue's channel and
@@ -235,6 +235,8 @@ pub struct BlkBackend {
     mem: RwLock<Option<GuestMem>>,
     queues: Vec<Arc<QueueCtx>>,
     outstanding: Arc<Outstanding>,
+    /// The connection is over: nothing more is popped.
+    closed: AtomicBool,
 }
 
 impl std::fmt::Debug for BlkBackend {
@@ -269,6 +271,7 @@ impl BlkBackend {
             mem: RwLock::new(None),
             queues,
             outstanding,
+            closed: AtomicBool::new(false),
         })
     }
 
@@ -298,9 +301,18 @@ impl BlkBackend {
         self.queues.iter().map(|q| q.inflight().requests).collect()
     }
 
-    /// Drops whatever is in flight on every queue (the connection is gone).
-    pub(crate) fn abandon_inflight(&self) {
+    /// Drops whatever is in flight on every queue (device reset).
+    fn abandon_inflight(&self) {
         self.queues.iter().for_each(|q| q.abandon_inflight());
+    }
+
+    /// The connection is gone: no chain is popped from now on, and the outcomes
+    /// of those in flight are dropped. On return every chain ever popped is
+    /// counted in `Outstanding` (popping and counting happen under the queue's
+    /// ring lock, which this takes), so waiting for it to empty covers them.
+    pub(crate) fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        self.abandon_inflight();
     }
 
     /// The write cache mode in force: write-back only if the driver can flush.
@@ -338,6 +350,9 @@ impl BlkBackend {
             let mut more = false;
             {
                 let epoch = q.ring();
+                if self.closed.load(Ordering::Acquire) {
+                    return;
+                }
                 let mut state = vring.get_mut();
                 if !state.get_queue().ready() || !state.is_enabled() {
                     return;
@@ -372,6 +387,8 @@ impl BlkBackend {
                     };
                     match prepared {
                         Prepared::Submit(req, token) => {
+                            // Counted here, under the ring lock (see `close`).
+                            self.outstanding.add();
                             q.admit(token.bytes);
                             submits.push((req, token));
                         }
@@ -460,20 +477,22 @@ impl BlkBackend {
         }
     }
 
+    /// Hands an admitted request to the target (already counted in `outstanding`).
     fn submit(&self, q: &Arc<QueueCtx>, req: TargetRequest, token: Token) {
-        self.outstanding.add();
         let q = Arc::clone(q);
         let outstanding = Arc::clone(&self.outstanding);
         self.target.submit(
             req,
             Box::new(move |result| {
+                // The target is done with it: counted off first, so whoever
+                // sees the used entry also sees the count without it.
+                outstanding.done();
                 // The receiver lives as long as the connection's backend; after
                 // that the outcome has nowhere to go and is dropped.
                 let _ = q.tx.send(Done { token, result });
                 if let Err(e) = q.wake.write(1) {
                     warn!(queue = q.index, "completion eventfd: {e}");
                 }
-                outstanding.done();
             }),
         );
     }

@@ -354,7 +354,7 @@ fn serve_one(
         Err(e) => info!(connection = n, "vhost-user connection ended: {e}"),
     }
     exit_threads();
-    backend.abandon_inflight();
+    backend.close();
     drop(handlers);
     drop(daemon);
     let inflight = control.outstanding.get();

@@ -433,6 +433,11 @@ impl Guest {
                 )
                 .expect("used_event");
             if out.len() >= n {
+                // A signal that came before we looked is still in the eventfd.
+                let qu = &mut self.queues[q];
+                if qu.call.read().is_ok() {
+                    qu.signals += 1;
+                }
                 return out;
             }
             assert!(
