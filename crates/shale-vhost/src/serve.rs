@@ -8,6 +8,22 @@
 //! connection cannot land after a write of the next one), and the loop
 //! listens again. The target and its data outlive connections.
 //!
+//! The caller (the daemon) starts one server per exported volume, keeps the
+//! [`ServeHandle`], and at shutdown calls `stop` (from any thread, through a
+//! [`Stopper`] if need be) and then `join`, before it stops the target.
+//! Dropping the handle stops and joins too. A frontend then connects with,
+//! for QEMU (guest RAM must be shared):
+//!
+//! ```text
+//! -object memory-backend-memfd,id=mem,size=4G,share=on -machine memory-backend=mem
+//! -chardev socket,id=vol0,path=/run/shale/vol0.sock
+//! -device vhost-user-blk-pci,chardev=vol0,num-queues=4
+//! ```
+//!
+//! and for cloud-hypervisor `--memory size=4G,shared=on --disk
+//! vhost_user=true,socket=/run/shale/vol0.sock,num_queues=4`. `num-queues` must
+//! not exceed [`VhostOptions::num_queues`](crate::VhostOptions).
+//!
 //! ```no_run
 //! # use std::sync::Arc;
 //! # use shale_vhost::{serve, MemTarget, VhostOptions};

@@ -465,6 +465,12 @@ fn stop_cuts_a_live_connection() {
 #[test]
 fn stop_while_idle_and_socket_rules() {
     let mut server = mem_server();
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&server.socket)
+        .expect("socket")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600, "only the owner reaches the socket");
     // A second server on a live socket is refused.
     let again = serve(
         Arc::new(MemTarget::new(1 << 20)),
