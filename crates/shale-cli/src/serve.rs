@@ -162,6 +162,13 @@ pub struct ServeArgs {
     /// Prometheus metrics listen address, e.g. 127.0.0.1:9477 [default: off]
     #[arg(long)]
     pub metrics: Option<String>,
+    /// Serve a volume to a virtual machine over vhost-user-blk on a unix socket,
+    /// VOLUME=SOCKET (repeatable; added to the config file's `vhost.user_blk`)
+    #[arg(long, value_name = "VOLUME=SOCKET")]
+    pub vhost_user_blk: Vec<String>,
+    /// Virtqueues per vhost-user-blk device [default: 1]
+    #[arg(long)]
+    pub vhost_queues: Option<u16>,
     /// TLS certificate chain (PEM) for NBD over TCP
     #[arg(long, requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
@@ -207,6 +214,10 @@ pub fn main(args: ServeArgs) -> Result<()> {
     }
     if let Some(v) = &args.tcp {
         c.nbd.tcp = v.clone();
+    }
+    c.vhost.user_blk.extend(args.vhost_user_blk.iter().cloned());
+    if let Some(q) = args.vhost_queues {
+        c.vhost.queues = q;
     }
     // The flag only opts in; it cannot undo `insecure_tcp = true` in the file.
     if args.insecure_tcp {

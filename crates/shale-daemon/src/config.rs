@@ -99,6 +99,34 @@ pub struct Config {
     pub metrics: MetricsConfig,
     pub log: LogConfig,
     pub memory: MemoryConfig,
+    pub vhost: VhostConfig,
+}
+
+/// Volumes served to virtual machines over vhost-user-blk.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct VhostConfig {
+    /// `VOLUME=SOCKET` pairs: each volume is served on its own unix socket (0600),
+    /// which QEMU or cloud-hypervisor connects to. `{data_dir}` expands in SOCKET.
+    pub user_blk: Vec<String>,
+    /// Virtqueues per device (multi-queue), each served by its own thread.
+    pub queues: u16,
+}
+
+impl Default for VhostConfig {
+    fn default() -> VhostConfig {
+        VhostConfig {
+            user_blk: Vec::new(),
+            queues: 1,
+        }
+    }
+}
+
+/// One `vhost.user_blk` entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VhostExport {
+    pub volume: String,
+    pub socket: PathBuf,
 }
 
 /// One device, or the members of an array (`cache = ["a", "b"]`).
@@ -336,6 +364,7 @@ impl Default for Config {
             metrics: MetricsConfig::default(),
             log: LogConfig::default(),
             memory: MemoryConfig::default(),
+            vhost: VhostConfig::default(),
         }
     }
 }
@@ -413,6 +442,43 @@ impl Config {
     pub fn to_toml(&self) -> String {
         // Serialising our own plain structs cannot fail.
         toml::to_string_pretty(self).unwrap_or_default()
+    }
+
+    /// The `vhost.user_blk` entries, parsed: `VOLUME=SOCKET`, each volume and each
+    /// socket at most once.
+    pub fn vhost_exports(&self) -> Result<Vec<VhostExport>, ConfigError> {
+        let bad = |reason: String| ConfigError::Invalid {
+            field: "vhost.user_blk",
+            reason,
+        };
+        if self.vhost.queues == 0 || self.vhost.queues > 64 {
+            return Err(ConfigError::Invalid {
+                field: "vhost.queues",
+                reason: format!("{} (1 to 64)", self.vhost.queues),
+            });
+        }
+        let mut out: Vec<VhostExport> = Vec::new();
+        for e in &self.vhost.user_blk {
+            let Some((volume, socket)) = e.split_once('=') else {
+                return Err(bad(format!("{e:?} is not VOLUME=SOCKET")));
+            };
+            let (volume, socket) = (volume.trim(), socket.trim());
+            let socket = match self.expand(socket) {
+                Some(p) if !volume.is_empty() => p,
+                _ => return Err(bad(format!("{e:?}: empty volume or socket"))),
+            };
+            if out.iter().any(|x| x.volume == volume) {
+                return Err(bad(format!("volume {volume:?} given twice")));
+            }
+            if out.iter().any(|x| x.socket == socket) {
+                return Err(bad(format!("socket {} given twice", socket.display())));
+            }
+            out.push(VhostExport {
+                volume: volume.to_string(),
+                socket,
+            });
+        }
+        Ok(out)
     }
 
     /// Expands `{data_dir}` in a configured path; empty stays empty (= disabled).

@@ -25,3 +25,4 @@ pub mod latency;
 pub mod metrics;
 pub mod notify;
 pub mod serve;
+pub mod vhost;

@@ -60,6 +60,14 @@ pub enum DaemonError {
     Engine(EngineError),
     #[error("NBD server: {0}")]
     Nbd(ServerError),
+    #[error("vhost-user-blk: no volume named {volume:?} to serve on {}", socket.display())]
+    VhostNoVolume { volume: String, socket: PathBuf },
+    #[error("vhost-user-blk for volume {volume:?} on {}: {error}", socket.display())]
+    Vhost {
+        volume: String,
+        socket: PathBuf,
+        error: shale_vhost::ServeError,
+    },
     #[error(transparent)]
     Admin(#[from] AdminError),
     #[error("metrics endpoint {addr}: {error}")]
@@ -765,6 +773,8 @@ fn log_open(r: &shale_engine::OpenReport, wall: Duration) {
 pub struct Daemon {
     backend: Arc<EngineBackend>,
     nbd: Option<Server>,
+    /// One vhost-user-blk server per served volume.
+    vhost: Vec<shale_vhost::ServeHandle>,
     admin: Option<AdminServer>,
     metrics: Option<crate::metrics::MetricsServer>,
     /// What the open did, for `STATUS=` ([`crate::notify`]).
@@ -825,6 +835,7 @@ impl Daemon {
         let mut daemon = Daemon {
             backend: Arc::clone(&backend),
             nbd: None,
+            vhost: Vec::new(),
             admin: None,
             metrics: None,
             open_status,
@@ -834,6 +845,7 @@ impl Daemon {
         let nbd = Server::start(nbd_config, backend.clone())?;
         let nbd_handle = nbd.handle();
         daemon.nbd = Some(nbd);
+        daemon.vhost = start_vhost(config, &backend)?;
         if let Some(path) = config.expand(&config.admin.socket) {
             let handler = Arc::new(
                 DaemonAdmin::new(Arc::clone(&backend), Some(nbd_handle))
@@ -894,6 +906,12 @@ impl Daemon {
         if let Some(nbd) = self.nbd.take() {
             nbd.shutdown();
         }
+        for v in self.vhost.drain(..) {
+            v.stop();
+            if let Err(e) = v.join() {
+                tracing::warn!(error = %e, "vhost-user-blk server ended with an error");
+            }
+        }
         self.admin.take();
         self.metrics.take();
         let engine = Arc::clone(self.backend.engine());
@@ -912,6 +930,37 @@ impl Daemon {
         engine.shutdown()?;
         Ok(())
     }
+}
+
+/// One vhost-user-blk server for each `vhost.user_blk` entry.
+fn start_vhost(
+    config: &Config,
+    backend: &Arc<EngineBackend>,
+) -> Result<Vec<shale_vhost::ServeHandle>, DaemonError> {
+    let mut out = Vec::new();
+    for x in config.vhost_exports()? {
+        let Some(target) = crate::vhost::VolumeTarget::new(Arc::clone(backend), &x.volume) else {
+            return Err(DaemonError::VhostNoVolume {
+                volume: x.volume,
+                socket: x.socket,
+            });
+        };
+        let options = shale_vhost::VhostOptions {
+            num_queues: config.vhost.queues,
+            serial: x.volume.clone(),
+            ..shale_vhost::VhostOptions::default()
+        };
+        let handle = shale_vhost::serve(Arc::new(target), &x.socket, options).map_err(|error| {
+            DaemonError::Vhost {
+                volume: x.volume.clone(),
+                socket: x.socket.clone(),
+                error,
+            }
+        })?;
+        tracing::info!(volume = %x.volume, socket = %x.socket.display(), "serving vhost-user-blk");
+        out.push(handle);
+    }
+    Ok(out)
 }
 
 fn nbd_server_config(config: &Config) -> Result<ServerConfig, DaemonError> {
