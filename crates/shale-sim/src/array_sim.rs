@@ -781,6 +781,14 @@ impl ArraySim {
                 self.counts.rebuilds_completed += 1;
             }
             self.counts.rebuilt_reads += e.stats().crc_rebuilt_fixes;
+            // Corruption behind the array's back fails checksums; it never makes a
+            // CRC-valid md entry that the L2P does not map back.
+            let n = e.stats().scrub_mapping_errors;
+            if n != 0 {
+                return Err(self.fail(format!(
+                    "the scrub found {n} valid blocks the L2P does not map"
+                )));
+            }
             if self.rng.gen_range(0..3) == 0 {
                 // A replace just before the cut: the cut lands inside its rebuild.
                 self.replace_some(&mut e)?;
