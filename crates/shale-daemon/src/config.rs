@@ -576,6 +576,7 @@ impl Config {
 
     /// Checks every field that can be checked without touching devices.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.vhost_exports()?;
         let d = &self.devices;
         for (field, size) in [
             ("devices.cache_size", &d.cache_size),
@@ -673,6 +674,45 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn vhost_entries_are_volume_equals_socket_each_once() {
+        let mut c = Config::default();
+        c.vhost.user_blk = vec!["a={data_dir}/a.sock".into(), " b = /run/b.sock ".into()];
+        let x = c.vhost_exports().unwrap();
+        assert_eq!(x[0].volume, "a");
+        assert_eq!(x[0].socket, PathBuf::from("./shale-data/a.sock"));
+        assert_eq!(
+            (x[1].volume.as_str(), x[1].socket.to_str()),
+            ("b", Some("/run/b.sock"))
+        );
+        for bad in [
+            vec!["noequals"],
+            vec!["=x.sock"],
+            vec!["a="],
+            vec!["a=x.sock", "a=y.sock"],
+            vec!["a=x.sock", "b=x.sock"],
+        ] {
+            c.vhost.user_blk = bad.iter().map(|s| s.to_string()).collect();
+            assert!(
+                matches!(
+                    c.validate(),
+                    Err(ConfigError::Invalid {
+                        field: "vhost.user_blk",
+                        ..
+                    })
+                ),
+                "{bad:?}"
+            );
+        }
+        c.vhost.user_blk.clear();
+        c.vhost.queues = 0;
+        assert!(c.validate().is_err());
+        let text = "[vhost]\nuser_blk = [\"vm=/tmp/vm.sock\"]\nqueues = 2\n";
+        let c = Config::from_toml(text, Path::new("t.toml")).unwrap();
+        assert_eq!(c.vhost.queues, 2);
+        assert_eq!(c.vhost_exports().unwrap().len(), 1);
+    }
 
     #[test]
     fn defaults_validate_and_round_trip() {
