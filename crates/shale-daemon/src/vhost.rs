@@ -70,21 +70,19 @@ impl BlockTarget for VolumeTarget {
                 Ok(BackendRequest::Write { offset, data, fua })
             }
             TargetRequest::Flush => Ok(BackendRequest::Flush),
-            TargetRequest::Discard { offset, len } => len32(len).map(|len| BackendRequest::Trim {
-                offset,
-                len,
-                fua: false,
-            }),
+            TargetRequest::Discard { offset, len, fua } => {
+                len32(len).map(|len| BackendRequest::Trim { offset, len, fua })
+            }
             // Unmapped blocks read as zeros, and the engine never writes zeros in
             // place: `unmap` or not, the range is unmapped.
-            TargetRequest::WriteZeroes { offset, len, .. } => {
-                len32(len).map(|len| BackendRequest::WriteZeroes {
-                    offset,
-                    len,
-                    no_hole: false,
-                    fua: false,
-                })
-            }
+            TargetRequest::WriteZeroes {
+                offset, len, fua, ..
+            } => len32(len).map(|len| BackendRequest::WriteZeroes {
+                offset,
+                len,
+                no_hole: false,
+                fua,
+            }),
         };
         let request = match request {
             Ok(r) => r,

@@ -467,11 +467,22 @@ impl BlkBackend {
                     Err(_) => immediate(STATUS_IOERR, 0),
                 }
             }
-            Op::Discard { offset, len } => {
-                Prepared::Submit(TargetRequest::Discard { offset, len }, token(0, None))
-            }
+            // Write-through: durable when they complete, like writes.
+            Op::Discard { offset, len } => Prepared::Submit(
+                TargetRequest::Discard {
+                    offset,
+                    len,
+                    fua: !self.writeback_now(),
+                },
+                token(0, None),
+            ),
             Op::WriteZeroes { offset, len, unmap } => Prepared::Submit(
-                TargetRequest::WriteZeroes { offset, len, unmap },
+                TargetRequest::WriteZeroes {
+                    offset,
+                    len,
+                    unmap,
+                    fua: !self.writeback_now(),
+                },
                 token(0, None),
             ),
         }

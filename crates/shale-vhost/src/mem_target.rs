@@ -210,7 +210,7 @@ fn execute(store: &Mutex<Store>, req: TargetRequest) -> Result<TargetReply, Targ
             s.stats.flushes += 1;
             Ok(TargetReply::Done)
         }
-        TargetRequest::Discard { offset, len } => {
+        TargetRequest::Discard { offset, len, .. } => {
             let r = range(total, offset, len)?;
             s.stats.discards += 1;
             s.bytes.get_mut(r).unwrap_or_default().fill(0);

@@ -27,9 +27,15 @@ pub enum TargetRequest {
     /// Everything completed before the flush was submitted is durable when it completes.
     Flush,
     /// The range may be deallocated; it reads back as zeroes or as the old data.
-    Discard { offset: u64, len: u64 },
+    /// `fua` as for writes (the device is write-through).
+    Discard { offset: u64, len: u64, fua: bool },
     /// The range reads back as zeroes. `unmap`: the guest allows deallocation.
-    WriteZeroes { offset: u64, len: u64, unmap: bool },
+    WriteZeroes {
+        offset: u64,
+        len: u64,
+        unmap: bool,
+        fua: bool,
+    },
 }
 
 impl TargetRequest {
