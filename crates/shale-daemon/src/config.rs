@@ -679,7 +679,7 @@ mod tests {
     fn vhost_entries_are_volume_equals_socket_each_once() {
         let mut c = Config::default();
         c.vhost.user_blk = vec!["a={data_dir}/a.sock".into(), " b = /run/b.sock ".into()];
-        let x = c.vhost_exports().unwrap();
+        let x = c.vhost_exports().expect("valid entries");
         assert_eq!(x[0].volume, "a");
         assert_eq!(x[0].socket, PathBuf::from("./shale-data/a.sock"));
         assert_eq!(
@@ -709,9 +709,9 @@ mod tests {
         c.vhost.queues = 0;
         assert!(c.validate().is_err());
         let text = "[vhost]\nuser_blk = [\"vm=/tmp/vm.sock\"]\nqueues = 2\n";
-        let c = Config::from_toml(text, Path::new("t.toml")).unwrap();
+        let c = Config::from_toml(text, Path::new("t.toml")).expect("parses");
         assert_eq!(c.vhost.queues, 2);
-        assert_eq!(c.vhost_exports().unwrap().len(), 1);
+        assert_eq!(c.vhost_exports().expect("valid").len(), 1);
     }
 
     #[test]
