@@ -2,7 +2,8 @@
 # /init of the guest that tests/vm/vhost-guest.sh boots: loads the virtio and ext4
 # modules, then (shale_phase=1 on the kernel command line) raw I/O, discard, a
 # filesystem, fstrim and a remount on /dev/vda, or (shale_phase=2) mounts it again
-# after Shale's restart. Each result is a line starting GUEST on the console.
+# after Shale's restart, or (shale_phase=3) writes, idles while Shale is killed and
+# restarted under it, then writes and reads again. Each result is a line starting GUEST on the console.
 export PATH=/bin
 mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev
 for m in virtio_ring virtio virtio_pci_modern_dev virtio_pci_legacy_dev virtio_pci virtio_blk crc16 mbcache jbd2 crc32c_generic crc32c-intel ext4; do
@@ -37,6 +38,19 @@ if [ "$phase" = 2 ]; then
     mount -t ext4 /dev/vda /mnt && echo "GUEST mount ok"
     echo "GUEST after-restart big $(md5sum < /mnt/big | cut -c1-32) files $(cat /mnt/f* | md5sum | cut -c1-32)"
     umount /mnt
+fi
+if [ "$phase" = 3 ]; then
+    # Shale is killed and restarted while this guest idles; QEMU reconnects.
+    dd if=/dev/urandom of=/tmp/a bs=1M count=4 2>/dev/null
+    dd if=/tmp/a of=/dev/vda bs=1M oflag=direct conv=fsync 2>/dev/null
+    echo "GUEST before written $(md5sum < /tmp/a | cut -c1-32)"
+    echo "GUEST idle"
+    sleep 25
+    dd if=/dev/urandom of=/tmp/c bs=1M count=4 2>/dev/null
+    dd if=/tmp/c of=/dev/vda bs=1M seek=8 oflag=direct conv=fsync 2>/dev/null
+    dd if=/dev/vda of=/tmp/b bs=1M count=4 iflag=direct 2>/dev/null
+    dd if=/dev/vda of=/tmp/d bs=1M skip=8 count=4 iflag=direct 2>/dev/null
+    echo "GUEST reconnected old $(md5sum < /tmp/b | cut -c1-32) new $(md5sum < /tmp/c | cut -c1-32) newread $(md5sum < /tmp/d | cut -c1-32)"
 fi
 echo "GUEST done"
 sync

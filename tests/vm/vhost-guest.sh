@@ -2,7 +2,9 @@
 # A Linux guest on a Shale volume through vhost-user-blk, under QEMU with software
 # emulation (no KVM needed; boots in 15-35 s): raw writes and reads, blkdiscard, a
 # filesystem with files, fstrim (the trims must reach Shale's stats), a remount; then
-# Shale is killed with SIGKILL and restarted, a new guest boots and finds every file.
+# Shale is killed with SIGKILL and restarted, a new guest boots and finds every file;
+# last, Shale is killed and restarted under a running, idle guest, which QEMU
+# reconnects (`reconnect=1`), and the guest's old and new data read back.
 # Not part of `cargo xtask ci` (minutes, and packages CI does not need):
 #
 #   cargo build --release -p shale-cli && tests/vm/vhost-guest.sh [path/to/shale]
@@ -59,11 +61,13 @@ start_shale() {
     echo "shale did not start:"; cat "$log"; exit 1
 }
 boot() {
+    local chardev="socket,id=c0,path=$sock"
+    [ "$1" = 3 ] && chardev="$chardev,reconnect=1"
     timeout 600 qemu-system-x86_64 -machine q35,accel=tcg -m 512M -smp 2 \
         -object memory-backend-memfd,id=mem,size=512M,share=on -numa node,memdev=mem \
         -kernel "$kernel" -initrd "$work/initramfs.gz" \
         -append "console=ttyS0 panic=-1 quiet shale_phase=$1" -nographic -no-reboot \
-        -chardev socket,id=c0,path="$sock" \
+        -chardev "$chardev" \
         -device vhost-user-blk-pci,chardev=c0,num-queues=2 2>&1 | tr -d '\r' \
         | grep -E '^GUEST|bytes trimmed' | tee -a "$work/guest.log"
 }
@@ -76,6 +80,14 @@ kill -9 "$spid"; wait "$spid" 2>/dev/null || true
 start_shale 2
 grep -m1 'dirty recovery' "$log" | sed 's/.*wall_ms=\([0-9.]*\).*/recovery after kill -9: \1 ms/'
 t=$(date +%s); boot 2; echo "phase 2: $(( $(date +%s) - t )) s"
+# A guest that stays up while Shale is killed and restarted under it.
+boot 3 &
+qpid=$!
+for _ in $(seq 1200); do grep -q '^GUEST idle' "$work/guest.log" && break; sleep 0.1; done
+kill -9 "$spid"; wait "$spid" 2>/dev/null || true
+start_shale 3
+wait "$qpid" || true
+echo "phase 3: Shale killed and restarted under a running guest"
 kill -TERM "$spid"; wait "$spid"; spid=""
 
 fail=0
@@ -85,5 +97,7 @@ check "raw 8 MiB reads back" "$(field raw written)" "$(field raw read)"
 check "a discarded range reads zeros" "$(field discarded nonzero_bytes)" "0"
 check "files survive a remount" "$(field 'fs' big)$(field 'fs' files)" "$(field remount big)$(field remount files)"
 check "files survive kill -9 of Shale" "$(field 'fs' big)$(field 'fs' files)" "$(field after-restart big)$(field after-restart files)"
+check "a running guest reconnects: old data" "$(field before written)" "$(field reconnected old)"
+check "a running guest reconnects: new writes" "$(field reconnected new)" "$(field reconnected newread)"
 if [ "${trimmed:-0}" -gt 0 ]; then echo "ok   fstrim reached Shale ($trimmed bytes trimmed)"; else echo "FAIL no trim reached Shale"; fail=1; fi
 exit $fail
