@@ -294,6 +294,11 @@ impl FileDevice {
         self.direct
     }
 
+    /// The open descriptor, for ioctls a wrapper issues (zone management).
+    pub(crate) fn file(&self) -> &File {
+        &self.file
+    }
+
     pub fn is_block_device(&self) -> bool {
         self.kind == FileKind::BlockDevice
     }

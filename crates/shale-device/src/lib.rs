@@ -19,6 +19,7 @@
 //! docs/devices.md describes each implementation, the ZNS rules zone emulation
 //! enforces, its on-media metadata byte by byte, and what a simulated crash does.
 
+mod blkzoned;
 mod block;
 mod buf;
 mod check;
@@ -34,8 +35,10 @@ mod sparse;
 mod stats;
 mod zone_emu;
 mod zone_meta;
+mod zone_rules;
 mod zoned;
 
+pub use blkzoned::{is_zoned_block_device, BlkZoned};
 pub use block::{BlockDevice, DeviceInfo, IoCompletion, IoOp, IoRequest, MAINTAIN_IDLE};
 pub use buf::IoBuf;
 pub use error::{DeviceError, IoOpKind, ZoneError};

@@ -42,6 +42,7 @@ use crate::zone_meta::{
     MetaGeometry, TableEntry, ENTRIES_PER_BLOCK, META_BLOCK_BYTES, META_VERSION_BLOCKS,
     META_VERSION_WHOLE, TABLE_SLOT0_OFFSET,
 };
+use crate::zone_rules::{is_active, is_open, Counts, Rules};
 use crate::{
     BlockDevice, DeviceError, IoBuf, IoCompletion, IoOp, IoOpKind, IoRequest, ZoneAction,
     ZoneCompletion, ZoneError, ZoneGeometry, ZoneInfo, ZoneOp, ZoneRequest, ZoneState, ZonedDevice,
@@ -133,14 +134,6 @@ impl Zone {
     fn safe_wp(&self) -> u64 {
         self.inflight.front().map_or(self.wp, |&(start, _)| start)
     }
-}
-
-fn is_open(s: ZoneState) -> bool {
-    matches!(s, ZoneState::ImplicitlyOpen | ZoneState::ExplicitlyOpen)
-}
-
-fn is_active(s: ZoneState) -> bool {
-    is_open(s) || s == ZoneState::Closed
 }
 
 #[derive(Debug)]
@@ -621,10 +614,6 @@ impl<D: BlockDevice> ZoneEmu<D> {
         })
     }
 
-    fn zones_bytes(&self) -> u64 {
-        u64::from(self.meta.zone_count) * self.meta.zone_size
-    }
-
     /// Moves `zone` to `state`, keeping the open/active counts exact and the write
     /// pointer consistent with the state.
     fn set_state(&mut self, zone: u32, state: ZoneState) {
@@ -638,18 +627,10 @@ impl<D: BlockDevice> ZoneEmu<D> {
             ZoneState::Full => z.wp = cap,
             _ => {}
         }
-        if is_open(old) {
-            self.open_count -= 1;
-        }
-        if is_active(old) {
-            self.active_count -= 1;
-        }
-        if is_open(state) {
-            self.open_count += 1;
-        }
-        if is_active(state) {
-            self.active_count += 1;
-        }
+        let mut c = self.counts();
+        c.moved(old, state);
+        self.open_count = c.open;
+        self.active_count = c.active;
     }
 
     /// Notes that `zone`'s persisted entry may have changed.
@@ -668,139 +649,50 @@ impl<D: BlockDevice> ZoneEmu<D> {
         self.zones[zone as usize].wp = old.1;
     }
 
-    fn check_open_limit(&self, zone: u32) -> Result<(), ZoneError> {
-        let limit = self.meta.max_open_zones;
-        if limit != 0 && self.open_count >= limit {
-            return Err(ZoneError::TooManyOpen { zone, limit });
+    fn rules(&self) -> Rules {
+        Rules {
+            zone_size: self.meta.zone_size,
+            zone_capacity: self.meta.zone_capacity,
+            zone_count: self.meta.zone_count,
+            logical_block_size: u64::from(self.meta.logical_block_size),
+            max_open: self.meta.max_open_zones,
+            max_active: self.meta.max_active_zones,
         }
-        Ok(())
     }
 
-    fn check_active_limit(&self, zone: u32) -> Result<(), ZoneError> {
-        let limit = self.meta.max_active_zones;
-        if limit != 0 && self.active_count >= limit {
-            return Err(ZoneError::TooManyActive { zone, limit });
+    fn counts(&self) -> Counts {
+        Counts {
+            open: self.open_count,
+            active: self.active_count,
         }
-        Ok(())
     }
 
-    /// Checks an offset-addressed range: zero length, alignment, bounds, one zone.
-    /// Returns the zone index.
     fn check_range(&self, op: IoOpKind, offset: u64, len: u64) -> Result<u32, ZoneError> {
-        if len == 0 {
-            return Err(DeviceError::ZeroLength { op, offset }.into());
-        }
-        let align = u64::from(self.meta.logical_block_size);
-        if !offset.is_multiple_of(align) || !len.is_multiple_of(align) {
-            return Err(DeviceError::Misaligned {
-                op,
-                offset,
-                len,
-                align,
-            }
-            .into());
-        }
-        let size = self.zones_bytes();
-        if offset.checked_add(len).is_none_or(|e| e > size) {
-            return Err(DeviceError::OutOfRange {
-                op,
-                offset,
-                len,
-                size,
-            }
-            .into());
-        }
-        let zone = offset / self.meta.zone_size;
-        if (offset + len - 1) / self.meta.zone_size != zone {
-            return Err(ZoneError::CrossesZoneBoundary { offset, len });
-        }
-        Ok(zone as u32)
+        self.rules().range(op, offset, len)
     }
 
     fn check_read(&self, offset: u64, len: u64) -> Result<(), ZoneError> {
         let zone = self.check_range(IoOpKind::Read, offset, len)?;
         let z = &self.zones[zone as usize];
-        if z.state == ZoneState::Offline {
-            return Err(ZoneError::Offline { zone });
-        }
-        let start = self.geo.zone_start(zone);
-        if offset + len > start + z.wp {
-            return Err(ZoneError::ReadPastWritePointer {
-                zone,
-                offset,
-                len,
-                write_pointer: start + z.wp,
-            });
-        }
-        Ok(())
+        self.rules().read(zone, z.state, z.wp, offset, len)
     }
 
-    /// Checks a write of `len` bytes at the write pointer of `zone` (`offset` is the
-    /// caller's offset for a write, `None` for an append) against the zone's state,
-    /// write pointer, capacity and the open/active limits. Returns the absolute
-    /// offset where the data goes.
+    /// See [`Rules::plan_write`].
     fn plan_write(&self, zone: u32, offset: Option<u64>, len: u64) -> Result<u64, ZoneError> {
         let z = self.zone(zone)?;
-        let start = self.geo.zone_start(zone);
-        let wp_abs = start + z.wp;
-        let end = start + self.meta.zone_capacity;
-        match z.state {
-            ZoneState::Offline => return Err(ZoneError::Offline { zone }),
-            ZoneState::ReadOnly => return Err(ZoneError::ReadOnly { zone }),
-            ZoneState::Full => {
-                return Err(ZoneError::ZoneFull {
-                    zone,
-                    offset: offset.unwrap_or(wp_abs),
-                    len,
-                    zone_end: end,
-                })
-            }
-            _ => {}
-        }
-        if let Some(off) = offset {
-            if off != wp_abs {
-                return Err(ZoneError::NotAtWritePointer {
-                    zone,
-                    offset: off,
-                    write_pointer: wp_abs,
-                });
-            }
-        }
-        if wp_abs + len > end {
-            return Err(ZoneError::ZoneFull {
-                zone,
-                offset: wp_abs,
-                len,
-                zone_end: end,
-            });
-        }
-        match z.state {
-            ZoneState::Empty => {
-                self.check_active_limit(zone)?;
-                self.check_open_limit(zone)?;
-            }
-            ZoneState::Closed => self.check_open_limit(zone)?,
-            _ => {}
-        }
-        Ok(wp_abs)
+        self.rules()
+            .plan_write(zone, z.state, z.wp, offset, len, self.counts())
     }
 
     /// Applies a write accepted by `plan_write`: the zone opens implicitly (from
     /// Empty or Closed), the write pointer advances, and the zone fills at capacity.
     fn apply_write(&mut self, zone: u32, len: u64) {
-        let state = self.zones[zone as usize].state;
-        if matches!(state, ZoneState::Empty | ZoneState::Closed) {
-            self.set_state(zone, ZoneState::ImplicitlyOpen);
-        }
+        let z = &self.zones[zone as usize];
+        let (state, wp) = self.rules().after_write(z.state, z.wp, len);
         self.touch(zone);
-        let z = &mut self.zones[zone as usize];
-        z.wp += len;
-        assert!(
-            z.wp <= self.meta.zone_capacity,
-            "write pointer past capacity"
-        );
-        if z.wp == self.meta.zone_capacity {
-            self.set_state(zone, ZoneState::Full);
+        self.zones[zone as usize].wp = wp;
+        if state != self.zones[zone as usize].state {
+            self.set_state(zone, state);
         }
     }
 
@@ -1446,46 +1338,9 @@ impl<D: BlockDevice> ZonedDevice for ZoneEmu<D> {
         let z = self.zone(zone)?;
         let state = z.state;
         let old = (state, z.wp);
-        let invalid = || ZoneError::InvalidTransition {
-            zone,
-            state,
-            action,
-        };
-        match state {
-            ZoneState::Offline => return Err(ZoneError::Offline { zone }),
-            ZoneState::ReadOnly => return Err(ZoneError::ReadOnly { zone }),
-            _ => {}
-        }
-        let next = match (action, state) {
-            (ZoneAction::Open, ZoneState::Full) => return Err(invalid()),
-            (ZoneAction::Open, ZoneState::ExplicitlyOpen) => ZoneState::ExplicitlyOpen,
-            (ZoneAction::Open, ZoneState::ImplicitlyOpen) => ZoneState::ExplicitlyOpen,
-            (ZoneAction::Open, ZoneState::Closed) => {
-                self.check_open_limit(zone)?;
-                ZoneState::ExplicitlyOpen
-            }
-            (ZoneAction::Open, _) => {
-                self.check_active_limit(zone)?;
-                self.check_open_limit(zone)?;
-                ZoneState::ExplicitlyOpen
-            }
-            (ZoneAction::Close, ZoneState::Empty | ZoneState::Full) => return Err(invalid()),
-            (ZoneAction::Close, ZoneState::Closed) => ZoneState::Closed,
-            (ZoneAction::Close, _) => {
-                if old.1 == 0 {
-                    ZoneState::Empty
-                } else {
-                    ZoneState::Closed
-                }
-            }
-            (ZoneAction::Finish, ZoneState::Empty) => {
-                // ZNS: finishing an empty zone needs an active resource on the way.
-                self.check_active_limit(zone)?;
-                ZoneState::Full
-            }
-            (ZoneAction::Finish, _) => ZoneState::Full,
-            (ZoneAction::Reset, _) => ZoneState::Empty,
-        };
+        let next = self
+            .rules()
+            .transition(zone, state, old.1, action, self.counts())?;
         if action == ZoneAction::Reset {
             // No stale write may land after the reset; wait for this zone's writes
             // (their completions are kept for `poll`) and an earlier reset's discard.
