@@ -421,19 +421,26 @@ impl BlkZoned {
                 queued: VecDeque::new(),
             });
         }
-        for zone in 0..d.layout.count {
-            let z = &d.zones[zone as usize];
-            if is_active(z.state) && z.wp == d.layout.capacity {
-                // Written up to the capacity Shale uses (a larger zone): finished,
-                // so it holds no active resource.
-                d.manage(zone, ZoneAction::Finish)
-                    .map_err(|e| setup_error(path, "finishing a zone written to capacity", e))?;
+        d.settle()?;
+        Ok(d)
+    }
+
+    /// Zones the drive reports open are closed, as after a controller reset, and
+    /// zones written up to the capacity Shale uses (a larger zone) are finished, so
+    /// they hold no active resource.
+    fn settle(&mut self) -> Result<(), DeviceError> {
+        let path = self.path.clone();
+        for zone in 0..self.layout.count {
+            let z = &self.zones[zone as usize];
+            if is_active(z.state) && z.wp == self.layout.capacity {
+                self.manage(zone, ZoneAction::Finish)
+                    .map_err(|e| setup_error(&path, "finishing a zone written to capacity", e))?;
             } else if is_open(z.state) {
-                d.manage(zone, ZoneAction::Close)
-                    .map_err(|e| setup_error(path, "closing an open zone", e))?;
+                self.manage(zone, ZoneAction::Close)
+                    .map_err(|e| setup_error(&path, "closing an open zone", e))?;
             }
         }
-        Ok(d)
+        Ok(())
     }
 
     /// The device path this was opened from.
