@@ -110,6 +110,14 @@ fn open_capacity(
 ) -> Result<Option<Box<dyn ZonedDevice + Send>>> {
     let mut zoned: Vec<(Box<dyn ZonedDevice + Send>, String)> = Vec::new();
     for p in paths {
+        if shale_device::is_zoned_block_device(p)
+            .with_context(|| format!("looking at the capacity device {}", p.display()))?
+        {
+            let z = shale_device::BlkZoned::open_as_is(p)
+                .with_context(|| format!("opening the zoned capacity device {}", p.display()))?;
+            zoned.push((Box::new(z), p.display().to_string()));
+            continue;
+        }
         let mut inner = FileDevice::open(p)
             .with_context(|| format!("opening the capacity device {}", p.display()))?;
         let prefix = if paths.len() > 1 {

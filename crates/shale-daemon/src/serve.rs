@@ -247,6 +247,34 @@ fn capacity_file(
     path: &Path,
     format: bool,
 ) -> Result<(CapacityDevice, Option<DriveStats>), DaemonError> {
+    let zoned = shale_device::is_zoned_block_device(path).map_err(|source| DaemonError::Device {
+        what: "capacity device",
+        path: path.to_path_buf(),
+        error: DeviceError::OpenFailed {
+            path: path.display().to_string(),
+            source,
+        },
+    })?;
+    if zoned {
+        // The drive keeps its own zones: no emulation, and no simulated drive.
+        if spec.drive.is_some() {
+            return Err(DaemonError::Setup {
+                path: path.to_path_buf(),
+                reason: "is a zoned block device; a simulated drive (--drive) wraps a file".into(),
+            });
+        }
+        let dev = shale_device::BlkZoned::open(path).map_err(|error| DaemonError::Device {
+            what: "zoned block device",
+            path: path.to_path_buf(),
+            error,
+        })?;
+        tracing::info!(path = %path.display(), zones = dev.geometry().zone_count,
+            zone_mib = dev.geometry().zone_size >> 20,
+            capacity_mib = dev.geometry().zone_capacity >> 20,
+            max_open = dev.geometry().max_open_zones,
+            max_active = dev.geometry().max_active_zones, "capacity: a zoned block device");
+        return Ok((Box::new(dev), None));
+    }
     let file = open_file("capacity device", path)?;
     let preset = match &spec.drive {
         Some(name) => Some(

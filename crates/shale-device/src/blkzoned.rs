@@ -323,6 +323,13 @@ fn setup_error(path: &Path, what: &str, e: impl std::fmt::Display) -> DeviceErro
 impl BlkZoned {
     /// Opens a zoned block device: reads its zones, closes the open ones.
     pub fn open(path: impl AsRef<Path>) -> Result<BlkZoned, DeviceError> {
+        let mut d = BlkZoned::open_as_is(path.as_ref())?;
+        d.settle()?;
+        Ok(d)
+    }
+
+    /// Opens without changing any zone's state, for a reader that must not (a check).
+    pub fn open_as_is(path: impl AsRef<Path>) -> Result<BlkZoned, DeviceError> {
         let path = path.as_ref();
         let open_failed = |source| DeviceError::OpenFailed {
             path: path.display().to_string(),
@@ -421,7 +428,6 @@ impl BlkZoned {
                 queued: VecDeque::new(),
             });
         }
-        d.settle()?;
         Ok(d)
     }
 

@@ -1,0 +1,63 @@
+# Sourced by the zoned guest scenarios (zns.sh, zoned-nullblk.sh) with CACHE and
+# CAP set: Shale on the zoned drive inside the guest. Formats, writes and verifies
+# with fio through NBD, kills Shale with SIGKILL, recovers (write pointers from the
+# drive) and verifies again, then writes more and verifies after a clean restart.
+d=/tmp/shale
+sock=$d/nbd.sock
+name=$(basename "$CAP")
+q=/sys/block/$name/queue
+echo "GUEST drive $name zoned $(cat $q/zoned) zones $(cat $q/nr_zones) zone_sectors $(cat $q/chunk_sectors) max_open $(cat $q/max_open_zones) max_active $(cat $q/max_active_zones) lbs $(cat $q/logical_block_size)"
+serve() {
+    $SHALE serve --data-dir $d --cache "$CACHE" --capacity "$CAP" --unix-socket $sock \
+        --scrub-speed 64MiB --log-level info >> $d/serve.log 2>&1 &
+    spid=$!
+    i=0
+    while [ $i -lt 600 ]; do
+        [ "$(grep -c 'serve: ready' $d/serve.log)" -ge "$1" ] && return 0
+        kill -0 $spid 2>/dev/null || break
+        sleep 0.2; i=$((i + 1))
+    done
+    echo "GUEST serve failed: $(tail -3 $d/serve.log | tr '\n' ' ')"
+    return 1
+}
+# fio through NBD: 128 MiB in 128 KiB writes, then 16 MiB beyond it in 4 KiB
+# random writes, each block with a crc32c fio verifies. The data follows the
+# seed, so a verify-only run with the seed of the last write checks all of it;
+# each write run ends with a flush (end_fsync), which is what makes it durable.
+fio_job() {
+    label=$1
+    seed=$2
+    shift 2
+    t0=$(cut -d' ' -f1 /proc/uptime)
+    $HOST_LD /host/usr/bin/fio --output-format=terse --terse-version=3 \
+        --ioengine=nbd --uri="nbd+unix:///default?socket=$sock" \
+        --verify=crc32c --verify_fatal=1 --serialize_overlap=1 --randseed=$seed "$@" \
+        --name=seq --rw=write --bs=128k --size=128m --iodepth=8 \
+        --name=rand --stonewall --rw=randwrite --bs=4k --size=16m --offset=128m --iodepth=16 \
+        > $d/fio.out 2> $d/fio.err
+    rc=$?
+    t1=$(cut -d' ' -f1 /proc/uptime)
+    # Terse v3: field 7 is read KiB/s, 48 write KiB/s of each job.
+    echo "GUEST fio $label rc $rc errors $(grep -c -i -E 'verify|error' $d/fio.err) seconds $(echo "$t0 $t1" | awk '{printf "%.1f", $2 - $1}') write_kibps $(awk -F';' '{print $48}' $d/fio.out | tr '\n' ',') read_kibps $(awk -F';' '{print $7}' $d/fio.out | tr '\n' ',')"
+    [ $rc = 0 ] || head -5 $d/fio.err | sed 's/^/GUEST fio.err /'
+}
+stat_of() { $SHALE stats --json --data-dir $d | tr ',{}' '\n\n\n' | grep "\"$1\"" | head -1 | cut -d: -f2 | tr -d ' '; }
+
+mkdir -p $d
+$SHALE format --data-dir $d --cache "$CACHE" --capacity "$CAP" --chunk-size 4MiB \
+    > $d/format.log 2>&1 && echo "GUEST format ok" || { echo "GUEST format failed"; tail -5 $d/format.log | sed 's/^/GUEST format.log /'; }
+serve 1 || exit 0
+fio_job write 11 --do_verify=1 --end_fsync=1
+echo "GUEST written capacity_compaction $(stat_of capacity_compaction_written)"
+kill -9 $spid; wait $spid 2>/dev/null
+serve 2 || exit 0
+echo "GUEST recovery $(grep -m1 'dirty recovery' $d/serve.log | grep -o 'wall_ms=[0-9.]*')"
+fio_job after-kill 11 --verify_only=1
+fio_job rewrite 12 --do_verify=1 --end_fsync=1
+kill $spid; wait $spid
+serve 3 || exit 0
+echo "GUEST clean-open $(grep 'opened after a clean' $d/serve.log | tail -1 | grep -o 'wall_ms=[0-9.]*')"
+fio_job after-restart 12 --verify_only=1
+echo "GUEST scrub mapping_errors $(stat_of scrub_mapping_errors) check"
+kill $spid; wait $spid
+grep -E 'ERROR|panicked' $d/serve.log | head -3 | sed 's/^/GUEST serve.log /'
