@@ -63,7 +63,7 @@ vm_initramfs() {
     # How the guest runs a host program: the host's loader, and every directory the
     # programs the scenarios use take libraries from (fio's include ceph/).
     local dirs
-    dirs="$(for p in "$shale" "$(command -v fio)" "$(command -v mke2fs)"; do
+    dirs="$(for p in "$shale" "$(command -v fio)" "$(command -v mke2fs)" "$(command -v nbd-client)"; do
         ldd "$p" | awk '/=> \// {print $3}' | xargs -n1 dirname
     done | sort -u | sed 's|^|/host|' | paste -sd: -)"
     echo "/host$(readlink -f /lib64/ld-linux-x86-64.so.2) --library-path $dirs" > "$root/host_ld"

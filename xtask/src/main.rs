@@ -6,6 +6,7 @@
 //! fuzzers and benchmarks.
 
 mod bench_nbd;
+mod vm_test;
 
 use std::process::{Command, ExitCode};
 use std::time::Instant;
@@ -33,13 +34,14 @@ fn main() -> ExitCode {
         "deps" => deps(),
         "lint" => lint(),
         "test" => test(),
+        "vm-test" => vm_test::run(&args[1..]),
         "bench-nbd" => bench_nbd::Options::parse(&args[1..]).and_then(|o| {
             run("cargo", &["build", "--release", "-p", "shale-cli"], &[])?;
             bench_nbd::run(&o)
         }),
         _ => {
             eprintln!(
-                "usage: cargo xtask <task>\n\n  ci    deps + lint + test + smoke runs (the README's test command)\n  deps  install missing system packages the tests need (apt-get, as root)\n  lint  cargo fmt --check and cargo clippy -D warnings\n  test  the whole test suite\n  bench-nbd [--size 4GiB] [--runtime 10] [--repeat 3] [--jobs 4] [--iodepth 32] [--dir D]\n        fio over NBD against shale serve and against qemu-nbd on a plain file"
+                "usage: cargo xtask <task>\n\n  ci    deps + lint + test + smoke runs (the README's test command)\n  deps  install missing system packages the tests need (apt-get, as root)\n  lint  cargo fmt --check and cargo clippy -D warnings\n  test  the whole test suite\n  vm-test [SCENARIO...]\n        guests under QEMU: vhost-user-blk, zns, zoned-nullblk, nbd (default: all)\n  bench-nbd [--size 4GiB] [--runtime 10] [--repeat 3] [--jobs 4] [--iodepth 32] [--dir D]\n        fio over NBD against shale serve and against qemu-nbd on a plain file"
             );
             return if task == "help" {
                 ExitCode::SUCCESS
@@ -63,6 +65,7 @@ fn ci() -> Result<(), String> {
     lint()?;
     test()?;
     smoke()?;
+    vm_test::run(&[])?;
     eprintln!("xtask ci: all green in {:.0?}", start.elapsed());
     Ok(())
 }
@@ -81,6 +84,14 @@ fn deps() -> Result<(), String> {
         .filter(|(tool, _)| !have(tool))
         .map(|(_, pkg)| *pkg)
         .collect();
+    missing.extend(vm_test::missing_packages());
+    install(&missing)?;
+    vm_test::ensure_qemu()
+}
+
+/// Installs Debian packages with apt-get (as root), or says how to.
+fn install(packages: &[&str]) -> Result<(), String> {
+    let mut missing = packages.to_vec();
     missing.sort_unstable();
     missing.dedup();
     if missing.is_empty() {

@@ -247,14 +247,15 @@ fn capacity_file(
     path: &Path,
     format: bool,
 ) -> Result<(CapacityDevice, Option<DriveStats>), DaemonError> {
-    let zoned = shale_device::is_zoned_block_device(path).map_err(|source| DaemonError::Device {
-        what: "capacity device",
-        path: path.to_path_buf(),
-        error: DeviceError::OpenFailed {
-            path: path.display().to_string(),
-            source,
-        },
-    })?;
+    let zoned =
+        shale_device::is_zoned_block_device(path).map_err(|source| DaemonError::Device {
+            what: "capacity device",
+            path: path.to_path_buf(),
+            error: DeviceError::OpenFailed {
+                path: path.display().to_string(),
+                source,
+            },
+        })?;
     if zoned {
         // The drive keeps its own zones: no emulation, and no simulated drive.
         if spec.drive.is_some() {
@@ -695,12 +696,22 @@ fn format_steps(
     let capacity = steps.step("capacity: zone emulation, discard", || {
         let (capacity, _, _) = capacity_device(spec, true, pool)?;
         let g = capacity.geometry();
-        let detail = format!(
-            "{} zones of {} MiB, {} discarded",
-            g.zone_count,
-            g.zone_size >> 20,
-            gib(u64::from(g.zone_count) * g.zone_size)
-        );
+        // A zoned drive keeps its own zones: the engine's format resets them.
+        let detail = if g.name.starts_with("zoned(") {
+            format!(
+                "{} zones of {} MiB ({} MiB writable) on a zoned drive",
+                g.zone_count,
+                g.zone_size >> 20,
+                g.zone_capacity >> 20
+            )
+        } else {
+            format!(
+                "{} zones of {} MiB, {} discarded",
+                g.zone_count,
+                g.zone_size >> 20,
+                gib(u64::from(g.zone_count) * g.zone_size)
+            )
+        };
         Ok((capacity, detail))
     })?;
     let mut engine = steps.step("cache: superblock, journal, checkpoint", || {

@@ -20,7 +20,7 @@ serve() {
     echo "GUEST serve failed: $(tail -3 $d/serve.log | tr '\n' ' ')"
     return 1
 }
-# fio through NBD: 128 MiB in 128 KiB writes, then 16 MiB beyond it in 4 KiB
+# fio through NBD: 96 MiB in 128 KiB writes, then 8 MiB beyond it in 4 KiB
 # random writes, each block with a crc32c fio verifies. The data follows the
 # seed, so a verify-only run with the seed of the last write checks all of it;
 # each write run ends with a flush (end_fsync), which is what makes it durable.
@@ -32,8 +32,8 @@ fio_job() {
     $HOST_LD /host/usr/bin/fio --output-format=terse --terse-version=3 \
         --ioengine=nbd --uri="nbd+unix:///default?socket=$sock" \
         --verify=crc32c --verify_fatal=1 --serialize_overlap=1 --randseed=$seed "$@" \
-        --name=seq --rw=write --bs=128k --size=128m --iodepth=8 \
-        --name=rand --stonewall --rw=randwrite --bs=4k --size=16m --offset=128m --iodepth=16 \
+        --name=seq --rw=write --bs=128k --size=96m --iodepth=8 \
+        --name=rand --stonewall --rw=randwrite --bs=4k --size=8m --offset=96m --iodepth=16 \
         > $d/fio.out 2> $d/fio.err
     rc=$?
     t1=$(cut -d' ' -f1 /proc/uptime)

@@ -1,0 +1,238 @@
+//! `cargo xtask vm-test [SCENARIO...]`: Shale where its users attach it, tested in
+//! Linux guests under QEMU with software emulation (no KVM needed).
+//!
+//! Each scenario is `tests/vm/SCENARIO.sh SHALE WORK_DIR`: it builds a busybox
+//! initramfs for Debian's kernel (`tests/vm/lib.sh`), boots the guest, and prints
+//! `ok`/`FAIL` per check and `figure` lines; its exit status is the verdict. The
+//! guest mounts the host's root read-only over virtio-9p, so it runs the very binary
+//! built here, and the host's fio, mke2fs and nbd-client.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Every scenario, in the order they run, with what it shows.
+pub const SCENARIOS: &[(&str, &str)] = &[
+    (
+        "vhost-user-blk",
+        "Shale on the host serves /dev/vda to the guest; fio verify, ext4, fstrim, kill -9, reconnect",
+    ),
+    (
+        "zns",
+        "Shale in the guest on QEMU's ZNS namespace; fio verify over NBD, kill -9, recovery",
+    ),
+    (
+        "zoned-nullblk",
+        "Shale in the guest on zoned null_blk with conventional zones; the same steps",
+    ),
+    (
+        "nbd",
+        "the guest kernel's NBD client on a Shale volume; ext4, kill -9, files read back",
+    ),
+];
+
+/// What the guests need on the host: (program, Debian package).
+const VM_TOOLS: &[(&str, &str)] = &[
+    ("cpio", "cpio"),
+    ("nbd-client", "nbd-client"),
+    ("mke2fs", "e2fsprogs"),
+    ("fio", "fio"),
+];
+
+/// A scenario's own limit; a guest that hangs fails its scenario, not the run.
+const SCENARIO_TIMEOUT: Duration = Duration::from_secs(600);
+
+struct Outcome {
+    name: &'static str,
+    passed: bool,
+    secs: f64,
+    checks: usize,
+    figures: Vec<String>,
+    failures: Vec<String>,
+}
+
+/// The packages the guests need that the host lacks: the tools above, a static
+/// busybox (the initramfs has no libraries) and a kernel in /boot.
+pub fn missing_packages() -> Vec<&'static str> {
+    let mut missing: Vec<&str> = VM_TOOLS
+        .iter()
+        .filter(|(tool, _)| !crate::have(tool))
+        .map(|(_, pkg)| *pkg)
+        .collect();
+    let static_busybox = Command::new("sh")
+        .args([
+            "-c",
+            "command -v busybox && ! ldd \"$(command -v busybox)\" >/dev/null 2>&1",
+        ])
+        .stdout(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if !static_busybox {
+        missing.push("busybox-static");
+    }
+    let kernel = std::fs::read_dir("/boot")
+        .map(|d| {
+            d.flatten()
+                .any(|e| e.file_name().to_string_lossy().starts_with("vmlinuz-"))
+        })
+        .unwrap_or(false);
+    if !kernel {
+        missing.push("linux-image-amd64");
+    }
+    missing
+}
+
+/// Installs qemu-system-x86 where it is missing. Debian's comes at the release's
+/// QEMU version; a machine whose qemu-utils came from elsewhere (a backport) may
+/// not take it beside that, and then qemu-utils goes back to the release's version
+/// too, so the test suite keeps qemu-img, qemu-io and qemu-nbd.
+pub fn ensure_qemu() -> Result<(), String> {
+    if crate::have("qemu-system-x86_64") {
+        return Ok(());
+    }
+    if crate::install(&["qemu-system-x86"]).is_ok()
+        && crate::have("qemu-system-x86_64")
+        && crate::have("qemu-img")
+    {
+        return Ok(());
+    }
+    let release = std::fs::read_to_string("/etc/os-release")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VERSION_CODENAME=").map(str::to_string))
+        })
+        .ok_or("no VERSION_CODENAME in /etc/os-release")?;
+    let utils = format!("qemu-utils/{release}");
+    eprintln!("xtask deps: qemu-system-x86 beside qemu-utils from {release}");
+    crate::run(
+        "apt-get",
+        &[
+            "install",
+            "-y",
+            "-qq",
+            "--no-install-recommends",
+            "--allow-downgrades",
+            "qemu-system-x86",
+            &utils,
+        ],
+        &[("DEBIAN_FRONTEND", "noninteractive")],
+    )
+}
+
+pub fn run(args: &[String]) -> Result<(), String> {
+    let chosen: Vec<&(&str, &str)> = if args.is_empty() {
+        SCENARIOS.iter().collect()
+    } else {
+        args.iter()
+            .map(|a| {
+                SCENARIOS.iter().find(|(n, _)| n == a).ok_or_else(|| {
+                    let names: Vec<&str> = SCENARIOS.iter().map(|(n, _)| *n).collect();
+                    format!("no scenario {a:?}; there are: {}", names.join(", "))
+                })
+            })
+            .collect::<Result<_, _>>()?
+    };
+    crate::install(&missing_packages())?;
+    ensure_qemu()?;
+    // The test profile's binary: what `cargo xtask ci` has just tested (no rebuild).
+    crate::run(
+        "cargo",
+        &["build", "--profile", crate::TEST_PROFILE, "-p", "shale-cli"],
+        &[],
+    )?;
+    let shale = format!("target/{}/shale", crate::TEST_PROFILE);
+    let mut outcomes = Vec::new();
+    for (name, what) in chosen {
+        eprintln!("xtask vm-test: {name}: {what}");
+        outcomes.push(scenario(name, &shale)?);
+    }
+    eprintln!("\nxtask vm-test: summary");
+    for o in &outcomes {
+        eprintln!(
+            "  {:<6} {:<15} {:>5.0} s  {} checks",
+            if o.passed { "pass" } else { "FAIL" },
+            o.name,
+            o.secs,
+            o.checks
+        );
+        for f in &o.failures {
+            eprintln!("         {f}");
+        }
+        for f in &o.figures {
+            eprintln!("         {f}");
+        }
+    }
+    let failed: Vec<&str> = outcomes
+        .iter()
+        .filter(|o| !o.passed)
+        .map(|o| o.name)
+        .collect();
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("scenarios failed: {}", failed.join(", ")))
+    }
+}
+
+fn scenario(name: &'static str, shale: &str) -> Result<Outcome, String> {
+    // Memory, where there is a tmpfs: the drives' images are sparse files.
+    let shm = std::path::Path::new("/dev/shm");
+    let base = if shm.is_dir() {
+        shm.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    };
+    let work = base.join(format!("shale-vm-{name}-{}", std::process::id()));
+    let script = format!("tests/vm/{name}.sh");
+    let start = Instant::now();
+    let mut child = Command::new("timeout")
+        .args([
+            "--kill-after=10",
+            &SCENARIO_TIMEOUT.as_secs().to_string(),
+            "bash",
+            &script,
+            shale,
+        ])
+        .arg(&work)
+        .stdout(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("could not run {script}: {e}"))?;
+    let mut checks = 0;
+    let mut figures = Vec::new();
+    let mut failures = Vec::new();
+    if let Some(out) = child.stdout.take() {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            eprintln!("  {name}: {line}");
+            if line.starts_with("ok ") {
+                checks += 1;
+            } else if line.starts_with("FAIL") {
+                checks += 1;
+                failures.push(line);
+            } else if let Some(f) = line.strip_prefix("figure ") {
+                figures.push(f.to_string());
+            }
+        }
+    }
+    let status = child
+        .wait()
+        .map_err(|e| format!("waiting for {script}: {e}"))?;
+    let passed = status.success() && failures.is_empty() && checks > 0;
+    if passed {
+        let _ = std::fs::remove_dir_all(&work);
+    } else {
+        if status.code() == Some(124) {
+            failures.push(format!("timed out after {} s", SCENARIO_TIMEOUT.as_secs()));
+        }
+        failures.push(format!("kept for a look: {}", work.display()));
+    }
+    Ok(Outcome {
+        name,
+        passed,
+        secs: start.elapsed().as_secs_f64(),
+        checks,
+        figures,
+        failures,
+    })
+}
