@@ -169,6 +169,14 @@ pub struct ServeArgs {
     /// Virtqueues per vhost-user-blk device [default: 1]
     #[arg(long)]
     pub vhost_queues: Option<u16>,
+    /// Serve a volume as a kernel block device, /dev/ublkbN, through ublk (Linux
+    /// 6.0+ with ublk_drv, as root; repeatable; added to the config file's
+    /// `ublk.volumes`)
+    #[arg(long = "ublk", value_name = "VOLUME")]
+    pub ublk: Vec<String>,
+    /// Hardware queues per ublk device [default: 1]
+    #[arg(long)]
+    pub ublk_queues: Option<u16>,
     /// TLS certificate chain (PEM) for NBD over TCP
     #[arg(long, requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
@@ -216,6 +224,10 @@ pub fn main(args: ServeArgs) -> Result<()> {
         c.nbd.tcp = v.clone();
     }
     c.vhost.user_blk.extend(args.vhost_user_blk.iter().cloned());
+    c.ublk.volumes.extend(args.ublk.iter().cloned());
+    if let Some(q) = args.ublk_queues {
+        c.ublk.queues = q;
+    }
     if let Some(q) = args.vhost_queues {
         c.vhost.queues = q;
     }

@@ -100,6 +100,29 @@ pub struct Config {
     pub log: LogConfig,
     pub memory: MemoryConfig,
     pub vhost: VhostConfig,
+    pub ublk: UblkConfig,
+}
+
+/// Volumes served as kernel block devices (`/dev/ublkbN`) through ublk.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct UblkConfig {
+    /// Volume names; each becomes a ublk device (Linux 6.0+, module ublk_drv, root).
+    pub volumes: Vec<String>,
+    /// Hardware queues per device, each served by its own thread.
+    pub queues: u16,
+    /// Requests in flight per queue.
+    pub depth: u16,
+}
+
+impl Default for UblkConfig {
+    fn default() -> UblkConfig {
+        UblkConfig {
+            volumes: Vec::new(),
+            queues: 1,
+            depth: 64,
+        }
+    }
 }
 
 /// Volumes served to virtual machines over vhost-user-blk.
@@ -365,6 +388,7 @@ impl Default for Config {
             log: LogConfig::default(),
             memory: MemoryConfig::default(),
             vhost: VhostConfig::default(),
+            ublk: UblkConfig::default(),
         }
     }
 }
@@ -481,6 +505,35 @@ impl Config {
         Ok(out)
     }
 
+    /// The `ublk.volumes` entries, checked: each volume at most once, queues and
+    /// depth in range.
+    pub fn ublk_volumes(&self) -> Result<Vec<String>, ConfigError> {
+        if !(1..=64).contains(&self.ublk.queues) {
+            return Err(ConfigError::Invalid {
+                field: "ublk.queues",
+                reason: format!("{} (1 to 64)", self.ublk.queues),
+            });
+        }
+        if !(1..=1024).contains(&self.ublk.depth) {
+            return Err(ConfigError::Invalid {
+                field: "ublk.depth",
+                reason: format!("{} (1 to 1024)", self.ublk.depth),
+            });
+        }
+        let mut out: Vec<String> = Vec::new();
+        for v in &self.ublk.volumes {
+            let v = v.trim();
+            if v.is_empty() || out.iter().any(|x| x == v) {
+                return Err(ConfigError::Invalid {
+                    field: "ublk.volumes",
+                    reason: format!("{v:?} is empty or given twice"),
+                });
+            }
+            out.push(v.to_string());
+        }
+        Ok(out)
+    }
+
     /// Expands `{data_dir}` in a configured path; empty stays empty (= disabled).
     pub fn expand(&self, path: &str) -> Option<PathBuf> {
         if path.is_empty() {
@@ -577,6 +630,7 @@ impl Config {
     /// Checks every field that can be checked without touching devices.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.vhost_exports()?;
+        self.ublk_volumes()?;
         let d = &self.devices;
         for (field, size) in [
             ("devices.cache_size", &d.cache_size),
@@ -674,6 +728,22 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ublk_volumes_each_once_with_sane_queues() {
+        let mut c = Config::default();
+        c.ublk.volumes = vec!["a".into(), " b ".into()];
+        assert_eq!(c.ublk_volumes().expect("valid"), ["a", "b"]);
+        c.ublk.volumes.push("a".into());
+        assert!(c.ublk_volumes().is_err());
+        c.ublk.volumes.clear();
+        c.ublk.queues = 0;
+        assert!(c.ublk_volumes().is_err());
+        let text = "[ublk]\nvolumes = [\"db\"]\nqueues = 2\ndepth = 128\n";
+        let c: Config = toml::from_str(text).expect("parses");
+        assert_eq!((c.ublk.queues, c.ublk.depth), (2, 128));
+        assert_eq!(c.ublk_volumes().expect("valid"), ["db"]);
+    }
 
     #[test]
     fn vhost_entries_are_volume_equals_socket_each_once() {

@@ -68,6 +68,10 @@ pub enum DaemonError {
         socket: PathBuf,
         error: shale_vhost::ServeError,
     },
+    #[error("ublk: no volume named {volume:?}")]
+    UblkNoVolume { volume: String },
+    #[error("ublk for volume {volume:?}: {reason}")]
+    Ublk { volume: String, reason: String },
     #[error(transparent)]
     Admin(#[from] AdminError),
     #[error("metrics endpoint {addr}: {error}")]
@@ -814,6 +818,9 @@ pub struct Daemon {
     nbd: Option<Server>,
     /// One vhost-user-blk server per served volume.
     vhost: Vec<shale_vhost::ServeHandle>,
+    /// One ublk device per served volume.
+    #[cfg(feature = "ublk")]
+    ublk: Vec<shale_ublk::UblkHandle>,
     admin: Option<AdminServer>,
     metrics: Option<crate::metrics::MetricsServer>,
     /// What the open did, for `STATUS=` ([`crate::notify`]).
@@ -875,6 +882,8 @@ impl Daemon {
             backend: Arc::clone(&backend),
             nbd: None,
             vhost: Vec::new(),
+            #[cfg(feature = "ublk")]
+            ublk: Vec::new(),
             admin: None,
             metrics: None,
             open_status,
@@ -885,6 +894,7 @@ impl Daemon {
         let nbd_handle = nbd.handle();
         daemon.nbd = Some(nbd);
         daemon.vhost = start_vhost(config, &backend)?;
+        start_ublk(config, &backend, &mut daemon)?;
         if let Some(path) = config.expand(&config.admin.socket) {
             let handler = Arc::new(
                 DaemonAdmin::new(Arc::clone(&backend), Some(nbd_handle))
@@ -945,6 +955,10 @@ impl Daemon {
         if let Some(nbd) = self.nbd.take() {
             nbd.shutdown();
         }
+        #[cfg(feature = "ublk")]
+        for u in self.ublk.drain(..) {
+            u.stop();
+        }
         for v in self.vhost.drain(..) {
             v.stop();
             if let Err(e) = v.join() {
@@ -1000,6 +1014,52 @@ fn start_vhost(
         out.push(handle);
     }
     Ok(out)
+}
+
+/// One ublk device for each `ublk.volumes` entry.
+#[cfg(feature = "ublk")]
+fn start_ublk(
+    config: &Config,
+    backend: &Arc<EngineBackend>,
+    daemon: &mut Daemon,
+) -> Result<(), DaemonError> {
+    for volume in config.ublk_volumes()? {
+        let Some(target) = crate::vhost::VolumeTarget::new(Arc::clone(backend), &volume) else {
+            return Err(DaemonError::UblkNoVolume { volume });
+        };
+        let options = shale_ublk::UblkOptions {
+            name: format!("shale-{volume}"),
+            queues: config.ublk.queues,
+            depth: config.ublk.depth,
+            ..shale_ublk::UblkOptions::default()
+        };
+        let handle =
+            shale_ublk::serve(Arc::new(target), &options).map_err(|e| DaemonError::Ublk {
+                volume: volume.clone(),
+                reason: e.to_string(),
+            })?;
+        tracing::info!(volume = %volume, device = %handle.block_device(), "serving ublk");
+        daemon.ublk.push(handle);
+    }
+    Ok(())
+}
+
+/// Without the `ublk` feature, asking for a ublk device is an error that says so.
+#[cfg(not(feature = "ublk"))]
+fn start_ublk(
+    config: &Config,
+    _backend: &Arc<EngineBackend>,
+    _daemon: &mut Daemon,
+) -> Result<(), DaemonError> {
+    match config.ublk_volumes()?.into_iter().next() {
+        Some(volume) => Err(DaemonError::Ublk {
+            volume,
+            reason: "this shale was built without ublk; build it with \
+                     `cargo build --release -p shale-cli --features ublk` (needs libclang-dev)"
+                .into(),
+        }),
+        None => Ok(()),
+    }
 }
 
 fn nbd_server_config(config: &Config) -> Result<ServerConfig, DaemonError> {
