@@ -5,7 +5,7 @@
 vm_initramfs nvme
 truncate -s 128M "$work/cache.img"
 truncate -s 2G "$work/zns.img"
-vm_boot zns 1 1G \
+VM_DEVICES=ns1,ns2 vm_boot zns 1 1G \
     -device nvme,id=nvme0,serial=shale0,zoned.zasl=5 \
     -drive "file=$work/cache.img,id=cache,format=raw,if=none" \
     -device nvme-ns,drive=cache,bus=nvme0,nsid=1,logical_block_size=4096,physical_block_size=4096 \

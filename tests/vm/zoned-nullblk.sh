@@ -5,7 +5,7 @@
 . "$(dirname "$0")/lib.sh"
 vm_initramfs nvme +null_blk
 truncate -s 128M "$work/cache.img"
-vm_boot zoned-nullblk 1 2G \
+VM_DEVICES=ns1 vm_boot zoned-nullblk 1 2G \
     -device nvme,id=nvme0,serial=shale0 \
     -drive "file=$work/cache.img,id=cache,format=raw,if=none" \
     -device nvme-ns,drive=cache,bus=nvme0,nsid=1,logical_block_size=4096,physical_block_size=4096

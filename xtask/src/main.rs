@@ -26,6 +26,10 @@ const SYSTEM_TOOLS: &[(&str, &str)] = &[
     ("tmux", "tmux"),
 ];
 
+/// Files the build needs, and the Debian package providing each: libublk's
+/// bindings are generated with bindgen, which loads libclang.
+const BUILD_FILES: &[(&str, &str)] = &[("/usr/lib/llvm-14/lib/libclang.so", "libclang-dev")];
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let task = args.first().map(String::as_str).unwrap_or("help");
@@ -84,9 +88,27 @@ fn deps() -> Result<(), String> {
         .filter(|(tool, _)| !have(tool))
         .map(|(_, pkg)| *pkg)
         .collect();
+    missing.extend(
+        BUILD_FILES
+            .iter()
+            .filter(|(f, _)| !has_libclang(f))
+            .map(|(_, pkg)| *pkg),
+    );
     missing.extend(vm_test::missing_packages());
     install(&missing)?;
     vm_test::ensure_qemu()
+}
+
+/// Whether libclang is there: at `path`, or wherever `LIBCLANG_PATH` or the
+/// dynamic loader's cache says.
+fn has_libclang(path: &str) -> bool {
+    std::path::Path::new(path).exists()
+        || std::env::var_os("LIBCLANG_PATH").is_some()
+        || Command::new("sh")
+            .args(["-c", "ldconfig -p | grep -q 'libclang[-.0-9]*\\.so'"])
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false)
 }
 
 /// Installs Debian packages with apt-get (as root), or says how to.
@@ -131,6 +153,8 @@ fn lint() -> Result<(), String> {
             "clippy",
             "--workspace",
             "--all-targets",
+            "--features",
+            UBLK_FEATURE,
             "--",
             "-D",
             "warnings",
@@ -145,12 +169,18 @@ fn lint() -> Result<(), String> {
 /// follows the profile.
 const TEST_PROFILE: &str = "ci";
 
+/// Checks and tests build the daemon with ublk (`shale serve --ublk`), which needs
+/// libclang to build; `deps` installs it.
+const UBLK_FEATURE: &str = "shale-cli/ublk";
+
 fn test() -> Result<(), String> {
     run(
         "cargo",
         &[
             "test",
             "--workspace",
+            "--features",
+            UBLK_FEATURE,
             "--profile",
             TEST_PROFILE,
             "--no-fail-fast",

@@ -29,6 +29,10 @@ pub const SCENARIOS: &[(&str, &str)] = &[
         "nbd",
         "the guest kernel's NBD client on a Shale volume; ext4, kill -9, files read back",
     ),
+    (
+        "ublk",
+        "Shale in the guest serves /dev/ublkbN; fio verify, ext4, restart, kill -9",
+    ),
 ];
 
 /// What the guests need on the host: (program, Debian package).
@@ -71,14 +75,9 @@ pub fn missing_packages() -> Vec<&'static str> {
     if !static_busybox {
         missing.push("busybox-static");
     }
-    let kernel = std::fs::read_dir("/boot")
-        .map(|d| {
-            d.flatten()
-                .any(|e| e.file_name().to_string_lossy().starts_with("vmlinuz-"))
-        })
-        .unwrap_or(false);
-    if !kernel {
-        missing.push("linux-image-amd64");
+    // The newest kernel in /boot boots every guest; it must have ublk (6.0+).
+    if !newest_kernel_has_ublk() {
+        missing.push("linux-image-6.12-amd64");
     }
     missing
 }
@@ -121,6 +120,19 @@ pub fn ensure_qemu() -> Result<(), String> {
     )
 }
 
+/// Whether the newest kernel in /boot has the ublk driver among its modules.
+fn newest_kernel_has_ublk() -> bool {
+    Command::new("sh")
+        .args([
+            "-c",
+            "k=$(ls /boot/vmlinuz-* 2>/dev/null | sort -V | tail -1) && [ -n \"$k\" ] && \
+             modinfo -k \"${k#/boot/vmlinuz-}\" ublk_drv >/dev/null 2>&1",
+        ])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
 pub fn run(args: &[String]) -> Result<(), String> {
     let chosen: Vec<&(&str, &str)> = if args.is_empty() {
         SCENARIOS.iter().collect()
@@ -139,7 +151,15 @@ pub fn run(args: &[String]) -> Result<(), String> {
     // The test profile's binary: what `cargo xtask ci` has just tested (no rebuild).
     crate::run(
         "cargo",
-        &["build", "--profile", crate::TEST_PROFILE, "-p", "shale-cli"],
+        &[
+            "build",
+            "--profile",
+            crate::TEST_PROFILE,
+            "-p",
+            "shale-cli",
+            "--features",
+            crate::UBLK_FEATURE,
+        ],
         &[],
     )?;
     let shale = format!("target/{}/shale", crate::TEST_PROFILE);

@@ -134,8 +134,7 @@ fn check(opts: &UblkOptions, size: u64) -> Result<(), UblkServeError> {
             opts.depth
         )));
     }
-    if !opts.max_io_bytes.is_power_of_two() || !(64 << 10..=1 << 20).contains(&opts.max_io_bytes)
-    {
+    if !opts.max_io_bytes.is_power_of_two() || !(64 << 10..=1 << 20).contains(&opts.max_io_bytes) {
         return Err(UblkServeError::Options(format!(
             "max I/O {} bytes is not a power of two from 64 KiB to 1 MiB",
             opts.max_io_bytes
@@ -155,49 +154,63 @@ pub fn serve(
 ) -> Result<UblkHandle, UblkServeError> {
     let size = target.size_bytes();
     check(opts, size)?;
-    let driver = |what| move |error| UblkServeError::Driver { what, error };
-    let ctrl = UblkCtrlBuilder::default()
-        .name(&opts.name)
-        .id(-1)
-        .nr_queues(opts.queues)
-        .depth(opts.depth)
-        .io_buf_bytes(opts.max_io_bytes)
-        .dev_flags(UblkFlags::UBLK_DEV_F_ADD_DEV)
-        .build()
-        .map_err(driver("adding a device"))?;
-    let dev_id = ctrl.dev_info().dev_id;
-    let (started_tx, started_rx) = crossbeam_channel::bounded::<Result<(), String>>(1);
+    // libublk keeps the control ring in a thread-local: the device is added, run
+    // and stopped on its own thread, which reports its id (or why not) back here.
+    let (started_tx, started_rx) = crossbeam_channel::bounded::<Result<u32, UblkServeError>>(1);
     let read_only = target.read_only();
-    let failed_tx = started_tx.clone();
+    let opts = opts.clone();
     let thread = std::thread::Builder::new()
-        .name(format!("ublk-{dev_id}"))
+        .name(format!("ublk-{}", opts.name))
         .spawn(move || {
+            let ctrl = match UblkCtrlBuilder::default()
+                .name(&opts.name)
+                .id(-1)
+                .nr_queues(opts.queues)
+                .depth(opts.depth)
+                .io_buf_bytes(opts.max_io_bytes)
+                .dev_flags(UblkFlags::UBLK_DEV_F_ADD_DEV)
+                .build()
+            {
+                Ok(c) => c,
+                Err(error) => {
+                    let _ = started_tx.send(Err(UblkServeError::Driver {
+                        what: "adding a device",
+                        error,
+                    }));
+                    return;
+                }
+            };
+            let dev_id = ctrl.dev_info().dev_id;
             let tgt_init = move |dev: &mut UblkDev| {
                 set_params(dev, size, read_only);
                 Ok(())
             };
-            let q_target = target.clone();
             let queue = move |qid: u16, dev: &UblkDev| {
-                if let Err(e) = run_queue(qid, dev, q_target.clone()) {
+                if let Err(e) = run_queue(qid, dev, target.clone()) {
                     tracing::error!(dev_id, qid, error = %e, "ublk queue failed");
                 }
             };
+            let started_ok = started_tx.clone();
             let started = move |_: &UblkCtrl| {
-                let _ = started_tx.send(Ok(()));
+                let _ = started_ok.send(Ok(dev_id));
             };
-            if let Err(e) = ctrl.run_target(tgt_init, queue, started) {
-                let _ = failed_tx.send(Err(e.to_string()));
+            if let Err(error) = ctrl.run_target(tgt_init, queue, started) {
+                let _ = started_tx.send(Err(UblkServeError::Driver {
+                    what: "starting the device",
+                    error,
+                }));
+                let _ = ctrl.del_dev();
             }
             tracing::info!(dev_id, "ublk device stopped");
         })?;
     match started_rx.recv() {
-        Ok(Ok(())) => Ok(UblkHandle {
+        Ok(Ok(dev_id)) => Ok(UblkHandle {
             dev_id,
             thread: Some(thread),
         }),
         Ok(Err(e)) => {
             let _ = thread.join();
-            Err(UblkServeError::Options(format!("starting the device: {e}")))
+            Err(e)
         }
         Err(_) => {
             let _ = thread.join();
@@ -334,12 +347,10 @@ fn commit(q: &UblkQueue, bufs: &[libublk::helpers::IoBuf<u8>], tag: u16, res: i3
 
 /// Polls the eventfd from the queue's ring, as a target I/O.
 fn arm_wake(q: &UblkQueue, wake: &OwnedFd) -> Result<(), String> {
-    let sqe = io_uring::opcode::PollAdd::new(
-        io_uring::types::Fd(wake.as_raw_fd()),
-        libc::POLLIN as u32,
-    )
-    .build()
-    .user_data(UblkIOCtx::build_user_data(0, WAKE_OP, 0, true));
+    let sqe =
+        io_uring::opcode::PollAdd::new(io_uring::types::Fd(wake.as_raw_fd()), libc::POLLIN as u32)
+            .build()
+            .user_data(UblkIOCtx::build_user_data(0, WAKE_OP, 0, true));
     q.ublk_submit_sqe_sync(sqe)
         .map_err(|e| format!("submitting the eventfd poll: {e}"))
 }

@@ -6,7 +6,7 @@ d=/tmp/shale
 sock=$d/nbd.sock
 mkdir -p $d /mnt/v
 serve() {
-    $SHALE serve --data-dir $d --cache /dev/nvme0n1 --capacity /dev/nvme0n2 \
+    $SHALE serve --data-dir $d --cache /dev/ns1 --capacity /dev/ns2 \
         --unix-socket $sock --log-level info >> $d/serve.log 2>&1 &
     spid=$!
     i=0
@@ -15,7 +15,8 @@ serve() {
         kill -0 $spid 2>/dev/null || break
         sleep 0.2; i=$((i + 1))
     done
-    echo "GUEST serve failed: $(tail -3 $d/serve.log | tr '\n' ' ')"
+    echo "GUEST serve failed"
+    { grep -v '^ ' $d/serve.log | grep -B2 -A2 -m2 panicked || tail -5 $d/serve.log; } | sed 's/^/GUEST serve.log /'
     return 1
 }
 attach() {
@@ -27,7 +28,7 @@ attach() {
 sums() { echo "big $(md5sum < /mnt/v/big | cut -c1-32) files $(cat /mnt/v/f* | md5sum | cut -c1-32) count $(ls /mnt/v | wc -l)"; }
 
 insmod /lib/modules/nbd.ko nbds_max=2 || echo "GUEST nbd module failed"
-$SHALE format --data-dir $d --cache /dev/nvme0n1 --capacity /dev/nvme0n2 --chunk-size 4MiB \
+$SHALE format --data-dir $d --cache /dev/ns1 --capacity /dev/ns2 --chunk-size 4MiB \
     --zone-size 16MiB > $d/format.log 2>&1 || echo "GUEST format failed: $(tail -2 $d/format.log | tr '\n' ' ')"
 serve 1 || exit 0
 attach || exit 0

@@ -4,6 +4,6 @@
 insmod /lib/modules/null_blk.ko nr_devices=1 zoned=1 zone_size=64 zone_capacity=62 \
     zone_nr_conv=4 zone_max_open=14 zone_max_active=14 gb=2 memory_backed=1 bs=4096 \
     || echo "GUEST null_blk failed"
-CACHE=/dev/nvme0n1
+CACHE=/dev/ns1
 CAP=/dev/nullb0
 . "$VM_GUEST/zoned.sh"

@@ -4,7 +4,7 @@
 # drive) and verifies again, then writes more and verifies after a clean restart.
 d=/tmp/shale
 sock=$d/nbd.sock
-name=$(basename "$CAP")
+name=$(basename "$(readlink -f "$CAP")")
 q=/sys/block/$name/queue
 echo "GUEST drive $name zoned $(cat $q/zoned) zones $(cat $q/nr_zones) zone_sectors $(cat $q/chunk_sectors) max_open $(cat $q/max_open_zones) max_active $(cat $q/max_active_zones) lbs $(cat $q/logical_block_size)"
 serve() {
@@ -17,7 +17,8 @@ serve() {
         kill -0 $spid 2>/dev/null || break
         sleep 0.2; i=$((i + 1))
     done
-    echo "GUEST serve failed: $(tail -3 $d/serve.log | tr '\n' ' ')"
+    echo "GUEST serve failed"
+    { grep -v '^ ' $d/serve.log | grep -B2 -A2 -m2 panicked || tail -5 $d/serve.log; } | sed 's/^/GUEST serve.log /'
     return 1
 }
 # fio through NBD: 96 MiB in 128 KiB writes, then 8 MiB beyond it in 4 KiB
