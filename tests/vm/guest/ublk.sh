@@ -39,7 +39,7 @@ $HOST_LD /host/usr/bin/fio --output-format=terse --terse-version=3 --filename=$d
     > $d/fio.out 2> $d/fio.err
 rc=$?
 t1=$(cut -d' ' -f1 /proc/uptime)
-echo "GUEST fio rc $rc errors $(grep -c -i -E 'verify|error' $d/fio.err) seconds $(echo "$t0 $t1" | awk '{printf "%.1f", $2 - $1}') write_kibps $(awk -F';' '{print $48}' $d/fio.out | tr '\n' ',') read_kibps $(awk -F';' '{print $7}' $d/fio.out | tr '\n' ',')"
+echo "GUEST fio rc $rc errors $(grep -c -i -E 'verify|error' $d/fio.err) seconds $(echo "$t0 $t1" | awk '{printf "%.1f", $2 - $1}') write_kibps $(awk -F';' '$1 == 3 {print $48}' $d/fio.out | tr '\n' ',') read_kibps $(awk -F';' '$1 == 3 {print $7}' $d/fio.out | tr '\n' ',')"
 [ $rc = 0 ] || head -5 $d/fio.err | sed 's/^/GUEST fio.err /'
 $HOST_LD /host/sbin/mke2fs -q -t ext4 -F $dev > $d/mkfs.log 2>&1 && echo "GUEST mkfs ok" \
     || echo "GUEST mkfs failed: $(head -3 $d/mkfs.log | tr '\n' ' ')"

@@ -21,7 +21,7 @@ if [ "$phase" = 1 ]; then
         > /tmp/fio.out 2> /tmp/fio.err
     rc=$?
     t1=$(cut -d' ' -f1 /proc/uptime)
-    echo "GUEST fio rc $rc errors $(grep -c -i -E 'verify|error' /tmp/fio.err) seconds $(echo "$t0 $t1" | awk '{printf "%.1f", $2 - $1}') write_kibps $(awk -F';' '{print $48}' /tmp/fio.out | tr '\n' ',') read_kibps $(awk -F';' '{print $7}' /tmp/fio.out | tr '\n' ',')"
+    echo "GUEST fio rc $rc errors $(grep -c -i -E 'verify|error' /tmp/fio.err) seconds $(echo "$t0 $t1" | awk '{printf "%.1f", $2 - $1}') write_kibps $(awk -F';' '$1 == 3 {print $48}' /tmp/fio.out | tr '\n' ',') read_kibps $(awk -F';' '$1 == 3 {print $7}' /tmp/fio.out | tr '\n' ',')"
     [ $rc = 0 ] || head -5 /tmp/fio.err | sed 's/^/GUEST fio.err /'
     blkdiscard -o 4194304 -l 4194304 /dev/vda && echo "GUEST blkdiscard ok"
     dd if=/dev/vda of=/tmp/z bs=1M skip=4 count=4 iflag=direct 2>/dev/null

@@ -39,7 +39,7 @@ fio_job() {
     rc=$?
     t1=$(cut -d' ' -f1 /proc/uptime)
     # Terse v3: field 7 is read KiB/s, 48 write KiB/s of each job.
-    echo "GUEST fio $label rc $rc errors $(grep -c -i -E 'verify|error' $d/fio.err) seconds $(echo "$t0 $t1" | awk '{printf "%.1f", $2 - $1}') write_kibps $(awk -F';' '{print $48}' $d/fio.out | tr '\n' ',') read_kibps $(awk -F';' '{print $7}' $d/fio.out | tr '\n' ',')"
+    echo "GUEST fio $label rc $rc errors $(grep -c -i -E 'verify|error' $d/fio.err) seconds $(echo "$t0 $t1" | awk '{printf "%.1f", $2 - $1}') write_kibps $(awk -F';' '$1 == 3 {print $48}' $d/fio.out | tr '\n' ',') read_kibps $(awk -F';' '$1 == 3 {print $7}' $d/fio.out | tr '\n' ',')"
     [ $rc = 0 ] || head -5 $d/fio.err | sed 's/^/GUEST fio.err /'
 }
 stat_of() { $SHALE stats --json --data-dir $d | tr ',{}' '\n\n\n' | grep "\"$1\"" | head -1 | cut -d: -f2 | tr -d ' '; }
