@@ -40,7 +40,8 @@ pub struct DeviceArgs {
     /// Cache device: file or block device; repeat for mirrors [default: DATA_DIR/cache.img]
     #[arg(long)]
     pub cache: Vec<String>,
-    /// Capacity device: file or block device; repeat for an array [default: DATA_DIR/capacity.img]
+    /// Capacity device: file, block device or zoned drive (ZNS, SMR: used through its own
+    /// zones); repeat for an array [default: DATA_DIR/capacity.img]
     #[arg(long)]
     pub capacity: Vec<String>,
     /// How an array of capacity devices keeps its data: none (striped), mirror, or
@@ -62,7 +63,8 @@ pub struct DeviceArgs {
     /// Size of a capacity file created by format [default: 16GiB]
     #[arg(long)]
     pub capacity_size: Option<String>,
-    /// How the capacity device presents zones [default: emulated]
+    /// How a conventional capacity device presents zones (a zoned drive has its own)
+    /// [default: emulated]
     #[arg(long, value_enum)]
     pub capacity_mode: Option<Mode>,
     /// Simulated-drive preset around the capacity device (qlc-p5316, tlc, optane, zns-qlc)
@@ -71,7 +73,7 @@ pub struct DeviceArgs {
     /// Cache chunk size [default: 16MiB]
     #[arg(long)]
     pub chunk_size: Option<String>,
-    /// Capacity zone size [default: 64MiB]
+    /// Capacity zone size, for zone emulation (a zoned drive has its own) [default: 64MiB]
     #[arg(long)]
     pub zone_size: Option<String>,
     /// Spare factor of the capacity device, 0..0.9 [default: 0.18]

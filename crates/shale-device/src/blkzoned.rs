@@ -50,17 +50,17 @@ use crate::{
 /// `struct blk_zone` of `<linux/blkzoned.h>` (64 bytes).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
-struct BlkZone {
-    start: u64,
-    len: u64,
-    wp: u64,
-    kind: u8,
-    cond: u8,
-    non_seq: u8,
-    reset: u8,
-    resv: [u8; 4],
-    capacity: u64,
-    reserved: [u8; 24],
+pub(crate) struct BlkZone {
+    pub start: u64,
+    pub len: u64,
+    pub wp: u64,
+    pub kind: u8,
+    pub cond: u8,
+    pub non_seq: u8,
+    pub reset: u8,
+    pub resv: [u8; 4],
+    pub capacity: u64,
+    pub reserved: [u8; 24],
 }
 
 /// `struct blk_zone_report` without its flexible array of zones (16 bytes).
@@ -188,6 +188,37 @@ fn report(file: &File, sector: u64, max: usize) -> io::Result<(Vec<BlkZone>, boo
     Ok((zones, hdr.flags & REP_CAPACITY != 0))
 }
 
+/// How a [`BlkZoned`] asks the drive about and commands its zones: the kernel's
+/// zoned ioctls on the device ([`KernelZones`]), or a model of a drive in tests.
+pub(crate) trait ZoneControl: Send + std::fmt::Debug {
+    /// Up to `max` zones from `sector` on, and whether their capacities are valid.
+    fn report(&self, sector: u64, max: usize) -> io::Result<(Vec<BlkZone>, bool)>;
+    /// Open, close, finish or reset the zones of `sectors` from `sector`.
+    fn command(&self, action: ZoneAction, sector: u64, sectors: u64) -> io::Result<()>;
+}
+
+/// The zoned ioctls on an open block device.
+#[derive(Debug)]
+struct KernelZones {
+    file: File,
+}
+
+impl ZoneControl for KernelZones {
+    fn report(&self, sector: u64, max: usize) -> io::Result<(Vec<BlkZone>, bool)> {
+        report(&self.file, sector, max)
+    }
+
+    fn command(&self, action: ZoneAction, sector: u64, sectors: u64) -> io::Result<()> {
+        let req = match action {
+            ZoneAction::Open => BLKOPENZONE,
+            ZoneAction::Close => BLKCLOSEZONE,
+            ZoneAction::Finish => BLKFINISHZONE,
+            ZoneAction::Reset => BLKRESETZONE,
+        };
+        ioctl_range(&self.file, req, sector, sectors)
+    }
+}
+
 /// A zone's state from the kernel's `cond` (BLK_ZONE_COND_*); `None` for a
 /// conventional zone (no write pointer) or a condition this code does not know.
 fn state_of(cond: u8) -> Option<ZoneState> {
@@ -292,10 +323,22 @@ struct Slot {
     landed_at: Option<u64>,
 }
 
+/// What the kernel says of a zoned device besides its zones.
+#[derive(Debug, Clone)]
+pub(crate) struct Limits {
+    pub zone_sectors: u32,
+    pub nr_zones: u32,
+    /// 0: no limit.
+    pub max_open: u32,
+    pub max_active: u32,
+    pub max_io_bytes: u32,
+}
+
 /// A kernel zoned block device. See the module documentation.
-#[derive(Debug)]
 pub struct BlkZoned {
-    dev: FileDevice,
+    /// The data path (a `FileDevice` with O_DIRECT and io_uring on a real drive).
+    dev: Box<dyn BlockDevice + Send>,
+    ctl: Box<dyn ZoneControl>,
     path: PathBuf,
     geo: ZoneGeometry,
     rules: Rules,
@@ -312,6 +355,17 @@ pub struct BlkZoned {
     done: VecDeque<ZoneCompletion>,
     user_in_flight: usize,
     inner_out: Vec<IoCompletion>,
+}
+
+impl std::fmt::Debug for BlkZoned {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BlkZoned")
+            .field("path", &self.path)
+            .field("geometry", &self.geo)
+            .field("counts", &self.counts)
+            .field("in_flight", &self.user_in_flight)
+            .finish_non_exhaustive()
+    }
 }
 
 fn setup_error(path: &Path, what: &str, e: impl std::fmt::Display) -> DeviceError {
@@ -353,33 +407,54 @@ impl BlkZoned {
         let file = dev.file();
         let zone_sectors = ioctl_u32(file, BLKGETZONESZ).map_err(open_failed)?;
         let nr_zones = ioctl_u32(file, BLKGETNRZONES).map_err(open_failed)?;
-        if zone_sectors == 0 || nr_zones == 0 {
+        let ctl = KernelZones {
+            file: file.try_clone().map_err(open_failed)?,
+        };
+        let q = queue_dir(rdev);
+        let limit = |name| -> Result<u32, DeviceError> {
+            let v = queue_u64(&q, name).map_err(open_failed)?;
+            Ok(u32::try_from(v).unwrap_or(u32::MAX))
+        };
+        let limits = Limits {
+            zone_sectors,
+            nr_zones,
+            max_open: limit("max_open_zones")?,
+            max_active: limit("max_active_zones")?,
+            // The largest request the queue takes whole, so no write of a zone is split.
+            max_io_bytes: match queue_u64(&q, "max_sectors_kb").map_err(open_failed)? {
+                0 => u32::MAX,
+                kb => u32::try_from(kb * 1024).unwrap_or(u32::MAX),
+            },
+        };
+        BlkZoned::assemble(Box::new(dev), Box::new(ctl), path, &limits)
+    }
+
+    /// Puts the device together from its data path, its zone control and what the
+    /// kernel said of it, reading every zone.
+    pub(crate) fn assemble(
+        dev: Box<dyn BlockDevice + Send>,
+        ctl: Box<dyn ZoneControl>,
+        path: &Path,
+        limits: &Limits,
+    ) -> Result<BlkZoned, DeviceError> {
+        let open_failed = |source| DeviceError::OpenFailed {
+            path: path.display().to_string(),
+            source,
+        };
+        if limits.zone_sectors == 0 || limits.nr_zones == 0 {
             return Err(setup_error(
                 path,
                 "zone geometry",
                 "the kernel reports no zones",
             ));
         }
-        let zone_size = u64::from(zone_sectors) * SECTOR;
-        let all = report_all(file, nr_zones).map_err(open_failed)?;
+        let zone_size = u64::from(limits.zone_sectors) * SECTOR;
+        let all = report_all(ctl.as_ref(), limits.nr_zones).map_err(open_failed)?;
         let layout =
             layout(&all.0, all.1, zone_size).map_err(|e| setup_error(path, "zone layout", e))?;
-        let q = queue_dir(rdev);
-        let limit = |name| -> Result<u32, DeviceError> {
-            let v = queue_u64(&q, name).map_err(open_failed)?;
-            Ok(u32::try_from(v).unwrap_or(u32::MAX))
-        };
-        let max_open = limit("max_open_zones")?;
-        let max_active = limit("max_active_zones")?;
-        // The largest request the queue takes whole, so no write of a zone is split.
-        let max_sectors_kb = queue_u64(&q, "max_sectors_kb").map_err(open_failed)?;
+        let (max_open, max_active) = (limits.max_open, limits.max_active);
         let info = dev.info().clone();
-        let max_io = match max_sectors_kb {
-            0 => info.max_io_bytes,
-            kb => info
-                .max_io_bytes
-                .min(u32::try_from(kb * 1024).unwrap_or(u32::MAX)),
-        };
+        let max_io = info.max_io_bytes.min(limits.max_io_bytes);
         let lbs = info.logical_block_size;
         let geo = ZoneGeometry {
             name: format!("zoned({})", path.display()),
@@ -402,6 +477,7 @@ impl BlkZoned {
         };
         let mut d = BlkZoned {
             dev,
+            ctl,
             path: path.to_path_buf(),
             geo,
             rules,
@@ -434,7 +510,7 @@ impl BlkZoned {
     /// Zones the drive reports open are closed, as after a controller reset, and
     /// zones written up to the capacity Shale uses (a larger zone) are finished, so
     /// they hold no active resource.
-    fn settle(&mut self) -> Result<(), DeviceError> {
+    pub(crate) fn settle(&mut self) -> Result<(), DeviceError> {
         let path = self.path.clone();
         for zone in 0..self.layout.count {
             let z = &self.zones[zone as usize];
@@ -478,7 +554,7 @@ impl BlkZoned {
     /// Reads one zone back from the drive after a failure left it unknown.
     fn resync(&mut self, zone: u32) {
         let sector = self.device_offset(u64::from(zone) * self.layout.zone_size) / SECTOR;
-        let Ok((zs, _)) = report(self.dev.file(), sector, 1) else {
+        let Ok((zs, _)) = self.ctl.report(sector, 1) else {
             return;
         };
         let Some(z) = zs.first() else { return };
@@ -723,13 +799,13 @@ impl BlkZoned {
 }
 
 /// Every zone of the device, in batches.
-fn report_all(file: &File, nr_zones: u32) -> io::Result<(Vec<BlkZone>, bool)> {
+fn report_all(ctl: &dyn ZoneControl, nr_zones: u32) -> io::Result<(Vec<BlkZone>, bool)> {
     let mut all = Vec::with_capacity(nr_zones as usize);
     let mut with_capacity = true;
     let mut sector = 0u64;
     while all.len() < nr_zones as usize {
         let want = (nr_zones as usize - all.len()).min(REPORT_BATCH);
-        let (zones, cap) = report(file, sector, want)?;
+        let (zones, cap) = ctl.report(sector, want)?;
         let Some(last) = zones.last() else { break };
         sector = last.start + last.len;
         with_capacity &= cap;
@@ -858,19 +934,11 @@ impl ZonedDevice for BlkZoned {
             .rules
             .transition(zone, z.state, z.wp, action, self.counts)?;
         self.drain_zone(zone)?;
-        let req = match action {
-            ZoneAction::Open => BLKOPENZONE,
-            ZoneAction::Close => BLKCLOSEZONE,
-            ZoneAction::Finish => BLKFINISHZONE,
-            ZoneAction::Reset => BLKRESETZONE,
-        };
         let start = self.device_offset(u64::from(zone) * self.layout.zone_size);
-        if let Err(source) = ioctl_range(
-            self.dev.file(),
-            req,
-            start / SECTOR,
-            self.layout.zone_size / SECTOR,
-        ) {
+        if let Err(source) =
+            self.ctl
+                .command(action, start / SECTOR, self.layout.zone_size / SECTOR)
+        {
             self.resync(zone);
             return Err(DeviceError::Io {
                 op: IoOpKind::ZoneManagement,
@@ -1063,3 +1131,7 @@ mod tests {
         assert!(is_zoned_block_device(&dir.path().join("missing")).is_err());
     }
 }
+
+#[cfg(test)]
+#[path = "blkzoned_tests.rs"]
+mod drive_tests;
