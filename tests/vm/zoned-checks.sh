@@ -1,6 +1,7 @@
 # The verdict of a zoned scenario (sourced after its guest ran guest/zoned.sh).
 check "the capacity is a zoned drive" "$(field drive zoned)" "host-managed"
 check "format on the zoned drive" "$(grep -c '^GUEST format ok' "$work/guest.log")" "1"
+check "the pool's zones: $ZONES_WHY" "$(field zones zones)" "$ZONES"
 check "fio verify after writing" "$(field 'fio write' rc)/$(field 'fio write' errors)" "0/0"
 cap="$(field written capacity_compaction)"
 if [ "${cap:-0}" -gt 0 ]; then echo "ok   compaction wrote $cap bytes to the zoned drive"; else echo "FAIL nothing reached the zoned drive"; vm_fail=1; fi

@@ -9,4 +9,5 @@ VM_DEVICES=ns1 vm_boot zoned-nullblk 1 2G \
     -device nvme,id=nvme0,serial=shale0 \
     -drive "file=$work/cache.img,id=cache,format=raw,if=none" \
     -device nvme-ns,drive=cache,bus=nvme0,nsid=1,logical_block_size=4096,physical_block_size=4096
+ZONES=31 ZONES_WHY="28 sequential and 3 emulated on the 4 conventional"
 . "$(dirname "$0")/zoned-checks.sh"

@@ -113,9 +113,9 @@ fn open_capacity(
         if shale_device::is_zoned_block_device(p)
             .with_context(|| format!("looking at the capacity device {}", p.display()))?
         {
-            let z = shale_device::BlkZoned::open_as_is(p)
+            let z = shale_device::open_zoned_drive(p, shale_device::DriveOpen::AsIs)
                 .with_context(|| format!("opening the zoned capacity device {}", p.display()))?;
-            zoned.push((Box::new(z), p.display().to_string()));
+            zoned.push((z, p.display().to_string()));
             continue;
         }
         let mut inner = FileDevice::open(p)

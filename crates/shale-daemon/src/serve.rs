@@ -268,12 +268,19 @@ fn capacity_file(
                 reason: "is a zoned block device; a simulated drive (--drive) wraps a file".into(),
             });
         }
-        let dev = shale_device::BlkZoned::open(path).map_err(|error| DaemonError::Device {
-            what: "zoned block device",
-            path: path.to_path_buf(),
-            error,
-        })?;
-        tracing::info!(path = %path.display(), zones = dev.geometry().zone_count,
+        let how = if format {
+            shale_device::DriveOpen::Format
+        } else {
+            shale_device::DriveOpen::Open
+        };
+        let dev =
+            shale_device::open_zoned_drive(path, how).map_err(|error| DaemonError::Device {
+                what: "zoned block device",
+                path: path.to_path_buf(),
+                error,
+            })?;
+        tracing::info!(path = %path.display(), device = %dev.geometry().name,
+            zones = dev.geometry().zone_count,
             zone_mib = dev.geometry().zone_size >> 20,
             capacity_mib = dev.geometry().zone_capacity >> 20,
             max_open = dev.geometry().max_open_zones,
@@ -701,7 +708,7 @@ fn format_steps(
         let (capacity, _, _) = capacity_device(spec, true, pool)?;
         let g = capacity.geometry();
         // A zoned drive keeps its own zones: the engine's format resets them.
-        let detail = if g.name.starts_with("zoned(") {
+        let detail = if g.name.contains("zoned(") {
             format!(
                 "{} zones of {} MiB ({} MiB writable) on a zoned drive",
                 g.zone_count,

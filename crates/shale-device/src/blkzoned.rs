@@ -323,6 +323,54 @@ struct Slot {
     landed_at: Option<u64>,
 }
 
+/// How [`open_zoned_drive`] treats the drive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DriveOpen {
+    /// Formats zone emulation on the conventional zones (the pool's format).
+    Format,
+    /// Opens it all, closing open zones.
+    Open,
+    /// Opens without changing anything on the drive (a check).
+    AsIs,
+}
+
+/// A zoned drive as Shale uses it: its sequential zones ([`BlkZoned`]), after zone
+/// emulation over its conventional zones if it starts with some (an SMR drive,
+/// zoned null_blk): those are written in place, which conventional zones allow,
+/// and hold the emulation's zone table. Emulated zones have the drive's zone size
+/// and capacity; a conventional area too small for one is left unused.
+pub fn open_zoned_drive(
+    path: impl AsRef<Path>,
+    how: DriveOpen,
+) -> Result<Box<dyn ZonedDevice + Send>, DeviceError> {
+    let path = path.as_ref();
+    let seq = match how {
+        DriveOpen::AsIs => BlkZoned::open_as_is(path)?,
+        DriveOpen::Format | DriveOpen::Open => BlkZoned::open(path)?,
+    };
+    let (_, conv_bytes) = seq.conventional_zones();
+    let g = seq.geometry().clone();
+    let mut cfg = crate::ZoneEmuConfig::new(g.zone_size);
+    cfg.zone_capacity = g.zone_capacity;
+    if cfg.device_bytes_for(1).is_none_or(|need| need > conv_bytes) {
+        return Ok(Box::new(seq));
+    }
+    let file = FileDevice::open_with(
+        path,
+        &FileOptions {
+            direct: crate::DirectIo::Require,
+            ..FileOptions::default()
+        },
+    )?;
+    let conv = crate::Window::new(file, 0, conv_bytes)?.without_discard();
+    let mut emu = match how {
+        DriveOpen::Format => crate::ZoneEmu::format(conv, &cfg)?,
+        DriveOpen::Open | DriveOpen::AsIs => crate::ZoneEmu::open(conv)?,
+    };
+    emu.set_discard_on_reset(false);
+    Ok(Box::new(crate::ZonedConcat::new(emu, seq)?))
+}
+
 /// What the kernel says of a zoned device besides its zones.
 #[derive(Debug, Clone)]
 pub(crate) struct Limits {
@@ -523,6 +571,14 @@ impl BlkZoned {
             }
         }
         Ok(())
+    }
+
+    /// Conventional zones before the first zone used, and their bytes.
+    pub fn conventional_zones(&self) -> (u32, u64) {
+        (
+            self.layout.first,
+            u64::from(self.layout.first) * self.layout.zone_size,
+        )
     }
 
     /// The device path this was opened from.

@@ -23,6 +23,7 @@ mod blkzoned;
 mod block;
 mod buf;
 mod check;
+mod concat;
 mod engine_psync;
 mod engine_uring;
 mod error;
@@ -33,14 +34,16 @@ mod mem;
 mod null;
 mod sparse;
 mod stats;
+mod window;
 mod zone_emu;
 mod zone_meta;
 mod zone_rules;
 mod zoned;
 
-pub use blkzoned::{is_zoned_block_device, BlkZoned};
+pub use blkzoned::{is_zoned_block_device, open_zoned_drive, BlkZoned, DriveOpen};
 pub use block::{BlockDevice, DeviceInfo, IoCompletion, IoOp, IoRequest, MAINTAIN_IDLE};
 pub use buf::IoBuf;
+pub use concat::ZonedConcat;
 pub use error::{DeviceError, IoOpKind, ZoneError};
 pub use fault::{
     CrashError, CrashMode, CrashReport, ErrorRule, FaultController, FaultCounters, FaultDevice,
@@ -51,6 +54,7 @@ pub use mem::{MemDevice, MEM_MAX_IO_BYTES, MEM_QUEUE_DEPTH};
 pub use null::NullDevice;
 pub use sparse::{SparseImage, SPARSE_PAGE_BYTES};
 pub use stats::{DeviceStats, StatsDevice, StatsHandle};
+pub use window::Window;
 pub use zone_emu::{MetaProblem, ZoneEmu, ZoneEmuConfig, ZoneFault};
 pub use zoned::{
     ZoneAction, ZoneCompletion, ZoneGeometry, ZoneInfo, ZoneOp, ZoneRequest, ZoneState, ZonedDevice,

@@ -47,6 +47,7 @@ stat_of() { $SHALE stats --json --data-dir $d | tr ',{}' '\n\n\n' | grep "\"$1\"
 mkdir -p $d
 $SHALE format --data-dir $d --cache "$CACHE" --capacity "$CAP" --chunk-size 4MiB \
     > $d/format.log 2>&1 && echo "GUEST format ok" || { echo "GUEST format failed"; tail -5 $d/format.log | sed 's/^/GUEST format.log /'; }
+echo "GUEST zones $(grep -o 'detail=[0-9]* zones' $d/format.log | grep -o '[0-9]*')"
 serve 1 || exit 0
 fio_job write 11 --do_verify=1 --end_fsync=1
 echo "GUEST written capacity_compaction $(stat_of capacity_compaction_written)"
