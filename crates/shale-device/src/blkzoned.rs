@@ -24,9 +24,10 @@
 //!   they have all completed.
 //!
 //! Conventional zones (a host-managed SMR drive or zoned null_blk may start with
-//! some) are not used: the zones Shale sees are the sequential ones, renumbered
-//! from 0. Zones whose capacity exceeds the smallest capacity among them are used
-//! up to that smallest capacity and then finished.
+//! some) are not zones of a `BlkZoned`: its zones are the sequential ones,
+//! renumbered from 0; [`open_zoned_drive`] puts zone emulation over the
+//! conventional ones in front. Zones whose capacity exceeds the smallest capacity
+//! among them are used up to that smallest capacity and then finished.
 //!
 //! At open, zones the drive reports open (a process killed mid-write leaves them
 //! so) are closed, as after a controller reset, which is also what zone emulation
