@@ -197,9 +197,21 @@ pub fn run(args: &[String]) -> Result<(), String> {
 }
 
 fn scenario(name: &'static str, shale: &str) -> Result<Outcome, String> {
-    // Memory, where there is a tmpfs: the drives' images are sparse files.
+    // Memory, where there is a roomy tmpfs: the drives' images are sparse files of
+    // which a scenario fills up to about a GiB.
     let shm = std::path::Path::new("/dev/shm");
-    let base = if shm.is_dir() {
+    let roomy = Command::new("df")
+        .args(["--output=avail", "-B1", "/dev/shm"])
+        .output()
+        .ok()
+        .and_then(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .nth(1)
+                .and_then(|l| l.trim().parse::<u64>().ok())
+        })
+        .is_some_and(|avail| avail >= 4 << 30);
+    let base = if shm.is_dir() && roomy {
         shm.to_path_buf()
     } else {
         std::env::temp_dir()
