@@ -14,6 +14,10 @@ vm_here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 vm_repo="$(cd "$vm_here/../.." && pwd)"
 shale="$(readlink -f "$1")"
 work="$2"
+if [ ! -x "$shale" ]; then
+    echo "FAIL no shale binary at $1"
+    exit 1
+fi
 mkdir -p "$work"
 : > "$work/guest.log"
 vm_fail=0

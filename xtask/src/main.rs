@@ -38,7 +38,7 @@ fn main() -> ExitCode {
         "deps" => deps(),
         "lint" => lint(),
         "test" => test(),
-        "vm-test" => vm_test::run(&args[1..]),
+        "vm-test" => vm_test::run(&args[1..], false),
         "bench-nbd" => bench_nbd::Options::parse(&args[1..]).and_then(|o| {
             run("cargo", &["build", "--release", "-p", "shale-cli"], &[])?;
             bench_nbd::run(&o)
@@ -69,7 +69,7 @@ fn ci() -> Result<(), String> {
     lint()?;
     test()?;
     smoke()?;
-    vm_test::run(&[])?;
+    vm_test::run(&[], true)?;
     eprintln!("xtask ci: all green in {:.0?}", start.elapsed());
     Ok(())
 }

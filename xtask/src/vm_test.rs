@@ -133,7 +133,10 @@ fn newest_kernel_has_ublk() -> bool {
         .unwrap_or(false)
 }
 
-pub fn run(args: &[String]) -> Result<(), String> {
+/// Runs the scenarios named in `args` (all if none). `built`: the test suite has
+/// just built the binary, so it is not built again (with other features unified,
+/// a build of shale-cli alone would compile it anew).
+pub fn run(args: &[String], built: bool) -> Result<(), String> {
     let chosen: Vec<&(&str, &str)> = if args.is_empty() {
         SCENARIOS.iter().collect()
     } else {
@@ -148,21 +151,29 @@ pub fn run(args: &[String]) -> Result<(), String> {
     };
     crate::install(&missing_packages())?;
     ensure_qemu()?;
-    // The test profile's binary: what `cargo xtask ci` has just tested (no rebuild).
-    crate::run(
-        "cargo",
-        &[
-            "build",
-            "--profile",
-            crate::TEST_PROFILE,
-            "-p",
-            "shale-cli",
-            "--features",
-            crate::UBLK_FEATURE,
-        ],
-        &[],
-    )?;
-    let shale = format!("target/{}/shale", crate::TEST_PROFILE);
+    let shale = std::path::PathBuf::from(
+        std::env::var_os("CARGO_TARGET_DIR").unwrap_or_else(|| "target".into()),
+    )
+    .join(crate::TEST_PROFILE)
+    .join("shale");
+    // The test profile's binary with ublk. After `cargo xtask ci`'s test run it is
+    // there, built with the suite's features; alone, it is built here.
+    if !built || !shale.exists() {
+        crate::run(
+            "cargo",
+            &[
+                "build",
+                "--profile",
+                crate::TEST_PROFILE,
+                "-p",
+                "shale-cli",
+                "--features",
+                crate::UBLK_FEATURE,
+            ],
+            &[],
+        )?;
+    }
+    let shale = shale.display().to_string();
     let mut outcomes = Vec::new();
     for (name, what) in chosen {
         eprintln!("xtask vm-test: {name}: {what}");
