@@ -12,7 +12,7 @@
 set -euo pipefail
 vm_here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 vm_repo="$(cd "$vm_here/../.." && pwd)"
-shale="$(readlink -f "$1")"
+shale="$(readlink -f "$1" || true)"
 work="$2"
 if [ ! -x "$shale" ]; then
     echo "FAIL no shale binary at $1"
