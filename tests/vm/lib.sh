@@ -89,7 +89,7 @@ vm_boot() {
         -append "console=ttyS0 panic=-1 quiet shale_scenario=$name shale_phase=$phase shale_repo=$vm_repo shale_bin=$shale shale_devices=${VM_DEVICES:-}" \
         -nographic -no-reboot \
         -virtfs "local,path=/,mount_tag=host,security_model=none,readonly=on" \
-        "$@" 2>&1 | tr -d '\r' | grep -E '^GUEST' | tee -a "$work/guest.log" || true
+        "$@" 2>&1 | stdbuf -oL tr -d '\r' | grep --line-buffered -E '^GUEST' | tee -a "$work/guest.log" || true
     figure "$name phase $phase wall" "$(( $(date +%s) - t0 )) s"
 }
 

@@ -56,3 +56,14 @@ if [ "$phase" = 3 ]; then
     dd if=/dev/vda of=/tmp/d bs=1M skip=8 count=4 iflag=direct 2>/dev/null
     echo "GUEST reconnected old $(md5sum < /tmp/b | cut -c1-32) new $(md5sum < /tmp/c | cut -c1-32) newread $(md5sum < /tmp/d | cut -c1-32)"
 fi
+if [ "$phase" = 4 ]; then
+    # Writes in flight while Shale is killed and restarted under the guest.
+    echo "GUEST loading"
+    $HOST_LD /host/usr/bin/fio --output-format=terse --terse-version=3 --filename=/dev/vda \
+        --ioengine=libaio --direct=1 --verify=crc32c --verify_fatal=1 --serialize_overlap=1 \
+        --name=load --rw=randwrite --bs=4k --size=48m --offset=128m --iodepth=32 \
+        > /tmp/fio.out 2> /tmp/fio.err
+    rc=$?
+    echo "GUEST under-kill rc $rc errors $(grep -c -i -E 'verify|error' /tmp/fio.err)"
+    [ $rc = 0 ] || head -5 /tmp/fio.err | sed 's/^/GUEST fio.err /'
+fi
