@@ -1,8 +1,9 @@
 #!/bin/bash
 # Scenario vhost-user-blk: Shale on the host serves a volume over vhost-user-blk to a
 # guest that sees /dev/vda (see guest/vhost-user-blk.sh for the guest's steps).
-# Between boots Shale is killed with SIGKILL and restarted; last, it is killed and
-# restarted under a running, idle guest, which QEMU reconnects (`reconnect=1`).
+# Between boots Shale is killed with SIGKILL and restarted; then it is killed and
+# restarted under a running, idle guest, which QEMU reconnects (`reconnect=1`), and
+# last under a guest with writes in flight (fio with verify).
 # Usage: vhost-user-blk.sh SHALE_BINARY WORK_DIR
 . "$(dirname "$0")/lib.sh"
 vm_initramfs virtio_blk ext4 crc32c_generic
@@ -22,7 +23,7 @@ start_shale() {
 }
 boot() {
     local chardev="socket,id=c0,path=$sock"
-    [ "$1" = 3 ] && chardev="$chardev,reconnect=1"
+    [ "$1" -ge 3 ] && chardev="$chardev,reconnect=1"
     vm_boot vhost-user-blk "$1" 512M \
         -object memory-backend-memfd,id=mem,size=512M,share=on -numa node,memdev=mem \
         -chardev "$chardev" -device vhost-user-blk-pci,chardev=c0,num-queues=2
@@ -42,6 +43,15 @@ for _ in $(seq 1200); do grep -q '^GUEST idle' "$work/guest.log" && break; sleep
 kill -9 "$spid"; wait "$spid" 2>/dev/null || true
 start_shale 3
 wait "$qpid" || true
+# A guest writing when Shale is killed: QEMU reconnects and the writes in flight go
+# to the new Shale (QEMU hands the unanswered ones out again).
+boot 4 &
+qpid=$!
+for _ in $(seq 1200); do grep -q '^GUEST loading' "$work/guest.log" && break; sleep 0.1; done
+sleep 4
+kill -9 "$spid"; wait "$spid" 2>/dev/null || true
+start_shale 4
+wait "$qpid" || true
 kill -TERM "$spid"; wait "$spid" || true
 
 check "device is 1 GiB, 4 KiB blocks, 2 queues" "$(field 'phase 1' size_sectors)/$(field 'phase 1' lbs)/$(field 'phase 1' queues)" "2097152/4096/2"
@@ -54,5 +64,6 @@ check "files survive a remount" "$(field fs big)$(field fs files)" "$(field remo
 check "files survive kill -9 of Shale" "$(field fs big)$(field fs files)" "$(field after-restart big)$(field after-restart files)"
 check "a running guest reconnects: old data" "$(field before written)" "$(field reconnected old)"
 check "a running guest reconnects: new writes" "$(field reconnected new)" "$(field reconnected newread)"
+check "writes in flight across a kill -9 complete and verify" "$(field under-kill rc)/$(field under-kill errors)" "0/0"
 if [ "${trimmed:-0}" -gt 0 ]; then echo "ok   fstrim reached Shale ($trimmed bytes trimmed)"; else echo "FAIL no trim reached Shale"; vm_fail=1; fi
-vm_checks_done 3
+vm_checks_done 4

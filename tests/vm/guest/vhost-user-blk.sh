@@ -2,7 +2,8 @@
 # Phase 1: raw I/O, discard, ext4 with files, fstrim, a remount. Phase 2 (after
 # Shale was killed with SIGKILL and restarted): the files again. Phase 3: writes,
 # idles while Shale is killed and restarted under it (QEMU reconnects), then writes
-# and reads again.
+# and reads again. Phase 4: fio random writes with verify, during which Shale is
+# killed and restarted.
 phase=$1
 q=/sys/block/vda/queue
 echo "GUEST phase $phase size_sectors $(cat /sys/block/vda/size) lbs $(cat $q/logical_block_size) pbs $(cat $q/physical_block_size) discard_gran $(cat $q/discard_granularity) wz_max $(cat $q/write_zeroes_max_bytes) queues $(ls /sys/block/vda/mq | wc -l) cache $(cat $q/write_cache)"
