@@ -1529,19 +1529,6 @@ impl<Z: ZonedDevice> ZonedDevice for ZoneArray<Z> {
         &self.geo
     }
 
-    fn report_zones(
-        &self,
-        first: u32,
-        count: u32,
-        out: &mut Vec<ZoneInfo>,
-    ) -> Result<(), ZoneError> {
-        let end = first.saturating_add(count).min(self.geo.zone_count);
-        for z in first..end {
-            out.push(self.zone_info(z)?);
-        }
-        Ok(())
-    }
-
     fn zone_info(&self, zone: u32) -> Result<ZoneInfo, ZoneError> {
         let (rows, _, state) = self.zone_rows(zone)?;
         let start = self.geo.zone_start(zone);

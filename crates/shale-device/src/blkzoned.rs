@@ -885,19 +885,6 @@ impl ZonedDevice for BlkZoned {
         &self.geo
     }
 
-    fn report_zones(
-        &self,
-        first: u32,
-        count: u32,
-        out: &mut Vec<ZoneInfo>,
-    ) -> Result<(), ZoneError> {
-        let end = first.saturating_add(count).min(self.layout.count);
-        for zone in first..end {
-            out.push(self.zone_info(zone)?);
-        }
-        Ok(())
-    }
-
     fn zone_info(&self, zone: u32) -> Result<ZoneInfo, ZoneError> {
         let z = self.zone(zone)?;
         let start = u64::from(zone) * self.layout.zone_size;

@@ -221,19 +221,6 @@ impl<A: ZonedDevice, B: ZonedDevice> ZonedDevice for ZonedConcat<A, B> {
         &self.geo
     }
 
-    fn report_zones(
-        &self,
-        first: u32,
-        count: u32,
-        out: &mut Vec<ZoneInfo>,
-    ) -> Result<(), ZoneError> {
-        let end = first.saturating_add(count).min(self.geo.zone_count);
-        for zone in first..end {
-            out.push(self.zone_info(zone)?);
-        }
-        Ok(())
-    }
-
     fn zone_info(&self, zone: u32) -> Result<ZoneInfo, ZoneError> {
         let (side, z) = self.side_of_zone(zone)?;
         let mut info = match side {

@@ -1175,19 +1175,6 @@ impl<D: BlockDevice> ZonedDevice for ZoneEmu<D> {
         &self.geo
     }
 
-    fn report_zones(
-        &self,
-        first: u32,
-        count: u32,
-        out: &mut Vec<ZoneInfo>,
-    ) -> Result<(), ZoneError> {
-        let end = first.saturating_add(count).min(self.meta.zone_count);
-        for zone in first..end {
-            out.push(self.zone_info(zone)?);
-        }
-        Ok(())
-    }
-
     fn zone_info(&self, zone: u32) -> Result<ZoneInfo, ZoneError> {
         let z = self.zone(zone)?;
         let start = self.geo.zone_start(zone);

@@ -112,7 +112,13 @@ pub trait ZonedDevice {
         first: u32,
         count: u32,
         out: &mut Vec<ZoneInfo>,
-    ) -> Result<(), ZoneError>;
+    ) -> Result<(), ZoneError> {
+        let end = first.saturating_add(count).min(self.geometry().zone_count);
+        for zone in first..end {
+            out.push(self.zone_info(zone)?);
+        }
+        Ok(())
+    }
 
     fn zone_info(&self, zone: u32) -> Result<ZoneInfo, ZoneError>;
 
