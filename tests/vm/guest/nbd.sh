@@ -2,35 +2,20 @@
 # guest (cache and capacity on two NVMe namespaces, zone emulation); nbd-client
 # attaches /dev/nbd0 over Shale's unix socket; ext4 on it, files, sync, a
 # remount; Shale killed with SIGKILL and restarted; the files read back.
-d=/tmp/shale
+. "$VM_GUEST/common.sh"
 sock=$d/nbd.sock
-mkdir -p $d /mnt/v
-serve() {
-    $SHALE serve --data-dir $d --cache /dev/ns1 --capacity /dev/ns2 \
-        --unix-socket $sock --log-level info >> $d/serve.log 2>&1 &
-    spid=$!
-    i=0
-    while [ $i -lt 600 ]; do
-        [ "$(grep -c 'serve: ready' $d/serve.log)" -ge "$1" ] && return 0
-        kill -0 $spid 2>/dev/null || break
-        sleep 0.2; i=$((i + 1))
-    done
-    echo "GUEST serve failed"
-    { grep -v '^ ' $d/serve.log | grep -B2 -A2 -m2 panicked || tail -5 $d/serve.log; } | sed 's/^/GUEST serve.log /'
-    return 1
-}
+mkdir -p /mnt/v
 attach() {
     $HOST_LD /host/usr/sbin/nbd-client -N default -u $sock /dev/nbd0 -b 4096 > $d/nbd-client.log 2>&1 \
         || { echo "GUEST nbd-client failed: $(tr '\n' ' ' < $d/nbd-client.log)"; return 1; }
     i=0
     while [ "$(cat /sys/block/nbd0/size)" = 0 ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
 }
-sums() { echo "big $(md5sum < /mnt/v/big | cut -c1-32) files $(cat /mnt/v/f* | md5sum | cut -c1-32) count $(ls /mnt/v | wc -l)"; }
 
 insmod /lib/modules/nbd.ko nbds_max=2 || echo "GUEST nbd module failed"
 $SHALE format --data-dir $d --cache /dev/ns1 --capacity /dev/ns2 --chunk-size 4MiB \
     --zone-size 16MiB > $d/format.log 2>&1 || echo "GUEST format failed: $(tail -2 $d/format.log | tr '\n' ' ')"
-serve 1 || exit 0
+serve 1 --cache /dev/ns1 --capacity /dev/ns2 --unix-socket $sock || exit 0
 attach || exit 0
 echo "GUEST attached size_sectors $(cat /sys/block/nbd0/size) lbs $(cat /sys/block/nbd0/queue/logical_block_size)"
 t0=$(cut -d' ' -f1 /proc/uptime)
@@ -47,7 +32,7 @@ umount /mnt/v && mount -t ext4 /dev/nbd0 /mnt/v && echo "GUEST remount $(sums)"
 umount /mnt/v
 $HOST_LD /host/usr/sbin/nbd-client -d /dev/nbd0 > /dev/null 2>&1
 kill -9 $spid; wait $spid 2>/dev/null
-serve 2 || exit 0
+serve 2 --cache /dev/ns1 --capacity /dev/ns2 --unix-socket $sock || exit 0
 attach || exit 0
 mount -t ext4 /dev/nbd0 /mnt/v && echo "GUEST after-kill $(sums)"
 umount /mnt/v

@@ -2,25 +2,11 @@
 # CAP set: Shale on the zoned drive inside the guest. Formats, writes and verifies
 # with fio through NBD, kills Shale with SIGKILL, recovers (write pointers from the
 # drive) and verifies again, then writes more and verifies after a clean restart.
-d=/tmp/shale
+. "$VM_GUEST/common.sh"
 sock=$d/nbd.sock
 name=$(basename "$(readlink -f "$CAP")")
 q=/sys/block/$name/queue
 echo "GUEST drive $name zoned $(cat $q/zoned) zones $(cat $q/nr_zones) zone_sectors $(cat $q/chunk_sectors) max_open $(cat $q/max_open_zones) max_active $(cat $q/max_active_zones) lbs $(cat $q/logical_block_size)"
-serve() {
-    $SHALE serve --data-dir $d --cache "$CACHE" --capacity "$CAP" --unix-socket $sock \
-        --scrub-speed 64MiB --log-level info >> $d/serve.log 2>&1 &
-    spid=$!
-    i=0
-    while [ $i -lt 600 ]; do
-        [ "$(grep -c 'serve: ready' $d/serve.log)" -ge "$1" ] && return 0
-        kill -0 $spid 2>/dev/null || break
-        sleep 0.2; i=$((i + 1))
-    done
-    echo "GUEST serve failed"
-    { grep -v '^ ' $d/serve.log | grep -B2 -A2 -m2 panicked || tail -5 $d/serve.log; } | sed 's/^/GUEST serve.log /'
-    return 1
-}
 # fio through NBD: 96 MiB in 128 KiB writes, then 8 MiB beyond it in 4 KiB
 # random writes, each block with a crc32c fio verifies. The data follows the
 # seed, so a verify-only run with the seed of the last write checks all of it;
@@ -44,20 +30,22 @@ fio_job() {
 }
 stat_of() { $SHALE stats --json --data-dir $d | tr ',{}' '\n\n\n' | grep "\"$1\"" | head -1 | cut -d: -f2 | tr -d ' '; }
 
-mkdir -p $d
 $SHALE format --data-dir $d --cache "$CACHE" --capacity "$CAP" --chunk-size 4MiB \
     > $d/format.log 2>&1 && echo "GUEST format ok" || { echo "GUEST format failed"; tail -5 $d/format.log | sed 's/^/GUEST format.log /'; }
 echo "GUEST zones $(grep -o 'detail=[0-9]* zones' $d/format.log | grep -o '[0-9]*')"
-serve 1 || exit 0
+serve_zoned() {
+    serve "$1" --cache "$CACHE" --capacity "$CAP" --unix-socket $sock --scrub-speed 64MiB
+}
+serve_zoned 1 || exit 0
 fio_job write 11 --do_verify=1 --end_fsync=1
 echo "GUEST written capacity_compaction $(stat_of capacity_compaction_written)"
 kill -9 $spid; wait $spid 2>/dev/null
-serve 2 || exit 0
+serve_zoned 2 || exit 0
 echo "GUEST recovery $(grep -m1 'dirty recovery' $d/serve.log | grep -o 'wall_ms=[0-9.]*')"
 fio_job after-kill 11 --verify_only=1
 fio_job rewrite 12 --do_verify=1 --end_fsync=1
 kill $spid; wait $spid
-serve 3 || exit 0
+serve_zoned 3 || exit 0
 echo "GUEST clean-open $(grep 'opened after a clean' $d/serve.log | tail -1 | grep -o 'wall_ms=[0-9.]*')"
 fio_job after-restart 12 --verify_only=1
 echo "GUEST scrub mapping_errors $(stat_of scrub_mapping_errors) check"
