@@ -38,6 +38,8 @@ pub const SCENARIOS: &[(&str, &str)] = &[
 /// What the guests need on the host: (program, Debian package).
 const VM_TOOLS: &[(&str, &str)] = &[
     ("cpio", "cpio"),
+    ("xz", "xz-utils"),
+    ("modprobe", "kmod"),
     ("nbd-client", "nbd-client"),
     ("mke2fs", "e2fsprogs"),
     ("fio", "fio"),
