@@ -48,7 +48,7 @@ wait "$qpid" || true
 boot 4 &
 qpid=$!
 for _ in $(seq 1200); do grep -q '^GUEST loading' "$work/guest.log" && break; sleep 0.1; done
-sleep 4
+sleep 3
 kill -9 "$spid"; wait "$spid" 2>/dev/null || true
 start_shale 4
 wait "$qpid" || true

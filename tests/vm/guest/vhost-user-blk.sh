@@ -58,13 +58,18 @@ if [ "$phase" = 3 ]; then
     echo "GUEST reconnected old $(md5sum < /tmp/b | cut -c1-32) new $(md5sum < /tmp/c | cut -c1-32) newread $(md5sum < /tmp/d | cut -c1-32)"
 fi
 if [ "$phase" = 4 ]; then
-    # Writes in flight while Shale is killed and restarted under the guest.
+    # Writes in flight while Shale is killed and restarted under the guest. O_SYNC:
+    # a write completes only once durable (the guest follows it with a flush), so
+    # every write fio saw complete must read back; without it the device's write
+    # cache may lose what was not flushed, as any drive's may.
     echo "GUEST loading"
+    t0=$(cut -d' ' -f1 /proc/uptime)
     $HOST_LD /host/usr/bin/fio --output-format=terse --terse-version=3 --filename=/dev/vda \
-        --ioengine=libaio --direct=1 --verify=crc32c --verify_fatal=1 --serialize_overlap=1 \
-        --name=load --rw=randwrite --bs=4k --size=48m --offset=128m --iodepth=32 \
+        --ioengine=libaio --direct=1 --sync=1 --verify=crc32c --verify_fatal=1 --serialize_overlap=1 \
+        --name=load --rw=randwrite --bs=4k --size=16m --offset=128m --iodepth=32 \
         > /tmp/fio.out 2> /tmp/fio.err
     rc=$?
-    echo "GUEST under-kill rc $rc errors $(grep -c -i -E 'verify|error' /tmp/fio.err)"
+    t1=$(cut -d' ' -f1 /proc/uptime)
+    echo "GUEST under-kill rc $rc errors $(grep -c -i -E 'verify|error' /tmp/fio.err) seconds $(echo "$t0 $t1" | awk '{printf "%.1f", $2 - $1}')"
     [ $rc = 0 ] || head -5 /tmp/fio.err | sed 's/^/GUEST fio.err /'
 fi
