@@ -41,6 +41,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
+use crate::tags::{mark_done, Tags};
 use crate::zone_rules::{is_active, is_open, Counts, Rules};
 use crate::{
     BlockDevice, DeviceError, FileDevice, FileOptions, IoBuf, IoCompletion, IoOp, IoOpKind,
@@ -394,8 +395,7 @@ pub struct BlkZoned {
     layout: Layout,
     zones: Vec<Zone>,
     counts: Counts,
-    slots: Vec<Option<Slot>>,
-    free_slots: Vec<usize>,
+    slots: Tags<Slot>,
     /// Reads and writes in submission order with a done flag.
     order: VecDeque<(u64, bool)>,
     next_seq: u64,
@@ -533,8 +533,7 @@ impl BlkZoned {
             zones: Vec::with_capacity(layout.count as usize),
             layout,
             counts: Counts::default(),
-            slots: Vec::new(),
-            free_slots: Vec::new(),
+            slots: Tags::new(),
             order: VecDeque::new(),
             next_seq: 0,
             flushes: VecDeque::new(),
@@ -700,24 +699,11 @@ impl BlkZoned {
         Ok((zone, at))
     }
 
-    fn alloc_slot(&mut self, slot: Slot) -> u64 {
-        match self.free_slots.pop() {
-            Some(i) => {
-                self.slots[i] = Some(slot);
-                i as u64
-            }
-            None => {
-                self.slots.push(Some(slot));
-                (self.slots.len() - 1) as u64
-            }
-        }
-    }
-
     fn ordered_slot(&mut self, user_tag: u64, kind: SlotKind, landed_at: Option<u64>) -> u64 {
         let seq = self.next_seq;
         self.next_seq += 1;
         self.order.push_back((seq, false));
-        self.alloc_slot(Slot {
+        self.slots.insert(Slot {
             user_tag,
             seq: Some(seq),
             kind,
@@ -737,14 +723,9 @@ impl BlkZoned {
     }
 
     fn on_completion(&mut self, c: IoCompletion) {
-        let idx = c.tag as usize;
-        let Some(slot) = self.slots.get_mut(idx).and_then(Option::take) else {
+        let Some(slot) = self.slots.take(c.tag) else {
             panic!("zoned device: the kernel completed unknown tag {}", c.tag);
         };
-        self.free_slots.push(idx);
-        if let Some(seq) = slot.seq {
-            mark_done(&mut self.order, seq);
-        }
         if let SlotKind::Write { zone } = slot.kind {
             let failed = c.result.is_err();
             let z = &mut self.zones[zone as usize];
@@ -758,15 +739,17 @@ impl BlkZoned {
                         IoOp::Write { buf, .. } => Some(buf),
                         _ => None,
                     };
-                    self.complete_slot(
-                        req.tag,
-                        buf,
-                        Err(ZoneError::Device(DeviceError::Io {
-                            op: IoOpKind::Write,
-                            offset: 0,
-                            source: io::Error::other("an earlier write of the zone failed"),
-                        })),
-                    );
+                    if let Some(behind) = self.slots.take(req.tag) {
+                        self.finish(
+                            behind,
+                            buf,
+                            Err(ZoneError::Device(DeviceError::Io {
+                                op: IoOpKind::Write,
+                                offset: 0,
+                                source: io::Error::other("an earlier write of the zone failed"),
+                            })),
+                        );
+                    }
                 }
                 self.resync(zone);
             } else if let Some(next) = z.queued.pop_front() {
@@ -774,29 +757,12 @@ impl BlkZoned {
                 self.dev.submit(next);
             }
         }
-        let result = match c.result {
-            Ok(()) => Ok(slot.landed_at),
-            Err(e) => Err(ZoneError::Device(e)),
-        };
-        self.done.push_back(ZoneCompletion {
-            tag: slot.user_tag,
-            buf: c.buf,
-            result,
-        });
+        let result = c.result.map(|()| slot.landed_at).map_err(ZoneError::Device);
+        self.finish(slot, c.buf, result);
     }
 
-    /// Completes a queued request that never reached the kernel.
-    fn complete_slot(
-        &mut self,
-        tag: u64,
-        buf: Option<IoBuf>,
-        result: Result<Option<u64>, ZoneError>,
-    ) {
-        let idx = tag as usize;
-        let Some(slot) = self.slots.get_mut(idx).and_then(Option::take) else {
-            return;
-        };
-        self.free_slots.push(idx);
+    /// Hands a request's outcome to the caller's next poll.
+    fn finish(&mut self, slot: Slot, buf: Option<IoBuf>, result: Result<Option<u64>, ZoneError>) {
         if let Some(seq) = slot.seq {
             mark_done(&mut self.order, seq);
         }
@@ -825,7 +791,7 @@ impl BlkZoned {
                 break;
             }
             self.flushes.pop_front();
-            let t = self.alloc_slot(Slot {
+            let t = self.slots.insert(Slot {
                 user_tag: tag,
                 seq: None,
                 kind: SlotKind::Flush,
@@ -869,15 +835,6 @@ fn report_all(ctl: &dyn ZoneControl, nr_zones: u32) -> io::Result<(Vec<BlkZone>,
         all.extend(zones);
     }
     Ok((all, with_capacity))
-}
-
-fn mark_done(q: &mut VecDeque<(u64, bool)>, key: u64) {
-    if let Some(e) = q.iter_mut().find(|e| e.0 == key) {
-        e.1 = true;
-    }
-    while q.front().is_some_and(|e| e.1) {
-        q.pop_front();
-    }
 }
 
 impl ZonedDevice for BlkZoned {

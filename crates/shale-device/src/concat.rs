@@ -3,6 +3,7 @@
 //! those (its metadata may be rewritten in place there) followed by the drive's
 //! sequential zones.
 
+use crate::tags::Tags;
 use crate::{
     DeviceError, IoOpKind, ZoneAction, ZoneCompletion, ZoneError, ZoneGeometry, ZoneInfo, ZoneOp,
     ZoneRequest, ZonedDevice,
@@ -34,8 +35,7 @@ pub struct ZonedConcat<A: ZonedDevice, B: ZonedDevice> {
     geo: ZoneGeometry,
     /// Zones of `first`.
     split: u32,
-    slots: Vec<Option<Slot>>,
-    free: Vec<usize>,
+    slots: Tags<Slot>,
     user_in_flight: usize,
     scratch: Vec<ZoneCompletion>,
 }
@@ -83,8 +83,7 @@ impl<A: ZonedDevice, B: ZonedDevice> ZonedConcat<A, B> {
             second,
             geo,
             split,
-            slots: Vec::new(),
-            free: Vec::new(),
+            slots: Tags::new(),
             user_in_flight: 0,
             scratch: Vec::new(),
         })
@@ -140,19 +139,6 @@ impl<A: ZonedDevice, B: ZonedDevice> ZonedConcat<A, B> {
         }
     }
 
-    fn alloc(&mut self, slot: Slot) -> u64 {
-        match self.free.pop() {
-            Some(i) => {
-                self.slots[i] = Some(slot);
-                i as u64
-            }
-            None => {
-                self.slots.push(Some(slot));
-                (self.slots.len() - 1) as u64
-            }
-        }
-    }
-
     fn send(&mut self, side: Side, tag: u64, op: ZoneOp) {
         let req = ZoneRequest { tag, op };
         match side {
@@ -169,42 +155,35 @@ impl<A: ZonedDevice, B: ZonedDevice> ZonedConcat<A, B> {
         out: &mut Vec<ZoneCompletion>,
     ) {
         let base = self.base(side);
-        for c in inner.drain(..) {
-            let idx = c.tag as usize;
-            match self.slots.get_mut(idx).and_then(Option::take) {
-                Some(Slot::One { user_tag }) => {
-                    self.free.push(idx);
+        for ZoneCompletion { tag, buf, result } in inner.drain(..) {
+            if let Some(Slot::Flush { left, error, .. }) = self.slots.get_mut(tag) {
+                if let Err(e) = result {
+                    error.get_or_insert(e);
+                }
+                *left -= 1;
+                if *left > 0 {
+                    continue;
+                }
+                if let Some(Slot::Flush {
+                    user_tag, error, ..
+                }) = self.slots.take(tag)
+                {
                     out.push(ZoneCompletion {
                         tag: user_tag,
-                        buf: c.buf,
-                        result: c.result.map(|at| at.map(|a| a + base)),
+                        buf: None,
+                        result: error.map_or(Ok(None), Err),
                     });
                 }
-                Some(Slot::Flush {
-                    user_tag,
-                    left,
-                    mut error,
-                }) => {
-                    if let Err(e) = c.result {
-                        error.get_or_insert(e);
-                    }
-                    if left > 1 {
-                        self.slots[idx] = Some(Slot::Flush {
-                            user_tag,
-                            left: left - 1,
-                            error,
-                        });
-                    } else {
-                        self.free.push(idx);
-                        out.push(ZoneCompletion {
-                            tag: user_tag,
-                            buf: None,
-                            result: error.map_or(Ok(None), Err),
-                        });
-                    }
-                }
-                None => panic!("zoned concat: a member completed unknown tag {}", c.tag),
+                continue;
             }
+            let Some(Slot::One { user_tag }) = self.slots.take(tag) else {
+                panic!("zoned concat: a member completed unknown tag {tag}");
+            };
+            out.push(ZoneCompletion {
+                tag: user_tag,
+                buf,
+                result: result.map(|at| at.map(|a| a + base)),
+            });
         }
     }
 
@@ -250,7 +229,7 @@ impl<A: ZonedDevice, B: ZonedDevice> ZonedDevice for ZonedConcat<A, B> {
             ZoneOp::Read { offset, buf } => {
                 match self.side_of(IoOpKind::Read, offset, buf.len() as u64) {
                     Ok((side, off)) => {
-                        let t = self.alloc(Slot::One { user_tag });
+                        let t = self.slots.insert(Slot::One { user_tag });
                         self.send(side, t, ZoneOp::Read { offset: off, buf });
                     }
                     Err(e) => fail(self, Some(buf), e),
@@ -259,7 +238,7 @@ impl<A: ZonedDevice, B: ZonedDevice> ZonedDevice for ZonedConcat<A, B> {
             ZoneOp::Write { offset, buf, fua } => {
                 match self.side_of(IoOpKind::Write, offset, buf.len() as u64) {
                     Ok((side, off)) => {
-                        let t = self.alloc(Slot::One { user_tag });
+                        let t = self.slots.insert(Slot::One { user_tag });
                         self.send(
                             side,
                             t,
@@ -275,13 +254,13 @@ impl<A: ZonedDevice, B: ZonedDevice> ZonedDevice for ZonedConcat<A, B> {
             }
             ZoneOp::Append { zone, buf, fua } => match self.side_of_zone(zone) {
                 Ok((side, z)) => {
-                    let t = self.alloc(Slot::One { user_tag });
+                    let t = self.slots.insert(Slot::One { user_tag });
                     self.send(side, t, ZoneOp::Append { zone: z, buf, fua });
                 }
                 Err(e) => fail(self, Some(buf), e),
             },
             ZoneOp::Flush => {
-                let t = self.alloc(Slot::Flush {
+                let t = self.slots.insert(Slot::Flush {
                     user_tag,
                     left: 2,
                     error: None,

@@ -34,6 +34,7 @@ mod mem;
 mod null;
 mod sparse;
 mod stats;
+mod tags;
 mod window;
 mod zone_emu;
 mod zone_meta;

@@ -36,6 +36,7 @@
 
 use std::collections::VecDeque;
 
+use crate::tags::{mark_done, Tags};
 use crate::zone_meta::{
     block_zones, data_offset_for, decode_geometry, decode_table, decode_table_block,
     encode_geometry, encode_table, encode_table_block, table_blocks, table_slot_bytes,
@@ -184,8 +185,7 @@ pub struct ZoneEmu<D: BlockDevice> {
     /// Discards in flight, so waiting for all of them need not scan every zone.
     discards_in_flight: usize,
     /// Inner requests in flight, indexed by the internal tag.
-    slots: Vec<Option<InnerSlot>>,
-    free_slots: Vec<usize>,
+    slots: Tags<InnerSlot>,
     /// Every inner request in submission order, with a done flag, so a flush can
     /// wait for exactly the requests submitted before it.
     order: VecDeque<(u64, bool)>,
@@ -531,8 +531,7 @@ impl<D: BlockDevice> ZoneEmu<D> {
             touched: Vec::new(),
             touched_flag,
             discards_in_flight: 0,
-            slots: Vec::new(),
-            free_slots: Vec::new(),
+            slots: Tags::new(),
             order: VecDeque::new(),
             next_seq: 0,
             flushes: VecDeque::new(),
@@ -910,19 +909,6 @@ impl<D: BlockDevice> ZoneEmu<D> {
         r
     }
 
-    fn alloc_slot(&mut self, slot: InnerSlot) -> u64 {
-        match self.free_slots.pop() {
-            Some(i) => {
-                self.slots[i] = Some(slot);
-                i as u64
-            }
-            None => {
-                self.slots.push(Some(slot));
-                (self.slots.len() - 1) as u64
-            }
-        }
-    }
-
     fn submit_inner(&mut self, user_tag: u64, kind: InnerKind, landed_at: Option<u64>, op: IoOp) {
         let seq = self.next_seq;
         self.next_seq += 1;
@@ -942,7 +928,7 @@ impl<D: BlockDevice> ZoneEmu<D> {
             }
             InnerKind::Read => {}
         }
-        let tag = self.alloc_slot(InnerSlot {
+        let tag = self.slots.insert(InnerSlot {
             user_tag,
             seq,
             kind,
@@ -955,8 +941,7 @@ impl<D: BlockDevice> ZoneEmu<D> {
     }
 
     fn on_inner_completion(&mut self, c: IoCompletion) {
-        let idx = c.tag as usize;
-        let Some(slot) = self.slots.get_mut(idx).and_then(Option::take) else {
+        let Some(slot) = self.slots.take(c.tag) else {
             // Only this wrapper submits to the inner device asynchronously, so an
             // unknown tag is a bug in the inner device.
             panic!(
@@ -964,7 +949,6 @@ impl<D: BlockDevice> ZoneEmu<D> {
                 c.tag
             );
         };
-        self.free_slots.push(idx);
         mark_done(&mut self.order, slot.seq);
         match slot.kind {
             InnerKind::Write { zone, rel } => {
@@ -1155,19 +1139,6 @@ fn newest_blocks(
         }
     }
     complete.then_some((generation, entries, newest_copy))
-}
-
-/// Marks the entry with key `key` done in a queue sorted by key, then pops the
-/// done prefix.
-fn mark_done(q: &mut VecDeque<(u64, bool)>, key: u64) {
-    let i = q.partition_point(|&(k, _)| k < key);
-    match q.get_mut(i) {
-        Some(e) if e.0 == key => e.1 = true,
-        _ => panic!("zone emulation: completion for untracked request {key}"),
-    }
-    while q.front().is_some_and(|&(_, done)| done) {
-        q.pop_front();
-    }
 }
 
 impl<D: BlockDevice> ZonedDevice for ZoneEmu<D> {
