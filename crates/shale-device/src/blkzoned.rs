@@ -642,20 +642,6 @@ impl BlkZoned {
         self.counts.moved(old, state);
     }
 
-    fn check_io_size(&self, op: IoOpKind, offset: u64, len: u64) -> Result<(), ZoneError> {
-        let max = u64::from(self.geo.max_io_bytes);
-        if len > max {
-            return Err(DeviceError::TooLarge {
-                op,
-                offset,
-                len,
-                max,
-            }
-            .into());
-        }
-        Ok(())
-    }
-
     fn check_read(&self, offset: u64, len: u64) -> Result<(), ZoneError> {
         let zone = self.rules.range(IoOpKind::Read, offset, len)?;
         let z = &self.zones[zone as usize];
@@ -862,7 +848,7 @@ impl ZonedDevice for BlkZoned {
                 let len = buf.len() as u64;
                 if let Err(e) = self
                     .check_read(offset, len)
-                    .and_then(|()| self.check_io_size(IoOpKind::Read, offset, len))
+                    .and_then(|()| self.geo.check_io_size(IoOpKind::Read, offset, len))
                 {
                     return self.fail(tag, Some(buf), e);
                 }
@@ -979,6 +965,7 @@ impl BlkZoned {
             IoOpKind::Append
         };
         let checked = self
+            .geo
             .check_io_size(op, offset.unwrap_or(0), len)
             .and_then(|()| self.accept_write(op, offset, zone, len));
         match checked {

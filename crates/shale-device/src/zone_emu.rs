@@ -726,24 +726,10 @@ impl<D: BlockDevice> ZoneEmu<D> {
             (None, None) => unreachable!("a write names an offset or a zone"),
         };
         if async_io {
-            self.check_io_size(op, offset.unwrap_or(self.geo.zone_start(zone)), len)?;
+            self.geo
+                .check_io_size(op, offset.unwrap_or(self.geo.zone_start(zone)), len)?;
         }
         Ok(zone)
-    }
-
-    /// The inner device's largest single I/O bounds asynchronous requests.
-    fn check_io_size(&self, op: IoOpKind, offset: u64, len: u64) -> Result<(), ZoneError> {
-        let max = u64::from(self.geo.max_io_bytes);
-        if len > max {
-            return Err(DeviceError::TooLarge {
-                op,
-                offset,
-                len,
-                max,
-            }
-            .into());
-        }
-        Ok(())
     }
 
     fn table_entries(&self) -> impl ExactSizeIterator<Item = TableEntry> + '_ {
@@ -1167,7 +1153,7 @@ impl<D: BlockDevice> ZonedDevice for ZoneEmu<D> {
                 let len = buf.len() as u64;
                 if let Err(e) = self
                     .check_read(offset, len)
-                    .and_then(|()| self.check_io_size(IoOpKind::Read, offset, len))
+                    .and_then(|()| self.geo.check_io_size(IoOpKind::Read, offset, len))
                 {
                     return self.fail(tag, Some(buf), e);
                 }

@@ -30,6 +30,26 @@ impl ZoneGeometry {
     pub fn zone_start(&self, zone: u32) -> u64 {
         u64::from(zone) * self.zone_size
     }
+
+    /// An asynchronous request no larger than the device's largest I/O.
+    pub(crate) fn check_io_size(
+        &self,
+        op: crate::IoOpKind,
+        offset: u64,
+        len: u64,
+    ) -> Result<(), ZoneError> {
+        let max = u64::from(self.max_io_bytes);
+        if len > max {
+            return Err(DeviceError::TooLarge {
+                op,
+                offset,
+                len,
+                max,
+            }
+            .into());
+        }
+        Ok(())
+    }
 }
 
 /// ZNS zone states (NVMe ZNS 1.0, Figure 7).
