@@ -11,14 +11,24 @@
 //! guest (EVENT_IDX-aware). So the rings are only touched from their own thread
 //! and the target never waits on the guest.
 //!
+//! Chains go to the used ring in the order they were popped, whatever order
+//! the target finishes them in: a finished chain waits for the ones before it.
+//! That keeps the used index exact for a restart. When Shale dies, QEMU rewinds
+//! each queue to its used index and hands out again what lies beyond it; with
+//! out-of-order completions a request finished late would be handed out twice
+//! and one still in flight would be lost, hanging the guest's I/O. The cost is
+//! head-of-line waiting behind a slow request of the same queue.
+//!
 //! Invariants:
-//! - A popped chain is returned to the used ring exactly once, unless its
-//!   queue's epoch moved on (device reset, a ring stop that timed out): then
-//!   the outcome is dropped, because the ring belongs to a new driver state.
+//! - A popped chain is returned to the used ring exactly once, and after
+//!   every chain popped before it, unless its queue's epoch moved on (device
+//!   reset, a ring stop that timed out): then the outcome is dropped, because
+//!   the ring belongs to a new driver state.
 //! - `inflight` counts chains popped and not yet retired; popping pauses at
 //!   `queue_inflight_max` / `queue_inflight_bytes_max` and resumes on completion.
 //! - Lock order: `QueueCtx::ring`, then the vring's own lock.
 
+use std::collections::VecDeque;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -102,6 +112,8 @@ impl Outstanding {
 struct Token {
     head: u16,
     epoch: u64,
+    /// Position in the epoch's pop order.
+    seq: u64,
     status: GuestAddress,
     /// Data bytes held (for the in-flight bound).
     bytes: u64,
@@ -121,6 +133,67 @@ struct Inflight {
     bytes: u64,
 }
 
+/// A queue's side of its ring: the epoch, and chains finished out of order
+/// waiting for the ones popped before them.
+#[derive(Debug, Default)]
+struct Ring {
+    epoch: u64,
+    /// Sequence number of the next chain popped in this epoch.
+    popped: u64,
+    /// Sequence number of the next chain to go to the used ring.
+    published: u64,
+    /// `(head, used_len)` of chains `published..`, `None` while unfinished.
+    waiting: VecDeque<Option<(u16, u32)>>,
+}
+
+impl Ring {
+    fn pop(&mut self) -> u64 {
+        self.popped += 1;
+        self.popped - 1
+    }
+
+    fn finished(&mut self, seq: u64, head: u16, used_len: u32) {
+        let Some(at) = seq
+            .checked_sub(self.published)
+            .filter(|_| seq < self.popped)
+        else {
+            debug!(seq, head, "finished a chain the ring does not know");
+            return;
+        };
+        let at = at as usize;
+        if self.waiting.len() <= at {
+            self.waiting.resize(at + 1, None);
+        }
+        self.waiting[at] = Some((head, used_len));
+    }
+
+    /// Hands `to` every finished chain whose predecessors have all gone, in
+    /// pop order; true if there was any.
+    fn release(&mut self, mut to: impl FnMut(u16, u32)) -> bool {
+        let mut any = false;
+        while let Some(Some((head, used_len))) = self.waiting.front().copied() {
+            self.waiting.pop_front();
+            self.published += 1;
+            to(head, used_len);
+            any = true;
+        }
+        any
+    }
+
+    /// Adds to the used ring what [`Ring::release`] lets go.
+    fn publish(&mut self, queue: u16, state: &mut VringState<GuestMem>) -> bool {
+        self.release(|head, used_len| add_used(queue, state, head, used_len))
+    }
+
+    /// A new epoch: what is in flight will be dropped when it finishes.
+    fn abandon(&mut self) {
+        *self = Ring {
+            epoch: self.epoch + 1,
+            ..Ring::default()
+        };
+    }
+}
+
 /// One virtqueue's state beside the library's vring.
 #[derive(Debug)]
 pub(crate) struct QueueCtx {
@@ -129,9 +202,10 @@ pub(crate) struct QueueCtx {
     rx: Receiver<Done>,
     /// Written by target callbacks; read on the queue's thread.
     wake: EventFd,
-    /// The epoch: outcomes of chains popped in an older one are dropped. Held
-    /// while popping and while adding to the used ring.
-    ring: Mutex<u64>,
+    /// The epoch (outcomes of chains popped in an older one are dropped) and
+    /// the publication order. Held while popping and while adding to the used
+    /// ring.
+    ring: Mutex<Ring>,
     inflight: Mutex<Inflight>,
     drained: Condvar,
     /// Popping paused at the in-flight bound; a completion resumes it.
@@ -147,14 +221,14 @@ impl QueueCtx {
             tx,
             rx,
             wake: EventFd::new(EFD_NONBLOCK)?,
-            ring: Mutex::new(0),
+            ring: Mutex::new(Ring::default()),
             inflight: Mutex::new(Inflight::default()),
             drained: Condvar::new(),
             starved: AtomicBool::new(false),
         })
     }
 
-    fn ring(&self) -> MutexGuard<'_, u64> {
+    fn ring(&self) -> MutexGuard<'_, Ring> {
         self.ring.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -206,7 +280,7 @@ impl QueueCtx {
 
     /// Moves to a new epoch: outcomes of what is in flight will be dropped.
     fn abandon_inflight(&self) {
-        *self.ring() += 1;
+        self.ring().abandon();
     }
 }
 
@@ -349,7 +423,7 @@ impl BlkBackend {
             let mut submits = Vec::new();
             let mut more = false;
             {
-                let epoch = q.ring();
+                let mut ring = q.ring();
                 if self.closed.load(Ordering::Acquire) {
                     return;
                 }
@@ -362,7 +436,6 @@ impl BlkBackend {
                         debug!(queue = q.index, "disable_notification: {e}");
                     }
                 }
-                let mut used = false;
                 loop {
                     if q.at_limit(&self.options) {
                         q.starved.store(true, Ordering::Release);
@@ -373,8 +446,9 @@ impl BlkBackend {
                         break;
                     };
                     let head = chain.head_index();
+                    let seq = ring.pop();
                     let prepared = match request::parse(head, chain, &*mem, &limits) {
-                        Ok(req) => self.prepare(req, &mem, *epoch),
+                        Ok(req) => self.prepare(req, &mem, ring.epoch, seq),
                         Err(rej) => {
                             debug!(queue = q.index, head, "refused: {}", rej.error);
                             let written =
@@ -393,11 +467,11 @@ impl BlkBackend {
                             submits.push((req, token));
                         }
                         Prepared::Immediate { head, used_len } => {
-                            add_used(q.index, &mut state, head, used_len);
-                            used = true;
+                            ring.finished(seq, head, used_len);
                         }
                     }
                 }
+                let used = ring.publish(q.index, &mut state);
                 if event_idx && !q.starved.load(Ordering::Acquire) {
                     more = state.enable_notification().unwrap_or(false);
                 }
@@ -415,11 +489,12 @@ impl BlkBackend {
     }
 
     /// Turns a parsed request into a target request, or finishes it here.
-    fn prepare(&self, req: Request, mem: &GuestMemoryMmap<()>, epoch: u64) -> Prepared {
+    fn prepare(&self, req: Request, mem: &GuestMemoryMmap<()>, epoch: u64, seq: u64) -> Prepared {
         let Request { head, op, status } = req;
         let token = |bytes, read| Token {
             head,
             epoch,
+            seq,
             status,
             bytes,
             read,
@@ -509,7 +584,7 @@ impl BlkBackend {
     }
 
     /// Finishes every completed request of `q`: data and status into guest
-    /// memory, chains to the used ring, one signal for the batch.
+    /// memory, chains to the used ring in pop order, one signal for the batch.
     fn complete(&self, q: &Arc<QueueCtx>, vring: &VringRwLock<GuestMem>) {
         // Consume the eventfd first: a completion sent after this read writes
         // it again, so none is left behind.
@@ -517,16 +592,15 @@ impl BlkBackend {
         let mem = self.memory().map(|m| m.memory());
         let (mut retired, mut bytes) = (0usize, 0u64);
         {
-            let epoch = q.ring();
+            let mut ring = q.ring();
             let mut state = vring.get_mut();
-            let mut used = false;
             while let Ok(done) = q.rx.try_recv() {
                 retired += 1;
                 bytes += done.token.bytes;
                 let Some(mem) = mem.as_ref() else {
                     continue;
                 };
-                if done.token.epoch != *epoch {
+                if done.token.epoch != ring.epoch {
                     debug!(
                         queue = q.index,
                         head = done.token.head,
@@ -534,12 +608,11 @@ impl BlkBackend {
                     );
                     continue;
                 }
-                let head = done.token.head;
+                let (head, seq) = (done.token.head, done.token.seq);
                 let used_len = finish(mem, done);
-                add_used(q.index, &mut state, head, used_len);
-                used = true;
+                ring.finished(seq, head, used_len);
             }
-            if used {
+            if ring.publish(q.index, &mut state) {
                 notify(q.index, &mut state);
             }
         }
@@ -718,5 +791,56 @@ impl VhostUserBackend for BlkBackend {
         }
         // Errors stay here: an error would end the queue's thread.
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Ring;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Whatever order chains finish in, they leave in the order they were
+        /// popped, each once, and none before all earlier ones finished.
+        #[test]
+        fn chains_leave_in_pop_order(
+            order in (1usize..64).prop_flat_map(|n| Just((0..n as u64).collect::<Vec<_>>()).prop_shuffle()),
+        ) {
+            let mut ring = Ring::default();
+            for _ in 0..order.len() {
+                ring.pop();
+            }
+            let mut out = Vec::new();
+            let mut finished = vec![false; order.len()];
+            for &seq in &order {
+                ring.finished(seq, seq as u16, seq as u32 * 10);
+                finished[seq as usize] = true;
+                let before = out.len();
+                ring.release(|h, l| out.push((h, l)));
+                for &(h, _) in &out[before..] {
+                    prop_assert!(finished[..=usize::from(h)].iter().all(|f| *f));
+                }
+            }
+            let want: Vec<(u16, u32)> = (0..order.len() as u64).map(|s| (s as u16, s as u32 * 10)).collect();
+            prop_assert_eq!(out, want);
+        }
+    }
+
+    #[test]
+    fn a_new_epoch_forgets_what_was_waiting() {
+        let mut ring = Ring::default();
+        let (a, b) = (ring.pop(), ring.pop());
+        ring.finished(b, 7, 1);
+        ring.abandon();
+        assert_eq!(ring.epoch, 1);
+        // Outcomes of the old epoch are not the ring's any more.
+        ring.finished(a, 6, 1);
+        assert!(!ring.release(|_, _| panic!("released a stale chain")));
+        let c = ring.pop();
+        assert_eq!(c, 0);
+        ring.finished(c, 9, 2);
+        let mut out = Vec::new();
+        ring.release(|h, l| out.push((h, l)));
+        assert_eq!(out, vec![(9, 2)]);
     }
 }

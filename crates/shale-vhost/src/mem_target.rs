@@ -30,6 +30,8 @@ pub struct MemTargetStats {
 struct Store {
     bytes: Vec<u8>,
     stats: MemTargetStats,
+    /// Offsets of the writes in the order they were carried out.
+    write_offsets: Vec<u64>,
 }
 
 struct Delayed {
@@ -70,6 +72,7 @@ impl MemTarget {
             store: Arc::new(Mutex::new(Store {
                 bytes: vec![0; size_bytes],
                 stats: MemTargetStats::default(),
+                write_offsets: Vec::new(),
             })),
             read_only: false,
             delays: None,
@@ -118,6 +121,11 @@ impl MemTarget {
 
     pub fn stats(&self) -> MemTargetStats {
         self.lock().stats
+    }
+
+    /// Offsets of the writes carried out, in the order they were.
+    pub fn write_order(&self) -> Vec<u64> {
+        self.lock().write_offsets.clone()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Store> {
@@ -201,6 +209,7 @@ fn execute(store: &Mutex<Store>, req: TargetRequest) -> Result<TargetReply, Targ
             let r = range(total, offset, data.len() as u64)?;
             s.stats.writes += 1;
             s.stats.fua_writes += u64::from(fua);
+            s.write_offsets.push(offset);
             if let Some(dst) = s.bytes.get_mut(r) {
                 dst.copy_from_slice(&data);
             }
