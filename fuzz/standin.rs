@@ -132,10 +132,17 @@ fn mutate(rng: &mut ChaCha8Rng, v: &mut Vec<u8>) {
 
 /// Random inputs (one in four) and mutations of the seeds through every target.
 pub fn random_and_mutated(targets: &[Entry]) {
+    random_and_mutated_share(targets, 1);
+}
+
+/// As [`random_and_mutated`], with a `1/divisor` share of the inputs: for
+/// targets whose inputs cost more (a device opened per input).
+pub fn random_and_mutated_share(targets: &[Entry], divisor: usize) {
     let iters: usize = std::env::var("SHALE_FUZZ_ITERS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(3000);
+        .unwrap_or(3000)
+        / divisor.max(1);
     let seed: u64 = std::env::var("SHALE_FUZZ_SEED")
         .ok()
         .and_then(|v| v.parse().ok())

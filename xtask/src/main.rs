@@ -45,7 +45,7 @@ fn main() -> ExitCode {
         }),
         _ => {
             eprintln!(
-                "usage: cargo xtask <task>\n\n  ci    deps + lint + test + smoke runs (the README's test command)\n  deps  install missing system packages the tests need (apt-get, as root)\n  lint  cargo fmt --check and cargo clippy -D warnings\n  test  the whole test suite\n  vm-test [SCENARIO...]\n        guests under QEMU: vhost-user-blk, zns, zoned-nullblk, nbd (default: all)\n  bench-nbd [--size 4GiB] [--runtime 10] [--repeat 3] [--jobs 4] [--iodepth 32] [--dir D]\n        fio over NBD against shale serve and against qemu-nbd on a plain file"
+                "usage: cargo xtask <task>\n\n  ci    deps + lint + test + smoke runs (the README's test command)\n  deps  install missing system packages the tests need (apt-get, as root)\n  lint  cargo fmt --check and cargo clippy -D warnings\n  test  the whole test suite\n  vm-test [--jobs N] [SCENARIO...]\n        guests under QEMU, N at a time: vhost-user-blk, zns, zoned-nullblk, nbd, ublk (default: all, one at a time)\n  bench-nbd [--size 4GiB] [--runtime 10] [--repeat 3] [--jobs 4] [--iodepth 32] [--dir D]\n        fio over NBD against shale serve and against qemu-nbd on a plain file"
             );
             return if task == "help" {
                 ExitCode::SUCCESS
@@ -69,7 +69,9 @@ fn ci() -> Result<(), String> {
     lint()?;
     test()?;
     smoke()?;
-    vm_test::run(&[], true)?;
+    // Two guests at a time: much of a scenario is waiting (boots, restarts,
+    // a guest idling while Shale is killed), which another guest fills.
+    vm_test::run_scenarios(&[], 2, true)?;
     eprintln!("xtask ci: all green in {:.0?}", start.elapsed());
     Ok(())
 }
@@ -111,6 +113,10 @@ fn has_libclang(path: &str) -> bool {
             .unwrap_or(false)
 }
 
+/// apt-get's environment: no questions, and no initramfs for the kernel package
+/// (the guest scenarios boot it with their own; building one takes a minute).
+const APT_ENV: &[(&str, &str)] = &[("DEBIAN_FRONTEND", "noninteractive"), ("INITRD", "No")];
+
 /// Installs Debian packages with apt-get (as root), or says how to.
 fn install(packages: &[&str]) -> Result<(), String> {
     let mut missing = packages.to_vec();
@@ -131,18 +137,10 @@ fn install(packages: &[&str]) -> Result<(), String> {
         ));
     }
     eprintln!("xtask deps: installing {}", missing.join(" "));
-    run(
-        "apt-get",
-        &["update", "-qq"],
-        &[("DEBIAN_FRONTEND", "noninteractive")],
-    )?;
+    run("apt-get", &["update", "-qq"], crate::APT_ENV)?;
     let mut install = vec!["install", "-y", "-qq", "--no-install-recommends"];
     install.extend(missing.iter().copied());
-    run(
-        "apt-get",
-        &install,
-        &[("DEBIAN_FRONTEND", "noninteractive")],
-    )
+    run("apt-get", &install, crate::APT_ENV)
 }
 
 fn lint() -> Result<(), String> {
@@ -204,29 +202,23 @@ fn smoke() -> Result<(), String> {
         return run("bash", &["fuzz/smoke.sh", "15"], &[]);
     }
     eprintln!("xtask: no nightly cargo-fuzz here; running the stable fuzz stand-in");
-    // Inputs per target: zone emulation opens a device per input, so it gets fewer.
-    for (krate, iters) in [
-        ("shale-nbd", "300000"),
-        ("shale-format", "300000"),
-        ("shale-device", "100000"),
-        ("shale-daemon", "300000"),
-        ("shale-vhost", "300000"),
-    ] {
-        run(
-            "cargo",
-            &[
-                "test",
-                "--profile",
-                TEST_PROFILE,
-                "-p",
-                krate,
-                "--test",
-                "fuzz_corpus",
-            ],
-            &[("SHALE_FUZZ_ITERS", iters)],
-        )?;
-    }
-    Ok(())
+    // Every crate's `fuzz_corpus` in one run, built as the test step built them
+    // (the same features and profile, so nothing is rebuilt). Zone emulation
+    // opens a device per input and takes a third of the inputs.
+    run(
+        "cargo",
+        &[
+            "test",
+            "--workspace",
+            "--features",
+            UBLK_FEATURE,
+            "--profile",
+            TEST_PROFILE,
+            "--test",
+            "fuzz_corpus",
+        ],
+        &[("SHALE_FUZZ_ITERS", "300000")],
+    )
 }
 
 fn run(cmd: &str, args: &[&str], env: &[(&str, &str)]) -> Result<(), String> {

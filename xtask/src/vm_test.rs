@@ -118,7 +118,7 @@ pub fn ensure_qemu() -> Result<(), String> {
             "qemu-system-x86",
             &utils,
         ],
-        &[("DEBIAN_FRONTEND", "noninteractive")],
+        crate::APT_ENV,
     )
 }
 
@@ -135,14 +135,35 @@ fn newest_kernel_has_ublk() -> bool {
         .unwrap_or(false)
 }
 
-/// Runs the scenarios named in `args` (all if none). `built`: the test suite has
-/// just built the binary, so it is not built again (with other features unified,
-/// a build of shale-cli alone would compile it anew).
+/// Runs the scenarios named in `args` (all if none), `--jobs N` at a time
+/// (default 1). `built`: the test suite has just built the binary, so it is not
+/// built again (with other features unified, a build of shale-cli alone would
+/// compile it anew).
 pub fn run(args: &[String], built: bool) -> Result<(), String> {
-    let chosen: Vec<&(&str, &str)> = if args.is_empty() {
+    let mut jobs = 1usize;
+    let mut names = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        if a == "--jobs" {
+            jobs = it
+                .next()
+                .and_then(|v| v.parse().ok())
+                .filter(|&n| n > 0)
+                .ok_or("--jobs takes a number of scenarios to run at once (1 or more)")?;
+        } else {
+            names.push(a.as_str());
+        }
+    }
+    run_scenarios(&names, jobs, built)
+}
+
+/// Runs `names` (all if empty), `jobs` at a time.
+pub fn run_scenarios(names: &[&str], jobs: usize, built: bool) -> Result<(), String> {
+    let chosen: Vec<&(&str, &str)> = if names.is_empty() {
         SCENARIOS.iter().collect()
     } else {
-        args.iter()
+        names
+            .iter()
             .map(|a| {
                 SCENARIOS.iter().find(|(n, _)| n == a).ok_or_else(|| {
                     let names: Vec<&str> = SCENARIOS.iter().map(|(n, _)| *n).collect();
@@ -176,11 +197,34 @@ pub fn run(args: &[String], built: bool) -> Result<(), String> {
         )?;
     }
     let shale = shale.display().to_string();
-    let mut outcomes = Vec::new();
-    for (name, what) in chosen {
-        eprintln!("xtask vm-test: {name}: {what}");
-        outcomes.push(scenario(name, &shale)?);
-    }
+    // A pool of `jobs` runners taking scenarios in order; each guest is its own
+    // QEMU with its own work directory, so they do not meet.
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..jobs.min(chosen.len()) {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some((name, what)) = chosen.get(i) else {
+                    return;
+                };
+                eprintln!("xtask vm-test: {name}: {what}");
+                let r = scenario(name, &shale);
+                results
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .push((i, r));
+            });
+        }
+    });
+    let mut results = results
+        .into_inner()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    results.sort_by_key(|(i, _)| *i);
+    let outcomes = results
+        .into_iter()
+        .map(|(_, r)| r)
+        .collect::<Result<Vec<_>, _>>()?;
     eprintln!("\nxtask vm-test: summary");
     for o in &outcomes {
         eprintln!(

@@ -3,7 +3,7 @@
 //! at a fixed place (superblocks, volume table, checkpoint, journal, capacity label,
 //! zone emulation geometry and table). Each flip must be reported, with a clear line
 //! and a non-zero exit status, never a panic. Every block of every structure is
-//! flipped by the engine's own corruption tests (crates/shale-engine/tests/corruption.rs)
+//! flipped by the engine's own corruption tests (crates/shale-engine/tests/engine/corruption.rs)
 //! against the checker library; this test covers the binary around it.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

@@ -3,12 +3,9 @@
 //! damage and says so when it read the block; reads never return wrong data; and the
 //! offline checker reports something it did not report on the intact image. Never a
 //! panic.
-#![allow(clippy::unwrap_used)]
 
-mod common;
-
-use common::copy_mem;
-use common::rig::{block_of, Model, Rig, BS};
+use crate::common::copy_mem;
+use crate::common::rig::{block_of, Model, Rig, BS};
 use shale_device::{BlockDevice, CrashMode, FaultDevice, MemDevice, ZoneEmu};
 use shale_engine::{check, CheckOptions, Engine, ManualClock, Reply, Request, VolumeUid};
 use shale_format::{
@@ -337,7 +334,7 @@ fn run(dirty: bool) {
                 Dev::Capacity => flip(&mut z, at),
             }
             let opened = ZoneEmu::open(z)
-                .map(|cap| Engine::open(c, cap, ManualClock::new(), common::tiny_config()));
+                .map(|cap| Engine::open(c, cap, ManualClock::new(), crate::common::tiny_config()));
             match opened {
                 Ok(Ok(mut e)) => {
                     let rep = e.open_report().clone();
@@ -352,7 +349,7 @@ fn run(dirty: bool) {
                     let other_copy_intact = t.name.starts_with("md A of a zone")
                         || t.name.starts_with("md B of a zone");
                     for (v, lba) in img.model.touched() {
-                        let r = common::call(
+                        let r = crate::common::call(
                             &mut e,
                             Request::Read {
                                 volume: v,

@@ -1,12 +1,9 @@
 //! The engine over a zoned array: data survives members lost while it runs, at
 //! open, and across a clean restart; more lost than the code survives fails loudly.
-#![allow(clippy::unwrap_used)]
-
-mod common;
 
 use std::collections::HashMap;
 
-use common::{call, create, pattern, read, tiny_config, write};
+use crate::common::{call, create, pattern, read, tiny_config, write};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use shale_array::{

@@ -5,13 +5,10 @@
 //! in-memory model and the self-check must pass after every step.
 //!
 //! A failure prints the shrunk case and the seed; rerun with SHALE_MODEL_SEED=<seed>.
-#![allow(clippy::unwrap_used)]
-
-mod common;
 
 use std::collections::BTreeMap;
 
-use common::*;
+use crate::common::*;
 use proptest::prelude::*;
 use proptest::test_runner::{Config as PtConfig, RngAlgorithm, TestCaseError, TestRng, TestRunner};
 use shale_engine::{Config, Engine, EngineError, ManualClock, Reply, Request, VolumeUid};

@@ -2,12 +2,9 @@
 //! devices behind a power switch, is crashed at the dangerous moments (deterministic
 //! triggers on the writes that matter), reopened, and every block checked against a
 //! model that allows the flushed content, or for unflushed writes old or new.
-#![allow(clippy::unwrap_used)]
 
-mod common;
-
-use common::rig::{after_write, Rig, Side, BS};
-use common::tiny_config;
+use crate::common::rig::{after_write, Rig, Side, BS};
+use crate::common::tiny_config;
 use shale_device::{CrashMode, TearUnit, WriteId};
 use shale_engine::{Config, Lba, OpenEvent, OpenReport, Request, StepReport, Tier, VolumeUid};
 

@@ -1,13 +1,10 @@
 //! The engine over devices that hold completions back (so they arrive late and out of
 //! order) and that fail I/O on request.
-#![allow(clippy::unwrap_used)]
-
-mod common;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use common::{call, pattern, tiny_config};
+use crate::common::{call, pattern, tiny_config};
 use shale_device::{ErrorRule, FaultController, FaultDevice, Latency, ZoneEmu, ZoneEmuConfig};
 use shale_engine::{Engine, EngineError, ManualClock, Reply, Request, VolumeUid};
 

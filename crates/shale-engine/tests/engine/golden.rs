@@ -14,8 +14,7 @@
 //! shuts down and reopens.
 //!
 //! Regenerate (after a deliberate format change, see docs/format.md):
-//! `cargo test --release -p shale-engine --test golden -- --ignored write_golden_images`.
-#![allow(clippy::unwrap_used)]
+//! `cargo test --release -p shale-engine --test engine -- --ignored write_golden_images`.
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};

@@ -1,9 +1,6 @@
 //! Basic data path: write, read, overwrite, trim, write-zeroes, flush, reopen.
-#![allow(clippy::unwrap_used)]
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use shale_engine::{EngineError, Request, VolumeUid};
 
 #[test]

@@ -1,10 +1,7 @@
 //! Budgets, corruption, bad media, foreign devices, unclean stops, other capacity
 //! devices, and the engine thread.
-#![allow(clippy::unwrap_used)]
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use shale_device::{BlockDevice, MemDevice, ZoneEmu, ZoneEmuConfig};
 use shale_engine::{
     Config, ConfigError, Engine, EngineError, EngineThread, FormatDeviceError, Lba, ManualClock,

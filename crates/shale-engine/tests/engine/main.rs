@@ -1,0 +1,15 @@
+//! The engine's integration tests, one binary of one module per subject: the
+//! shared helpers (`common`) and the engine's generic code are built and linked
+//! once, and the subjects' tests share the test threads.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+mod array;
+mod basic;
+mod corruption;
+mod faults;
+mod golden;
+mod model;
+mod recovery;
+mod robustness;
