@@ -6,6 +6,7 @@
 mod daemon_common;
 
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 use daemon_common::*;
 
@@ -476,4 +477,65 @@ fn a_second_daemon_or_format_on_devices_in_use_is_refused() {
     assert!(!out.contains("failed"), "{out}");
     d.stop();
     assert!(!d.log().contains("dirty recovery"), "{}", d.log());
+}
+
+/// `[engine]` in the config file reaches the engine: with compaction asked to keep
+/// 90% of the cache free, 64 MiB written to a 256 MiB cache is moved to the
+/// capacity device; with the default 20% it stays in the cache.
+#[test]
+fn engine_section_of_the_config_file_sets_the_policies() {
+    require("qemu-io", "qemu-utils");
+    let write_64m = |d: &Daemon| {
+        stdout(Command::new("qemu-io").args([
+            "-f",
+            "raw",
+            "-c",
+            "write -P 0x3c 0 64M",
+            "-c",
+            "flush",
+            &d.uri("default"),
+        ]));
+    };
+    let moved = |d: &Daemon| {
+        d.stats()["bytes"]["capacity_compaction_written"]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    let mut plain = Daemon::start();
+    write_64m(&plain);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(moved(&plain), 0, "compaction ran at the default threshold");
+    plain.stop();
+
+    let conf = tempfile::NamedTempFile::new().expect("config file");
+    std::fs::write(
+        conf.path(),
+        "[engine]\ngc_policy = \"cost-benefit\"\ncompaction_free_chunks_pct = 90\n",
+    )
+    .expect("write config");
+    let mut args = vec!["--config".to_string(), conf.path().display().to_string()];
+    args.extend(SMALL_DEVICES.iter().map(|s| s.to_string()));
+    let mut eager = Daemon::start_with(args);
+    assert!(
+        eager.log().contains("gc_policy=CostBenefit")
+            && eager.log().contains("compaction_free_chunks_pct=90"),
+        "{}",
+        eager.log()
+    );
+    write_64m(&eager);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while moved(&eager) < 32 << 20 {
+        assert!(
+            Instant::now() < deadline,
+            "compaction did not run at 90%: {}",
+            eager.stats()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    eager.stop();
+
+    // A bad value is refused at start, by name.
+    std::fs::write(conf.path(), "[engine]\ngc_policy = \"lru\"\n").expect("write config");
+    let err = serve_refused(&["--config", &conf.path().display().to_string()]);
+    assert!(err.contains("gc_policy") || err.contains("lru"), "{err}");
 }

@@ -99,8 +99,113 @@ pub struct Config {
     pub metrics: MetricsConfig,
     pub log: LogConfig,
     pub memory: MemoryConfig,
+    pub engine: EngineKnobs,
     pub vhost: VhostConfig,
     pub ublk: UblkConfig,
+}
+
+/// How the engine chooses GC victims among the capacity zones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum GcPolicy {
+    /// The zone with the fewest valid blocks.
+    Greedy,
+    /// The zone with the best (1 - u) * age / (1 + u): old, mostly invalid zones
+    /// first, so cold data is not moved again and again.
+    CostBenefit,
+}
+
+/// How the engine chooses which cache chunk to compact next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CompactionPolicy {
+    /// The oldest closed chunk: every block gets the longest time in the cache to
+    /// be overwritten.
+    Fifo,
+    /// The chunk with the fewest valid blocks (starves on skewed workloads).
+    FewestValid,
+}
+
+/// The engine's policies and thresholds. Each takes effect at the next start;
+/// `gc_free_zones_min` given at format also sizes the zones held in reserve.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EngineKnobs {
+    pub gc_policy: GcPolicy,
+    pub compaction_policy: CompactionPolicy,
+    /// Compaction runs while fewer than this percentage of the cache's chunks are
+    /// free (1 to 90).
+    pub compaction_free_chunks_pct: u32,
+    /// GC runs while fewer capacity zones than this are free (at least the zones
+    /// the open streams need in reserve, whatever is set here).
+    pub gc_free_zones_min: u32,
+    /// User bytes written between periodic checkpoints (a shorter interval bounds
+    /// the journal replayed after a crash); `auto` is 1/16 of the user capacity.
+    pub checkpoint_interval: Size,
+}
+
+impl Default for EngineKnobs {
+    fn default() -> EngineKnobs {
+        let e = shale_engine::Config::default();
+        EngineKnobs {
+            gc_policy: match e.gc_policy {
+                shale_engine::GcPolicyKind::Greedy => GcPolicy::Greedy,
+                shale_engine::GcPolicyKind::CostBenefit => GcPolicy::CostBenefit,
+            },
+            compaction_policy: match e.compaction_policy {
+                shale_engine::CompactionPolicyKind::FifoOldestClosed => CompactionPolicy::Fifo,
+                shale_engine::CompactionPolicyKind::FewestValid => CompactionPolicy::FewestValid,
+            },
+            compaction_free_chunks_pct: e.compaction_free_chunks_pct,
+            gc_free_zones_min: e.gc_free_zones_min,
+            checkpoint_interval: Size("auto".into()),
+        }
+    }
+}
+
+/// Smallest checkpoint interval: each checkpoint writes the dirty part of the
+/// L2P, so a tiny interval would spend the cache device on checkpoints.
+pub const CHECKPOINT_INTERVAL_MIN: u64 = 16 << 20;
+/// Largest `gc_free_zones_min` taken: beyond it the reserve swallows small pools
+/// and GC never rests on large ones.
+pub const GC_FREE_ZONES_MIN_MAX: u32 = 1024;
+
+impl EngineKnobs {
+    /// Checks the values; `Ok(Some(bytes))` is an explicit checkpoint interval.
+    pub fn validate(&self) -> Result<Option<u64>, ConfigError> {
+        let bad = |field, reason: String| Err(ConfigError::Invalid { field, reason });
+        if !(1..=90).contains(&self.compaction_free_chunks_pct) {
+            return bad(
+                "engine.compaction_free_chunks_pct",
+                format!(
+                    "{} is not between 1 and 90",
+                    self.compaction_free_chunks_pct
+                ),
+            );
+        }
+        if !(1..=GC_FREE_ZONES_MIN_MAX).contains(&self.gc_free_zones_min) {
+            return bad(
+                "engine.gc_free_zones_min",
+                format!(
+                    "{} is not between 1 and {GC_FREE_ZONES_MIN_MAX}",
+                    self.gc_free_zones_min
+                ),
+            );
+        }
+        let interval = self
+            .checkpoint_interval
+            .bytes_or_auto("engine.checkpoint_interval")?;
+        if let Some(b) = interval.filter(|&b| b < CHECKPOINT_INTERVAL_MIN) {
+            return bad(
+                "engine.checkpoint_interval",
+                format!(
+                    "{b} bytes is below the smallest interval, {} MiB",
+                    CHECKPOINT_INTERVAL_MIN >> 20
+                ),
+            );
+        }
+        Ok(interval)
+    }
 }
 
 /// Volumes served as kernel block devices (`/dev/ublkbN`) through ublk.
@@ -387,6 +492,7 @@ impl Default for Config {
             metrics: MetricsConfig::default(),
             log: LogConfig::default(),
             memory: MemoryConfig::default(),
+            engine: EngineKnobs::default(),
             vhost: VhostConfig::default(),
             ublk: UblkConfig::default(),
         }
@@ -631,6 +737,7 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.vhost_exports()?;
         self.ublk_volumes()?;
+        self.engine.validate()?;
         let d = &self.devices;
         for (field, size) in [
             ("devices.cache_size", &d.cache_size),
@@ -1029,6 +1136,85 @@ mod tests {
         fn arbitrary_text_never_panics(text in ".{0,400}") {
             if let Ok(c) = Config::from_toml(&text, Path::new("fuzz.toml")) {
                 let _ = c.validate();
+            }
+        }
+    }
+
+    #[test]
+    fn engine_section_reaches_the_engine_config() {
+        let text = "[engine]\ngc_policy = \"cost-benefit\"\ncompaction_policy = \"fewest-valid\"\n\
+                    compaction_free_chunks_pct = 35\ngc_free_zones_min = 9\n\
+                    checkpoint_interval = \"256MiB\"\n";
+        let c = Config::from_toml(text, Path::new("t.toml")).expect("parses");
+        let e = crate::serve::DeviceSpec::from_config(&c)
+            .expect("valid")
+            .engine_config()
+            .expect("engine config");
+        assert_eq!(e.gc_policy, shale_engine::GcPolicyKind::CostBenefit);
+        assert_eq!(
+            e.compaction_policy,
+            shale_engine::CompactionPolicyKind::FewestValid
+        );
+        assert_eq!(e.compaction_free_chunks_pct, 35);
+        assert_eq!(e.gc_free_zones_min, 9);
+        assert_eq!(e.checkpoint_interval_bytes, Some(256 << 20));
+        // Left out, every knob is the engine's own default.
+        let d = crate::serve::DeviceSpec::from_config(&Config::default())
+            .expect("valid")
+            .engine_config()
+            .expect("engine config");
+        let engine = shale_engine::Config::default();
+        assert_eq!(d.gc_policy, engine.gc_policy);
+        assert_eq!(d.compaction_policy, engine.compaction_policy);
+        assert_eq!(
+            d.compaction_free_chunks_pct,
+            engine.compaction_free_chunks_pct
+        );
+        assert_eq!(d.gc_free_zones_min, engine.gc_free_zones_min);
+        assert_eq!(d.checkpoint_interval_bytes, None);
+    }
+
+    #[test]
+    fn engine_section_refuses_bad_values_by_name() {
+        for (text, field) in [
+            ("gc_policy = \"lru\"", None),
+            ("compaction_policy = \"lifo\"", None),
+            ("streams = 4", None),
+            (
+                "compaction_free_chunks_pct = 0",
+                Some("engine.compaction_free_chunks_pct"),
+            ),
+            (
+                "compaction_free_chunks_pct = 91",
+                Some("engine.compaction_free_chunks_pct"),
+            ),
+            ("gc_free_zones_min = 0", Some("engine.gc_free_zones_min")),
+            ("gc_free_zones_min = 5000", Some("engine.gc_free_zones_min")),
+            (
+                "checkpoint_interval = \"1MiB\"",
+                Some("engine.checkpoint_interval"),
+            ),
+            (
+                "checkpoint_interval = \"soon\"",
+                Some("engine.checkpoint_interval"),
+            ),
+        ] {
+            let parsed = Config::from_toml(&format!("[engine]\n{text}\n"), Path::new("t.toml"));
+            match (parsed, field) {
+                // Unknown keys and values: the parser names them.
+                (Err(ConfigError::Parse { message, .. }), None) => {
+                    assert!(!message.is_empty(), "{text}");
+                }
+                (Ok(c), Some(field)) => match c.validate() {
+                    Err(
+                        ConfigError::Invalid { field: f, .. }
+                        | ConfigError::BadSize { field: f, .. },
+                    ) => {
+                        assert_eq!(f, field, "{text}");
+                    }
+                    other => panic!("{text}: {other:?}"),
+                },
+                (other, _) => panic!("{text}: {other:?}"),
             }
         }
     }

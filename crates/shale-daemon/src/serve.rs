@@ -10,14 +10,16 @@ use std::time::Duration;
 
 use shale_device::{BlockDevice, DeviceError, FileDevice, ZoneEmu, ZoneEmuConfig, ZonedDevice};
 use shale_engine::{
-    Config as EngineConfig, EngineError, EngineThread, FormatDeviceError, MonotonicClock,
-    OpenError, Reply, Request,
+    CompactionPolicyKind, Config as EngineConfig, EngineError, EngineThread, FormatDeviceError,
+    GcPolicyKind, MonotonicClock, OpenError, Reply, Request,
 };
 use shale_nbd::{Server, ServerConfig, ServerError, ServerLimits, TlsMode, TlsSettings};
 
 use crate::admin::{AdminError, AdminServer};
 use crate::backend::{CacheDevice, CapacityDevice, Engine, EngineBackend};
-use crate::config::{CapacityMode, Config, ConfigError, Paths};
+use crate::config::{
+    CapacityMode, CompactionPolicy, Config, ConfigError, EngineKnobs, GcPolicy, Paths,
+};
 use crate::devices::{CacheMember, CapacityMember, Devices};
 use crate::drive::DriveStats;
 
@@ -143,6 +145,8 @@ pub struct DeviceSpec {
     /// `None`: the engine's default budgets.
     pub l2p_cache_bytes: Option<u64>,
     pub md_cache_bytes: Option<u64>,
+    /// The engine's policies and thresholds (`[engine]`).
+    pub engine: EngineKnobs,
 }
 
 impl DeviceSpec {
@@ -191,6 +195,7 @@ impl DeviceSpec {
                 .memory
                 .md_cache_size
                 .bytes_or_auto("memory.md_cache_size")?,
+            engine: c.engine.clone(),
         })
     }
 
@@ -215,6 +220,17 @@ impl DeviceSpec {
             // what it moves and takes that copy, rather than carrying the corruption
             // into the capacity tier's parity.
             verify_compaction_reads: self.cache.len() > 1,
+            gc_policy: match self.engine.gc_policy {
+                GcPolicy::Greedy => GcPolicyKind::Greedy,
+                GcPolicy::CostBenefit => GcPolicyKind::CostBenefit,
+            },
+            compaction_policy: match self.engine.compaction_policy {
+                CompactionPolicy::Fifo => CompactionPolicyKind::FifoOldestClosed,
+                CompactionPolicy::FewestValid => CompactionPolicyKind::FewestValid,
+            },
+            compaction_free_chunks_pct: self.engine.compaction_free_chunks_pct,
+            gc_free_zones_min: self.engine.gc_free_zones_min,
+            checkpoint_interval_bytes: self.engine.validate()?,
             ..EngineConfig::default()
         };
         c.validate().map_err(|e| ConfigError::Invalid {
@@ -781,6 +797,15 @@ pub fn open(
         progress,
     )?;
     log_open(engine.open_report(), started.elapsed());
+    let k = &spec.engine;
+    tracing::info!(
+        gc_policy = ?k.gc_policy,
+        compaction_policy = ?k.compaction_policy,
+        compaction_free_chunks_pct = k.compaction_free_chunks_pct,
+        gc_free_zones_min = k.gc_free_zones_min,
+        checkpoint_interval = %k.checkpoint_interval.0,
+        "engine policies"
+    );
     let status = crate::notify::open_status(engine.open_report(), started.elapsed());
     let thread = EngineThread::spawn(engine, ENGINE_QUEUE_DEPTH).map_err(DaemonError::Spawn)?;
     Ok((thread, status, drive, devices))

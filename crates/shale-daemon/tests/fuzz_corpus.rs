@@ -71,6 +71,11 @@ fn write_seed_corpus() {
     zoned.devices.default_volume_size = Some(shale_daemon::config::Size("8GiB".into()));
     zoned.devices.spare_factor = 0.3;
     zoned.memory.l2p_cache_size = shale_daemon::config::Size("64m".into());
+    zoned.engine.gc_policy = shale_daemon::config::GcPolicy::CostBenefit;
+    zoned.engine.compaction_policy = shale_daemon::config::CompactionPolicy::FewestValid;
+    zoned.engine.compaction_free_chunks_pct = 35;
+    zoned.engine.gc_free_zones_min = 12;
+    zoned.engine.checkpoint_interval = shale_daemon::config::Size("512MiB".into());
     standin::write_seeds(
         "config",
         vec![
