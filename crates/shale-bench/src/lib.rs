@@ -138,6 +138,8 @@ pub struct SystemOptions {
     pub capacity_redundancy: shale_array::Redundancy,
     /// `shale-zns`: cache drives (2 or more are mirrors).
     pub cache_devices: u32,
+    /// Shale: how GC chooses its victim zones.
+    pub gc_policy: shale_engine::GcPolicyKind,
 }
 
 impl Default for SystemOptions {
@@ -150,6 +152,7 @@ impl Default for SystemOptions {
             capacity_devices: 1,
             capacity_redundancy: shale_array::Redundancy::None,
             cache_devices: 1,
+            gc_policy: shale_engine::GcPolicyKind::default(),
         }
     }
 }
@@ -209,6 +212,7 @@ pub fn build_system(
                 capacity_devices: opts.capacity_devices,
                 capacity_redundancy: opts.capacity_redundancy,
                 cache_devices: opts.cache_devices,
+                gc_policy: opts.gc_policy,
                 ..ShaleConfig::standard(mode, cfg.capacity_bytes, cfg.tenants)
             })
         }

@@ -70,6 +70,8 @@ pub struct ShaleConfig {
     pub capacity_redundancy: shale_array::Redundancy,
     /// Cache drives: 1, or 2 and more mirrors of one another.
     pub cache_devices: u32,
+    /// How GC chooses its victim zones.
+    pub gc_policy: shale_engine::GcPolicyKind,
 }
 
 impl ShaleConfig {
@@ -86,6 +88,7 @@ impl ShaleConfig {
             capacity_devices: 1,
             capacity_redundancy: shale_array::Redundancy::None,
             cache_devices: 1,
+            gc_policy: shale_engine::GcPolicyKind::default(),
         }
     }
 
@@ -160,6 +163,7 @@ pub(crate) fn engine_config(cfg: &ShaleConfig, zone_bytes: u64) -> EngineConfig 
         // The largest request the benchmarks send (preconditioning's 1 MiB writes); the
         // default 4 MiB would need more chunks than a test-sized cache has.
         request_bytes_max: REQUEST_BYTES_MAX,
+        gc_policy: cfg.gc_policy,
         ..EngineConfig::default()
     }
 }

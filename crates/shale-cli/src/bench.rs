@@ -71,7 +71,8 @@ struct RunArgs {
     /// Standard configuration: paper (4 GiB, 8 tenants) or quick (1/8 of it).
     #[arg(long, default_value = "quick", value_parser = parse_scale)]
     config: Scale,
-    /// Workload: seq, uniform, random, zipf:THETA or zoned:A/R:A/R... (fio semantics).
+    /// Workload: seq, uniform, random, zipf:THETA or zoned:A/R:A/R... (fio semantics),
+    /// or drift:THETA (zipf over a hot set that moves every 1/8 of the volume written).
     #[arg(long, value_parser = parse_workload)]
     workload: Distribution,
     /// Block size of the measured workload (4k, 64KiB, 1m...).
@@ -100,9 +101,23 @@ struct RunArgs {
     /// shale-zns: cache drives; 2 or more are mirrors of one another.
     #[arg(long, default_value_t = 1)]
     cache_devices: u32,
+    /// Shale: how GC chooses its victim zones: greedy (fewest valid blocks) or
+    /// cost-benefit (free space gained weighed by the zone's age).
+    #[arg(long, default_value = "greedy", value_parser = parse_gc)]
+    gc: shale_engine::GcPolicyKind,
     /// Override the configuration's capacity (same shape, other size; for tests).
     #[arg(long, value_parser = parse_capacity, hide = true)]
     capacity: Option<u64>,
+}
+
+fn parse_gc(s: &str) -> Result<shale_engine::GcPolicyKind, String> {
+    match s {
+        "greedy" => Ok(shale_engine::GcPolicyKind::Greedy),
+        "cost-benefit" => Ok(shale_engine::GcPolicyKind::CostBenefit),
+        other => Err(format!(
+            "unknown GC policy {other:?} (expected greedy or cost-benefit)"
+        )),
+    }
 }
 
 fn parse_system(s: &str) -> Result<SystemKind, String> {
@@ -278,6 +293,7 @@ fn run_cmd(args: RunArgs) -> anyhow::Result<()> {
         capacity_devices: args.capacity_devices,
         capacity_redundancy: args.capacity_redundancy,
         cache_devices: args.cache_devices,
+        gc_policy: args.gc,
         ..SystemOptions::default()
     };
     let mut sut = build_system(args.system, &cfg, &opts).with_context(|| {

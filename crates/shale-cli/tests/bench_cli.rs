@@ -134,7 +134,7 @@ fn default_output_is_a_table() {
 #[test]
 fn bad_input_is_a_clear_error_not_a_panic() {
     let base = ["bench", "run", "--system", "raw", "--config", "tiny"];
-    let cases: [(&[&str], &str); 10] = [
+    let cases: [(&[&str], &str); 12] = [
         (
             &["--drive", "nope", "--workload", "uniform", "--bs", "4k"],
             "unknown flash preset",
@@ -154,6 +154,11 @@ fn bad_input_is_a_clear_error_not_a_panic() {
         (&["--workload", "zipf:x", "--bs", "4k"], "theta"),
         (&["--workload", "zoned:50/50", "--bs", "4k"], "100"),
         (&["--workload", "fast", "--bs", "4k"], "unknown workload"),
+        (&["--workload", "drift:0", "--bs", "4k"], "theta"),
+        (
+            &["--workload", "uniform", "--bs", "4k", "--gc", "lru"],
+            "unknown GC policy",
+        ),
     ];
     for (extra, needle) in cases {
         let mut args: Vec<&str> = base.to_vec();
@@ -286,4 +291,40 @@ fn bad_array_flags_are_refused_with_a_reason() {
         "4+0",
     ]);
     assert!(!out.status.success());
+}
+
+/// A moving hot set under cost-benefit GC: the run completes and reports a WAF.
+#[test]
+fn drift_workload_with_cost_benefit_gc() {
+    let out = shale(&[
+        "bench",
+        "run",
+        "--system",
+        "shale-zns",
+        "--config",
+        "tiny",
+        "--workload",
+        "drift:1",
+        "--bs",
+        "4k",
+        "--gc",
+        "cost-benefit",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let waf = v["waf"]["layer"].as_f64().expect("layer WAF");
+    assert!(waf > 0.0, "{v}");
+    assert_eq!(
+        v["workload"]["name"]
+            .as_str()
+            .or(v["workload"].as_str())
+            .map(|w| w.contains("drift")),
+        Some(true),
+        "{v}"
+    );
 }

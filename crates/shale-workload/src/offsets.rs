@@ -3,6 +3,10 @@
 //! A volume of `volume_bytes` holds `slots = volume_bytes / bs` slots (a trailing partial
 //! slot is never touched, as in fio). Each generator owns its random streams.
 
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use rand_distr::Distribution as _;
+
 use crate::randmap::RandomMap;
 use crate::rng::Taus88;
 use crate::spec::{Distribution, ZonedSpec};
@@ -36,6 +40,74 @@ pub(crate) enum OffsetGen {
         /// For each draw `v` in 1..=100, the zone's `(first_slot, slots)`.
         by_draw: Box<[(u64, u64); 100]>,
     },
+    Drift(Box<Drift>),
+}
+
+/// `drift:θ`: zipf ranks (rejection-inversion sampling, any θ > 0) placed on
+/// blocks by a bijection `rank -> (a·rank + b) mod slots` with `gcd(a, slots) = 1`,
+/// `a` and `b` drawn anew every `period` operations: the hot set moves.
+#[derive(Debug, Clone)]
+pub(crate) struct Drift {
+    zipf: rand_distr::Zipf<f64>,
+    rng: ChaCha8Rng,
+    slots: u64,
+    period: u64,
+    left: u64,
+    a: u64,
+    b: u64,
+}
+
+impl Drift {
+    /// Operations between two hot sets: 1/8 of the volume's blocks.
+    pub(crate) const PERIOD_DIVISOR: u64 = 8;
+
+    fn new(slots: u64, theta: f64, seed: u64) -> Drift {
+        let slots = slots.max(1);
+        Drift {
+            // θ and slots were validated (θ > 0, slots >= 1).
+            zipf: rand_distr::Zipf::new(slots, theta)
+                .unwrap_or_else(|_| unreachable!("validated zipf parameters")),
+            rng: ChaCha8Rng::seed_from_u64(seed),
+            slots,
+            period: (slots / Self::PERIOD_DIVISOR).max(1),
+            left: 0,
+            a: 1,
+            b: 0,
+        }
+    }
+
+    fn redraw(&mut self) {
+        self.b = self.rng.gen_range(0..self.slots);
+        self.a = loop {
+            let a = self.rng.gen_range(1..self.slots.max(2));
+            if gcd(a, self.slots) == 1 {
+                break a;
+            }
+        };
+        self.left = self.period;
+    }
+
+    /// Where rank `rank` (0-based) lands in the current hot set.
+    fn place(&self, rank: u64) -> u64 {
+        ((u128::from(self.a) * u128::from(rank) + u128::from(self.b)) % u128::from(self.slots))
+            as u64
+    }
+
+    fn next_slot(&mut self) -> u64 {
+        if self.left == 0 {
+            self.redraw();
+        }
+        self.left -= 1;
+        let rank = (self.zipf.sample(&mut self.rng) as u64).clamp(1, self.slots) - 1;
+        self.place(rank)
+    }
+}
+
+fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
 }
 
 impl OffsetGen {
@@ -55,6 +127,11 @@ impl OffsetGen {
                 rng,
                 by_draw: zone_table(spec, slots),
             },
+            Distribution::Drift { theta } => OffsetGen::Drift(Box::new(Drift::new(
+                slots,
+                *theta,
+                tenant_seed ^ (stream_id::OFFSET << 56),
+            ))),
         }
     }
 
@@ -92,6 +169,7 @@ impl OffsetGen {
                 let (first, len) = by_draw[(v - 1) as usize];
                 first + rng.below(len)
             }
+            OffsetGen::Drift(d) => d.next_slot(),
         }
     }
 }
@@ -232,6 +310,8 @@ mod tests {
             "zipf:1.2",
             "zipf:0.5",
             "zoned:90/10:10/90",
+            "drift:1",
+            "drift:0.3",
         ] {
             for slots in [1u64, 2, 3, 65] {
                 let mut g = gen(d, slots, 8);
@@ -241,5 +321,61 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Counts of each block over the next `n` operations.
+    fn counts(g: &mut OffsetGen, slots: u64, n: u64) -> Vec<u32> {
+        let mut c = vec![0u32; slots as usize];
+        for _ in 0..n {
+            c[g.next_slot() as usize] += 1;
+        }
+        c
+    }
+
+    /// The `k` most accessed blocks.
+    fn hottest(c: &[u32], k: usize) -> std::collections::BTreeSet<usize> {
+        let mut order: Vec<usize> = (0..c.len()).collect();
+        order.sort_by_key(|&i| std::cmp::Reverse(c[i]));
+        order.into_iter().take(k).collect()
+    }
+
+    #[test]
+    fn drift_is_skewed_within_a_period_and_moves_between_periods() {
+        let slots = 80_000u64;
+        let period = slots / Drift::PERIOD_DIVISOR;
+        let mut g = gen("drift:1", slots, 5);
+        let first = counts(&mut g, slots, period);
+        let second = counts(&mut g, slots, period);
+        // θ = 1 over 80,000 blocks: the top 1% of ranks take ~60% of the draws.
+        let top = hottest(&first, 800);
+        let share: u32 = top.iter().map(|&i| first[i]).sum();
+        assert!(
+            f64::from(share) > 0.5 * period as f64,
+            "top 1% took {share} of {period}"
+        );
+        // The next period's hot set is elsewhere.
+        let next_top = hottest(&second, 800);
+        let kept = top.intersection(&next_top).count();
+        assert!(kept < 80, "{kept} of the 800 hottest blocks stayed hot");
+    }
+
+    #[test]
+    fn drift_places_ranks_one_to_one_and_replays_by_seed() {
+        for slots in [1u64, 2, 12, 97, 4096] {
+            let mut d = Drift::new(slots, 1.0, 3);
+            for _ in 0..4 {
+                d.redraw();
+                let mut seen: Vec<u64> = (0..slots).map(|r| d.place(r)).collect();
+                seen.sort_unstable();
+                seen.dedup();
+                assert_eq!(seen.len() as u64, slots, "slots {slots}: not a bijection");
+            }
+        }
+        let run = |seed| {
+            let mut g = gen("drift:0.8", 5_000, seed);
+            (0..2_000).map(|_| g.next_slot()).collect::<Vec<_>>()
+        };
+        assert_eq!(run(1), run(1));
+        assert_ne!(run(1), run(2));
     }
 }

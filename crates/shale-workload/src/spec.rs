@@ -72,6 +72,10 @@ pub enum Distribution {
     Zipf { theta: f64 },
     /// fio `random_distribution=zoned:...` (no random map).
     Zoned(ZonedSpec),
+    /// SepBIT's moving hot set: zipf θ over a hot set drawn anew after every
+    /// 1/8 of the volume's blocks in operations, so blocks that were hot go cold
+    /// (as in cloud traces). Not an fio distribution; θ = 1 is allowed.
+    Drift { theta: f64 },
 }
 
 impl Distribution {
@@ -83,7 +87,15 @@ impl Distribution {
         Ok(Distribution::Zipf { theta })
     }
 
-    /// Short name: `seq`, `uniform`, `random`, `zipf`, `zoned`.
+    /// `drift:θ`; θ in (0, THETA_MAX].
+    pub fn drift(theta: f64) -> Result<Distribution, SpecError> {
+        if !theta.is_finite() || theta <= 0.0 || theta > THETA_MAX {
+            return Err(SpecError::ThetaOutOfRange { theta });
+        }
+        Ok(Distribution::Drift { theta })
+    }
+
+    /// Short name: `seq`, `uniform`, `random`, `zipf`, `zoned`, `drift`.
     pub fn kind(&self) -> &'static str {
         match self {
             Distribution::Seq => "seq",
@@ -91,6 +103,7 @@ impl Distribution {
             Distribution::Random => "random",
             Distribution::Zipf { .. } => "zipf",
             Distribution::Zoned(_) => "zoned",
+            Distribution::Drift { .. } => "drift",
         }
     }
 }
@@ -105,7 +118,7 @@ pub enum SpecError {
     #[error("empty workload spec")]
     Empty,
     #[error(
-        "unknown workload {name:?} (expected seq, uniform, random, zipf:THETA or zoned:A/R:A/R...)"
+        "unknown workload {name:?} (expected seq, uniform, random, zipf:THETA, zoned:A/R:A/R... or drift:THETA)"
     )]
     UnknownWorkload { name: String },
     #[error("workload {workload} takes a parameter (e.g. zipf:1.2, zoned:60/10:40/90)")]
@@ -115,9 +128,9 @@ pub enum SpecError {
         workload: &'static str,
         param: String,
     },
-    #[error("zipf theta {text:?} is not a number")]
+    #[error("theta {text:?} is not a number")]
     BadTheta { text: String },
-    #[error("zipf theta {theta} out of range (must be > 0, != 1 and <= {max})", max = THETA_MAX)]
+    #[error("theta {theta} out of range (must be > 0 and <= {max}; zipf also != 1)", max = THETA_MAX)]
     ThetaOutOfRange { theta: f64 },
     #[error("zone {index} {text:?}: expected ACCESS%/RANGE% with whole numbers 0..=100")]
     BadZone { index: usize, text: String },
@@ -163,6 +176,14 @@ impl FromStr for Distribution {
                     .map_err(|_| SpecError::BadTheta { text: p.into() })?;
                 Distribution::zipf(theta)
             }
+            "drift" => {
+                let p = param.ok_or(SpecError::MissingParameter { workload: "drift" })?;
+                let theta: f64 = p
+                    .trim()
+                    .parse()
+                    .map_err(|_| SpecError::BadTheta { text: p.into() })?;
+                Distribution::drift(theta)
+            }
             "zoned" => {
                 let p = param.ok_or(SpecError::MissingParameter { workload: "zoned" })?;
                 let mut zones = Vec::new();
@@ -197,6 +218,7 @@ impl fmt::Display for Distribution {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Distribution::Zipf { theta } => write!(f, "zipf:{theta}"),
+            Distribution::Drift { theta } => write!(f, "drift:{theta}"),
             Distribution::Zoned(z) => {
                 f.write_str("zoned:")?;
                 for (i, zone) in z.zones.iter().enumerate() {
@@ -227,6 +249,8 @@ mod tests {
             "zipf:0.8",
             "zoned:60/10:30/20:10/70",
             "zoned:100/50",
+            "drift:1",
+            "drift:0.8",
         ] {
             let d: Distribution = s.parse().unwrap_or_else(|e| panic!("{s}: {e}"));
             assert_eq!(d.to_string(), s);
@@ -259,6 +283,20 @@ mod tests {
                 "zipf:{t}"
             );
         }
+        for t in ["0", "-1", "NaN", "inf", "11"] {
+            assert!(
+                matches!(
+                    err(&format!("drift:{t}")),
+                    Some(SpecError::ThetaOutOfRange { .. })
+                ),
+                "drift:{t}"
+            );
+        }
+        assert!(matches!(
+            err("drift"),
+            Some(SpecError::MissingParameter { .. })
+        ));
+        assert!(matches!(err("drift:x"), Some(SpecError::BadTheta { .. })));
         assert!(matches!(
             err("uniform:3"),
             Some(SpecError::UnexpectedParameter { .. })
