@@ -34,6 +34,27 @@ fn msr_fixture_parses() {
 }
 
 #[test]
+fn alibaba_fixture_parses_one_disk() {
+    let path = fixture("alibaba_small.csv");
+    // The first disk in the file: 3, four requests.
+    let t = Trace::from_path(TraceFormat::Alibaba(None), &path).expect("parse");
+    assert_eq!(t.len(), 4);
+    assert_eq!(t.records()[1].op, TraceOp::Read);
+    assert_eq!(t.extent_bytes(), 126_703_648_768 + 4096);
+    assert_eq!(t.span_ns(), 10_000 * 1000);
+    // Disk 7 when asked for; its time starts at its own first request.
+    let fmt: TraceFormat = "alibaba:7".parse().expect("format");
+    let t = Trace::from_path(fmt, &path).expect("parse");
+    assert_eq!(t.len(), 2);
+    assert_eq!(t.records()[0].len, 65_536);
+    assert_eq!(t.span_ns(), 800 * 1000);
+    // A disk the file does not hold is an empty trace, and says so.
+    let e = Trace::from_path(TraceFormat::Alibaba(Some(9)), &path).expect_err("no disk 9");
+    assert!(matches!(e, TraceError::Empty), "{e}");
+    assert!("alibaba:x".parse::<TraceFormat>().is_err());
+}
+
+#[test]
 fn simple_fixture_parses() {
     let t = Trace::from_path(TraceFormat::Simple, &fixture("simple_small.csv")).expect("parse");
     assert_eq!(t.len(), 10);
