@@ -7,6 +7,7 @@
 //! What each figure means is in docs/benchmarks.md.
 #![forbid(unsafe_code)]
 
+mod access;
 mod config;
 mod dmzoned;
 pub mod experiments;
@@ -24,6 +25,7 @@ mod system;
 use std::fmt;
 use std::str::FromStr;
 
+pub use access::{Access, AccessError};
 pub use config::{
     BenchConfig, Precondition, Scale, SetupError, CAPACITY_BYTES_MAX, CAPACITY_BYTES_MIN,
     PAPER_CAPACITY_BYTES,
@@ -268,11 +270,9 @@ pub fn check_spec(sut: &dyn SystemUnderTest, spec: &RunSpec) -> Result<(), Setup
             sector_bytes: sector,
         });
     }
-    let mut w = shale_workload::WorkloadConfig::new(
-        spec.workload.clone(),
-        spec.block_bytes,
-        sut.volume_bytes(),
-    );
+    let mut w = spec
+        .workload
+        .workload_config(spec.block_bytes, sut.volume_bytes());
     w.read_pct = spec.read_pct;
     w.tenants = sut.volume_count();
     w.validate()?;

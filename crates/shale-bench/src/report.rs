@@ -391,7 +391,7 @@ mod tests {
             config: BenchConfig::standard(Scale::Quick),
             mix: MixSpec::single(
                 &RunSpec {
-                    workload: Distribution::Uniform,
+                    workload: Distribution::Uniform.into(),
                     block_bytes: 4096,
                     read_pct: 0,
                     seed: 1,

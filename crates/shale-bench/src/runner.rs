@@ -19,13 +19,14 @@ use shale_workload::{
     Distribution, IoKind, StopAfter, StreamProgress, TenantStream, Workload, WorkloadConfig,
 };
 
+use crate::access::Access;
 use crate::config::BenchConfig;
 use crate::system::{DeviceReport, RunError, SystemUnderTest};
 
 /// The measured workload of `shale bench run`: one group of every tenant.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunSpec {
-    pub workload: Distribution,
+    pub workload: Access,
     pub block_bytes: u64,
     pub read_pct: u8,
     pub seed: u64,
@@ -36,7 +37,7 @@ pub struct RunSpec {
 pub struct GroupSpec {
     /// Number of tenants in the group; groups take consecutive tenants.
     pub tenants: u32,
-    pub workload: Distribution,
+    pub workload: Access,
     pub block_bytes: u64,
     pub read_pct: u8,
 }
@@ -429,7 +430,7 @@ pub fn measure(
     let target = |multiple: u64| per_tenant(cfg, writers, multiple);
     let make = |seed: u64| {
         move |g: &GroupSpec| {
-            let mut w = WorkloadConfig::new(g.workload.clone(), g.block_bytes, volume_bytes);
+            let mut w = g.workload.workload_config(g.block_bytes, volume_bytes);
             w.queue_depth = cfg.queue_depth;
             w.seed = seed;
             w

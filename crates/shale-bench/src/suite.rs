@@ -116,7 +116,7 @@ fn all(workload: &str, bs_kib: u64) -> Point {
         id: format!("{name}-{bs_kib}k"),
         groups: vec![GroupSpec {
             tenants: TENANTS,
-            workload: dist(workload),
+            workload: dist(workload).into(),
             block_bytes: bs_kib * KIB,
             read_pct: 0,
         }],
@@ -126,7 +126,7 @@ fn all(workload: &str, bs_kib: u64) -> Point {
 fn group(tenants: u32, workload: &str, bs_kib: u64, read_pct: u8) -> GroupSpec {
     GroupSpec {
         tenants,
-        workload: dist(workload),
+        workload: dist(workload).into(),
         block_bytes: bs_kib * KIB,
         read_pct,
     }

@@ -10,7 +10,7 @@ use shale_bench::{
     build_system, check_spec, BenchConfig, BenchReport, NoProgress, Progress, RunSpec, Scale,
     SystemKind, SystemOptions, DEFAULT_HOST_SPARE_PCT,
 };
-use shale_workload::{parse_size, Distribution};
+use shale_workload::parse_size;
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
@@ -72,9 +72,12 @@ struct RunArgs {
     #[arg(long, default_value = "quick", value_parser = parse_scale)]
     config: Scale,
     /// Workload: seq, uniform, random, zipf:THETA or zoned:A/R:A/R... (fio semantics),
-    /// or drift:THETA (zipf over a hot set that moves every 1/8 of the volume written).
-    #[arg(long, value_parser = parse_workload)]
-    workload: Distribution,
+    /// drift:THETA (zipf over a hot set that moves every 1/8 of the volume written), or
+    /// trace:FILE (a block trace replayed by every tenant: MSR Cambridge, Alibaba or
+    /// op,offset,len CSV, told apart by their fields; trace:msr:FILE,
+    /// trace:alibaba:DEVICE:FILE... to name it).
+    #[arg(long, value_parser = parse_access)]
+    workload: shale_bench::Access,
     /// Block size of the measured workload (4k, 64KiB, 1m...).
     #[arg(long, value_parser = parse_block_size)]
     bs: u64,
@@ -135,9 +138,9 @@ fn parse_scale(s: &str) -> Result<Scale, String> {
         .map_err(|e: shale_bench::SetupError| e.to_string())
 }
 
-fn parse_workload(s: &str) -> Result<Distribution, String> {
+fn parse_access(s: &str) -> Result<shale_bench::Access, String> {
     s.parse()
-        .map_err(|e: shale_workload::SpecError| e.to_string())
+        .map_err(|e: shale_bench::AccessError| e.to_string())
 }
 
 fn parse_block_size(s: &str) -> Result<u64, String> {

@@ -328,3 +328,59 @@ fn drift_workload_with_cost_benefit_gc() {
         "{v}"
     );
 }
+
+/// `trace:FILE` replays a block trace in every tenant; its format is told by its
+/// fields, and a file that is none of them is refused, naming the ways to say it.
+#[test]
+fn trace_workloads_replay_and_bad_traces_are_refused() {
+    let fixtures =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/traces");
+    for file in ["alibaba_small.csv", "msr_small.csv"] {
+        let w = format!("trace:{}", fixtures.join(file).display());
+        let out = shale(&[
+            "bench",
+            "run",
+            "--system",
+            "shale-zns",
+            "--config",
+            "tiny",
+            "--workload",
+            &w,
+            "--bs",
+            "4k",
+            "--json",
+        ]);
+        assert!(
+            out.status.success(),
+            "{file}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+        assert_eq!(
+            v["workload"].as_str(),
+            Some(format!("trace:{file}").as_str()),
+            "{v}"
+        );
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let odd = dir.path().join("odd.csv");
+    std::fs::write(&odd, "1,2,3,4\n").expect("write");
+    let w = format!("trace:{}", odd.display());
+    let out = shale(&[
+        "bench",
+        "run",
+        "--system",
+        "raw",
+        "--config",
+        "tiny",
+        "--workload",
+        &w,
+        "--bs",
+        "4k",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("trace:alibaba:DEVICE:FILE"),
+        "{stderr}"
+    );
+}
