@@ -3,7 +3,7 @@
 # guest/zoned.sh for the steps). Usage: zns.sh SHALE_BINARY WORK_DIR
 . "$(dirname "$0")/lib.sh"
 vm_initramfs nvme
-truncate -s 128M "$work/cache.img"
+truncate -s 64M "$work/cache.img"
 truncate -s 2G "$work/zns.img"
 VM_DEVICES=ns1,ns2 vm_boot zns 1 1G \
     -device nvme,id=nvme0,serial=shale0,zoned.zasl=5 \

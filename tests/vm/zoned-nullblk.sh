@@ -4,7 +4,7 @@
 # Usage: zoned-nullblk.sh SHALE_BINARY WORK_DIR
 . "$(dirname "$0")/lib.sh"
 vm_initramfs nvme +null_blk
-truncate -s 128M "$work/cache.img"
+truncate -s 64M "$work/cache.img"
 VM_DEVICES=ns1 vm_boot zoned-nullblk 1 2G \
     -device nvme,id=nvme0,serial=shale0 \
     -drive "file=$work/cache.img,id=cache,format=raw,if=none" \

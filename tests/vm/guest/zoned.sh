@@ -7,7 +7,7 @@ sock=$d/nbd.sock
 name=$(basename "$(readlink -f "$CAP")")
 q=/sys/block/$name/queue
 echo "GUEST drive $name zoned $(cat $q/zoned) zones $(cat $q/nr_zones) zone_sectors $(cat $q/chunk_sectors) max_open $(cat $q/max_open_zones) max_active $(cat $q/max_active_zones) lbs $(cat $q/logical_block_size)"
-# fio through NBD: 96 MiB in 128 KiB writes, then 8 MiB beyond it in 4 KiB
+# fio through NBD: 48 MiB in 128 KiB writes, then 4 MiB beyond it in 4 KiB
 # random writes, each block with a crc32c fio verifies. The data follows the
 # seed, so a verify-only run with the seed of the last write checks all of it;
 # each write run ends with a flush (end_fsync), which is what makes it durable.
@@ -19,8 +19,8 @@ fio_job() {
     $HOST_LD /host/usr/bin/fio --output-format=terse --terse-version=3 \
         --ioengine=nbd --uri="nbd+unix:///default?socket=$sock" \
         --verify=crc32c --verify_fatal=1 --serialize_overlap=1 --randseed=$seed "$@" \
-        --name=seq --rw=write --bs=128k --size=96m --iodepth=8 \
-        --name=rand --stonewall --rw=randwrite --bs=4k --size=8m --offset=96m --iodepth=16 \
+        --name=seq --rw=write --bs=128k --size=48m --iodepth=8 \
+        --name=rand --stonewall --rw=randwrite --bs=4k --size=4m --offset=48m --iodepth=16 \
         > $d/fio.out 2> $d/fio.err
     rc=$?
     t1=$(cut -d' ' -f1 /proc/uptime)
