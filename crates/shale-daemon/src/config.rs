@@ -779,6 +779,15 @@ impl Config {
                 reason: format!("{} is not in [0, 0.9)", d.spare_factor),
             });
         }
+        // Rates: a valid config must make a device spec (the fuzz target checks it).
+        d.rebuild_speed_min.bytes("devices.rebuild_speed_min")?;
+        if let Some(s) = &d.rebuild_speed_max {
+            s.bytes("devices.rebuild_speed_max")?;
+        }
+        if let Some(s) = d.scrub_speed.as_ref().filter(|s| s.0.trim() != "0") {
+            s.bytes("devices.scrub_speed")?;
+        }
+        self.redundancy()?;
         self.validate_paths()?;
         if let Some(exposure) = self.tcp_exposure()? {
             exposure.check(self.nbd.insecure_tcp)?;
@@ -1215,6 +1224,31 @@ mod tests {
                     other => panic!("{text}: {other:?}"),
                 },
                 (other, _) => panic!("{text}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn every_rate_is_checked_by_validate() {
+        for (field, set) in [
+            ("devices.rebuild_speed_min", 0),
+            ("devices.rebuild_speed_max", 1),
+            ("devices.scrub_speed", 2),
+        ] {
+            let mut c = Config::default();
+            let bad = Size("32M7B".into());
+            match set {
+                0 => c.devices.rebuild_speed_min = bad,
+                1 => c.devices.rebuild_speed_max = Some(bad),
+                _ => c.devices.scrub_speed = Some(bad),
+            }
+            match c.validate() {
+                Err(
+                    ConfigError::BadSize { field: f, .. } | ConfigError::Invalid { field: f, .. },
+                ) => {
+                    assert_eq!(f, field);
+                }
+                other => panic!("{field}: {other:?}"),
             }
         }
     }
