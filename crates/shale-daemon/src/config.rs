@@ -734,6 +734,20 @@ impl Config {
     }
 
     /// Checks every field that can be checked without touching devices.
+    /// The rebuild and scrub rates parse: a valid config must make a device spec
+    /// (the fuzz target checks it).
+    fn validate_rates(&self) -> Result<(), ConfigError> {
+        let d = &self.devices;
+        d.rebuild_speed_min.bytes("devices.rebuild_speed_min")?;
+        if let Some(s) = &d.rebuild_speed_max {
+            s.bytes("devices.rebuild_speed_max")?;
+        }
+        if let Some(s) = d.scrub_speed.as_ref().filter(|s| s.0.trim() != "0") {
+            s.bytes("devices.scrub_speed")?;
+        }
+        Ok(())
+    }
+
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.vhost_exports()?;
         self.ublk_volumes()?;
@@ -779,14 +793,7 @@ impl Config {
                 reason: format!("{} is not in [0, 0.9)", d.spare_factor),
             });
         }
-        // Rates: a valid config must make a device spec (the fuzz target checks it).
-        d.rebuild_speed_min.bytes("devices.rebuild_speed_min")?;
-        if let Some(s) = &d.rebuild_speed_max {
-            s.bytes("devices.rebuild_speed_max")?;
-        }
-        if let Some(s) = d.scrub_speed.as_ref().filter(|s| s.0.trim() != "0") {
-            s.bytes("devices.scrub_speed")?;
-        }
+        self.validate_rates()?;
         self.redundancy()?;
         self.validate_paths()?;
         if let Some(exposure) = self.tcp_exposure()? {
