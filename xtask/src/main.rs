@@ -171,6 +171,10 @@ const TEST_PROFILE: &str = "ci";
 /// libclang to build; `deps` installs it.
 const UBLK_FEATURE: &str = "shale-cli/ublk";
 
+/// Unit and integration tests of every crate. Not the doc tests: rustdoc's pass over
+/// every crate took 46 s here for the one example in the docs (shale-vhost's `serve`,
+/// compile-only, which the frontend tests run for real). Not the examples either:
+/// clippy checks that they compile.
 fn test() -> Result<(), String> {
     run(
         "cargo",
@@ -182,6 +186,9 @@ fn test() -> Result<(), String> {
             "--profile",
             TEST_PROFILE,
             "--no-fail-fast",
+            "--lib",
+            "--bins",
+            "--tests",
         ],
         &[],
     )
