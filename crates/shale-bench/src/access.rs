@@ -27,8 +27,13 @@ pub enum Access {
 /// Why a workload could not be taken.
 #[derive(Debug, thiserror::Error)]
 pub enum AccessError {
+    #[error(
+        "unknown workload {name:?} (expected seq, uniform, random, zipf:THETA, \
+         zoned:A/R:A/R..., drift:THETA or trace:FILE)"
+    )]
+    UnknownWorkload { name: String },
     #[error(transparent)]
-    Spec(#[from] SpecError),
+    Spec(SpecError),
     #[error("trace {path}: {source}")]
     Trace {
         path: String,
@@ -134,7 +139,10 @@ impl FromStr for Access {
     /// detected, or `trace:FORMAT:FILE` (`msr`, `alibaba`, `alibaba:DEVICE`, `simple`).
     fn from_str(s: &str) -> Result<Access, AccessError> {
         let Some(rest) = s.trim().strip_prefix("trace:") else {
-            return Ok(Access::Synthetic(s.parse()?));
+            return s.parse().map(Access::Synthetic).map_err(|e| match e {
+                SpecError::UnknownWorkload { name } => AccessError::UnknownWorkload { name },
+                other => AccessError::Spec(other),
+            });
         };
         for prefix in ["msr:", "simple:", "csv:"] {
             if let Some(path) = rest.strip_prefix(prefix) {
@@ -205,6 +213,8 @@ mod tests {
             .parse::<Access>()
             .expect_err("missing");
         assert!(e.to_string().contains("/no/such/file"), "{e}");
+        let e = "fast".parse::<Access>().expect_err("unknown");
+        assert!(e.to_string().contains("trace:FILE"), "{e}");
         assert_eq!(
             "zipf:1.2".parse::<Access>().expect("synthetic"),
             Access::Synthetic("zipf:1.2".parse().expect("zipf"))
