@@ -77,6 +77,8 @@ vm_initramfs() {
 
 # vm_boot NAME PHASE MEMORY [QEMU ARGS...]: boots the guest, which runs
 # tests/vm/guest/NAME.sh PHASE, and waits for it to power off (at most 300 s).
+# Everything QEMU and the guest's console print is kept in
+# $work/console-NAME-PHASE.log (the work directory stays when a scenario fails).
 # NVMe namespaces appear in the guest as /dev/nsN (N the namespace id); set
 # VM_DEVICES (e.g. "ns1,ns2") to have the guest wait for them.
 vm_boot() {
@@ -89,7 +91,8 @@ vm_boot() {
         -append "console=ttyS0 panic=-1 quiet shale_scenario=$name shale_phase=$phase shale_repo=$vm_repo shale_bin=$shale shale_devices=${VM_DEVICES:-}" \
         -nographic -no-reboot \
         -virtfs "local,path=/,mount_tag=host,security_model=none,readonly=on" \
-        "$@" 2>&1 | stdbuf -oL tr -d '\r' | grep --line-buffered -E '^GUEST' | tee -a "$work/guest.log" || true
+        "$@" 2>&1 | stdbuf -oL tr -d '\r' | tee -a "$work/console-$name-$phase.log" |
+        grep --line-buffered -E '^GUEST' | tee -a "$work/guest.log" || true
     figure "$name phase $phase wall" "$(( $(date +%s) - t0 )) s"
 }
 
