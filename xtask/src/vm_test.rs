@@ -300,7 +300,10 @@ fn scenario(name: &'static str, shale: &str) -> Result<Outcome, String> {
     } else {
         std::env::temp_dir()
     };
-    let work = base.join(format!("shale-vm-{name}-{}", std::process::id()));
+    // Each run its own directory: a second try must not reuse the first's devices.
+    static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let run = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let work = base.join(format!("shale-vm-{name}-{}-{run}", std::process::id()));
     let script = format!("tests/vm/{name}.sh");
     let start = Instant::now();
     let mut child = Command::new("timeout")
