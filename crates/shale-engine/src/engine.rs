@@ -87,6 +87,9 @@ pub struct Engine<C: BlockDevice, Z: ZonedDevice, K: Clock> {
     pub(crate) health: Health,
     /// Scratch for the completions one reap takes from each device.
     pub(crate) completions: Completions,
+    /// The hand-off store, when attached: acknowledgements wait for an image that
+    /// covers them (`handoff.rs`).
+    pub(crate) handoff: Option<crate::handoff::HandoffState>,
 }
 
 /// Device completions taken by one reap (kept to reuse their allocations).
@@ -164,13 +167,53 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
 
     /// One engine loop iteration. Returns true if anything moved.
     pub fn poll(&mut self) -> bool {
-        match self.poll_inner() {
+        let progress = match self.poll_inner() {
             Ok(p) => p,
             Err(e) => {
                 self.fail(e);
                 true
             }
+        };
+        self.deliver();
+        progress
+    }
+
+    /// Sends the acknowledgements held back for the hand-off image once an image
+    /// covering them is stored, or a durability point made them durable.
+    fn deliver(&mut self) {
+        if self.writer.ready.is_empty() {
+            return;
         }
+        if let Some(h) = self.handoff.as_mut() {
+            let durable = match h.publish(&mut self.core, &self.writer) {
+                Ok(crate::handoff::Published::Stored) => false,
+                Ok(crate::handoff::Published::NeedsDurability) => true,
+                Err(e) => {
+                    tracing::warn!(error = %e, "storing the hand-off image failed; making the writes durable instead");
+                    true
+                }
+            };
+            if durable {
+                if let Err(e) = self.durability_point() {
+                    // fail() answers the held acknowledgements with the error.
+                    self.fail(e);
+                    return;
+                }
+            }
+        }
+        for a in self.writer.ready.drain(..) {
+            a.send(Ok(Reply::Done));
+        }
+    }
+
+    /// Attaches a hand-off store (`handoff.rs`): from now on a write is acknowledged
+    /// only once an image that recovers it after a kill of the process is stored.
+    /// Clears what the store held (everything it could claim is durable now).
+    pub fn attach_handoff(&mut self, mut store: Box<dyn crate::Handoff>) -> std::io::Result<()> {
+        store.clear()?;
+        self.handoff = Some(crate::handoff::HandoffState::new(store));
+        self.writer.hold_acks = true;
+        Ok(())
     }
 
     fn poll_inner(&mut self) -> Result<bool, EngineError> {
@@ -309,6 +352,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         let mut out: Vec<Answer> = self.queue.drain(..).map(|(_, d)| d).collect();
         self.prefetch.looked = 0;
         out.extend(self.writer.pending.drain(..).map(|w| w.done));
+        out.append(&mut self.writer.ready);
         out.append(&mut self.durability.waiters);
         out.extend(
             self.reader
@@ -775,7 +819,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             }
             Request::Trim { offset, len, .. } => {
                 let r = self.writer.trim(&mut self.core, slot, offset, len, false);
-                done.send(r.map(|_| Reply::Done));
+                self.writer.answer(done, r.map(|_| Reply::Done));
             }
             Request::WriteZeroes {
                 volume,
@@ -793,7 +837,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                     )));
                 }
                 let r = self.writer.trim(&mut self.core, slot, offset, len, true);
-                done.send(r.map(|_| Reply::Done));
+                self.writer.answer(done, r.map(|_| Reply::Done));
             }
             Request::Flush => {
                 self.durability.waiters.push(done);

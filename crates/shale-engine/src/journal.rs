@@ -144,6 +144,49 @@ impl Journal {
         Ok(2 * BS)
     }
 
+    /// Records waiting in memory.
+    pub fn pending_len(&self) -> usize {
+        self.records.len()
+    }
+
+    /// The entries `write_pending` would write now for the pending records followed
+    /// by `extra`, with their sequence numbers and epoch; `None` if writing them could
+    /// overwrite entries recovery needs.
+    pub fn blocks_with(&self, extra: &[JournalRecord]) -> Option<Vec<JournalBlock>> {
+        let lens: Vec<usize> = extra.iter().map(JournalRecord::encoded_len).collect();
+        if !self.fits(self.entries_needed(&lens), 0) {
+            return None;
+        }
+        let mut out = Vec::new();
+        let mut block = JournalBlock {
+            epoch: self.epoch,
+            sequence: self.sequence,
+            records: Vec::new(),
+        };
+        let mut used = 0;
+        let mut it = self.records.iter().chain(extra).peekable();
+        while let Some(r) = it.next() {
+            used += r.encoded_len();
+            block.records.push(r.clone());
+            let next_fits = it
+                .peek()
+                .is_some_and(|n| used + n.encoded_len() <= JOURNAL_PAYLOAD_MAX);
+            if !next_fits {
+                let sequence = block.sequence + 1;
+                out.push(std::mem::replace(
+                    &mut block,
+                    JournalBlock {
+                        epoch: self.epoch,
+                        sequence,
+                        records: Vec::new(),
+                    },
+                ));
+                used = 0;
+            }
+        }
+        Some(out)
+    }
+
     pub fn is_empty(&self) -> bool {
         self.records.is_empty()
     }

@@ -41,6 +41,7 @@ mod engine;
 mod error;
 mod flush;
 pub mod gc;
+mod handoff;
 mod journal;
 mod l2p;
 mod layout;
@@ -69,6 +70,7 @@ pub use error::{
     ConfigError, EngineError, FormatDeviceError, OpenError, RecoveryError, SelfCheckError,
 };
 pub use gc::policy::GcPolicyKind;
+pub use handoff::{Handoff, MemHandoff};
 pub use metrics::{Stats, VolumeStats};
 pub use recovery::{NoProgress, OpenEvent, OpenProgress, OpenReport, ReplayCounts, StepReport};
 pub use request::{Completion, Extent, Reply, Request, VolumeInfo, ALLOCATION_QUERY_BYTES_MAX};

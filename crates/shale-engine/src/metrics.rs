@@ -71,6 +71,9 @@ pub struct Stats {
     pub census_pending: bool,
     pub census_pages: u64,
     pub durability_points: u64,
+    /// Hand-off images stored, and their bytes (`handoff.rs`).
+    pub handoff_stores: u64,
+    pub handoff_bytes: u64,
     /// Flushes that found everything already durable (no device I/O).
     pub idle_flushes: u64,
     /// Allocation (block status) queries answered.

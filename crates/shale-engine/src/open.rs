@@ -158,6 +158,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             scrubber: crate::scrub::Scrubber::default(),
             health: Health::default(),
             completions: Completions::default(),
+            handoff: None,
         }
     }
 
@@ -224,6 +225,21 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         config: Config,
         progress: &mut dyn OpenProgress,
     ) -> Result<Self, OpenError> {
+        Self::open_with(cache, capacity, clock, config, progress, None)
+    }
+
+    /// [`Engine::open_with_progress`] with a hand-off store (`handoff.rs`): after a
+    /// kill of the process, the image the dead instance left there is written first,
+    /// so recovery finds every write it acknowledged; then the store is attached to
+    /// the new engine.
+    pub fn open_with(
+        cache: C,
+        capacity: Z,
+        clock: K,
+        config: Config,
+        progress: &mut dyn OpenProgress,
+        handoff: Option<Box<dyn crate::Handoff>>,
+    ) -> Result<Self, OpenError> {
         config.validate()?;
         let mut steps = Steps::new(progress);
         let mut loading = Loading {
@@ -236,8 +252,14 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             checkpoint: None,
             log: None,
             parts: None,
+            handoff,
         };
+        let take_handoff = loading.handoff.is_some();
         run_steps(&mut steps, &mut loading, &Loading::LOAD_STEPS)?;
+        if take_handoff {
+            run_steps(&mut steps, &mut loading, &[Loading::HANDOFF])?;
+        }
+        let handoff = loading.handoff.take();
         let clean = loading.clean();
         if !clean && !loading.config.recover {
             return Err(OpenError::NeedsRecovery);
@@ -248,6 +270,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         let self_check = loading.config.open_self_check;
         steps.set_total(
             Loading::<C, Z, K>::LOAD_STEPS.len()
+                + usize::from(take_handoff)
                 + 1
                 + if clean {
                     Opening::<C, Z, K>::CLEAN_STEPS.len()
@@ -268,6 +291,14 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         }
         let mut e = opening.engine;
         e.core.open_report = opening.report;
+        if let Some(h) = handoff {
+            // Everything the image claimed is in the new checkpoint now.
+            e.attach_handoff(h).map_err(|e| {
+                OpenError::Engine(EngineError::Failed {
+                    reason: format!("clearing the hand-off store: {e}"),
+                })
+            })?;
+        }
         Ok(e)
     }
 
@@ -723,6 +754,8 @@ struct Loading<C, Z, K> {
     checkpoint: Option<(shale_format::Checkpoint, u8)>,
     log: Option<journal_scan::JournalLog>,
     parts: Option<Parts>,
+    /// The hand-off store, until the engine exists.
+    handoff: Option<Box<dyn crate::Handoff>>,
 }
 
 impl<C, Z, K: Clock> OpenState for Loading<C, Z, K> {
@@ -769,6 +802,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Loading<C, Z, K> {
             checkpoint,
             log,
             parts,
+            handoff: _,
         } = self;
         let (Some(found), Some((ck, area)), Some(log), Some(parts)) =
             (found, checkpoint, log, parts)
@@ -835,6 +869,13 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Loading<C, Z, K> {
             run: Self::journal,
         },
     ];
+
+    /// With a hand-off store attached, after the journal: the dead instance's image.
+    const HANDOFF: Step<Self> = Step {
+        name: "hand-off",
+        unit: None,
+        run: Self::take_handoff,
+    };
 
     const L2P_DIRECTORIES: Step<Self> = Step {
         name: "L2P directories",
@@ -941,6 +982,74 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Loading<C, Z, K> {
         let detail = format!("{} entries since the checkpoint", log.blocks.len());
         self.log = Some(log);
         Ok((bytes, detail))
+    }
+
+    /// Writes the hand-off image a killed instance left, if it continues the journal
+    /// on the device, then reads the journal again (`handoff.rs`).
+    fn take_handoff(&mut self, meter: &mut Meter<'_>) -> StepDone {
+        let (ck_generation, dirty) = {
+            let (ck, _) = self.checkpoint();
+            (ck.header.generation, !self.clean())
+        };
+        let sb = self.found().sb.clone();
+        let Some(store) = self.handoff.as_mut() else {
+            return Ok((0, "no store".into()));
+        };
+        let bytes = match store.open(sb.uuid) {
+            Ok(Some(b)) => b,
+            Ok(None) => return Ok((0, "none left".into())),
+            Err(e) => {
+                self.report.warn(format!(
+                    "hand-off store unreadable ({e}); recovering without it"
+                ));
+                return Ok((0, "store unreadable".into()));
+            }
+        };
+        let read = bytes.len() as u64;
+        if !dirty {
+            return Ok((read, "clean shutdown: nothing to take".into()));
+        }
+        let image = match shale_format::HandoffImage::decode(&bytes) {
+            Ok(i) => i,
+            Err(e) => {
+                self.report.warn(format!(
+                    "hand-off image damaged ({e}); recovering without it"
+                ));
+                return Ok((read, "damaged".into()));
+            }
+        };
+        let log = self.log.as_ref().expect("the journal step ran");
+        let written = match crate::handoff::apply(
+            &mut self.cache,
+            &mut self.capacity,
+            &sb,
+            &image,
+            log,
+            ck_generation,
+        ) {
+            Ok(w) => w,
+            Err(crate::handoff::Refused::Stale(why)) => {
+                return Ok((read, format!("stale: {why}")));
+            }
+            Err(crate::handoff::Refused::Invalid(why)) => {
+                self.report.warn(format!(
+                    "hand-off image refused: {why}; recovering without it"
+                ));
+                return Ok((read, "refused".into()));
+            }
+            Err(crate::handoff::Refused::Io(e)) => return Err(OpenError::Engine(e)),
+        };
+        if written == (0, 0) {
+            return Ok((read, "already on the device".into()));
+        }
+        let (more, _) = self.journal(meter)?;
+        Ok((
+            read + more,
+            format!(
+                "{} md blocks and {} journal entries written",
+                written.0, written.1
+            ),
+        ))
     }
 
     /// The region table, the L2P with every volume's directory, the volume table and

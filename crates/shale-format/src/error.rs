@@ -12,6 +12,7 @@ pub enum Structure {
     JournalBlock,
     CheckpointHeader,
     ArrayLabel,
+    Handoff,
 }
 
 impl fmt::Display for Structure {
@@ -26,6 +27,7 @@ impl fmt::Display for Structure {
             Structure::JournalBlock => "journal block",
             Structure::CheckpointHeader => "checkpoint header",
             Structure::ArrayLabel => "array member label",
+            Structure::Handoff => "hand-off image",
         };
         f.write_str(s)
     }

@@ -14,6 +14,7 @@ mod checkpoint;
 mod codec;
 mod error;
 pub mod fuzzing;
+mod handoff;
 mod ids;
 mod journal;
 mod l2p_dir;
@@ -32,6 +33,7 @@ pub use checkpoint::{
     Checkpoint, CheckpointHeader, CHECKPOINT_HEADER_LEN, CHECKPOINT_MAGIC, CHECKPOINT_VERSION,
 };
 pub use error::{FormatError, Structure};
+pub use handoff::{HandoffImage, HandoffMd, HANDOFF_MAGIC, HANDOFF_VERSION};
 pub use ids::{ChunkId, Lba, Pba, RegionId, Sid, VolumeId, VolumeUid, ZoneId};
 pub use journal::{
     journal_ring_entries, JournalBlock, JournalRecord, FLUSH_POINT_REGIONS_MAX, JOURNAL_HEADER_LEN,

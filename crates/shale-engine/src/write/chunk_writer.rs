@@ -52,6 +52,10 @@ pub(crate) struct ChunkWriter {
     /// A failure that must stop the engine (a block appended but not mapped, an unmap
     /// cut short), for the event loop to act on before anything else happens.
     pub failure: Option<EngineError>,
+    /// Acknowledgements are held in `ready` until a hand-off image covers them.
+    pub hold_acks: bool,
+    /// Successful answers waiting for the hand-off image (`Engine::deliver`).
+    pub ready: Vec<Answer>,
 }
 
 impl ChunkWriter {
@@ -68,6 +72,8 @@ impl ChunkWriter {
             pending: VecDeque::new(),
             block_scratch: Some(Box::new([0; BLOCK_SIZE])),
             failure: None,
+            hold_acks: false,
+            ready: Vec::new(),
             chunk_data_capacity: u64::from(
                 Groups {
                     blocks: chunk_blocks,
@@ -105,9 +111,20 @@ impl ChunkWriter {
             if w.fua {
                 durability.waiters.push(w.done);
                 durability.requested = true;
+            } else if self.hold_acks {
+                self.ready.push(w.done);
             } else {
                 w.done.send(Ok(Reply::Done));
             }
+        }
+    }
+
+    /// Answers a request whose effect is in memory only (a trim): held for the
+    /// hand-off image like a completed write when a store is attached.
+    pub fn answer(&mut self, done: Answer, r: Result<Reply, EngineError>) {
+        match r {
+            Ok(Reply::Done) if self.hold_acks => self.ready.push(done),
+            r => done.send(r),
         }
     }
 

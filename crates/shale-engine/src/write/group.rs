@@ -126,6 +126,16 @@ impl GroupBuf {
         self.next_copy()
     }
 
+    /// What `seal_partial` would write now, without recording that it was written
+    /// (the hand-off image); returns the copy it would go to.
+    pub fn peek_partial(&self, out: &mut [u8; BLOCK_SIZE]) -> u32 {
+        out.copy_from_slice(&self.md[..]);
+        let mut h = self.header(self.filled);
+        h.generation = self.md_gen + 1;
+        seal_md(&mut out[..], &h);
+        self.next_copy()
+    }
+
     /// Seals the final md in place once the group is full.
     pub fn seal_final(&mut self) {
         self.md_gen += 1;

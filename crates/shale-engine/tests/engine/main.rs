@@ -10,6 +10,7 @@ mod basic;
 mod corruption;
 mod faults;
 mod golden;
+mod handoff;
 mod model;
 mod recovery;
 mod robustness;
