@@ -18,7 +18,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 cd "$here"
 scratch="$(mktemp -d)"
 trap 'rm -rf "$scratch"' EXIT
-targets="handshake request superblock capacity_label array_label md_block checkpoint journal_block volume_table zone_table config vhost_request"
+targets="handshake request superblock capacity_label array_label md_block checkpoint journal_block handoff_image volume_table zone_table config vhost_request"
 for target in $targets; do
     mkdir -p "$scratch/$target"
     echo "== fuzzing $target for ${secs}s"

@@ -52,6 +52,7 @@ sleep 3
 kill -9 "$spid"; wait "$spid" 2>/dev/null || true
 start_shale 4
 wait "$qpid" || true
+figure "hand-off after the kill under load" "$(grep 'step="hand-off"' "$log" | tail -1 | sed 's/.*detail=//')"
 kill -TERM "$spid"; wait "$spid" || true
 
 check "device is 1 GiB, 4 KiB blocks, 2 queues" "$(field 'phase 1' size_sectors)/$(field 'phase 1' lbs)/$(field 'phase 1' queues)" "2097152/4096/2"
@@ -64,6 +65,7 @@ check "files survive a remount" "$(field fs big)$(field fs files)" "$(field remo
 check "files survive kill -9 of Shale" "$(field fs big)$(field fs files)" "$(field after-restart big)$(field after-restart files)"
 check "a running guest reconnects: old data" "$(field before written)" "$(field reconnected old)"
 check "a running guest reconnects: new writes" "$(field reconnected new)" "$(field reconnected newread)"
+check "the guest's write cache is on" "$(field cache mode)" "write-back"
 check "writes in flight across a kill -9 complete and verify" "$(field under-kill rc)/$(field under-kill errors)" "0/0"
 if [ "${trimmed:-0}" -gt 0 ]; then echo "ok   fstrim reached Shale ($trimmed bytes trimmed)"; else echo "FAIL no trim reached Shale"; vm_fail=1; fi
 vm_checks_done 4

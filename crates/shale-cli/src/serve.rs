@@ -204,6 +204,11 @@ pub struct ServeArgs {
     /// Log filter, e.g. info or shale_engine=debug [default: info]
     #[arg(long)]
     pub log_level: Option<String>,
+    /// Directory on tmpfs where the engine leaves, before it acknowledges writes,
+    /// what recovers them after a kill of the daemon; off: none (a kill loses writes
+    /// acknowledged since the last flush) [default: /dev/shm]
+    #[arg(long, value_name = "DIR|off", overrides_with = "handoff_dir")]
+    pub handoff_dir: Option<String>,
     /// Print the effective configuration as TOML and exit
     #[arg(long)]
     pub print_config: bool,
@@ -264,6 +269,9 @@ pub fn main(args: ServeArgs) -> Result<()> {
     }
     if let Some(v) = &args.log_level {
         c.log.level = v.clone();
+    }
+    if let Some(v) = &args.handoff_dir {
+        c.engine.handoff_dir = v.clone();
     }
     c.validate().context("invalid configuration")?;
     if args.print_config {

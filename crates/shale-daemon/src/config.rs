@@ -142,6 +142,9 @@ pub struct EngineKnobs {
     /// User bytes written between periodic checkpoints (a shorter interval bounds
     /// the journal replayed after a crash); `auto` is 1/16 of the user capacity.
     pub checkpoint_interval: Size,
+    /// Where the engine leaves, before it acknowledges writes, what recovers them
+    /// after a kill of the daemon: a directory on tmpfs, or `off`.
+    pub handoff_dir: String,
 }
 
 impl Default for EngineKnobs {
@@ -159,6 +162,7 @@ impl Default for EngineKnobs {
             compaction_free_chunks_pct: e.compaction_free_chunks_pct,
             gc_free_zones_min: e.gc_free_zones_min,
             checkpoint_interval: Size("auto".into()),
+            handoff_dir: "/dev/shm".into(),
         }
     }
 }
@@ -190,6 +194,12 @@ impl EngineKnobs {
                     "{} is not between 1 and {GC_FREE_ZONES_MIN_MAX}",
                     self.gc_free_zones_min
                 ),
+            );
+        }
+        if self.handoff_dir.is_empty() || self.handoff_dir.contains('\0') {
+            return bad(
+                "engine.handoff_dir",
+                "give a directory on tmpfs, or off".into(),
             );
         }
         let interval = self

@@ -21,6 +21,7 @@ pub mod devices;
 pub mod drive;
 pub mod fuzzing;
 pub mod handler;
+pub mod handoff;
 pub mod latency;
 pub mod metrics;
 pub mod notify;

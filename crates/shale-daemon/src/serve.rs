@@ -789,12 +789,14 @@ pub fn open(
     let (capacity, drive, capacity_handle) = capacity_device(spec, false, [0; 16])?;
     let devices = Devices::new(spec.clone(), cache_handle, capacity_handle);
     let started = std::time::Instant::now();
-    let engine = shale_engine::Engine::open_with_progress(
+    let handoff = handoff_store(&spec.engine.handoff_dir);
+    let engine = shale_engine::Engine::open_with(
         cache,
         capacity,
         MonotonicClock::new(),
         engine_config,
         progress,
+        handoff,
     )?;
     log_open(engine.open_report(), started.elapsed());
     let k = &spec.engine;
@@ -809,6 +811,25 @@ pub fn open(
     let status = crate::notify::open_status(engine.open_report(), started.elapsed());
     let thread = EngineThread::spawn(engine, ENGINE_QUEUE_DEPTH).map_err(DaemonError::Spawn)?;
     Ok((thread, status, drive, devices))
+}
+
+/// The hand-off store in `dir` (`off`: none). Without one, a kill of the daemon
+/// loses the writes acknowledged since the last flush; that is logged, and the
+/// daemon serves on.
+fn handoff_store(dir: &str) -> Option<Box<dyn shale_engine::Handoff>> {
+    if dir == "off" {
+        tracing::info!(
+            "hand-off off: a kill of the daemon loses writes acknowledged since the last flush"
+        );
+        return None;
+    }
+    match crate::handoff::ShmHandoff::new(Path::new(dir)) {
+        Ok(s) => Some(Box::new(s)),
+        Err(e) => {
+            tracing::warn!(dir, error = %e, "no hand-off store: a kill of the daemon loses writes acknowledged since the last flush");
+            None
+        }
+    }
 }
 
 /// One line saying whether the open was clean or a recovery, and what it cost; the

@@ -161,6 +161,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         self.queue.is_empty()
             && self.core.io.count == 0
             && self.writer.pending.is_empty()
+            && self.writer.ready.is_empty()
             && self.durability.waiters.is_empty()
             && !self.durability.requested
     }
@@ -836,8 +837,8 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                         done,
                     )));
                 }
-                let r = self.writer.trim(&mut self.core, slot, offset, len, true);
-                self.writer.answer(done, r.map(|_| Reply::Done));
+                self.writer
+                    .write_zeroes(&mut self.core, slot, offset, len, done);
             }
             Request::Flush => {
                 self.durability.waiters.push(done);

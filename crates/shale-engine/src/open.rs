@@ -543,6 +543,12 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             }
         }
         self.checkpoint(true)?;
+        if let Some(h) = self.handoff.as_mut() {
+            // Everything is in the clean checkpoint: nothing is left to hand off.
+            if let Err(e) = h.store.clear() {
+                tracing::warn!(error = %e, "clearing the hand-off store");
+            }
+        }
         Ok((self.core.cache, self.core.capacity))
     }
 }

@@ -218,6 +218,39 @@ pub fn journal_block(data: &[u8]) {
     }
 }
 
+/// A hand-off image (a tmpfs file, read by the open after a kill of the process).
+/// Resealing reseals each md and journal block the header's counts place, then the
+/// whole image.
+pub fn handoff_image(data: &[u8]) {
+    let Some((reseal, mut buf)) = split(data) else {
+        return;
+    };
+    if reseal && buf.len() >= crate::handoff::HANDOFF_HEADER_LEN {
+        let md = usize::from(u16::from_le_bytes([buf[6], buf[7]]));
+        let journal = u32_at(&buf, 12).unwrap_or(0) as usize;
+        let mut pos = crate::handoff::HANDOFF_HEADER_LEN;
+        for i in 0..md.saturating_add(journal) {
+            let skip = if i < md { 16 } else { 0 };
+            let Some(end) = pos
+                .checked_add(skip + BLOCK_SIZE)
+                .filter(|&e| e <= buf.len())
+            else {
+                break;
+            };
+            reseal_block(&mut buf[pos + skip..end]);
+            pos = end;
+        }
+        let len = buf.len();
+        seal(&mut buf, len);
+    }
+    if let Ok(image) = crate::HandoffImage::decode(&buf) {
+        let Some(bytes) = image.encode() else {
+            panic!("a decoded hand-off image does not encode");
+        };
+        assert_eq!(crate::HandoffImage::decode(&bytes), Ok(image));
+    }
+}
+
 /// The volume table block (either version; a version-1 table re-encodes as version 2).
 pub fn volume_table(data: &[u8]) {
     let Some((reseal, mut buf)) = split(data) else {

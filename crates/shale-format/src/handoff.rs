@@ -25,7 +25,7 @@ use crate::{FormatError, JournalBlock, RegionId, Structure, BLOCK_SIZE};
 pub const HANDOFF_MAGIC: u32 = 0x4F48_4853; // "SHHO"
 pub const HANDOFF_VERSION: u16 = 1;
 pub const HANDOFF_HEADER_LEN: usize = 64;
-const MD_ITEM_LEN: usize = 16 + BLOCK_SIZE;
+pub(crate) const MD_ITEM_LEN: usize = 16 + BLOCK_SIZE;
 
 /// One md block to write: copy `copy` (0 = A, 1 = B) of group `group` of chunk
 /// `region`.

@@ -13,7 +13,7 @@ use shale_format::fuzzing;
 use shale_format::*;
 use standin::Entry;
 
-fn targets() -> [Entry; 7] {
+fn targets() -> [Entry; 8] {
     let e = |name, run, random_len_max| Entry {
         name,
         run,
@@ -27,6 +27,11 @@ fn targets() -> [Entry; 7] {
         e("journal_block", fuzzing::journal_block, BLOCK_SIZE + 1),
         e("volume_table", fuzzing::volume_table, BLOCK_SIZE + 1),
         e("array_label", fuzzing::array_label, BLOCK_SIZE + 1),
+        e(
+            "handoff_image",
+            fuzzing::handoff_image,
+            3 * BLOCK_SIZE + 100,
+        ),
     ]
 }
 
@@ -42,7 +47,7 @@ fn seed_corpus_replays() {
 fn seeds_decode() {
     const AT: u64 = 0;
     type Decodes = fn(&[u8]) -> bool;
-    let decoders: [(&str, Decodes); 7] = [
+    let decoders: [(&str, Decodes); 8] = [
         ("superblock", |b| Superblock::decode(b, AT).is_ok()),
         ("capacity_label", |b| CapacityLabel::decode(b, AT).is_ok()),
         ("md_block", |b| decode_md(b, AT).is_ok()),
@@ -50,6 +55,7 @@ fn seeds_decode() {
         ("journal_block", |b| JournalBlock::decode(b, AT).is_ok()),
         ("volume_table", |b| VolumeTable::decode(b, AT).is_ok()),
         ("array_label", |b| ArrayLabel::decode(b, AT).is_ok()),
+        ("handoff_image", |b| HandoffImage::decode(b).is_ok()),
     ];
     for (target, decodes) in decoders {
         for (file, data) in standin::corpus(target) {
@@ -392,6 +398,64 @@ fn write_seed_corpus() {
             ("version-1", resealed(&volume_table_v1())),
         ],
     );
+    let image = handoff_image();
+    let empty = HandoffImage {
+        md: vec![],
+        journal: vec![],
+        ..handoff_image()
+    };
+    let mut two_md = handoff_image();
+    two_md.md.push(HandoffMd {
+        copy: 0,
+        ..two_md.md[0].clone()
+    });
+    standin::write_seeds(
+        "handoff_image",
+        vec![
+            (
+                "md-and-journal",
+                resealed(&image.encode().expect("encodes")),
+            ),
+            (
+                "md-and-journal-as-stored",
+                as_stored(&image.encode().expect("encodes")),
+            ),
+            ("empty", resealed(&empty.encode().expect("encodes"))),
+            ("two-md", resealed(&two_md.encode().expect("encodes"))),
+        ],
+    );
+}
+
+/// A hand-off image: one partial md block of chunk 3 group 1, and two journal
+/// entries ending in a FlushPoint.
+fn handoff_image() -> HandoffImage {
+    let mut block = Box::new([0u8; BLOCK_SIZE]);
+    block.copy_from_slice(&md(MdRegionKind::Chunk, &md_entries(40), 3));
+    let entry = |sequence, records| JournalBlock {
+        epoch: 6,
+        sequence,
+        records,
+    };
+    HandoffImage {
+        pool: *b"shale-fuzz-seed!",
+        sequence: 13,
+        next: 4,
+        md: vec![HandoffMd {
+            region: RegionId(3),
+            group: 1,
+            copy: 1,
+            block,
+        }],
+        journal: vec![
+            entry(13, every_record()),
+            entry(
+                14,
+                vec![JournalRecord::FlushPoint {
+                    regions: vec![(RegionId(3), 168)],
+                }],
+            ),
+        ],
+    }
 }
 
 /// Seeds of the array member label: a capacity member of a 4+1 array with one member

@@ -30,11 +30,12 @@ use std::time::Instant;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use shale_device::{
-    ErrorRule, FaultController, FaultDevice, Latency, ZoneEmu, ZoneEmuConfig, ZonedDevice,
+    CrashMode, ErrorRule, FaultController, FaultDevice, Latency, ZoneEmu, ZoneEmuConfig,
+    ZonedDevice,
 };
 use shale_engine::{
-    Config, Engine, EngineError, ManualClock, OpenError, Reply, Request, Stats, VolumeInfo,
-    VolumeUid,
+    Config, Engine, EngineError, Handoff, ManualClock, MemHandoff, NoProgress, OpenError, Reply,
+    Request, Stats, VolumeInfo, VolumeUid,
 };
 use shale_format::{CacheLayout, Superblock};
 
@@ -63,6 +64,9 @@ pub enum Mode {
     Crash,
     Live,
     Errors,
+    /// The process is killed at the crash point: the devices keep every write they
+    /// were given, the hand-off store survives, and every acknowledged write must.
+    Kill,
 }
 
 impl fmt::Display for Mode {
@@ -71,6 +75,7 @@ impl fmt::Display for Mode {
             Mode::Crash => "crash",
             Mode::Live => "live",
             Mode::Errors => "errors",
+            Mode::Kill => "kill",
         })
     }
 }
@@ -82,7 +87,8 @@ impl std::str::FromStr for Mode {
             "crash" => Ok(Mode::Crash),
             "live" => Ok(Mode::Live),
             "errors" => Ok(Mode::Errors),
-            _ => Err(format!("unknown mode {s:?} (crash, live, errors)")),
+            "kill" => Ok(Mode::Kill),
+            _ => Err(format!("unknown mode {s:?} (crash, live, errors, kill)")),
         }
     }
 }
@@ -398,6 +404,9 @@ struct Sim {
     injection: Option<String>,
     trace: Trace,
     counts: Counts,
+    /// The hand-off store of kill mode (survives the engine, as tmpfs survives a
+    /// killed process).
+    handoff: MemHandoff,
     cycle: u64,
     lineage: u64,
     generation: u64,
@@ -464,6 +473,7 @@ impl Sim {
             injection: None,
             trace: Trace::default(),
             counts: Counts::default(),
+            handoff: MemHandoff::new(),
             cycle: 0,
             lineage: 0,
             generation: 0,
@@ -580,8 +590,13 @@ impl Sim {
             zone_capacity: cap.geometry().zone_capacity,
         };
         let cache = Powered::new(cache, Side::Cache, self.rail.clone());
-        let engine = Engine::format(cache, cap, self.clock.clone(), config.clone())
+        let mut engine = Engine::format(cache, cap, self.clock.clone(), config.clone())
             .map_err(|e| self.harness(format!("engine format: {e}")))?;
+        if self.cfg.mode == Mode::Kill {
+            engine
+                .attach_handoff(Box::new(self.handoff.clone()))
+                .map_err(|e| self.harness(format!("hand-off store: {e}")))?;
+        }
         let user_blocks = engine.user_capacity_bytes() / BS;
         self.engine = Some(engine);
         self.engine_config = config;
@@ -996,6 +1011,13 @@ impl Sim {
         }
         self.end_engine();
         self.note_lost_requests();
+        if self.cfg.mode == Mode::Kill {
+            // A killed process: what it acknowledged is on the devices or in the
+            // hand-off store, so the floor of every block is its last completed
+            // version.
+            let cut = self.model.cut();
+            self.model.flushed(&cut);
+        }
         let devices = self.crash_devices(fired.as_ref())?;
         self.recover(devices, plan.crash_open, false)
     }
@@ -1035,7 +1057,11 @@ impl Sim {
             };
             let pending = ctl.pending_writes();
             let write = fired.filter(|f| f.op.side == side).and_then(|f| f.write);
-            let (mode, name) = plan::crash_mode(&mut self.rng, &pending, write);
+            let (mode, name) = if self.cfg.mode == Mode::Kill {
+                (CrashMode::KeepAll, "kill")
+            } else {
+                plan::crash_mode(&mut self.rng, &pending, write)
+            };
             self.log(|| {
                 format!(
                     "crash {side:?}: {} pending ({} durable), fired {:?}: {mode:?}",
@@ -1124,6 +1150,8 @@ impl Sim {
             let clock = self.clock.clone();
             let config = self.engine_config.clone();
             let log = self.cfg.log;
+            let handoff = (self.cfg.mode == Mode::Kill)
+                .then(|| Box::new(self.handoff.clone()) as Box<dyn Handoff>);
             let opened = catch_unwind(AssertUnwindSafe(move || -> Result<Eng, OpenFail> {
                 let cap = ZoneEmu::open(inner).map_err(OpenFail::Zone)?;
                 if log {
@@ -1138,7 +1166,8 @@ impl Sim {
                         .collect();
                     eprintln!("    zones at open: {}", line.join(" "));
                 }
-                Engine::open(cache, cap, clock, config).map_err(OpenFail::Engine)
+                Engine::open_with(cache, cap, clock, config, &mut NoProgress, handoff)
+                    .map_err(OpenFail::Engine)
             }));
             let opened = match opened {
                 Ok(o) => o,

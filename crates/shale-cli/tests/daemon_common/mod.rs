@@ -171,6 +171,10 @@ impl Daemon {
             .arg("serve")
             .arg("--data-dir")
             .arg(&data)
+            // Hand-off files beside the test's own (not in /dev/shm, where a killed
+            // test daemon would leave them); a test's flags may override it.
+            .arg("--handoff-dir")
+            .arg(self.dir.path().join("handoff"))
             .args(&self.args)
             // A test run under a service manager must not announce its daemons to it.
             .env_remove("NOTIFY_SOCKET")

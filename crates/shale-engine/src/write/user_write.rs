@@ -156,6 +156,29 @@ impl ChunkWriter {
         self.can_append(edges, core.regions.free_chunks.len())
     }
 
+    /// Write-zeroes: whole blocks trimmed, partial edge blocks written as zeros. With
+    /// edges it is answered like a write, once they are on the device.
+    pub fn write_zeroes(
+        &mut self,
+        core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+        volume: VolumeId,
+        offset: u64,
+        len: u64,
+        done: Answer,
+    ) {
+        let appended = self.asn_next;
+        let r = self.trim(core, volume, offset, len, true);
+        if r.is_ok() && self.asn_next > appended {
+            self.pending.push_back(PendingWrite {
+                asn_end: self.asn_next,
+                fua: false,
+                done,
+            });
+        } else {
+            self.answer(done, r.map(|()| crate::Reply::Done));
+        }
+    }
+
     /// Trim (`zeroes == false`: whole blocks only) or write-zeroes (exact).
     pub fn trim(
         &mut self,

@@ -26,7 +26,7 @@ struct Args {
     /// Crash points per run (generations of one engine, while it recovers).
     #[arg(long, default_value_t = 50)]
     generations: u32,
-    /// crash, live, errors, or all (each mode gets the full cycle count).
+    /// crash, live, errors, kill, or all (each mode gets the full cycle count).
     #[arg(long, default_value = "crash")]
     mode: String,
     /// Runs in parallel.
@@ -58,7 +58,7 @@ struct Args {
 
 fn modes(s: &str) -> Result<Vec<Mode>> {
     if s == "all" {
-        return Ok(vec![Mode::Crash, Mode::Live, Mode::Errors]);
+        return Ok(vec![Mode::Crash, Mode::Live, Mode::Errors, Mode::Kill]);
     }
     match s.parse::<Mode>() {
         Ok(m) => Ok(vec![m]),
