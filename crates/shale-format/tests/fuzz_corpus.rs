@@ -398,6 +398,11 @@ fn write_seed_corpus() {
             ("version-1", resealed(&volume_table_v1())),
         ],
     );
+    write_handoff_seeds();
+}
+
+/// Seeds of the hand-off image.
+fn write_handoff_seeds() {
     let image = handoff_image();
     let empty = HandoffImage {
         md: vec![],
