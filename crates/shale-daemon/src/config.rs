@@ -1224,6 +1224,8 @@ mod tests {
                 "checkpoint_interval = \"soon\"",
                 Some("engine.checkpoint_interval"),
             ),
+            ("handoff_dir = \"\"", Some("engine.handoff_dir")),
+            ("handoff_dir = 3", None),
         ] {
             let parsed = Config::from_toml(&format!("[engine]\n{text}\n"), Path::new("t.toml"));
             match (parsed, field) {
