@@ -190,7 +190,12 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 Ok(crate::handoff::Published::Stored) => false,
                 Ok(crate::handoff::Published::NeedsDurability) => true,
                 Err(e) => {
-                    tracing::warn!(error = %e, "storing the hand-off image failed; making the writes durable instead");
+                    // A store that fails once (tmpfs full, the file removed) is not
+                    // trusted again: without it a kill loses the writes since the
+                    // last flush, as it would with none attached.
+                    tracing::error!(error = %e, "storing the hand-off image failed; going on without the store: a kill now loses writes acknowledged since the last flush");
+                    self.handoff = None;
+                    self.writer.hold_acks = false;
                     true
                 }
             };

@@ -241,3 +241,38 @@ fn a_stale_or_foreign_image_is_not_written() {
         e.open_report().warnings
     );
 }
+
+/// A store that cannot be written.
+struct Broken;
+
+impl Handoff for Broken {
+    fn open(&mut self, _pool: [u8; 16]) -> std::io::Result<Option<Vec<u8>>> {
+        Ok(None)
+    }
+    fn store(&mut self, _image: &[u8]) -> std::io::Result<()> {
+        Err(std::io::Error::other("tmpfs full"))
+    }
+    fn clear(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn a_store_that_fails_is_dropped_and_writes_are_made_durable_instead() {
+    let (c, z) = devices(128 + 8 * 256, 28);
+    let mut e = Engine::format(c, z, ManualClock::new(), tiny_config()).unwrap();
+    e.attach_handoff(Box::new(Broken)).unwrap();
+    let vol = create(&mut e, "v", 64 * 4096);
+    let points = e.stats().durability_points;
+    crate::common::write(&mut e, vol, 0, &block(3)).unwrap();
+    // The first acknowledgement waited for a durability point instead of the image.
+    assert_eq!(e.stats().durability_points, points + 1);
+    assert_eq!(e.stats().handoff_stores, 0);
+    // Later ones are plain write-back again (no store, no durability point each).
+    crate::common::write(&mut e, vol, 4096, &block(4)).unwrap();
+    assert_eq!(e.stats().durability_points, points + 1);
+    // Durable, the first survives a kill.
+    let (c, z) = e.abandon();
+    let mut e = reopen(c, z, None);
+    assert_eq!(read(&mut e, vol, 0, 4096).unwrap(), block(3));
+}
