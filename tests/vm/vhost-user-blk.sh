@@ -5,6 +5,8 @@
 # restarted under a running, idle guest, which QEMU reconnects (`reconnect=1`), and
 # last under a guest with writes in flight (fio with verify).
 # Usage: vhost-user-blk.sh SHALE_BINARY WORK_DIR
+# SHALE_VM_SERVE_FLAGS: extra flags for shale serve (e.g. --handoff-dir off, to see
+# the kill under load lose writes without the hand-off store).
 . "$(dirname "$0")/lib.sh"
 vm_initramfs virtio_blk ext4 crc32c_generic
 data="$work/data"; sock="$work/vm.sock"; log="$work/serve.log"
@@ -12,7 +14,7 @@ spid=""
 start_shale() {
     "$shale" serve --data-dir "$data" --cache-size 256MiB --capacity-size 2GiB \
         --chunk-size 4MiB --zone-size 16MiB --default-volume-size 1GiB \
-        --vhost-user-blk "default=$sock" --vhost-queues 2 >> "$log" 2>&1 &
+        --vhost-user-blk "default=$sock" --vhost-queues 2 ${SHALE_VM_SERVE_FLAGS:-} >> "$log" 2>&1 &
     spid=$!
     vm_pids+=("$spid")
     for _ in $(seq 300); do

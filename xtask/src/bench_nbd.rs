@@ -1,6 +1,9 @@
 //! `cargo xtask bench-nbd`: the same fio jobs, in one run, against Shale's NBD export
-//! and against `qemu-nbd` exporting a plain file on the same disk. Prints each job's
-//! median IOPS and bandwidth over the repetitions, and Shale's ratio to qemu-nbd.
+//! and against a baseline: `qemu-nbd` exporting a plain file on the same disk (the
+//! default), or with `--baseline shale-no-handoff` a second Shale without its
+//! hand-off store (what storing the image before each acknowledgement costs). Prints
+//! each job's median IOPS and bandwidth over the repetitions, and Shale's ratio to
+//! the baseline.
 //!
 //! Both targets use sparse files under one directory (same filesystem, same disk) and
 //! unix sockets; jobs alternate between the two targets so drift on a noisy machine
@@ -45,6 +48,8 @@ pub struct Options {
     pub repeat: u32,
     pub jobs: u32,
     pub iodepth: u32,
+    /// The other target: `qemu-nbd` or `shale-no-handoff`.
+    pub baseline: String,
 }
 
 impl Options {
@@ -56,6 +61,7 @@ impl Options {
             repeat: 3,
             jobs: 4,
             iodepth: 32,
+            baseline: "qemu-nbd".into(),
         };
         let mut it = args.iter();
         while let Some(a) = it.next() {
@@ -69,6 +75,15 @@ impl Options {
                 "--repeat" => o.repeat = val()?.parse().map_err(|e| format!("--repeat: {e}"))?,
                 "--jobs" => o.jobs = val()?.parse().map_err(|e| format!("--jobs: {e}"))?,
                 "--iodepth" => o.iodepth = val()?.parse().map_err(|e| format!("--iodepth: {e}"))?,
+                "--baseline" => {
+                    o.baseline = val()?;
+                    if !["qemu-nbd", "shale-no-handoff"].contains(&o.baseline.as_str()) {
+                        return Err(format!(
+                            "--baseline {}: qemu-nbd or shale-no-handoff",
+                            o.baseline
+                        ));
+                    }
+                }
                 other => {
                     return Err(format!(
                         "unknown option {other}; see the top of xtask/src/bench_nbd.rs"
@@ -120,8 +135,15 @@ fn wait_for(path: &Path, child: &mut Child, what: &str) -> Result<(), String> {
     Ok(())
 }
 
-fn start_shale(o: &Options, volume_bytes: u64) -> Result<Target, String> {
-    let data = o.dir.join("shale-data");
+/// Shale on its own data directory `sub`, with `extra` flags.
+fn start_shale(
+    o: &Options,
+    volume_bytes: u64,
+    name: &'static str,
+    sub: &str,
+    extra: &[&str],
+) -> Result<Target, String> {
+    let data = o.dir.join(sub);
     let _ = std::fs::remove_dir_all(&data);
     // Capacity sized so the volume fits beside the default 18% spare and the zones
     // the engine keeps in reserve (GC threshold plus two open zones per stream);
@@ -138,12 +160,17 @@ fn start_shale(o: &Options, volume_bytes: u64) -> Result<Target, String> {
         .args(["--capacity-size", &format!("{capacity}")])
         .args(["--zone-size", "16MiB", "--chunk-size", "16MiB"])
         .args(["--default-volume-size", &format!("{volume_bytes}")])
+        .args([
+            "--handoff-dir",
+            &o.dir.join(format!("{sub}-handoff")).display().to_string(),
+        ])
+        .args(extra)
         .stdout(Stdio::null())
         .spawn()
         .map_err(|e| format!("starting {}: {e}", bin.display()))?;
     wait_for(&data.join("admin.sock"), &mut child, "shale serve")?;
     Ok(Target {
-        name: "shale",
+        name,
         uri: format!(
             "nbd+unix:///default?socket={}",
             data.join("nbd.sock").display()
@@ -256,14 +283,24 @@ fn parse_size(s: &str) -> Result<u64, String> {
 pub fn run(o: &Options) -> Result<(), String> {
     let volume_bytes = parse_size(&o.size)?;
     std::fs::create_dir_all(&o.dir).map_err(|e| format!("{}: {e}", o.dir.display()))?;
-    let shale = start_shale(o, volume_bytes)?;
-    let qemu = start_qemu_nbd(o, volume_bytes)?;
+    let shale = start_shale(o, volume_bytes, "shale", "shale-data", &[])?;
+    let qemu = if o.baseline == "shale-no-handoff" {
+        start_shale(
+            o,
+            volume_bytes,
+            "shale-no-handoff",
+            "shale-data-no-handoff",
+            &["--handoff-dir", "off"],
+        )?
+    } else {
+        start_qemu_nbd(o, volume_bytes)?
+    };
     eprintln!("bench-nbd: preconditioning both targets ({})", o.size);
     precondition(&shale, volume_bytes)?;
     precondition(&qemu, volume_bytes)?;
     println!(
         "{:<14} {:>12} {:>12} {:>10} {:>10} {:>12} {:>12}",
-        "job", "shale IOPS", "qemu IOPS", "shale MiB/s", "qemu MiB/s", "IOPS ratio", "MiB/s ratio"
+        "job", "shale IOPS", "base IOPS", "shale MiB/s", "base MiB/s", "IOPS ratio", "MiB/s ratio"
     );
     for job in JOBS {
         let (mut si, mut sb, mut qi, mut qb) = (vec![], vec![], vec![], vec![]);
@@ -294,8 +331,8 @@ pub fn run(o: &Options) -> Result<(), String> {
         );
     }
     println!(
-        "(medians of {} runs of {} s, {} jobs x QD {}, volume {}; ratio = shale / qemu-nbd)",
-        o.repeat, o.runtime_secs, o.jobs, o.iodepth, o.size
+        "(medians of {} runs of {} s, {} jobs x QD {}, volume {}; ratio = shale / {})",
+        o.repeat, o.runtime_secs, o.jobs, o.iodepth, o.size, o.baseline
     );
     drop(shale);
     drop(qemu);

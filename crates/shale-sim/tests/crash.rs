@@ -189,8 +189,29 @@ fn injected_errors_are_typed() {
     );
 }
 
-/// Long validation: 50,000 crash points in crash mode, 10,000 each in live and
-/// errors mode. `cargo test -p shale-sim --release -- --ignored long`
+/// Kill mode: the process dies at each crash point, the devices keep every write
+/// and the hand-off store survives; every acknowledged write must read back.
+#[test]
+fn kills_lose_no_acknowledged_write() {
+    let mut cfg = SimConfig::fast(Mode::Kill);
+    cfg.generations = 50;
+    let runs = scaled(400).div_ceil(50);
+    let seed = base_seed(4_100);
+    let t = Instant::now();
+    let (total, violations, _) = run_seeds(&cfg, seed, runs);
+    assert_clean("kill", seed, &total, &violations, t.elapsed().as_secs_f64());
+    assert!(total.recovered > 0 && total.crashes_in_open > 0, "{total}");
+}
+
+/// A write-zeroes with partial edge blocks was answered before its edge blocks
+/// were written, so a kill right after lost it (seed 13000000, cycle 6).
+#[test]
+fn kill_after_write_zeroes_with_edges() {
+    replays_clean(Mode::Kill, 50, 13_000_000);
+}
+
+/// Long validation: 50,000 crash points in crash mode, 10,000 each in live, errors
+/// and kill mode. `cargo test -p shale-sim --release -- --ignored long`
 #[test]
 #[ignore]
 fn long_crash_runs() {
@@ -198,6 +219,7 @@ fn long_crash_runs() {
         (Mode::Crash, 100_000, 500),
         (Mode::Live, 200_000, 100),
         (Mode::Errors, 300_000, 100),
+        (Mode::Kill, 400_000, 100),
     ] {
         let mut cfg = SimConfig::fast(mode);
         cfg.generations = 100;
