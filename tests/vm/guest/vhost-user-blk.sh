@@ -62,14 +62,14 @@ if [ "$phase" = 4 ]; then
     # guest's write cache on (write back) and no flush at all: every write fio saw
     # complete must still read back. A kill between a write's completion and its
     # flush would lose it (QEMU's replay of the flush would then succeed on the new
-    # Shale); Shale's hand-off store is what keeps it (docs/vm.md). Twenty loops of
+    # Shale); Shale's hand-off store is what keeps it (docs/vm.md). Eight loops of
     # write-then-verify, so the kill 3 s in lands in some loop's writes or reads.
     echo "GUEST cache mode $(tr ' ' - < /sys/block/vda/cache_type)"
     echo "GUEST loading"
     t0=$(cut -d' ' -f1 /proc/uptime)
     $HOST_LD /host/usr/bin/fio --output-format=terse --terse-version=3 --filename=/dev/vda \
         --ioengine=libaio --direct=1 --verify=crc32c --verify_fatal=1 --serialize_overlap=1 \
-        --name=load --rw=randwrite --bs=4k --size=16m --offset=128m --iodepth=32 --loops=20 \
+        --name=load --rw=randwrite --bs=4k --size=16m --offset=128m --iodepth=32 --loops=8 \
         > /tmp/fio.out 2> /tmp/fio.err
     rc=$?
     t1=$(cut -d' ' -f1 /proc/uptime)
