@@ -218,6 +218,8 @@ pub fn stats_json(s: &Stats) -> Value {
             "relocations_superseded": s.relocations_superseded,
             "checkpoints": s.checkpoints,
             "durability_points": s.durability_points,
+            "handoff_stores": s.handoff_stores,
+            "handoff_bytes": s.handoff_bytes,
             "crc_errors": s.crc_errors,
             "crc_rebuilt_fixes": s.crc_rebuilt_fixes,
             "repairs_staged": s.repairs_staged,

@@ -271,6 +271,11 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             self.durability_point()?;
             progress = true;
         }
+        // Acknowledgements leave before the background work, which can take a while.
+        self.deliver();
+        if self.health.fatal.is_some() {
+            return Ok(true);
+        }
         progress |= self.background()?;
         self.writer.submit_runs(&mut self.core)?;
         // The devices' own work (an array's rebuild, an operator's command).
