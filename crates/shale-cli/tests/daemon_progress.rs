@@ -155,7 +155,7 @@ fn recovery_steps_are_drawn_on_a_terminal_and_only_logged_to_a_file() {
         "terminal control characters in the log file: {log:?}"
     );
     assert!(
-        !log.contains("ETA") && !log.contains("open 8/13"),
+        !log.contains("ETA") && !log.contains("open 9/14"),
         "a bar in the log file: {log}"
     );
 
@@ -168,11 +168,12 @@ fn recovery_steps_are_drawn_on_a_terminal_and_only_logged_to_a_file() {
     for drawn in [
         "open 1 superblock",
         "open 5 journal",
-        "open 6/13 L2P directories",
-        "open 8/13 md scan",
+        "open 6 hand-off",
+        "open 7/14 L2P directories",
+        "open 9/14 md scan",
         "md groups, ETA",
-        "open 10/13 census",
-        "open 13/13 self-check",
+        "open 11/14 census",
+        "open 14/14 self-check",
         "L2P pages, ETA",
     ] {
         assert!(text.contains(drawn), "{drawn:?} not drawn: {text:?}");
