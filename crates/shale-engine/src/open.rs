@@ -1015,6 +1015,11 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Loading<C, Z, K> {
         if !dirty {
             return Ok((read, "clean shutdown: nothing to take".into()));
         }
+        if !self.config.recover {
+            // The open is refused (NeedsRecovery): the image stays for the one that
+            // recovers.
+            return Ok((read, "left for a recovering open".into()));
+        }
         let image = match shale_format::HandoffImage::decode(&bytes) {
             Ok(i) => i,
             Err(e) => {

@@ -276,3 +276,33 @@ fn a_store_that_fails_is_dropped_and_writes_are_made_durable_instead() {
     let mut e = reopen(c, z, None);
     assert_eq!(read(&mut e, vol, 0, 4096).unwrap(), block(3));
 }
+
+#[test]
+fn an_open_that_may_not_recover_leaves_the_image_for_one_that_may() {
+    let h = MemHandoff::new();
+    let mut e = Some(engine(Some(&h)));
+    let (mut c, z, v) = run_and_kill(0x4A4D_0003, &mut e);
+    let image = h.image();
+    assert!(image.is_some());
+    let mut inner = z.into_inner();
+    c.poll(&mut Vec::new(), 0).unwrap();
+    inner.poll(&mut Vec::new(), 0).unwrap();
+    let refused = Engine::open_with(
+        crate::common::copy_mem(&mut c),
+        ZoneEmu::open(crate::common::copy_mem(&mut inner)).unwrap(),
+        ManualClock::new(),
+        shale_engine::Config {
+            recover: false,
+            ..tiny_config()
+        },
+        &mut NoProgress,
+        Some(Box::new(h.clone()) as Box<dyn Handoff>),
+    );
+    assert!(matches!(
+        refused.err(),
+        Some(shale_engine::OpenError::NeedsRecovery)
+    ));
+    assert_eq!(h.image(), image, "the refused open kept the image");
+    let mut e = reopen(c, ZoneEmu::open(inner).unwrap(), Some(&h));
+    assert!(lost(&mut e, &v).is_empty());
+}
