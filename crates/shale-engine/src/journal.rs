@@ -95,23 +95,13 @@ impl Journal {
         let mut written = 0;
         let records = std::mem::take(&mut self.records);
         self.pending_bytes = 0;
-        let mut block = JournalBlock {
-            epoch: self.epoch,
-            sequence: self.sequence,
-            records: Vec::new(),
-        };
-        let mut used = 0;
-        let mut it = records.into_iter().peekable();
-        while let Some(r) = it.next() {
-            used += r.encoded_len();
-            block.records.push(r);
-            let next_fits = it
-                .peek()
-                .is_some_and(|n| used + n.encoded_len() <= JOURNAL_PAYLOAD_MAX);
-            if !next_fits {
-                written += self.write_entry(dev, &mut block)?;
-                used = 0;
-            }
+        for records in pack(records) {
+            let mut block = JournalBlock {
+                epoch: self.epoch,
+                sequence: self.sequence,
+                records,
+            };
+            written += self.write_entry(dev, &mut block)?;
         }
         Ok(written)
     }
@@ -157,34 +147,18 @@ impl Journal {
         if !self.fits(self.entries_needed(&lens), 0) {
             return None;
         }
-        let mut out = Vec::new();
-        let mut block = JournalBlock {
-            epoch: self.epoch,
-            sequence: self.sequence,
-            records: Vec::new(),
-        };
-        let mut used = 0;
-        let mut it = self.records.iter().chain(extra).peekable();
-        while let Some(r) = it.next() {
-            used += r.encoded_len();
-            block.records.push(r.clone());
-            let next_fits = it
-                .peek()
-                .is_some_and(|n| used + n.encoded_len() <= JOURNAL_PAYLOAD_MAX);
-            if !next_fits {
-                let sequence = block.sequence + 1;
-                out.push(std::mem::replace(
-                    &mut block,
-                    JournalBlock {
-                        epoch: self.epoch,
-                        sequence,
-                        records: Vec::new(),
-                    },
-                ));
-                used = 0;
-            }
-        }
-        Some(out)
+        let records = self.records.iter().chain(extra).cloned();
+        Some(
+            pack(records)
+                .into_iter()
+                .zip(self.sequence..)
+                .map(|(records, sequence)| JournalBlock {
+                    epoch: self.epoch,
+                    sequence,
+                    records,
+                })
+                .collect(),
+        )
     }
 
     pub fn is_empty(&self) -> bool {
@@ -230,4 +204,24 @@ impl Journal {
         self.records.clear();
         self.pending_bytes = 0;
     }
+}
+
+/// Records packed into entries in order, each entry as full as the payload allows.
+fn pack(records: impl IntoIterator<Item = JournalRecord>) -> Vec<Vec<JournalRecord>> {
+    let mut out: Vec<Vec<JournalRecord>> = Vec::new();
+    let mut used = 0;
+    for r in records {
+        let len = r.encoded_len();
+        match out.last_mut() {
+            Some(last) if used + len <= JOURNAL_PAYLOAD_MAX => {
+                used += len;
+                last.push(r);
+            }
+            _ => {
+                used = len;
+                out.push(vec![r]);
+            }
+        }
+    }
+    out
 }
