@@ -824,7 +824,13 @@ fn handoff_store(dir: &str) -> Option<Box<dyn shale_engine::Handoff>> {
         return None;
     }
     match crate::handoff::ShmHandoff::new(Path::new(dir)) {
-        Ok(s) => Some(Box::new(s)),
+        Ok(s) => {
+            tracing::info!(
+                dir,
+                "hand-off store: acknowledged writes survive a kill of the daemon"
+            );
+            Some(Box::new(s))
+        }
         Err(e) => {
             tracing::warn!(dir, error = %e, "no hand-off store: a kill of the daemon loses writes acknowledged since the last flush");
             None
