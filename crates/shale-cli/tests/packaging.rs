@@ -103,6 +103,13 @@ fn unit_is_a_notify_service_running_shale_serve() {
         format!("/var/lib/{}", unit.one("Service", "StateDirectory")),
         data_dir
     );
+    // The hand-off store is the unit's runtime directory, kept when the unit stops or
+    // fails: a daemon killed and restarted finds it.
+    assert_eq!(
+        format!("/run/{}", unit.one("Service", "RuntimeDirectory")),
+        config.engine.handoff_dir
+    );
+    assert_eq!(unit.one("Service", "RuntimeDirectoryPreserve"), "yes");
 }
 
 #[test]
