@@ -135,7 +135,8 @@ impl HandoffState {
     }
 
     /// Stores the image of the engine's state now, unless the one stored already
-    /// is. Returns bytes stored.
+    /// is (its fingerprint matches: the watermark and the journal decide the
+    /// content, and both only move forward).
     pub fn publish(
         &mut self,
         core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
@@ -194,8 +195,20 @@ pub(crate) fn image(
         });
     }
     // Each open chunk's claim: up to its first block whose write has not completed.
+    // Only the chunk being written and those with unsettled groups can have moved
+    // since the last durability point (a chunk whose groups all settled is closed,
+    // its RegionClosed pending); the others' claims stand. Not a walk over every
+    // chunk: that would cost a large cache's chunk count at every store.
+    let mut chunks: Vec<shale_format::RegionId> = writer
+        .groups
+        .iter()
+        .map(|g| g.region)
+        .chain(writer.open)
+        .collect();
+    chunks.sort_unstable_by_key(|r| r.0);
+    chunks.dedup();
     let mut claims = Vec::new();
-    for r in (0..core.geo.chunk_count).map(shale_format::RegionId) {
+    for r in chunks {
         let reg = core.regions.get(r);
         if reg.state != RegionState::Open {
             continue;
