@@ -313,6 +313,10 @@ fn unflushed_writes_lost_by_a_kill(handoff_off: bool) -> usize {
     let path = scratch.path().join("writes.py");
     write_file(&path, script.as_bytes());
     run(&mut nbdsh_script(&uri, path.to_str().expect("utf-8 path")));
+    let stores = d.stats()["work"]["handoff_stores"]
+        .as_u64()
+        .expect("handoff_stores");
+    assert_eq!(stores > 0, !handoff_off, "{stores} hand-off images stored");
     d.kill9();
     d.spawn();
     expect_dirty_recovery(&d, "kill -9 after unflushed writes");

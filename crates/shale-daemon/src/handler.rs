@@ -391,6 +391,16 @@ pub fn metrics(b: &EngineBackend, drive: Option<&DriveStats>) -> Vec<Metric> {
             "Checksum failures seen.",
             s.crc_errors,
         ),
+        c(
+            "shale_handoff_stores_total",
+            "Hand-off images stored before acknowledgements.",
+            s.handoff_stores,
+        ),
+        c(
+            "shale_handoff_written_bytes_total",
+            "Bytes of hand-off images stored.",
+            s.handoff_bytes,
+        ),
         g(
             "shale_free_chunks",
             "Free cache chunks.",
