@@ -143,13 +143,12 @@ impl Journal {
     /// by `extra`, with their sequence numbers and epoch; `None` if writing them could
     /// overwrite entries recovery needs.
     pub fn blocks_with(&self, extra: &[JournalRecord]) -> Option<Vec<JournalBlock>> {
-        let lens: Vec<usize> = extra.iter().map(JournalRecord::encoded_len).collect();
-        if !self.fits(self.entries_needed(&lens), 0) {
+        let packed = pack(self.records.iter().chain(extra).cloned());
+        if !self.fits(packed.len() as u32, 0) {
             return None;
         }
-        let records = self.records.iter().chain(extra).cloned();
         Some(
-            pack(records)
+            packed
                 .into_iter()
                 .zip(self.sequence..)
                 .map(|(records, sequence)| JournalBlock {
