@@ -108,9 +108,26 @@ struct RunArgs {
     /// cost-benefit (free space gained weighed by the zone's age).
     #[arg(long, default_value = "greedy", value_parser = parse_gc)]
     gc: shale_engine::GcPolicyKind,
+    /// Shale: where compaction and GC put the blocks they move: volume (one stream per
+    /// volume) or lifetime (per volume group, a stream per lifetime class).
+    #[arg(long, default_value = "volume", value_parser = parse_placement)]
+    placement: shale_engine::PlacementKind,
+    /// Shale: placement streams (each holds a compaction and a GC zone open).
+    #[arg(long, default_value_t = 8)]
+    streams: u32,
     /// Override the configuration's capacity (same shape, other size; for tests).
     #[arg(long, value_parser = parse_capacity, hide = true)]
     capacity: Option<u64>,
+}
+
+fn parse_placement(s: &str) -> Result<shale_engine::PlacementKind, String> {
+    match s {
+        "volume" => Ok(shale_engine::PlacementKind::Volume),
+        "lifetime" => Ok(shale_engine::PlacementKind::Lifetime),
+        other => Err(format!(
+            "unknown placement {other:?} (expected volume or lifetime)"
+        )),
+    }
 }
 
 fn parse_gc(s: &str) -> Result<shale_engine::GcPolicyKind, String> {
@@ -297,6 +314,8 @@ fn run_cmd(args: RunArgs) -> anyhow::Result<()> {
         capacity_redundancy: args.capacity_redundancy,
         cache_devices: args.cache_devices,
         gc_policy: args.gc,
+        placement: args.placement,
+        streams: args.streams,
         ..SystemOptions::default()
     };
     let mut sut = build_system(args.system, &cfg, &opts).with_context(|| {

@@ -115,6 +115,17 @@ pub enum GcPolicy {
     CostBenefit,
 }
 
+/// Where compaction and GC put the blocks they move.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Placement {
+    /// A stream (an open zone for compaction, one for GC) per volume.
+    Volume,
+    /// Per group of volumes, a stream per lifetime class: a write's lifetime is
+    /// guessed from the block it overwrites, GC splits by age (SepBIT).
+    Lifetime,
+}
+
 /// How the engine chooses which cache chunk to compact next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -133,6 +144,7 @@ pub enum CompactionPolicy {
 pub struct EngineKnobs {
     pub gc_policy: GcPolicy,
     pub compaction_policy: CompactionPolicy,
+    pub placement: Placement,
     /// Compaction runs while fewer than this percentage of the cache's chunks are
     /// free (1 to 90).
     pub compaction_free_chunks_pct: u32,
@@ -158,6 +170,10 @@ impl Default for EngineKnobs {
             compaction_policy: match e.compaction_policy {
                 shale_engine::CompactionPolicyKind::FifoOldestClosed => CompactionPolicy::Fifo,
                 shale_engine::CompactionPolicyKind::FewestValid => CompactionPolicy::FewestValid,
+            },
+            placement: match e.placement {
+                shale_engine::PlacementKind::Volume => Placement::Volume,
+                shale_engine::PlacementKind::Lifetime => Placement::Lifetime,
             },
             compaction_free_chunks_pct: e.compaction_free_chunks_pct,
             gc_free_zones_min: e.gc_free_zones_min,
@@ -1169,6 +1185,7 @@ mod tests {
     #[test]
     fn engine_section_reaches_the_engine_config() {
         let text = "[engine]\ngc_policy = \"cost-benefit\"\ncompaction_policy = \"fewest-valid\"\n\
+                    placement = \"lifetime\"\n\
                     compaction_free_chunks_pct = 35\ngc_free_zones_min = 9\n\
                     checkpoint_interval = \"256MiB\"\n";
         let c = Config::from_toml(text, Path::new("t.toml")).expect("parses");
@@ -1181,6 +1198,7 @@ mod tests {
             e.compaction_policy,
             shale_engine::CompactionPolicyKind::FewestValid
         );
+        assert_eq!(e.placement, shale_engine::PlacementKind::Lifetime);
         assert_eq!(e.compaction_free_chunks_pct, 35);
         assert_eq!(e.gc_free_zones_min, 9);
         assert_eq!(e.checkpoint_interval_bytes, Some(256 << 20));
@@ -1192,6 +1210,7 @@ mod tests {
         let engine = shale_engine::Config::default();
         assert_eq!(d.gc_policy, engine.gc_policy);
         assert_eq!(d.compaction_policy, engine.compaction_policy);
+        assert_eq!(d.placement, engine.placement);
         assert_eq!(
             d.compaction_free_chunks_pct,
             engine.compaction_free_chunks_pct
@@ -1205,6 +1224,7 @@ mod tests {
         for (text, field) in [
             ("gc_policy = \"lru\"", None),
             ("compaction_policy = \"lifo\"", None),
+            ("placement = \"random\"", None),
             ("streams = 4", None),
             (
                 "compaction_free_chunks_pct = 0",

@@ -11,14 +11,14 @@ use std::time::Duration;
 use shale_device::{BlockDevice, DeviceError, FileDevice, ZoneEmu, ZoneEmuConfig, ZonedDevice};
 use shale_engine::{
     CompactionPolicyKind, Config as EngineConfig, EngineError, EngineThread, FormatDeviceError,
-    GcPolicyKind, MonotonicClock, OpenError, Reply, Request,
+    GcPolicyKind, MonotonicClock, OpenError, PlacementKind, Reply, Request,
 };
 use shale_nbd::{Server, ServerConfig, ServerError, ServerLimits, TlsMode, TlsSettings};
 
 use crate::admin::{AdminError, AdminServer};
 use crate::backend::{CacheDevice, CapacityDevice, Engine, EngineBackend};
 use crate::config::{
-    CapacityMode, CompactionPolicy, Config, ConfigError, EngineKnobs, GcPolicy, Paths,
+    CapacityMode, CompactionPolicy, Config, ConfigError, EngineKnobs, GcPolicy, Paths, Placement,
 };
 use crate::devices::{CacheMember, CapacityMember, Devices};
 use crate::drive::DriveStats;
@@ -227,6 +227,10 @@ impl DeviceSpec {
             compaction_policy: match self.engine.compaction_policy {
                 CompactionPolicy::Fifo => CompactionPolicyKind::FifoOldestClosed,
                 CompactionPolicy::FewestValid => CompactionPolicyKind::FewestValid,
+            },
+            placement: match self.engine.placement {
+                Placement::Volume => PlacementKind::Volume,
+                Placement::Lifetime => PlacementKind::Lifetime,
             },
             compaction_free_chunks_pct: self.engine.compaction_free_chunks_pct,
             gc_free_zones_min: self.engine.gc_free_zones_min,
@@ -803,6 +807,7 @@ pub fn open(
     tracing::info!(
         gc_policy = ?k.gc_policy,
         compaction_policy = ?k.compaction_policy,
+        placement = ?k.placement,
         compaction_free_chunks_pct = k.compaction_free_chunks_pct,
         gc_free_zones_min = k.gc_free_zones_min,
         checkpoint_interval = %k.checkpoint_interval.0,

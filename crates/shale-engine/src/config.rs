@@ -3,6 +3,7 @@
 
 use crate::compaction::policy::CompactionPolicyKind;
 use crate::gc::policy::GcPolicyKind;
+use crate::placement::PlacementKind;
 use crate::ConfigError;
 use shale_format::{GROUP_BLOCKS, VOLUMES_MAX};
 
@@ -50,6 +51,8 @@ pub struct Config {
     pub streams_max: u32,
     pub compaction_policy: CompactionPolicyKind,
     pub gc_policy: GcPolicyKind,
+    /// How relocations are spread over the streams (`placement.rs`).
+    pub placement: PlacementKind,
     /// Requests taken from the queue per engine loop iteration.
     pub requests_per_poll_max: u32,
     /// Background steps run per loop iteration at most (each moves <= one group).
@@ -113,6 +116,7 @@ impl Default for Config {
             streams_max: 8,
             compaction_policy: CompactionPolicyKind::FifoOldestClosed,
             gc_policy: GcPolicyKind::Greedy,
+            placement: PlacementKind::Volume,
             requests_per_poll_max: 256,
             background_steps_per_poll_max: 4,
             checkpoint_interval_bytes: None,

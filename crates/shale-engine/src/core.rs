@@ -39,6 +39,7 @@ pub(crate) struct Core<C: BlockDevice, Z: ZonedDevice, K: Clock> {
     pub bufs: BufPool,
     /// Placement streams in use.
     pub streams: u32,
+    pub placement: crate::placement::Placement,
     /// Zone writes since the capacity device's last flush.
     pub capacity_dirty: bool,
     /// What the open (and recovery) did.

@@ -48,6 +48,7 @@ mod layout;
 mod metrics;
 mod mover;
 mod open;
+mod placement;
 mod prefetch;
 mod read;
 mod recovery;
@@ -72,6 +73,7 @@ pub use error::{
 pub use gc::policy::GcPolicyKind;
 pub use handoff::{Handoff, MemHandoff};
 pub use metrics::{Stats, VolumeStats};
+pub use placement::PlacementKind;
 pub use recovery::{NoProgress, OpenEvent, OpenProgress, OpenReport, ReplayCounts, StepReport};
 pub use request::{Completion, Extent, Reply, Request, VolumeInfo, ALLOCATION_QUERY_BYTES_MAX};
 pub use thread::EngineThread;

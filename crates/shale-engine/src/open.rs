@@ -113,6 +113,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             ..Default::default()
         };
         let writer = ChunkWriter::new(config.write_buffers_max, geo.chunk_blocks);
+        let placement = crate::placement::Placement::new(config.placement, &geo);
         let compaction = Mover::new(
             RegionRole::Compaction,
             config.compaction_policy.policy(),
@@ -137,6 +138,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 io: IoSlab::default(),
                 bufs: crate::buffers::BufPool::new(),
                 streams,
+                placement,
                 capacity_dirty: false,
                 open_report: crate::recovery::OpenReport::default(),
                 device_wake_ns: shale_device::MAINTAIN_IDLE,

@@ -567,6 +567,12 @@ impl Sim {
         // Wide (5-byte) L2P entries, which pools past 16 TiB take, in the half of the
         // runs with a 512-byte cache block (tied to that draw, as above).
         config.l2p_entry_bytes = Some(if cache_lbs == 512 { 5 } else { 4 });
+        // Lifetime placement where the two devices' block sizes differ (half the runs).
+        config.placement = if cache_lbs == cap_lbs {
+            shale_engine::PlacementKind::Volume
+        } else {
+            shale_engine::PlacementKind::Lifetime
+        };
         let cache = FaultDevice::new(self.geo.cache_blocks * BS, cache_lbs, self.rng.gen())
             .map_err(|e| self.harness(format!("cache device: {e}")))?;
         let cap_bytes = self.geo.capacity_bytes();

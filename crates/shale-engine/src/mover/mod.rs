@@ -191,6 +191,7 @@ impl Mover {
         let z = core.regions.free_zones.pop_front()?;
         let sid = core.next_sid();
         core.regions.open(z, sid, self.role, stream as u16);
+        core.placement.zone_opened(&core.geo, z);
         core.journal
             .append(JournalRecord::RegionOpened { region: z, sid });
         core.md_cache
@@ -239,6 +240,9 @@ impl Mover {
         let m = n.min(k);
         let sid = core.regions.get(zone).sid;
         let (mut buf, entries) = self.take_group(core, s, m, k, len);
+        if let Some(oldest) = entries.iter().map(|e| e.sid).min() {
+            core.placement.staged(&core.geo, zone, oldest);
+        }
         let md = zone_group_md(zone, g, sid, k, &entries);
         buf[k * BLOCK_SIZE..(k + 1) * BLOCK_SIZE].copy_from_slice(&md[..]);
         buf[(k + 1) * BLOCK_SIZE..(k + 2) * BLOCK_SIZE].copy_from_slice(&md[..]);
@@ -477,6 +481,9 @@ impl Mover {
             let choice = self.policy.choose(&snap, now);
             self.snapshot = snap;
             let Some(v) = choice else { return Ok(progress) };
+            if self.role == RegionRole::Gc {
+                core.placement.gc_took(&core.regions, v, core.sid_next);
+            }
             core.regions.get_mut(v).draining = true;
             self.victim = Some(v);
             self.cursor = 0;
@@ -705,7 +712,6 @@ impl Mover {
         };
         if let Some(c) = pick {
             let md = if c == 0 { md_a } else { md_b };
-            let streams = core.streams;
             let verify = self.role == RegionRole::Gc || core.config.verify_compaction_reads;
             let mut reread = [0u8; BLOCK_SIZE];
             for i in 0..k {
@@ -753,7 +759,7 @@ impl Mover {
                         tracing::warn!(%pba, "relocating a block whose data CRC does not match its md (it stays detectable: the copy keeps the original CRC)");
                     }
                 }
-                let s = (e.volume.0 % streams) as usize;
+                let s = self.stream_for(core, victim, &e, pba);
                 let entry = RelocEntry {
                     volume: e.volume,
                     lba: e.lba,
@@ -767,6 +773,29 @@ impl Mover {
             }
         }
         Ok(())
+    }
+
+    /// The stream a live block of `victim` at `pba`, described by `e`, moves to.
+    fn stream_for(
+        &self,
+        core: &Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+        victim: RegionId,
+        e: &MdEntry,
+        pba: Pba,
+    ) -> usize {
+        let p = &core.placement;
+        if self.role == RegionRole::Gc {
+            p.gc_stream(
+                &core.regions,
+                victim,
+                e.volume,
+                e.sid,
+                core.sid_next,
+                core.streams,
+            )
+        } else {
+            p.compaction_stream(e.volume, pba, core.streams)
+        }
     }
 
     /// Reads one block of a victim again, synchronously. False on a read error.

@@ -134,6 +134,8 @@ impl ChunkWriter {
                     reason: format!("mapping {volume} {lba} to {pba}: {e}"),
                 })
             })?;
+        core.placement
+            .user_write(&core.geo, &core.regions, core.sid_next, pba, old);
         if !old.is_none() {
             core.regions.mark_invalid(&core.geo, old);
         }

@@ -88,6 +88,12 @@ fn model_config(streams_max: u32) -> Config {
         streams_max,
         // The two-stream runs take the wide (5-byte) L2P entries of pools past 16 TiB.
         l2p_entry_bytes: Some(if streams_max == 2 { 5 } else { 4 }),
+        // ... and lifetime placement (two streams: one per class).
+        placement: if streams_max == 2 {
+            shale_engine::PlacementKind::Lifetime
+        } else {
+            shale_engine::PlacementKind::Volume
+        },
         ..tiny_config()
     }
 }
