@@ -220,6 +220,8 @@ pub fn stats_json(s: &Stats) -> Value {
             "durability_points": s.durability_points,
             "handoff_stores": s.handoff_stores,
             "handoff_bytes": s.handoff_bytes,
+            "throttle_waiting": s.throttle_waiting,
+            "throttle_waits": s.throttle_waits,
             "crc_errors": s.crc_errors,
             "crc_rebuilt_fixes": s.crc_rebuilt_fixes,
             "repairs_staged": s.repairs_staged,

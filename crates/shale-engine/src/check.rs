@@ -315,11 +315,12 @@ fn raw_volume_tables<C: BlockDevice>(
     rep: &mut CheckReport,
 ) {
     let voff = l.volume_table_start * BS;
-    let mut vb = vec![0u8; 2 * BLOCK_SIZE];
+    let copy_len = l.volume_table_copy_blocks() as usize * BLOCK_SIZE;
+    let mut vb = vec![0u8; 2 * copy_len];
     if cache.read_at(voff, &mut vb).is_ok() {
         for i in 0..2 {
-            let at = voff + i as u64 * BS;
-            if let Err(e) = VolumeTable::decode(&vb[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE], at) {
+            let at = voff + (i * copy_len) as u64;
+            if let Err(e) = VolumeTable::decode(&vb[i * copy_len..(i + 1) * copy_len], at) {
                 rep.add(Severity::Warning, "volume table", format!("copy {i}: {e}"));
             }
         }

@@ -158,6 +158,7 @@ fn commit_checkpoint(
         ck.regions.len(),
         ck.directories.iter().map(|d| d.pages.len()).sum(),
         ck.directories.len(),
+        ck.volumes.blocks_needed(),
     );
     if blocks > u64::from(core.sb.layout.checkpoint_blocks) {
         restore_directories(core, ck.directories);

@@ -76,6 +76,8 @@ pub(crate) enum InflightIo {
 pub struct Engine<C: BlockDevice, Z: ZonedDevice, K: Clock> {
     pub(crate) core: Core<C, Z, K>,
     pub(crate) queue: VecDeque<(Request, Answer)>,
+    /// Requests of rate-limited volumes waiting for their turn.
+    pub(crate) throttle: crate::throttle::Throttle,
     pub(crate) writer: ChunkWriter,
     pub(crate) reader: Reader,
     pub(crate) compaction: Mover,
@@ -143,7 +145,9 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             }));
             return;
         }
-        self.queue.push_back((req, done));
+        if let Some(item) = self.throttle.hold(req, done) {
+            self.queue.push_back(item);
+        }
     }
 
     /// Why the engine stopped, once a fatal error has stopped it.
@@ -228,6 +232,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             return Ok(false);
         }
         let mut progress = self.reap(0)?;
+        self.throttle.release(self.core.now(), &mut self.queue);
         let dispatched = self.process_requests()?;
         progress |= dispatched;
         if self.health.fatal.is_some() {
@@ -312,7 +317,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     /// How soon the devices want [`Self::poll`] again for their own work, in
     /// nanoseconds ([`shale_device::MAINTAIN_IDLE`]: only with other work).
     pub fn device_wake_ns(&self) -> u64 {
-        self.core.device_wake_ns
+        self.core.device_wake_ns.min(self.throttle.wake_ns())
     }
 
     pub fn wait_io(&mut self) {
@@ -323,6 +328,8 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
 
     /// Polls until idle. For tests, tools and shutdown.
     pub fn run_until_idle(&mut self) -> Result<(), EngineError> {
+        // Rate limits do not hold here: everything waiting is served.
+        self.queue.extend(self.throttle.take_all());
         loop {
             let progress = self.poll();
             if let Some(r) = &self.health.fatal {
@@ -361,6 +368,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     /// failure: queued, writes waiting for their blocks, flush waiters, reads.
     fn take_answers(&mut self) -> Vec<Answer> {
         let mut out: Vec<Answer> = self.queue.drain(..).map(|(_, d)| d).collect();
+        out.extend(self.throttle.take_all().into_iter().map(|(_, d)| d));
         self.prefetch.looked = 0;
         out.extend(self.writer.pending.drain(..).map(|w| w.done));
         out.append(&mut self.writer.ready);
@@ -709,6 +717,17 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     /// a checkpoint. If that fails, what is on media no longer matches the engine, so
     /// it stops rather than carry on from there.
     fn volume_changed(&mut self, change: &crate::volume::VolumeChange) -> Result<(), EngineError> {
+        let now = self.core.now();
+        let freed = self.throttle.sync(
+            self.core
+                .volumes
+                .table
+                .entries
+                .iter()
+                .map(|e| (e.uid, e.limits)),
+            now,
+        );
+        self.queue.extend(freed);
         crate::volume::record_change(&mut self.core, change)
             .and_then(|()| self.checkpoint(false))
             .inspect_err(|e| {
@@ -869,6 +888,11 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                     .and_then(|change| self.volume_changed(&change));
                 done.send(r.map(|_| Reply::Done));
             }
+            Request::SetVolumeLimits { volume, limits } => {
+                let r = crate::volume::set_limits(&mut self.core, volume, limits)
+                    .and_then(|(info, change)| self.volume_changed(&change).map(|_| info));
+                done.send(r.map(Reply::Volume));
+            }
             Request::ListVolumes => {
                 done.send(Ok(Reply::Volumes(crate::volume::list(&self.core.volumes))))
             }
@@ -935,10 +959,13 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     /// A snapshot of the counters, with gauges filled in.
     pub fn stats(&self) -> crate::Stats {
         debug_assert_eq!(self.gc.role(), RegionRole::Gc);
-        crate::metrics::snapshot(
+        let mut s = crate::metrics::snapshot(
             &self.core,
             self.compaction.staged_blocks() + self.gc.staged_blocks(),
-        )
+        );
+        s.throttle_waiting = self.throttle.waiting() as u64;
+        s.throttle_waits = self.throttle.delayed;
+        s
     }
 
     /// User capacity in bytes (the most all volumes together may hold).

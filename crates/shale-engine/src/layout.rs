@@ -11,6 +11,8 @@ use shale_format::{
 };
 
 pub(crate) const BS: u64 = BLOCK_SIZE as u64;
+/// Blocks of each volume table copy in new pools: the second holds volume limits.
+pub(crate) const VOLUME_TABLE_BLOCKS: u32 = 2;
 
 /// Address arithmetic over both devices.
 #[derive(Debug, Clone)]
@@ -276,7 +278,8 @@ fn plan_with(
     let pool_pages = u32::try_from(pool_pages).map_err(|_| "L2P pool too large".to_string())?;
     let mut l = CacheLayout {
         volume_table_start: 2,
-        checkpoint_a_start: 4,
+        volume_table_blocks: VOLUME_TABLE_BLOCKS,
+        checkpoint_a_start: 2 + 2 * u64::from(VOLUME_TABLE_BLOCKS),
         chunk_blocks,
         l2p_pool_pages: pool_pages,
         journal_blocks,
@@ -288,6 +291,7 @@ fn plan_with(
         regions as usize,
         pool_pages as usize,
         volumes_max as usize,
+        VOLUME_TABLE_BLOCKS,
     ))
     .map_err(|_| "checkpoint too large".to_string())?;
     l.checkpoint_b_start = l.checkpoint_a_start + u64::from(l.checkpoint_blocks);

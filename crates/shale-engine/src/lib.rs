@@ -59,6 +59,7 @@ mod selfcheck;
 pub use selfcheck::disable_paranoid_checks;
 mod space;
 mod thread;
+mod throttle;
 mod volume;
 mod write;
 
@@ -78,4 +79,4 @@ pub use recovery::{NoProgress, OpenEvent, OpenProgress, OpenReport, ReplayCounts
 pub use request::{Completion, Extent, Reply, Request, VolumeInfo, ALLOCATION_QUERY_BYTES_MAX};
 pub use thread::EngineThread;
 
-pub use shale_format::{Lba, Pba, Sid, VolumeId, VolumeUid};
+pub use shale_format::{Lba, Pba, Sid, VolumeId, VolumeLimits, VolumeUid};

@@ -74,6 +74,10 @@ pub struct Stats {
     /// Hand-off images stored, and their bytes (`handoff.rs`).
     pub handoff_stores: u64,
     pub handoff_bytes: u64,
+    /// Requests of rate-limited volumes waiting now, and how many times a volume's
+    /// waiting requests had to wait for its limits (`throttle.rs`).
+    pub throttle_waiting: u64,
+    pub throttle_waits: u64,
     /// Flushes that found everything already durable (no device I/O).
     pub idle_flushes: u64,
     /// Allocation (block status) queries answered.

@@ -114,6 +114,12 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         };
         let writer = ChunkWriter::new(config.write_buffers_max, geo.chunk_blocks);
         let placement = crate::placement::Placement::new(config.placement, &geo);
+        let mut throttle = crate::throttle::Throttle::default();
+        let none_waits = throttle.sync(
+            volumes.table.entries.iter().map(|e| (e.uid, e.limits)),
+            clock.now_ns(),
+        );
+        debug_assert!(none_waits.is_empty());
         let compaction = Mover::new(
             RegionRole::Compaction,
             config.compaction_policy.policy(),
@@ -146,6 +152,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 census: None,
             },
             queue: VecDeque::new(),
+            throttle,
             writer,
             reader: Reader::default(),
             compaction,
@@ -681,14 +688,14 @@ fn format_cache(cache: &mut impl BlockDevice, sb: &Superblock) -> Result<(), For
     cache
         .write_at(joff, &zeros)
         .map_err(cache_err("journal clear", joff))?;
-    let vt = VolumeTable::default();
-    let voff = sb.layout.volume_table_start * BS;
-    cache
-        .write_at(voff, &vt.encode())
-        .map_err(cache_err("volume table write", voff))?;
-    cache
-        .write_at(voff + BS, &vt.encode())
-        .map_err(cache_err("volume table write", voff + BS))
+    let vt = VolumeTable::default().encode_in(sb.layout.volume_table_blocks);
+    for copy in 0..2 {
+        let voff = sb.layout.volume_table_copy(copy) * BS;
+        cache
+            .write_at(voff, &vt)
+            .map_err(cache_err("volume table write", voff))?;
+    }
+    Ok(())
 }
 
 /// What a step returns: the bytes it read and a short detail for the report.

@@ -6,7 +6,7 @@
 //! `NoSuchVolume` even when a new volume took its slot. Trim is advisory for partial blocks (only blocks
 //! wholly inside the range are unmapped); write-zeroes is exact.
 
-use shale_format::{VolumeId, VolumeUid};
+use shale_format::{VolumeId, VolumeLimits, VolumeUid};
 
 use crate::{EngineError, Stats};
 
@@ -47,6 +47,12 @@ pub enum Request {
     DeleteVolume {
         volume: VolumeUid,
     },
+    /// Sets a volume's rate limits (`VolumeLimits::NONE` removes them); answered with
+    /// the volume. Pools formatted before limits existed refuse limits.
+    SetVolumeLimits {
+        volume: VolumeUid,
+        limits: VolumeLimits,
+    },
     ListVolumes,
     /// Which bytes of `[offset, offset + len)` are mapped (NBD BLOCK_STATUS
     /// `base:allocation`): answered by [`Reply::Allocation`]. `len` is at most
@@ -70,6 +76,8 @@ pub struct VolumeInfo {
     pub uid: VolumeUid,
     pub name: String,
     pub size_bytes: u64,
+    /// Rate limits (none by default).
+    pub limits: VolumeLimits,
 }
 
 #[derive(Debug)]
@@ -133,6 +141,12 @@ impl Answer {
     /// Drops the completion without calling it (the process "crashed").
     pub fn disarm(mut self) {
         self.0 = None;
+    }
+
+    /// An answer nobody waits for (tests).
+    #[cfg(test)]
+    pub fn none() -> Answer {
+        Answer(None)
     }
 }
 

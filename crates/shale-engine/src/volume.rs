@@ -8,7 +8,9 @@
 //! a deleted volume's uid finds nothing even after its slot is taken again.
 
 use shale_device::{BlockDevice, ZonedDevice};
-use shale_format::{JournalRecord, VolumeEntry, VolumeId, VolumeTable, VolumeUid, VOLUME_NAME_MAX};
+use shale_format::{
+    JournalRecord, VolumeEntry, VolumeId, VolumeLimits, VolumeTable, VolumeUid, VOLUME_NAME_MAX,
+};
 
 use crate::core::Core;
 use crate::layout::BS;
@@ -55,6 +57,7 @@ impl Volumes {
             uid: e.uid,
             name: e.name.clone(),
             size_bytes: e.size_blocks * BS,
+            limits: e.limits,
         }
     }
 }
@@ -115,6 +118,7 @@ pub(crate) fn create(
         size_blocks: blocks,
         created_sid,
         created_pos,
+        limits: VolumeLimits::NONE,
     };
     let info = Volumes::info(&e);
     core.volumes.table.entries.push(e);
@@ -172,6 +176,43 @@ pub(crate) fn resize(
     ))
 }
 
+/// Sets a volume's rate limits in memory; the caller persists the change. A pool
+/// whose volume table copies are one block (formatted before limits existed) has
+/// nowhere to keep them.
+pub(crate) fn set_limits(
+    core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+    uid: VolumeUid,
+    limits: VolumeLimits,
+) -> Result<(VolumeInfo, VolumeChange), EngineError> {
+    let Some(id) = core.volumes.resolve(uid) else {
+        return Err(EngineError::NoSuchVolume { volume: uid });
+    };
+    if !limits.is_none() && core.sb.layout.volume_table_blocks < 2 {
+        return Err(EngineError::InvalidVolume {
+            reason: "this pool was formatted before volume limits existed (its volume table has no room for them); a pool formatted by this version stores them".into(),
+        });
+    }
+    if limits.bytes_per_sec_max > 0 && limits.bytes_per_sec_max < BS {
+        return Err(EngineError::InvalidVolume {
+            reason: format!(
+                "a byte rate of {} per second is below one block ({BS})",
+                limits.bytes_per_sec_max
+            ),
+        });
+    }
+    let Some(e) = core.volumes.table.entries.iter_mut().find(|e| e.id == id) else {
+        unreachable!("resolved above");
+    };
+    e.limits = limits;
+    let info = Volumes::info(e);
+    let change = VolumeChange {
+        volume: id,
+        size_blocks: e.size_blocks,
+        live: true,
+    };
+    Ok((info, change))
+}
+
 /// Deletes a volume in memory (unmapping all of it); the caller persists the
 /// change.
 pub(crate) fn delete(
@@ -204,11 +245,15 @@ pub(crate) fn record_change(
     core.volumes.table.generation += 1;
     core.volumes.table.entries.sort_by_key(|e| e.id);
     let copy = core.volumes.table.generation % 2;
-    let off = (core.sb.layout.volume_table_start + copy) * BS;
+    let off = core.sb.layout.volume_table_copy(copy) * BS;
+    let bytes = core
+        .volumes
+        .table
+        .encode_in(core.sb.layout.volume_table_blocks);
     core.cache
-        .write_at(off, &core.volumes.table.encode())
+        .write_at(off, &bytes)
         .map_err(EngineError::cache("volume table write", off))?;
-    core.stats.cache_md_write_bytes += BS;
+    core.stats.cache_md_write_bytes += bytes.len() as u64;
     core.journal.append(JournalRecord::VolumeChanged {
         volume: change.volume,
         size_blocks: change.size_blocks,

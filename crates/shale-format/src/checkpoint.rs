@@ -94,14 +94,16 @@ pub struct Checkpoint {
 
 impl Checkpoint {
     /// Bytes the encoded checkpoint takes (header block + payload, rounded up to blocks).
+    /// `volume_table_blocks`: 1, or 2 for a table with limits (version 3).
     pub fn encoded_blocks(
         region_count: usize,
         directory_pages: usize,
         directory_count: usize,
+        volume_table_blocks: u32,
     ) -> u64 {
         let payload = crate::REGION_TABLE_HEADER_LEN
             + region_count * crate::REGION_ENTRY_LEN
-            + BLOCK_SIZE
+            + volume_table_blocks.max(1) as usize * BLOCK_SIZE
             + directory_count * crate::L2P_DIR_HEADER_LEN
             + directory_pages * 8;
         1 + payload.div_ceil(BLOCK_SIZE) as u64
@@ -114,6 +116,7 @@ impl Checkpoint {
             self.regions.len(),
             self.directories.iter().map(|d| d.pages.len()).sum(),
             self.directories.len(),
+            self.volumes.blocks_needed(),
         ) as usize
             * BLOCK_SIZE;
         let mut out = vec![0u8; len];
@@ -154,7 +157,7 @@ impl Checkpoint {
             err: None,
         };
         crate::region_table::region_table_chunks(&self.regions, &mut |b| p.put(b));
-        p.put(&self.volumes.encode());
+        p.put(&self.volumes.encode_in(self.volumes.blocks_needed()));
         for d in &self.directories {
             d.chunks(&mut |b| p.put(b));
         }
@@ -214,14 +217,15 @@ impl Checkpoint {
             ));
         }
         let mut pos = used;
+        let vt_len = VolumeTable::encoded_len(&payload[pos.min(payload.len())..]);
         let vt_end = pos
-            .checked_add(BLOCK_SIZE)
+            .checked_add(vt_len)
             .filter(|&e| e <= payload.len())
             .ok_or(FormatError::Truncated {
                 structure: Structure::VolumeTable,
                 at: pat + pos as u64,
                 len: payload.len(),
-                need: pos + BLOCK_SIZE,
+                need: pos + vt_len,
             })?;
         let volumes = VolumeTable::decode(&payload[pos..vt_end], pat + pos as u64)?;
         pos = vt_end;
@@ -313,7 +317,7 @@ mod tests {
                      regions in proptest::collection::vec(crate::region_table::tests::entry(), 0..40),
                      dirs in proptest::collection::vec(proptest::collection::vec((any::<u32>(), any::<u32>()), 0..30), 0..5)) {
             let volumes = VolumeTable { generation: 4, uid_next: VolumeUid(100), entries: dirs.iter().enumerate().map(|(i, d)| VolumeEntry {
-                id: VolumeId(i as u32), uid: VolumeUid(i as u64 + 1), name: format!("v{i}"), size_blocks: d.len() as u64 * 1024, created_sid: Sid(1), created_pos: 0,
+                id: VolumeId(i as u32), uid: VolumeUid(i as u64 + 1), name: format!("v{i}"), size_blocks: d.len() as u64 * 1024, created_sid: Sid(1), created_pos: 0, limits: crate::VolumeLimits { iops_max: i as u64 % 2 * 100, bytes_per_sec_max: 0 },
             }).collect() };
             let directories: Vec<L2pDirectory> = dirs.iter().enumerate().map(|(i, d)| L2pDirectory {
                 volume: VolumeId(i as u32), pages: d.iter().map(|&(slot, crc32c)| PageDesc { slot, crc32c }).collect(),
@@ -324,7 +328,7 @@ mod tests {
                 regions, volumes, directories,
             };
             let mut bytes = c.encode();
-            prop_assert_eq!(bytes.len() as u64, Checkpoint::encoded_blocks(c.regions.len(), dir_pages, c.directories.len()) * BLOCK_SIZE as u64);
+            prop_assert_eq!(bytes.len() as u64, Checkpoint::encoded_blocks(c.regions.len(), dir_pages, c.directories.len(), c.volumes.blocks_needed()) * BLOCK_SIZE as u64);
             let d = Checkpoint::decode(&bytes, 0).unwrap();
             prop_assert_eq!(&d.regions, &c.regions);
             prop_assert_eq!(&d.volumes, &c.volumes);
@@ -378,6 +382,7 @@ mod tests {
                         size_blocks: 6_000_000,
                         created_sid: Sid(1),
                         created_pos: 0,
+                        limits: crate::VolumeLimits::NONE,
                     })
                     .collect(),
             },

@@ -258,8 +258,14 @@ pub fn volume_table(data: &[u8]) {
     };
     if reseal {
         reseal_block(&mut buf);
+        // A version-3 table's second block (its limits) has a checksum of its own.
+        if buf.len() >= 2 * BLOCK_SIZE {
+            reseal_block(&mut buf[BLOCK_SIZE..]);
+        }
     }
     if let Ok(t) = VolumeTable::decode(&buf, AT) {
-        assert_eq!(VolumeTable::decode(&t.encode(), AT), Ok(t));
+        let again = t.encode_in(t.blocks_needed());
+        assert_eq!(VolumeTable::encoded_len(&again), again.len());
+        assert_eq!(VolumeTable::decode(&again, AT), Ok(t));
     }
 }

@@ -58,8 +58,8 @@ pub use superblock::{
     CacheLayout, CapacityGeometry, Superblock, SUPERBLOCK_MAGIC, SUPERBLOCK_VERSION,
 };
 pub use volume_table::{
-    VolumeEntry, VolumeTable, VOLUMES_MAX, VOLUME_NAME_MAX, VOLUME_TABLE_MAGIC,
-    VOLUME_TABLE_VERSION,
+    VolumeEntry, VolumeLimits, VolumeTable, VOLUMES_MAX, VOLUME_NAME_MAX, VOLUME_TABLE_MAGIC,
+    VOLUME_TABLE_VERSION, VOLUME_TABLE_VERSION_3,
 };
 
 /// The unit of mapping.

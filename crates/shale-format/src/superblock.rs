@@ -17,6 +17,9 @@ pub const SUPERBLOCK_LEN: usize = 160;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct CacheLayout {
     pub volume_table_start: u64,
+    /// Blocks of each of the volume table's two copies (byte 149; 0, as pools
+    /// formatted before it existed have there, means 1): 2 stores volume limits.
+    pub volume_table_blocks: u32,
     pub checkpoint_a_start: u64,
     pub checkpoint_b_start: u64,
     pub checkpoint_blocks: u32,
@@ -31,6 +34,14 @@ pub struct CacheLayout {
 }
 
 impl CacheLayout {
+    /// Blocks of one volume table copy (1 or 2).
+    pub fn volume_table_copy_blocks(&self) -> u64 {
+        u64::from(self.volume_table_blocks.max(1))
+    }
+    /// First block of volume table copy `copy` (0 or 1).
+    pub fn volume_table_copy(&self, copy: u64) -> u64 {
+        self.volume_table_start + copy * self.volume_table_copy_blocks()
+    }
     pub fn cache_data_blocks(&self) -> u64 {
         u64::from(self.chunk_blocks) * u64::from(self.chunk_count)
     }
@@ -107,7 +118,13 @@ impl Superblock {
         w.u32(c.zone_count); // 140
         w.u32(BLOCK_SIZE as u32); // 144
         w.u8(self.l2p.entry_bytes()); // 148
-        w.skip(11); // 149..160 reserved
+                                      // One-block copies are written as 0, as before the field existed.
+        w.u8(if l.volume_table_blocks > 1 {
+            l.volume_table_blocks as u8
+        } else {
+            0
+        }); // 149
+        w.skip(10); // 150..160 reserved
         debug_assert_eq!(w.pos(), SUPERBLOCK_LEN);
         seal(&mut b, BLOCK_SIZE);
         b
@@ -138,6 +155,7 @@ impl Superblock {
         let cache_size_blocks = r.u64()?;
         let layout = CacheLayout {
             volume_table_start: r.u64()?,
+            volume_table_blocks: 1,
             checkpoint_a_start: r.u64()?,
             checkpoint_b_start: r.u64()?,
             checkpoint_blocks: r.u32()?,
@@ -162,6 +180,15 @@ impl Superblock {
             0 => L2pFormat::NARROW,
             b => L2pFormat::from_entry_bytes(b)
                 .ok_or_else(|| r.invalid("l2p_entry_bytes", format!("{b} is neither 4 nor 5")))?,
+        };
+        let volume_table_blocks = match r.u8()? {
+            0 | 1 => 1,
+            2 => 2,
+            b => return Err(r.invalid("volume_table_blocks", format!("{b} is neither 1 nor 2"))),
+        };
+        let layout = CacheLayout {
+            volume_table_blocks,
+            ..layout
         };
         let sb = Superblock {
             uuid,
@@ -202,7 +229,11 @@ impl Superblock {
             ));
         }
         let areas = [
-            ("volume_table_start", l.volume_table_start, 2u64),
+            (
+                "volume_table_start",
+                l.volume_table_start,
+                2 * l.volume_table_copy_blocks(),
+            ),
             (
                 "checkpoint_a_start",
                 l.checkpoint_a_start,
@@ -292,6 +323,7 @@ mod tests {
             cache_size_blocks: 10_000,
             layout: CacheLayout {
                 volume_table_start: 2,
+                volume_table_blocks: 1,
                 checkpoint_a_start: 4,
                 checkpoint_b_start: 14,
                 checkpoint_blocks: 10,

@@ -9,6 +9,11 @@
 //! `uid_next`, which only grows, so a uid names one volume for the pool's lifetime
 //! even where its slot is reused; front-ends hold it, not the slot.
 //!
+//! Version 3 adds each volume's rate limits in a second block (so a copy is two
+//! blocks; pools formatted with one-block copies keep writing version 2 and cannot
+//! store limits). The second block repeats the generation, so a copy torn between its
+//! blocks fails to decode and the other copy is used.
+//!
 //! Version 1 had no uids; its tables decode with uid = slot + 1 and `uid_next` =
 //! [`VOLUMES_MAX`] + 1, so the first table written after an upgrade (version 2)
 //! issues uids no version-1 volume was given.
@@ -18,6 +23,11 @@ use crate::{FormatError, Sid, Structure, VolumeId, VolumeUid, BLOCK_SIZE};
 
 pub const VOLUME_TABLE_MAGIC: u32 = u32::from_le_bytes(*b"SHVT");
 pub const VOLUME_TABLE_VERSION: u16 = 2;
+/// Two blocks: the entries as in version 2, then each entry's limits.
+pub const VOLUME_TABLE_VERSION_3: u16 = 3;
+pub const VOLUME_LIMITS_MAGIC: u32 = u32::from_le_bytes(*b"SHVL");
+/// Bytes of one entry's limits in the second block (the rest reserved, zero).
+pub const VOLUME_LIMITS_LEN: usize = 64;
 /// The layout before uids; still read.
 const VOLUME_TABLE_VERSION_1: u16 = 1;
 pub const VOLUME_TABLE_HEADER_LEN: usize = 32;
@@ -25,6 +35,26 @@ pub const VOLUME_ENTRY_LEN: usize = 64;
 pub const VOLUME_NAME_MAX: usize = 32;
 /// Entries that fit in one block.
 pub const VOLUMES_MAX: u32 = ((BLOCK_SIZE - VOLUME_TABLE_HEADER_LEN) / VOLUME_ENTRY_LEN) as u32;
+
+/// A volume's rate limits; 0 means none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct VolumeLimits {
+    /// Requests per second (reads, writes, trims and write-zeroes alike).
+    pub iops_max: u64,
+    /// Bytes read and written per second.
+    pub bytes_per_sec_max: u64,
+}
+
+impl VolumeLimits {
+    pub const NONE: VolumeLimits = VolumeLimits {
+        iops_max: 0,
+        bytes_per_sec_max: 0,
+    };
+
+    pub fn is_none(&self) -> bool {
+        *self == VolumeLimits::NONE
+    }
+}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VolumeEntry {
@@ -34,6 +64,8 @@ pub struct VolumeEntry {
     pub size_blocks: u64,
     pub created_sid: Sid,
     pub created_pos: u32,
+    /// Stored only by version 3 tables (two-block copies).
+    pub limits: VolumeLimits,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,13 +95,64 @@ impl VolumeTable {
         Some(uid)
     }
 
-    /// Encodes into one block (version 2). Callers keep the invariants (checked by
-    /// `decode`).
+    /// Encodes into one block (version 2), without limits. Callers keep the
+    /// invariants (checked by `decode`).
     pub fn encode(&self) -> [u8; BLOCK_SIZE] {
+        self.encode_entries(VOLUME_TABLE_VERSION)
+    }
+
+    /// Encodes into `blocks` blocks: 1 is version 2 (limits are not stored: the
+    /// caller refuses them on such pools), 2 is version 3.
+    pub fn encode_in(&self, blocks: u32) -> Vec<u8> {
+        if blocks < 2 {
+            return self.encode().to_vec();
+        }
+        let mut out = Vec::with_capacity(2 * BLOCK_SIZE);
+        out.extend_from_slice(&self.encode_entries(VOLUME_TABLE_VERSION_3));
+        let mut b = [0u8; BLOCK_SIZE];
+        let mut w = Writer::new(&mut b);
+        w.u32(VOLUME_LIMITS_MAGIC);
+        w.u16(VOLUME_TABLE_VERSION_3);
+        w.u16(self.entries.len() as u16);
+        w.u32(0); // crc
+        w.u32(0);
+        w.u64(self.generation);
+        w.skip(8);
+        for e in self.entries.iter().take(VOLUMES_MAX as usize) {
+            w.u16(e.id.0 as u16);
+            w.skip(6);
+            w.u64(e.limits.iops_max);
+            w.u64(e.limits.bytes_per_sec_max);
+            w.skip(VOLUME_LIMITS_LEN - 24);
+        }
+        seal(&mut b, BLOCK_SIZE);
+        out.extend_from_slice(&b);
+        out
+    }
+
+    /// Blocks the table needs: 2 once a volume has limits, else 1.
+    pub fn blocks_needed(&self) -> u32 {
+        if self.entries.iter().all(|e| e.limits.is_none()) {
+            1
+        } else {
+            2
+        }
+    }
+
+    /// The bytes a table of this version starts with says it takes: 2 blocks for
+    /// version 3, else 1 (a block too short to tell is 1).
+    pub fn encoded_len(first_block: &[u8]) -> usize {
+        match first_block.get(4..6) {
+            Some(&[a, b]) if u16::from_le_bytes([a, b]) == VOLUME_TABLE_VERSION_3 => 2 * BLOCK_SIZE,
+            _ => BLOCK_SIZE,
+        }
+    }
+
+    fn encode_entries(&self, version: u16) -> [u8; BLOCK_SIZE] {
         let mut b = [0u8; BLOCK_SIZE];
         let mut w = Writer::new(&mut b);
         w.u32(VOLUME_TABLE_MAGIC);
-        w.u16(VOLUME_TABLE_VERSION);
+        w.u16(version);
         w.u16(self.entries.len() as u16);
         w.u32(0);
         w.u32(0);
@@ -96,12 +179,16 @@ impl VolumeTable {
     pub fn decode(buf: &[u8], at: u64) -> Result<VolumeTable, FormatError> {
         let s = Structure::VolumeTable;
         let version = match buf.get(4..6) {
-            Some(&[a, b]) if u16::from_le_bytes([a, b]) == VOLUME_TABLE_VERSION_1 => {
-                VOLUME_TABLE_VERSION_1
+            Some(&[a, b])
+                if [VOLUME_TABLE_VERSION_1, VOLUME_TABLE_VERSION_3]
+                    .contains(&u16::from_le_bytes([a, b])) =>
+            {
+                u16::from_le_bytes([a, b])
             }
             _ => VOLUME_TABLE_VERSION,
         };
         check_header(buf, s, at, VOLUME_TABLE_MAGIC, version, BLOCK_SIZE)?;
+        let limits_block = &buf[BLOCK_SIZE.min(buf.len())..];
         let buf = &buf[..BLOCK_SIZE];
         check_crc(buf, s, at)?;
         let mut r = Reader::at(buf, 6, s, at);
@@ -142,12 +229,65 @@ impl VolumeTable {
             }
             entries.push(e);
         }
+        if version == VOLUME_TABLE_VERSION_3 {
+            decode_limits(
+                limits_block,
+                at + BLOCK_SIZE as u64,
+                generation,
+                &mut entries,
+            )?;
+        }
         Ok(VolumeTable {
             generation,
             uid_next,
             entries,
         })
     }
+}
+
+/// The second block of a version-3 table: each entry's limits, in entry order.
+fn decode_limits(
+    buf: &[u8],
+    at: u64,
+    generation: u64,
+    entries: &mut [VolumeEntry],
+) -> Result<(), FormatError> {
+    let s = Structure::VolumeTable;
+    check_header(
+        buf,
+        s,
+        at,
+        VOLUME_LIMITS_MAGIC,
+        VOLUME_TABLE_VERSION_3,
+        BLOCK_SIZE,
+    )?;
+    let buf = &buf[..BLOCK_SIZE];
+    check_crc(buf, s, at)?;
+    let mut r = Reader::at(buf, 6, s, at);
+    let count = usize::from(r.u16()?);
+    if count != entries.len() {
+        return Err(r.invalid("limits_count", format!("{count} != {}", entries.len())));
+    }
+    let mut r = Reader::at(buf, 16, s, at);
+    let g = r.u64()?;
+    if g != generation {
+        // The entries' block was written without this one (a torn copy).
+        return Err(r.invalid("limits_generation", format!("{g} != {generation}")));
+    }
+    r.skip(8)?;
+    for e in entries.iter_mut() {
+        let id = r.u16()?;
+        if u32::from(id) != e.id.0 {
+            return Err(r.invalid("limits_id", format!("{id} != {}", e.id)));
+        }
+        r.skip(6)?;
+        e.limits = VolumeLimits {
+            iops_max: r.u64()?,
+            bytes_per_sec_max: r.u64()?,
+        };
+        r.skip(VOLUME_LIMITS_LEN - 24)?;
+    }
+    Ok(())
 }
 
 fn decode_name(r: &mut Reader<'_>, n: usize) -> Result<String, FormatError> {
@@ -184,6 +324,7 @@ fn decode_entry(r: &mut Reader<'_>) -> Result<VolumeEntry, FormatError> {
         size_blocks,
         created_sid,
         created_pos,
+        limits: VolumeLimits::NONE,
     })
 }
 
@@ -208,6 +349,7 @@ fn decode_entry_v1(r: &mut Reader<'_>) -> Result<VolumeEntry, FormatError> {
         size_blocks,
         created_sid,
         created_pos,
+        limits: VolumeLimits::NONE,
     })
 }
 
@@ -224,6 +366,7 @@ mod tests {
             size_blocks: 256,
             created_sid: Sid(3),
             created_pos: 7,
+            limits: VolumeLimits::NONE,
         }
     }
 
@@ -271,6 +414,7 @@ mod tests {
                     size_blocks: 100,
                     created_sid: Sid(4),
                     created_pos: 5,
+                    limits: VolumeLimits::NONE,
                 },
                 VolumeEntry {
                     id: VolumeId(3),
@@ -279,6 +423,7 @@ mod tests {
                     size_blocks: 200,
                     created_sid: Sid(6),
                     created_pos: 0,
+                    limits: VolumeLimits::NONE,
                 },
             ]
         );
@@ -322,18 +467,43 @@ mod tests {
         }
 
         #[test]
-        fn roundtrip(gen in any::<u64>(), vols in proptest::collection::btree_map(0u32..63, ("[a-z]{1,32}", any::<u64>(), any::<u64>(), any::<u32>()), 0..20)) {
+        fn roundtrip(gen in any::<u64>(), vols in proptest::collection::btree_map(0u32..63, ("[a-z]{1,32}", any::<u64>(), any::<u64>(), any::<u32>(), any::<(u64, u64)>()), 0..20)) {
             let mut names = std::collections::BTreeSet::new();
             let entries: Vec<VolumeEntry> = vols.into_iter()
                 .filter(|(_, (n, ..))| names.insert(n.clone()))
                 .enumerate()
-                .map(|(i, (id, (name, size_blocks, sid, pos)))| VolumeEntry {
+                .map(|(i, (id, (name, size_blocks, sid, pos, (iops, bps))))| VolumeEntry {
                     id: VolumeId(id), uid: VolumeUid(1000 + i as u64), name, size_blocks,
                     created_sid: Sid(sid), created_pos: pos,
+                    limits: VolumeLimits { iops_max: iops, bytes_per_sec_max: bps },
                 }).collect();
-            let t = VolumeTable { generation: gen, uid_next: VolumeUid(5000), entries };
-            let b = t.encode();
+            let mut t = VolumeTable { generation: gen, uid_next: VolumeUid(5000), entries };
+            let b = t.encode_in(2);
+            prop_assert_eq!(b.len(), VolumeTable::encoded_len(&b));
+            prop_assert_eq!(VolumeTable::decode(&b, 0), Ok(t.clone()));
+            // Version 2 drops the limits.
+            for e in &mut t.entries {
+                e.limits = VolumeLimits::NONE;
+            }
+            let b = t.encode_in(1);
+            prop_assert_eq!(b.len(), VolumeTable::encoded_len(&b));
             prop_assert_eq!(VolumeTable::decode(&b, 0), Ok(t));
+        }
+
+        #[test]
+        fn a_copy_torn_between_its_blocks_is_refused(gen in 1u64..1000) {
+            let mut t = VolumeTable { generation: gen, uid_next: VolumeUid(9), entries: vec![entry(2, 4, "db")] };
+            t.entries[0].limits.iops_max = 500;
+            let old = t.encode_in(2);
+            t.generation += 1;
+            t.entries[0].limits.iops_max = 800;
+            let new = t.encode_in(2);
+            let mut torn = new[..BLOCK_SIZE].to_vec();
+            torn.extend_from_slice(&old[BLOCK_SIZE..]);
+            prop_assert!(VolumeTable::decode(&torn, 0).is_err());
+            // A version-3 copy missing its second block is refused too.
+            prop_assert!(VolumeTable::decode(&new[..BLOCK_SIZE], 0).is_err());
+            prop_assert_eq!(VolumeTable::decode(&new, 0).unwrap().entries[0].limits.iops_max, 800);
         }
     }
 }

@@ -25,7 +25,7 @@ fn targets() -> [Entry; 8] {
         e("md_block", fuzzing::md_block, BLOCK_SIZE + 1),
         e("checkpoint", fuzzing::checkpoint, 3 * BLOCK_SIZE + 1),
         e("journal_block", fuzzing::journal_block, BLOCK_SIZE + 1),
-        e("volume_table", fuzzing::volume_table, BLOCK_SIZE + 1),
+        e("volume_table", fuzzing::volume_table, 2 * BLOCK_SIZE + 1),
         e("array_label", fuzzing::array_label, BLOCK_SIZE + 1),
         e(
             "handoff_image",
@@ -91,6 +91,7 @@ fn superblock(clean: bool, active: u8, volumes_max: u32) -> Superblock {
         cache_size_blocks: 4300,
         layout: CacheLayout {
             volume_table_start: 2,
+            volume_table_blocks: 1,
             checkpoint_a_start: 4,
             checkpoint_b_start: 12,
             checkpoint_blocks: 8,
@@ -135,9 +136,24 @@ fn volumes(n: u32) -> VolumeTable {
                 size_blocks: 1024 * (u64::from(i) + 1),
                 created_sid: Sid(u64::from(i) + 1),
                 created_pos: i * 3,
+                limits: shale_format::VolumeLimits::NONE,
             })
             .collect(),
     }
+}
+
+/// A version-3 volume table: `n` volumes, every other one with rate limits.
+fn volumes_with_limits(n: u32) -> Vec<u8> {
+    let mut t = volumes(n);
+    for (i, e) in t.entries.iter_mut().enumerate() {
+        if i % 2 == 0 {
+            e.limits = VolumeLimits {
+                iops_max: 1000 * (i as u64 + 1),
+                bytes_per_sec_max: (64 << 20) * (i as u64 + 1),
+            };
+        }
+    }
+    t.encode_in(2)
 }
 
 /// A version-1 volume table (before uids), laid out as docs/format.md draws it.
@@ -396,6 +412,8 @@ fn write_seed_corpus() {
             ("empty", resealed(&volumes(0).encode())),
             ("full", resealed(&volumes(VOLUMES_MAX).encode())),
             ("version-1", resealed(&volume_table_v1())),
+            ("version-3-limits", resealed(&volumes_with_limits(5))),
+            ("version-3-as-stored", as_stored(&volumes_with_limits(2))),
         ],
     );
     write_handoff_seeds();

@@ -1982,6 +1982,7 @@ fn request_kind(r: &Request) -> &'static str {
         Request::CreateVolume { .. } => "create",
         Request::ResizeVolume { .. } => "resize",
         Request::DeleteVolume { .. } => "delete",
+        Request::SetVolumeLimits { .. } => "limits",
         Request::ListVolumes => "list",
         Request::Stats => "stats",
         Request::SelfCheck => "self-check",

@@ -120,7 +120,7 @@ fn cache_place(l: &CacheLayout, op: &DevOp) -> Place {
     let within = |start: u64, len: u64| first >= start && first < start + len;
     if first < 2 {
         Place::Superblock
-    } else if within(l.volume_table_start, 2) {
+    } else if within(l.volume_table_start, 2 * l.volume_table_copy_blocks()) {
         Place::VolumeTable
     } else if within(l.checkpoint_a_start, u64::from(l.checkpoint_blocks))
         || within(l.checkpoint_b_start, u64::from(l.checkpoint_blocks))
@@ -683,6 +683,7 @@ mod tests {
     fn layout() -> CacheLayout {
         CacheLayout {
             volume_table_start: 2,
+            volume_table_blocks: 1,
             checkpoint_a_start: 4,
             checkpoint_b_start: 8,
             checkpoint_blocks: 4,

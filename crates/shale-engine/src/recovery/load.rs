@@ -286,13 +286,14 @@ pub(crate) fn volume_tables<C: BlockDevice>(
     bytes: &mut u64,
 ) -> Result<(), OpenError> {
     let off = sb.layout.volume_table_start * BS;
-    let mut b = vec![0u8; 2 * BLOCK_SIZE];
+    let copy_len = sb.layout.volume_table_copy_blocks() as usize * BLOCK_SIZE;
+    let mut b = vec![0u8; 2 * copy_len];
     cache
         .read_at(off, &mut b)
         .map_err(|e| OpenError::Engine(EngineError::cache("volume table read", off)(e)))?;
-    *bytes += 2 * BS;
-    for (i, copy) in b.chunks_mut(BLOCK_SIZE).enumerate() {
-        let at = off + i as u64 * BS;
+    *bytes += 2 * copy_len as u64;
+    for (i, copy) in b.chunks_mut(copy_len).enumerate() {
+        let at = off + (i * copy_len) as u64;
         if VolumeTable::decode(copy, at).is_err() {
             reread(cache, "volume table", at, copy, true, |x| {
                 VolumeTable::decode(x, at).is_ok()
@@ -300,8 +301,8 @@ pub(crate) fn volume_tables<C: BlockDevice>(
         }
     }
     let copies = [
-        VolumeTable::decode(&b[..BLOCK_SIZE], off),
-        VolumeTable::decode(&b[BLOCK_SIZE..], off + BS),
+        VolumeTable::decode(&b[..copy_len], off),
+        VolumeTable::decode(&b[copy_len..], off + copy_len as u64),
     ];
     let mut newest: Option<&VolumeTable> = None;
     for (i, c) in copies.iter().enumerate() {

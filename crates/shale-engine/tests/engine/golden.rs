@@ -312,6 +312,37 @@ fn carries_on(mut e: GoldenEngine, mut x: Expect) {
     e.self_check().unwrap();
 }
 
+/// A pool formatted before volume limits keeps one-block volume table copies: it
+/// refuses limits with a reason, and takes "no limits".
+#[test]
+fn a_pool_from_before_volume_limits_refuses_them() {
+    let mut e = open_fixture("formatted");
+    let limits = shale_engine::VolumeLimits {
+        iops_max: 100,
+        bytes_per_sec_max: 0,
+    };
+    let r = call(
+        &mut e,
+        Request::SetVolumeLimits {
+            volume: ALPHA,
+            limits,
+        },
+    );
+    assert!(
+        matches!(&r, Err(EngineError::InvalidVolume { reason }) if reason.contains("formatted before volume limits")),
+        "{r:?}"
+    );
+    let r = call(
+        &mut e,
+        Request::SetVolumeLimits {
+            volume: ALPHA,
+            limits: shale_engine::VolumeLimits::NONE,
+        },
+    );
+    assert!(matches!(r, Ok(Reply::Volume(v)) if v.limits.is_none()));
+    e.self_check().unwrap();
+}
+
 #[test]
 fn formatted_pool_opens_with_its_data() {
     let mut e = open_fixture("formatted");

@@ -11,6 +11,7 @@ mod corruption;
 mod faults;
 mod golden;
 mod handoff;
+mod limits;
 mod model;
 mod recovery;
 mod robustness;

@@ -407,7 +407,10 @@ impl Rig {
     }
     pub fn volume_table_range(&self) -> (u64, u64) {
         let l = &self.layout;
-        (l.volume_table_start * BS, (l.volume_table_start + 2) * BS)
+        (
+            l.volume_table_start * BS,
+            (l.volume_table_start + 2 * l.volume_table_copy_blocks()) * BS,
+        )
     }
     /// Byte range of the data zones on the capacity's inner device.
     pub fn zones_range(&self) -> (u64, u64) {

@@ -1,0 +1,157 @@
+//! Volume rate limits: the engine holds a limited volume's requests to its rates,
+//! leaves other volumes alone, and keeps the limits across a clean restart and a
+//! crash.
+
+use std::sync::{Arc, Mutex};
+
+use shale_device::CrashMode;
+use shale_engine::{EngineError, ManualClock, Reply, Request, VolumeLimits, VolumeUid};
+
+use crate::common::*;
+
+type Done = Arc<Mutex<Vec<Result<Reply, EngineError>>>>;
+
+fn submit_writes(e: &mut Eng, v: VolumeUid, n: u64, done: &Done) {
+    for i in 0..n {
+        let d = done.clone();
+        e.submit(
+            Request::Write {
+                volume: v,
+                offset: (i % 64) * 4096,
+                data: pattern(i, 4096),
+                fua: false,
+            },
+            Box::new(move |r| d.lock().unwrap().push(r)),
+        );
+    }
+}
+
+/// Polls until nothing moves (no time passes on the manual clock).
+fn settle(e: &mut Eng) {
+    for _ in 0..10_000 {
+        if !e.poll() && e.is_idle() {
+            return;
+        }
+        if !e.is_idle() {
+            e.wait_io();
+        }
+    }
+}
+
+fn set(e: &mut Eng, v: VolumeUid, limits: VolumeLimits) -> Result<Reply, EngineError> {
+    call(e, Request::SetVolumeLimits { volume: v, limits })
+}
+
+fn limits_of(e: &mut Eng, name: &str) -> VolumeLimits {
+    match call(e, Request::ListVolumes).unwrap() {
+        Reply::Volumes(vs) => vs.into_iter().find(|v| v.name == name).unwrap().limits,
+        r => panic!("unexpected {r:?}"),
+    }
+}
+
+#[test]
+fn a_limited_volume_is_held_to_its_rate_and_others_are_not() {
+    let (c, z) = devices(128 + 8 * 256, 28);
+    let clock = ManualClock::new();
+    let mut e = shale_engine::Engine::format(c, z, clock.clone(), tiny_config()).unwrap();
+    let slow = create(&mut e, "slow", 1 << 20);
+    let fast = create(&mut e, "fast", 1 << 20);
+    let l = VolumeLimits {
+        iops_max: 100,
+        bytes_per_sec_max: 0,
+    };
+    match set(&mut e, slow, l).unwrap() {
+        Reply::Volume(v) => assert_eq!(v.limits, l),
+        r => panic!("unexpected {r:?}"),
+    }
+    let (slow_done, fast_done): (Done, Done) = Default::default();
+    submit_writes(&mut e, slow, 60, &slow_done);
+    submit_writes(&mut e, fast, 60, &fast_done);
+    settle(&mut e);
+    // The bucket holds a tenth of a second: 10 requests at once, the rest wait.
+    assert_eq!(fast_done.lock().unwrap().len(), 60);
+    assert_eq!(slow_done.lock().unwrap().len(), 10);
+    assert_eq!(e.stats().throttle_waiting, 50);
+    assert!(e.device_wake_ns() > 0 && e.device_wake_ns() <= 10_000_000);
+    // 100 ms later, 10 more; half a second later, all.
+    clock.advance_ns(100_000_000);
+    settle(&mut e);
+    assert_eq!(slow_done.lock().unwrap().len(), 20);
+    for _ in 0..4 {
+        clock.advance_ns(100_000_000);
+        settle(&mut e);
+    }
+    assert_eq!(slow_done.lock().unwrap().len(), 60);
+    assert!(slow_done.lock().unwrap().iter().all(Result::is_ok));
+    assert!(e.stats().throttle_waits > 0);
+    // Removing the limits releases what waits at once (the bucket is empty: the last
+    // 10 took what the last 100 ms brought).
+    submit_writes(&mut e, slow, 30, &slow_done);
+    settle(&mut e);
+    assert_eq!(slow_done.lock().unwrap().len(), 60);
+    set(&mut e, slow, VolumeLimits::NONE).unwrap();
+    settle(&mut e);
+    assert_eq!(slow_done.lock().unwrap().len(), 90);
+    // A flush passes requests that wait (they have not completed).
+    set(&mut e, slow, l).unwrap();
+    submit_writes(&mut e, slow, 30, &slow_done);
+    call(&mut e, Request::Flush).unwrap();
+    assert!(slow_done.lock().unwrap().len() < 120);
+    // A delete answers what waits with NoSuchVolume.
+    call(&mut e, Request::DeleteVolume { volume: slow }).unwrap();
+    settle(&mut e);
+    let done = slow_done.lock().unwrap();
+    assert_eq!(done.len(), 120);
+    assert!(done[90..]
+        .iter()
+        .any(|r| matches!(r, Err(EngineError::NoSuchVolume { .. }))));
+    drop(done);
+    e.self_check().unwrap();
+}
+
+#[test]
+fn limits_survive_a_restart_and_a_crash_and_bad_ones_are_refused() {
+    let mut rig = rig::Rig::new(7);
+    let v = VolumeUid(1);
+    let l = VolumeLimits {
+        iops_max: 2_000,
+        bytes_per_sec_max: 64 << 20,
+    };
+    rig.call(Request::SetVolumeLimits {
+        volume: v,
+        limits: l,
+    })
+    .unwrap();
+    let bad = VolumeLimits {
+        iops_max: 0,
+        bytes_per_sec_max: 100,
+    };
+    assert!(matches!(
+        rig.call(Request::SetVolumeLimits {
+            volume: v,
+            limits: bad
+        }),
+        Err(EngineError::InvalidVolume { .. })
+    ));
+    assert!(matches!(
+        rig.call(Request::SetVolumeLimits {
+            volume: VolumeUid(999),
+            limits: l
+        }),
+        Err(EngineError::NoSuchVolume { .. })
+    ));
+    // A crash right after: the change was checkpointed before it was answered.
+    assert!(!rig.crash(CrashMode::DropAll, CrashMode::DropAll).clean);
+    let got = match rig.call(Request::ListVolumes).unwrap() {
+        Reply::Volumes(vs) => vs[0].limits,
+        r => panic!("unexpected {r:?}"),
+    };
+    assert_eq!(got, l);
+    // And a clean restart.
+    let (c, z) = devices(128 + 8 * 256, 28);
+    let mut e = shale_engine::Engine::format(c, z, ManualClock::new(), tiny_config()).unwrap();
+    let a = create(&mut e, "a", 1 << 20);
+    set(&mut e, a, l).unwrap();
+    let mut e = reopen(e, tiny_config());
+    assert_eq!(limits_of(&mut e, "a"), l);
+}
