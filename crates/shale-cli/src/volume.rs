@@ -55,9 +55,20 @@ pub struct VolumeArgs {
 #[derive(Debug, Subcommand)]
 pub enum VolumeCommand {
     /// Create a volume
-    Create { name: String, size: String },
+    Create {
+        name: String,
+        size: String,
+        #[command(flatten)]
+        limits: LimitArgs,
+    },
     /// List volumes
     List,
+    /// Change a volume's rate limits (they apply at once, to connected clients too)
+    Set {
+        name: String,
+        #[command(flatten)]
+        limits: LimitArgs,
+    },
     /// Grow or shrink a volume (a shrink trims the blocks past the new end)
     Resize {
         name: String,
@@ -75,6 +86,25 @@ pub enum VolumeCommand {
     },
 }
 
+/// A volume's rate limits, as flags.
+#[derive(Debug, Args)]
+pub struct LimitArgs {
+    /// Requests per second at most (reads, writes, trims); `none` or 0 removes the limit
+    #[arg(long, value_name = "N|none", value_parser = parse_limit)]
+    iops_max: Option<u64>,
+    /// MiB per second read and written at most; `none` or 0 removes the limit
+    #[arg(long, value_name = "N|none", value_parser = parse_limit)]
+    mibps_max: Option<u64>,
+}
+
+fn parse_limit(s: &str) -> Result<u64, String> {
+    if s == "none" {
+        return Ok(0);
+    }
+    s.parse::<u64>()
+        .map_err(|e| format!("{s:?} is not a number or none ({e})"))
+}
+
 fn size(text: &str) -> Result<u64> {
     let b = parse_size(text).with_context(|| format!("size {text:?}"))?;
     anyhow::ensure!(
@@ -86,11 +116,28 @@ fn size(text: &str) -> Result<u64> {
 
 pub fn volume(args: VolumeArgs) -> Result<()> {
     let req = match &args.command {
-        VolumeCommand::Create { name, size: s } => AdminRequest::VolumeCreate {
+        VolumeCommand::Create {
+            name,
+            size: s,
+            limits,
+        } => AdminRequest::VolumeCreate {
             name: name.clone(),
             size_bytes: size(s)?,
+            iops_max: limits.iops_max,
+            mibps_max: limits.mibps_max,
         },
         VolumeCommand::List => AdminRequest::VolumeList,
+        VolumeCommand::Set { name, limits } => {
+            anyhow::ensure!(
+                limits.iops_max.is_some() || limits.mibps_max.is_some(),
+                "nothing to set: give --iops-max or --mibps-max"
+            );
+            AdminRequest::VolumeSet {
+                name: name.clone(),
+                iops_max: limits.iops_max,
+                mibps_max: limits.mibps_max,
+            }
+        }
         VolumeCommand::Resize {
             name,
             size: s,
@@ -114,30 +161,58 @@ pub fn volume(args: VolumeArgs) -> Result<()> {
         VolumeCommand::List => print!("{}", volume_table(&v)),
         VolumeCommand::Delete { name, .. } => println!("deleted volume {name}"),
         _ => println!(
-            "volume {} (id {}): {}",
+            "volume {} (id {}): {}{}",
             v["name"].as_str().unwrap_or("?"),
             v["id"],
-            format_size(v["size_bytes"].as_u64().unwrap_or(0))
+            format_size(v["size_bytes"].as_u64().unwrap_or(0)),
+            limits_text(&v)
         ),
     }
     Ok(())
 }
 
+/// ", at most N IOPS and M MiB/s", or nothing without limits.
+fn limits_text(v: &serde_json::Value) -> String {
+    let mut parts = Vec::new();
+    if let Some(n) = v["iops_max"].as_u64() {
+        parts.push(format!("{n} IOPS"));
+    }
+    if let Some(n) = v["mibps_max"].as_u64() {
+        parts.push(format!("{n} MiB/s"));
+    }
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!(", at most {}", parts.join(" and "))
+    }
+}
+
 /// `volume list` as an aligned table: columns as wide as their widest cell.
 fn volume_table(v: &serde_json::Value) -> String {
-    let header = ["NAME", "SIZE", "ID", "UID", "CLIENTS"];
-    let mut rows: Vec<[String; 5]> = vec![header.map(String::from)];
+    let header = [
+        "NAME",
+        "SIZE",
+        "ID",
+        "UID",
+        "CLIENTS",
+        "MAX-IOPS",
+        "MAX-MIB/S",
+    ];
+    let mut rows: Vec<[String; 7]> = vec![header.map(String::from)];
     for vol in v.as_array().into_iter().flatten() {
         let num = |k: &str| vol[k].as_u64().map_or("?".into(), |n| n.to_string());
+        let limit = |k: &str| vol[k].as_u64().map_or("-".into(), |n| n.to_string());
         rows.push([
             vol["name"].as_str().unwrap_or("?").to_string(),
             format_size(vol["size_bytes"].as_u64().unwrap_or(0)),
             num("id"),
             num("uid"),
             num("clients"),
+            limit("iops_max"),
+            limit("mibps_max"),
         ]);
     }
-    let mut width = [0usize; 5];
+    let mut width = [0usize; 7];
     for r in &rows {
         for (w, cell) in width.iter_mut().zip(r) {
             *w = (*w).max(cell.chars().count());

@@ -37,11 +37,25 @@ const ACCEPT_POLL: Duration = Duration::from_millis(20);
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
 pub enum AdminRequest {
+    /// `iops_max` / `mibps_max`: the volume's rate limits (absent or 0: none).
     VolumeCreate {
         name: String,
         size_bytes: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        iops_max: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mibps_max: Option<u64>,
     },
     VolumeList,
+    /// Changes a volume's rate limits: each given one is set (0 removes it), the
+    /// others stay. Applies at once to connected clients.
+    VolumeSet {
+        name: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        iops_max: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mibps_max: Option<u64>,
+    },
     /// Shrinking a volume with connected clients is refused unless `force`, which
     /// disconnects them first (a client's view of the size is fixed at connect).
     VolumeResize {
@@ -335,7 +349,9 @@ mod tests {
         fn handle(&self, req: AdminRequest) -> Result<serde_json::Value, String> {
             let mut v = self.0.lock().map_err(|e| e.to_string())?;
             match req {
-                AdminRequest::VolumeCreate { name, size_bytes } => {
+                AdminRequest::VolumeCreate {
+                    name, size_bytes, ..
+                } => {
                     if v.iter().any(|(n, _)| *n == name) {
                         return Err(format!("volume {name:?} exists"));
                     }
@@ -358,6 +374,8 @@ mod tests {
         let create = AdminRequest::VolumeCreate {
             name: "a".into(),
             size_bytes: 4096,
+            iops_max: None,
+            mibps_max: None,
         };
         call(&path, &create).expect("create");
         assert!(matches!(call(&path, &create), Err(AdminError::Remote(_))));

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use serde_json::{json, Value};
-use shale_engine::{EngineError, Reply, Request, Stats, VolumeInfo};
+use shale_engine::{EngineError, Reply, Request, Stats, VolumeInfo, VolumeLimits};
 use shale_nbd::ServerHandle;
 
 use crate::admin::{AdminHandler, AdminRequest};
@@ -122,13 +122,57 @@ fn stats(b: &EngineBackend) -> Result<Stats, EngineError> {
 }
 
 fn volume_json(v: &VolumeInfo, clients: usize) -> Value {
+    let limit = |n: u64| if n == 0 { Value::Null } else { json!(n) };
     json!({
         "id": v.id.0,
         "uid": v.uid.0,
         "name": v.name,
         "size_bytes": v.size_bytes,
         "clients": clients,
+        "iops_max": limit(v.limits.iops_max),
+        "mibps_max": limit(v.limits.bytes_per_sec_max >> 20),
     })
+}
+
+/// Creates a volume with `limits`; if they cannot be set the volume is deleted again
+/// (a volume without the limits asked for is not what was asked for).
+fn create_volume(
+    engine: &crate::backend::Engine,
+    name: String,
+    size_bytes: u64,
+    limits: VolumeLimits,
+) -> Result<Reply, String> {
+    let r = engine.call(Request::CreateVolume { name, size_bytes });
+    let v = match r {
+        Ok(Reply::Volume(v)) if !limits.is_none() => v,
+        other => return other.map_err(|e| e.to_string()),
+    };
+    let set = engine.call(Request::SetVolumeLimits {
+        volume: v.uid,
+        limits,
+    });
+    if set.is_err() {
+        let _ = engine.call(Request::DeleteVolume { volume: v.uid });
+    }
+    set.map_err(|e| e.to_string())
+}
+
+/// `base` with the limits given changed (0 removes one).
+fn limits_of(
+    base: VolumeLimits,
+    iops_max: Option<u64>,
+    mibps_max: Option<u64>,
+) -> Result<VolumeLimits, String> {
+    let mut l = base;
+    if let Some(n) = iops_max {
+        l.iops_max = n;
+    }
+    if let Some(n) = mibps_max {
+        l.bytes_per_sec_max = n
+            .checked_mul(1 << 20)
+            .ok_or_else(|| format!("mibps_max {n} is too large"))?;
+    }
+    Ok(l)
 }
 
 fn latency_json(s: &crate::latency::Snapshot) -> Value {
@@ -244,11 +288,31 @@ impl AdminHandler for DaemonAdmin {
             })
         };
         match req {
-            AdminRequest::VolumeCreate { name, size_bytes } => volume_reply(
-                engine
-                    .call(Request::CreateVolume { name, size_bytes })
-                    .map_err(|e| e.to_string()),
-            ),
+            AdminRequest::VolumeCreate {
+                name,
+                size_bytes,
+                iops_max,
+                mibps_max,
+            } => {
+                let limits = limits_of(VolumeLimits::NONE, iops_max, mibps_max)?;
+                volume_reply(create_volume(engine, name, size_bytes, limits))
+            }
+            AdminRequest::VolumeSet {
+                name,
+                iops_max,
+                mibps_max,
+            } => {
+                let v = self.volume(&name)?;
+                let limits = limits_of(v.limits, iops_max, mibps_max)?;
+                volume_reply(
+                    engine
+                        .call(Request::SetVolumeLimits {
+                            volume: v.uid,
+                            limits,
+                        })
+                        .map_err(|e| e.to_string()),
+                )
+            }
             AdminRequest::VolumeResize {
                 name,
                 size_bytes,

@@ -1,0 +1,117 @@
+//! Volume rate limits through the real daemon: `shale volume create --iops-max`,
+//! `shale volume set --mibps-max`, fio over NBD held to the limit while another
+//! volume is not, the limits in `volume list` (text and JSON) and across a restart.
+
+mod daemon_common;
+
+use std::process::Command;
+
+use daemon_common::*;
+
+/// fio over NBD for `secs` seconds: (IOPS, MiB/s) written.
+fn fio(d: &Daemon, export: &str, bs: &str, secs: u32) -> (f64, f64) {
+    let out = stdout(Command::new("fio").args([
+        "--name=limits",
+        "--ioengine=nbd",
+        "--uri",
+        &d.uri(export),
+        "--rw=randwrite",
+        &format!("--bs={bs}"),
+        "--iodepth=16",
+        "--size=32m",
+        "--time_based",
+        &format!("--runtime={secs}"),
+        "--output-format=json",
+    ]));
+    // fio's nbd engine prints a line of its own before the JSON.
+    let json = &out[out.find('{').unwrap_or(0)..];
+    let v: serde_json::Value = serde_json::from_str(json).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let w = &v["jobs"][0]["write"];
+    let iops = w["iops"].as_f64().expect("iops");
+    let mibps = w["bw_bytes"].as_f64().expect("bw_bytes") / MIB as f64;
+    (iops, mibps)
+}
+
+fn volume<'a>(list: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    list.as_array()
+        .and_then(|a| a.iter().find(|v| v["name"] == name))
+        .unwrap_or_else(|| panic!("no volume {name} in {list}"))
+}
+
+fn list(d: &Daemon) -> serde_json::Value {
+    let s = d.admin(&["volume", "list", "--json"]);
+    serde_json::from_str(&s).unwrap_or_else(|e| panic!("{e}: {s}"))
+}
+
+#[test]
+fn a_limited_volume_is_held_to_its_rates_across_a_restart() {
+    require("fio", "fio");
+    let mut d = Daemon::start();
+    let made = d.admin(&["volume", "create", "slow", "64MiB", "--iops-max", "200"]);
+    assert!(made.contains("at most 200 IOPS"), "{made}");
+
+    // 3 s at 200 IOPS: 600 requests and the bucket's tenth of a second.
+    let (iops, _) = fio(&d, "slow", "4k", 3);
+    let (free, _) = fio(&d, "default", "4k", 3);
+    eprintln!("limited {iops:.0} IOPS, unlimited {free:.0} IOPS");
+    assert!(
+        (120.0..=240.0).contains(&iops),
+        "limited volume ran {iops:.0} IOPS"
+    );
+    assert!(
+        free > 2.0 * iops,
+        "unlimited {free:.0} vs limited {iops:.0}"
+    );
+    let s = d.stats();
+    assert!(s["work"]["throttle_waits"].as_u64().unwrap_or(0) > 0, "{s}");
+
+    // Another limit instead: 2 MiB/s of 64 KiB writes.
+    let set = d.admin(&[
+        "volume",
+        "set",
+        "slow",
+        "--iops-max",
+        "none",
+        "--mibps-max",
+        "2",
+    ]);
+    assert!(
+        set.contains("at most 2 MiB/s") && !set.contains("IOPS"),
+        "{set}"
+    );
+    let (_, mibps) = fio(&d, "slow", "64k", 3);
+    eprintln!("limited to 2 MiB/s: {mibps:.2} MiB/s");
+    assert!(
+        (1.2..=2.6).contains(&mibps),
+        "limited volume wrote {mibps:.2} MiB/s"
+    );
+
+    let l = list(&d);
+    assert_eq!(volume(&l, "slow")["mibps_max"], 2, "{l}");
+    assert!(volume(&l, "slow")["iops_max"].is_null(), "{l}");
+    assert!(volume(&l, "default")["mibps_max"].is_null(), "{l}");
+    let text = d.admin(&["volume", "list"]);
+    assert!(
+        text.lines().next().unwrap_or("").contains("MAX-MIB/S"),
+        "{text}"
+    );
+
+    // Limits are part of the pool: a restart keeps them.
+    d.stop();
+    d.spawn();
+    let l = list(&d);
+    assert_eq!(volume(&l, "slow")["mibps_max"], 2, "{l}");
+    d.admin(&["volume", "set", "slow", "--mibps-max", "0"]);
+    assert!(volume(&list(&d), "slow")["mibps_max"].is_null());
+
+    // Refusals: nothing to set, a rate below a block a second, no such volume.
+    for args in [
+        &["volume", "set", "slow"][..],
+        &["volume", "set", "nope", "--iops-max", "5"],
+        &["volume", "set", "slow", "--iops-max", "many"],
+    ] {
+        let out = output(shale().args(args).arg("--data-dir").arg(d.data_dir()));
+        assert!(!out.status.success(), "{args:?} succeeded");
+    }
+    d.stop();
+}
