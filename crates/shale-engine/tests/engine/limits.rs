@@ -155,3 +155,89 @@ fn limits_survive_a_restart_and_a_crash_and_bad_ones_are_refused() {
     let mut e = reopen(e, tiny_config());
     assert_eq!(limits_of(&mut e, "a"), l);
 }
+
+fn rig_limits(r: &mut rig::Rig) -> VolumeLimits {
+    match r.call(Request::ListVolumes).unwrap() {
+        Reply::Volumes(vs) => vs[0].limits,
+        x => panic!("unexpected {x:?}"),
+    }
+}
+
+/// A crash in the middle of a limits change: a copy of the (two-block) volume table
+/// torn anywhere, or whole but not yet checkpointed, leaves the checkpoint's limits in
+/// force; a cut during the checkpoint leaves the old limits or the new. The data stays.
+#[test]
+fn a_crash_during_a_limits_change_leaves_the_old_limits_or_the_new() {
+    use crate::recovery::{last_write_in, pending_ids};
+    use rig::{after_write, Rig};
+    use shale_testkit::power::Side;
+    let old = VolumeLimits {
+        iops_max: 1_000,
+        bytes_per_sec_max: 0,
+    };
+    let new = VolumeLimits {
+        iops_max: 0,
+        bytes_per_sec_max: 8 << 20,
+    };
+    let v = VolumeUid(1);
+    // Torn at 512 bytes, between the copy's two blocks, inside its second block; and
+    // (case 3) written whole.
+    for (case, keep_bytes) in [(0u64, 512u64), (1, 4096), (2, 4096 + 512), (3, 0)] {
+        let mut r = Rig::new(60 + case);
+        for l in 0..40 {
+            r.write(l);
+        }
+        r.call(Request::SetVolumeLimits {
+            volume: v,
+            limits: old,
+        })
+        .unwrap();
+        r.flush();
+        let (lo, hi) = r.volume_table_range();
+        r.sw.arm(after_write(Side::Cache, lo, hi, 0));
+        let _ = r.try_call(Request::SetVolumeLimits {
+            volume: v,
+            limits: new,
+        });
+        let torn = last_write_in(&r.cache_ctl, lo, hi);
+        let keep = pending_ids(&r.cache_ctl, torn);
+        let cache_mode = if keep_bytes == 0 {
+            CrashMode::KeepAll
+        } else {
+            CrashMode::TearWrite {
+                keep,
+                id: torn,
+                keep_bytes,
+            }
+        };
+        let rep = r.crash(cache_mode, CrashMode::DropAll).clone();
+        assert!(
+            rep.warnings.iter().any(|w| w.contains("volume table")),
+            "case {case}: {:?}",
+            rep.warnings
+        );
+        assert_eq!(rig_limits(&mut r), old, "case {case}");
+        r.verify();
+    }
+    // Cut during the checkpoint that makes the change complete: old or new.
+    for seed in 0..6 {
+        let mut r = Rig::new(70 + seed);
+        for l in 0..40 {
+            r.write(l);
+        }
+        r.flush();
+        let (lo, hi) = r.checkpoint_range();
+        r.sw.arm(after_write(Side::Cache, lo, hi, seed as u32 % 3));
+        let _ = r.try_call(Request::SetVolumeLimits {
+            volume: v,
+            limits: new,
+        });
+        r.crash(
+            CrashMode::KeepRandomSubset { seed },
+            CrashMode::KeepRandomSubset { seed },
+        );
+        let got = rig_limits(&mut r);
+        assert!(got == new || got.is_none(), "seed {seed}: {got:?}");
+        r.verify();
+    }
+}

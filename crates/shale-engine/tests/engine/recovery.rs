@@ -932,7 +932,7 @@ fn damage(
     r.parked = Some((cache, inner));
 }
 
-fn last_write_in(ctl: &shale_device::FaultController, lo: u64, hi: u64) -> WriteId {
+pub(crate) fn last_write_in(ctl: &shale_device::FaultController, lo: u64, hi: u64) -> WriteId {
     ctl.pending_writes()
         .iter()
         .rev()
@@ -942,7 +942,7 @@ fn last_write_in(ctl: &shale_device::FaultController, lo: u64, hi: u64) -> Write
 }
 
 /// Every non-durable pending write except `but`.
-fn pending_ids(ctl: &shale_device::FaultController, but: WriteId) -> Vec<WriteId> {
+pub(crate) fn pending_ids(ctl: &shale_device::FaultController, but: WriteId) -> Vec<WriteId> {
     ctl.pending_writes()
         .iter()
         .filter(|p| !p.durable && p.id != but)
