@@ -305,8 +305,9 @@ pub struct FormatArgs {
     pub config: Option<PathBuf>,
     #[command(flatten)]
     pub devices: DeviceArgs,
-    /// Volume to create, NAME or NAME:SIZE (repeatable; the last one without a size
-    /// takes the rest of the user capacity) [default: one volume named default]
+    /// Volume to create, NAME[:SIZE][,key=value…] (repeatable; one without a size takes
+    /// what the ones before it left; keys: iops-max, mibps-max) [default: one volume
+    /// named default]
     #[arg(long = "volume")]
     pub volumes: Vec<String>,
     /// Overwrite an existing Shale
@@ -323,17 +324,10 @@ pub fn format(args: FormatArgs) -> Result<()> {
     let spec = DeviceSpec::from_config(&c).context("invalid configuration")?;
     let mut volumes = Vec::new();
     for v in &args.volumes {
-        match v.split_once(':') {
-            Some((name, size)) => {
-                let bytes = shale_workload::parse_size(size)
-                    .with_context(|| format!("volume {name:?}: size {size:?}"))?;
-                volumes.push((name.to_string(), Some(bytes)));
-            }
-            None => volumes.push((v.clone(), None)),
-        }
+        volumes.push(serve::VolumePlan::parse(v).map_err(anyhow::Error::msg)?);
     }
     if volumes.is_empty() {
-        volumes.push((serve::DEFAULT_VOLUME.to_string(), None));
+        volumes.push(serve::VolumePlan::named(serve::DEFAULT_VOLUME));
     }
     // A bar on a terminal (the step log lines would only interleave with it);
     // otherwise one log line per step.
@@ -351,7 +345,16 @@ pub fn format(args: FormatArgs) -> Result<()> {
     if args.json {
         let v: Vec<_> = created
             .iter()
-            .map(|v| serde_json::json!({"id": v.id.0, "name": v.name, "size_bytes": v.size_bytes}))
+            .map(|v| {
+                let limit = |n: u64| (n > 0).then_some(n);
+                serde_json::json!({
+                    "id": v.id.0,
+                    "name": v.name,
+                    "size_bytes": v.size_bytes,
+                    "iops_max": limit(v.limits.iops_max),
+                    "mibps_max": limit(v.limits.bytes_per_sec_max >> 20),
+                })
+            })
             .collect();
         println!(
             "{}",

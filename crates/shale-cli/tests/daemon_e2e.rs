@@ -380,7 +380,13 @@ fn format_logs_its_steps_and_refuses_to_overwrite_without_force() {
             .arg(dir.path())
             .args(["--cache-size", "128MiB", "--capacity-size", "1GiB"])
             .args(["--chunk-size", "4MiB", "--zone-size", "16MiB"])
-            .args(["--volume", "a:64MiB", "--volume", "b", "--json"])
+            .args([
+                "--volume",
+                "a:64MiB,iops-max=500",
+                "--volume",
+                "b,mibps-max=10",
+            ])
+            .arg("--json")
             .args(extra);
         output(&mut cmd)
     };
@@ -390,6 +396,9 @@ fn format_logs_its_steps_and_refuses_to_overwrite_without_force() {
     assert_eq!(v["volumes"][0]["name"], "a");
     assert_eq!(v["volumes"][0]["size_bytes"], 64 * MIB);
     assert_eq!(v["volumes"][1]["name"], "b");
+    assert_eq!(v["volumes"][0]["iops_max"], 500, "{v}");
+    assert!(v["volumes"][0]["mibps_max"].is_null(), "{v}");
+    assert_eq!(v["volumes"][1]["mibps_max"], 10, "{v}");
     // Off a terminal, one log line per step instead of a bar.
     let log = String::from_utf8_lossy(&first.stderr);
     for step in [
@@ -406,6 +415,17 @@ fn format_logs_its_steps_and_refuses_to_overwrite_without_force() {
     assert!(
         String::from_utf8_lossy(&again.stderr).contains("--force"),
         "{again:?}"
+    );
+    // An option no volume has is refused before anything is touched.
+    let mut cmd = shale();
+    cmd.args(["format", "--force", "--data-dir"])
+        .arg(dir.path())
+        .args(["--volume", "a,gc=greedy"]);
+    let bad = output(&mut cmd);
+    assert!(!bad.status.success());
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("known: iops-max, mibps-max"),
+        "{bad:?}"
     );
     let forced = format(&["--force"]);
     assert!(forced.status.success(), "{forced:?}");

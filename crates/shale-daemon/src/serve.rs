@@ -588,7 +588,8 @@ fn gib(bytes: u64) -> String {
 }
 
 /// Formats the devices named by `spec` (creating sparse files where they do not
-/// exist) and creates one volume per `(name, bytes)`; `None` bytes = the rest.
+/// exist) and creates the volumes planned, with their limits (a plan without a size
+/// takes what the ones before it left).
 ///
 /// Steps: create files (if any is missing), zone emulation on the capacity device
 /// (which discards its whole data area: instant on a sparse file, slow on some
@@ -597,7 +598,7 @@ fn gib(bytes: u64) -> String {
 pub fn format(
     spec: &DeviceSpec,
     force: bool,
-    volumes: &[(String, Option<u64>)],
+    volumes: &[VolumePlan],
     progress: &mut dyn FormatProgress,
 ) -> Result<Vec<shale_engine::VolumeInfo>, DaemonError> {
     let missing: Vec<(&PathBuf, u64)> = spec
@@ -685,10 +686,86 @@ fn human_bytes(b: u64) -> String {
     }
 }
 
+/// A volume `shale format` creates: `NAME[:SIZE][,key=value…]` on the command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumePlan {
+    pub name: String,
+    /// `None`: what the volumes before it leave of the user capacity.
+    pub size_bytes: Option<u64>,
+    pub limits: shale_engine::VolumeLimits,
+}
+
+/// Option keys `VolumePlan::parse` takes after the name and size.
+pub const VOLUME_PLAN_KEYS: &[&str] = &["iops-max", "mibps-max"];
+
+impl VolumePlan {
+    /// A volume named `name`, sized by what is left, without limits.
+    pub fn named(name: &str) -> VolumePlan {
+        VolumePlan {
+            name: name.to_string(),
+            size_bytes: None,
+            limits: shale_engine::VolumeLimits::NONE,
+        }
+    }
+
+    /// Parses `NAME[:SIZE][,key=value…]` (keys: [`VOLUME_PLAN_KEYS`]; `none` or 0
+    /// is no limit).
+    pub fn parse(text: &str) -> Result<VolumePlan, String> {
+        let mut parts = text.split(',');
+        let head = parts.next().unwrap_or_default();
+        let mut plan = match head.split_once(':') {
+            Some((name, size)) => VolumePlan {
+                size_bytes: Some(
+                    shale_workload::parse_size(size)
+                        .map_err(|e| format!("volume {name:?}: size {size:?}: {e}"))?,
+                ),
+                ..VolumePlan::named(name)
+            },
+            None => VolumePlan::named(head),
+        };
+        if plan.name.is_empty() {
+            return Err(format!("volume {text:?}: no name"));
+        }
+        for opt in parts {
+            let Some((key, value)) = opt.split_once('=') else {
+                return Err(format!(
+                    "volume {:?}: option {opt:?} is not key=value",
+                    plan.name
+                ));
+            };
+            let name = plan.name.clone();
+            let num = |value: &str| -> Result<u64, String> {
+                if value == "none" {
+                    return Ok(0);
+                }
+                value
+                    .parse::<u64>()
+                    .map_err(|e| format!("volume {name:?}: {key} = {value:?}: {e}"))
+            };
+            match key {
+                "iops-max" => plan.limits.iops_max = num(value)?,
+                "mibps-max" => {
+                    plan.limits.bytes_per_sec_max =
+                        num(value)?.checked_mul(1 << 20).ok_or_else(|| {
+                            format!("volume {name:?}: mibps-max {value} is too large")
+                        })?;
+                }
+                _ => {
+                    return Err(format!(
+                        "volume {name:?}: unknown option {key:?} (known: {})",
+                        VOLUME_PLAN_KEYS.join(", ")
+                    ))
+                }
+            }
+        }
+        Ok(plan)
+    }
+}
+
 fn format_steps(
     spec: &DeviceSpec,
     force: bool,
-    volumes: &[(String, Option<u64>)],
+    volumes: &[VolumePlan],
     missing: &[(&PathBuf, u64)],
     steps: &mut FormatSteps<'_>,
 ) -> Result<Vec<shale_engine::VolumeInfo>, DaemonError> {
@@ -756,16 +833,25 @@ fn format_steps(
         let mut created = Vec::new();
         let user = engine.user_capacity_bytes();
         let mut used = 0u64;
-        for (name, size) in volumes {
-            let bytes = size.unwrap_or(user.saturating_sub(used)) / 4096 * 4096;
+        for plan in volumes {
+            let bytes = plan.size_bytes.unwrap_or(user.saturating_sub(used)) / 4096 * 4096;
             let reply = call_direct(
                 &mut engine,
                 Request::CreateVolume {
-                    name: name.clone(),
+                    name: plan.name.clone(),
                     size_bytes: bytes,
                 },
             )?;
-            if let Reply::Volume(info) = reply {
+            if let Reply::Volume(mut info) = reply {
+                if !plan.limits.is_none() {
+                    let set = Request::SetVolumeLimits {
+                        volume: info.uid,
+                        limits: plan.limits,
+                    };
+                    if let Reply::Volume(with) = call_direct(&mut engine, set)? {
+                        info = with;
+                    }
+                }
                 used += info.size_bytes;
                 created.push(info);
             }
@@ -918,7 +1004,10 @@ impl Daemon {
                 let vols = format(
                     &spec,
                     false,
-                    &[(DEFAULT_VOLUME.to_string(), size)],
+                    &[VolumePlan {
+                        size_bytes: size,
+                        ..VolumePlan::named(DEFAULT_VOLUME)
+                    }],
                     &mut LogOnly,
                 )?;
                 for v in vols {
@@ -1296,4 +1385,49 @@ fn call_direct<C: BlockDevice, Z: ZonedDevice, K: shale_engine::Clock>(
     taken.unwrap_or(Err(EngineError::Failed {
         reason: "request did not complete".into(),
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shale_engine::VolumeLimits;
+
+    #[test]
+    fn volume_plans_take_a_size_and_limits() {
+        let p = VolumePlan::parse("db:4GiB,iops-max=500,mibps-max=20").expect("parses");
+        assert_eq!(p.name, "db");
+        assert_eq!(p.size_bytes, Some(4 << 30));
+        assert_eq!(
+            p.limits,
+            VolumeLimits {
+                iops_max: 500,
+                bytes_per_sec_max: 20 << 20
+            }
+        );
+        let p = VolumePlan::parse("rest,iops-max=none").expect("parses");
+        assert_eq!((p.size_bytes, p.limits), (None, VolumeLimits::NONE));
+        assert_eq!(
+            VolumePlan::parse("a").expect("parses"),
+            VolumePlan::named("a")
+        );
+        for (bad, says) in [
+            ("", "no name"),
+            (":1GiB", "no name"),
+            ("a:lots", "size"),
+            ("a,iops-max", "key=value"),
+            ("a,iops-max=fast", "iops-max"),
+            ("a,gc=greedy", "known: iops-max, mibps-max"),
+            ("a,mibps-max=18446744073709551615", "too large"),
+        ] {
+            let e = VolumePlan::parse(bad).expect_err(bad);
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn volume_plans_never_panic(text in ".{0,80}") {
+            let _ = VolumePlan::parse(&text);
+        }
+    }
 }
