@@ -327,6 +327,9 @@ pub fn format(args: FormatArgs) -> Result<()> {
         volumes.push(serve::VolumePlan::parse(v).map_err(anyhow::Error::msg)?);
     }
     if volumes.is_empty() {
+        volumes = serve::config_volume_plans(&c).context("invalid configuration")?;
+    }
+    if volumes.is_empty() {
         volumes.push(serve::VolumePlan::named(serve::DEFAULT_VOLUME));
     }
     // A bar on a terminal (the step log lines would only interleave with it);

@@ -115,3 +115,28 @@ fn a_limited_volume_is_held_to_its_rates_across_a_restart() {
     }
     d.stop();
 }
+
+/// `[devices] volumes` in the config file: the first start creates them, limits and
+/// all, instead of `default`.
+#[test]
+fn the_first_start_creates_the_configured_volumes_with_their_limits() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("shale.toml");
+    std::fs::write(
+        &config,
+        "[devices]\nvolumes = [\"db:64MiB,iops-max=300\", \"logs,mibps-max=5\"]\n",
+    )
+    .expect("write config");
+    let mut args: Vec<String> = vec!["--config".into(), config.display().to_string()];
+    args.extend(SMALL_DEVICES.iter().map(|s| s.to_string()));
+    // The flag's default volume size and the config's volumes exclude each other.
+    args.retain(|a| a != "--default-volume-size" && a != "512MiB");
+    let mut d = Daemon::start_with(args);
+    let l = list(&d);
+    assert_eq!(l.as_array().map(Vec::len), Some(2), "{l}");
+    assert_eq!(volume(&l, "db")["size_bytes"], 64 * MIB, "{l}");
+    assert_eq!(volume(&l, "db")["iops_max"], 300, "{l}");
+    assert_eq!(volume(&l, "logs")["mibps_max"], 5, "{l}");
+    assert!(volume(&l, "logs")["size_bytes"].as_u64().unwrap_or(0) > 64 * MIB);
+    d.stop();
+}

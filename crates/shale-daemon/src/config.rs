@@ -343,6 +343,9 @@ pub struct DevicesConfig {
     /// Size of the `default` volume created on first start; unset = all of the user
     /// capacity.
     pub default_volume_size: Option<Size>,
+    /// Volumes the first start (and `shale format` without `--volume`) creates instead
+    /// of `default`: `NAME[:SIZE][,key=value…]` as `shale format --volume` takes them.
+    pub volumes: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -542,6 +545,7 @@ impl Default for DevicesConfig {
             zone_size: Size("64MiB".into()),
             spare_factor: 0.18,
             default_volume_size: None,
+            volumes: Vec::new(),
         }
     }
 }
@@ -804,6 +808,7 @@ impl Config {
                 });
             }
         }
+        validate_volumes(d)?;
         if let Some(size) = &d.default_volume_size {
             let bytes = size.bytes("devices.default_volume_size")?;
             if bytes == 0 || bytes % 4096 != 0 {
@@ -872,6 +877,31 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// `[devices] volumes`: each parses, names are unique, and `default_volume_size`
+/// (the size of the one volume made without a list) is not set beside them.
+fn validate_volumes(d: &DevicesConfig) -> Result<(), ConfigError> {
+    let mut names = std::collections::BTreeSet::new();
+    for v in &d.volumes {
+        let plan = crate::serve::VolumePlan::parse(v).map_err(|reason| ConfigError::Invalid {
+            field: "devices.volumes",
+            reason,
+        })?;
+        if !names.insert(plan.name.clone()) {
+            return Err(ConfigError::Invalid {
+                field: "devices.volumes",
+                reason: format!("volume {:?} is named twice", plan.name),
+            });
+        }
+    }
+    if !d.volumes.is_empty() && d.default_volume_size.is_some() {
+        return Err(ConfigError::Invalid {
+            field: "devices.volumes",
+            reason: "set either volumes or default_volume_size (the size of the one volume made without them)".into(),
+        });
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -1217,6 +1247,38 @@ mod tests {
         );
         assert_eq!(d.gc_free_zones_min, engine.gc_free_zones_min);
         assert_eq!(d.checkpoint_interval_bytes, None);
+    }
+
+    #[test]
+    fn devices_volumes_are_checked() {
+        let ok = Config::from_toml(
+            "[devices]\nvolumes = [\"db:1GiB,iops-max=500\", \"rest,mibps-max=none\"]\n",
+            Path::new("t.toml"),
+        )
+        .expect("parses");
+        ok.validate().expect("valid");
+        let plans = crate::serve::config_volume_plans(&ok).expect("plans");
+        assert_eq!(plans.len(), 2);
+        assert_eq!(plans[0].limits.iops_max, 500);
+        for (text, says) in [
+            ("volumes = [\"a\", \"a:1GiB\"]", "named twice"),
+            ("volumes = [\"a,gc=greedy\"]", "unknown option"),
+            ("volumes = [\"\"]", "no name"),
+            (
+                "volumes = [\"a\"]\ndefault_volume_size = \"1GiB\"",
+                "either volumes or default_volume_size",
+            ),
+        ] {
+            let c = Config::from_toml(&format!("[devices]\n{text}\n"), Path::new("t.toml"))
+                .expect("parses");
+            match c.validate() {
+                Err(ConfigError::Invalid { field, reason }) => {
+                    assert_eq!(field, "devices.volumes", "{text}");
+                    assert!(reason.contains(says), "{text}: {reason}");
+                }
+                other => panic!("{text}: {other:?}"),
+            }
+        }
     }
 
     #[test]

@@ -762,6 +762,21 @@ impl VolumePlan {
     }
 }
 
+/// The volumes `[devices] volumes` plans (checked by `Config::validate`).
+pub fn config_volume_plans(config: &Config) -> Result<Vec<VolumePlan>, ConfigError> {
+    config
+        .devices
+        .volumes
+        .iter()
+        .map(|v| {
+            VolumePlan::parse(v).map_err(|reason| ConfigError::Invalid {
+                field: "devices.volumes",
+                reason,
+            })
+        })
+        .collect()
+}
+
 fn format_steps(
     spec: &DeviceSpec,
     force: bool,
@@ -1001,15 +1016,16 @@ impl Daemon {
                     Some(s) => Some(s.bytes("devices.default_volume_size")?),
                     None => None,
                 };
-                let vols = format(
-                    &spec,
-                    false,
-                    &[VolumePlan {
+                let plans = config_volume_plans(config)?;
+                let plans = if plans.is_empty() {
+                    vec![VolumePlan {
                         size_bytes: size,
                         ..VolumePlan::named(DEFAULT_VOLUME)
-                    }],
-                    &mut LogOnly,
-                )?;
+                    }]
+                } else {
+                    plans
+                };
+                let vols = format(&spec, false, &plans, &mut LogOnly)?;
                 for v in vols {
                     tracing::info!(volume = %v.name, size_bytes = v.size_bytes, "volume created");
                 }
