@@ -64,6 +64,20 @@ fn a_limited_volume_is_held_to_its_rates_across_a_restart() {
     );
     let s = d.stats();
     assert!(s["work"]["throttle_waits"].as_u64().unwrap_or(0) > 0, "{s}");
+    let slow = volume(&s["volumes"], "slow");
+    assert!(
+        slow["throttle"]["delayed"].as_u64().unwrap_or(0) > 300,
+        "{slow}"
+    );
+    assert!(
+        slow["throttle"]["wait_ms"].as_u64().unwrap_or(0) > 0,
+        "{slow}"
+    );
+    assert_eq!(
+        volume(&s["volumes"], "default")["throttle"]["delayed"],
+        0,
+        "{s}"
+    );
 
     // Another limit instead: 2 MiB/s of 64 KiB writes.
     let set = d.admin(&[

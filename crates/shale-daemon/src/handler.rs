@@ -209,6 +209,11 @@ pub fn volumes_json(s: &Stats, list: &[VolumeInfo], b: &EngineBackend) -> Value 
                 "capacity_written": v.capacity_write_bytes(),
             },
             "waf": { "layer": waf },
+            "throttle": {
+                "waiting": v.throttle_waiting,
+                "delayed": v.throttle_delayed,
+                "wait_ms": v.throttle_wait_ns / 1_000_000,
+            },
             "latency_us": {
                 "read": latency_json(&l.read.snapshot()),
                 "write": latency_json(&l.write.snapshot()),
@@ -550,6 +555,11 @@ fn volume_metrics(s: &Stats, list: &[VolumeInfo], b: &EngineBackend, m: &mut Vec
                 "shale_volume_capacity_written_bytes_total",
                 "The volume's data bytes compaction and GC wrote to capacity zones.",
                 v.capacity_write_bytes(),
+            ),
+            counter(
+                "shale_volume_throttle_delayed_total",
+                "The volume's requests its rate limits delayed.",
+                v.throttle_delayed,
             ),
             Metric {
                 name: "shale_volume_layer_waf",

@@ -145,7 +145,8 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             }));
             return;
         }
-        if let Some(item) = self.throttle.hold(req, done) {
+        let now = self.core.now();
+        if let Some(item) = self.throttle.hold(req, done, now) {
             self.queue.push_back(item);
         }
     }
@@ -965,6 +966,13 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         );
         s.throttle_waiting = self.throttle.waiting() as u64;
         s.throttle_waits = self.throttle.delayed;
+        for (uid, waiting, waited) in self.throttle.per_volume() {
+            if let Some(v) = s.volumes.iter_mut().find(|v| v.uid == uid) {
+                v.throttle_waiting = waiting as u64;
+                v.throttle_delayed = waited.requests;
+                v.throttle_wait_ns = waited.ns;
+            }
+        }
         s
     }
 

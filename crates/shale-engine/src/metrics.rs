@@ -74,8 +74,8 @@ pub struct Stats {
     /// Hand-off images stored, and their bytes (`handoff.rs`).
     pub handoff_stores: u64,
     pub handoff_bytes: u64,
-    /// Requests of rate-limited volumes waiting now, and how many times a volume's
-    /// waiting requests had to wait for its limits (`throttle.rs`).
+    /// Requests of rate-limited volumes waiting now, and requests the limits delayed
+    /// (`throttle.rs`).
     pub throttle_waiting: u64,
     pub throttle_waits: u64,
     /// Flushes that found everything already durable (no device I/O).
@@ -137,6 +137,11 @@ pub struct VolumeStats {
     pub cache_write_bytes: u64,
     pub capacity_compaction_write_bytes: u64,
     pub capacity_gc_write_bytes: u64,
+    /// Rate limits (`throttle.rs`): requests waiting now, requests the limits
+    /// delayed, and their time waiting (since the engine started).
+    pub throttle_waiting: u64,
+    pub throttle_delayed: u64,
+    pub throttle_wait_ns: u64,
 }
 
 impl VolumeStats {

@@ -22,13 +22,35 @@ use crate::request::{Answer, Request};
 /// Seconds of rate a bucket holds.
 const BURST_SECS: f64 = 0.1;
 
+/// A request waiting: arrival time and the bucket's stall count then.
+#[derive(Debug)]
+struct Waiting {
+    request: Request,
+    done: Answer,
+    since_ns: u64,
+    stalls: u64,
+}
+
+/// What a limited volume's requests waited, over the engine's life.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Waited {
+    /// Requests the limits delayed (not admitted at the first chance).
+    pub requests: u64,
+    /// Their time waiting, in nanoseconds.
+    pub ns: u64,
+}
+
 #[derive(Debug)]
 struct Bucket {
     limits: VolumeLimits,
     ops: f64,
     bytes: f64,
     last_ns: u64,
-    waiting: VecDeque<(Request, Answer)>,
+    waiting: VecDeque<Waiting>,
+    /// Times admission stopped for want of tokens: a request that arrived before the
+    /// latest stop was delayed by the limits.
+    stalls: u64,
+    waited: Waited,
 }
 
 impl Bucket {
@@ -39,6 +61,8 @@ impl Bucket {
             bytes: 0.0,
             last_ns: now,
             waiting: VecDeque::new(),
+            stalls: 0,
+            waited: Waited::default(),
         };
         b.ops = b.ops_cap();
         b.bytes = b.bytes_cap();
@@ -83,7 +107,7 @@ impl Bucket {
 
     /// Nanoseconds until the first waiting request can be admitted.
     fn wait_ns(&self) -> u64 {
-        let Some((r, _)) = self.waiting.front() else {
+        let Some(Waiting { request: r, .. }) = self.waiting.front() else {
             return u64::MAX;
         };
         let mut secs: f64 = 0.0;
@@ -119,7 +143,7 @@ fn cost_bytes(r: &Request) -> u64 {
 #[derive(Debug, Default)]
 pub(crate) struct Throttle {
     buckets: HashMap<VolumeUid, Bucket>,
-    /// Requests that had to wait, over the engine's life.
+    /// Requests the limits delayed, over the engine's life (deleted volumes too).
     pub delayed: u64,
 }
 
@@ -142,7 +166,7 @@ impl Throttle {
             if keep.contains_key(uid) {
                 return true;
             }
-            freed.extend(b.waiting.drain(..));
+            freed.extend(b.waiting.drain(..).map(|w| (w.request, w.done)));
             false
         });
         for (uid, l) in keep {
@@ -163,13 +187,19 @@ impl Throttle {
     }
 
     /// Takes `r` if its volume is limited (it waits here); otherwise hands it back.
-    pub fn hold(&mut self, r: Request, done: Answer) -> Option<(Request, Answer)> {
+    pub fn hold(&mut self, r: Request, done: Answer, now: u64) -> Option<(Request, Answer)> {
         if self.buckets.is_empty() {
             return Some((r, done));
         }
         match limited(&r).and_then(|uid| self.buckets.get_mut(&uid)) {
             Some(b) => {
-                b.waiting.push_back((r, done));
+                let stalls = b.stalls;
+                b.waiting.push_back(Waiting {
+                    request: r,
+                    done,
+                    since_ns: now,
+                    stalls,
+                });
                 None
             }
             None => Some((r, done)),
@@ -183,19 +213,20 @@ impl Throttle {
                 continue;
             }
             b.refill(now);
-            let mut waited = false;
-            while let Some((r, _)) = b.waiting.front() {
-                if !b.admit(cost_bytes(r)) {
-                    waited = true;
+            while let Some(w) = b.waiting.front() {
+                if !b.admit(cost_bytes(&w.request)) {
+                    b.stalls += 1;
                     break;
                 }
-                let Some(item) = b.waiting.pop_front() else {
-                    unreachable!("front checked above")
+                let Some(w) = b.waiting.pop_front() else {
+                    break;
                 };
-                out.push_back(item);
-            }
-            if waited {
-                self.delayed += 1;
+                if w.stalls < b.stalls {
+                    b.waited.requests += 1;
+                    b.waited.ns += now.saturating_sub(w.since_ns);
+                    self.delayed += 1;
+                }
+                out.push_back((w.request, w.done));
             }
         }
     }
@@ -213,11 +244,18 @@ impl Throttle {
         self.buckets.values().map(|b| b.waiting.len()).sum()
     }
 
+    /// Per limited volume: requests waiting now, and what the limits delayed.
+    pub fn per_volume(&self) -> impl Iterator<Item = (VolumeUid, usize, Waited)> + '_ {
+        self.buckets
+            .iter()
+            .map(|(uid, b)| (*uid, b.waiting.len(), b.waited))
+    }
+
     /// Everything waiting, in no particular order between volumes.
     pub fn take_all(&mut self) -> Vec<(Request, Answer)> {
         self.buckets
             .values_mut()
-            .flat_map(|b| b.waiting.drain(..))
+            .flat_map(|b| b.waiting.drain(..).map(|w| (w.request, w.done)))
             .collect()
     }
 }
@@ -251,7 +289,9 @@ mod tests {
         let mut out = VecDeque::new();
         for ms in 0..=secs * 1000 {
             while t.waiting() < 4 {
-                assert!(t.hold(write(1, len), Answer::none()).is_none());
+                assert!(t
+                    .hold(write(1, len), Answer::none(), ms * 1_000_000)
+                    .is_none());
             }
             t.release(ms * 1_000_000, &mut out);
             for (r, _) in out.drain(..) {
@@ -284,15 +324,15 @@ mod tests {
     fn unlimited_volumes_and_other_requests_pass_and_order_is_kept() {
         let mut t = Throttle::default();
         let _ = t.sync([(VolumeUid(1), limits(10, 0))].into_iter(), 0);
-        assert!(t.hold(write(2, 4096), Answer::none()).is_some());
-        assert!(t.hold(Request::Flush, Answer::none()).is_some());
+        assert!(t.hold(write(2, 4096), Answer::none(), 0).is_some());
+        assert!(t.hold(Request::Flush, Answer::none(), 0).is_some());
         for i in 0..5 {
             let r = Request::Read {
                 volume: VolumeUid(1),
                 offset: i,
                 len: 4096,
             };
-            assert!(t.hold(r, Answer::none()).is_none());
+            assert!(t.hold(r, Answer::none(), 0).is_none());
         }
         let mut out = VecDeque::new();
         t.release(0, &mut out);
@@ -315,8 +355,12 @@ mod tests {
         assert_eq!(offsets, vec![0, 1, 2, 3, 4]);
         assert_eq!(t.wake_ns(), u64::MAX);
         // Limits removed: what waits is handed back.
-        assert!(t.hold(write(1, 4096), Answer::none()).is_none());
-        assert!(t.hold(write(1, 4096), Answer::none()).is_none());
+        assert!(t
+            .hold(write(1, 4096), Answer::none(), 1_000_000_000)
+            .is_none());
+        assert!(t
+            .hold(write(1, 4096), Answer::none(), 1_000_000_000)
+            .is_none());
         t.release(1_400_000_000, &mut out);
         let freed = t.sync(std::iter::empty(), 2_000_000_000);
         assert_eq!(freed.len() + t.waiting(), 1);

@@ -83,7 +83,25 @@ fn a_limited_volume_is_held_to_its_rate_and_others_are_not() {
     }
     assert_eq!(slow_done.lock().unwrap().len(), 60);
     assert!(slow_done.lock().unwrap().iter().all(Result::is_ok));
-    assert!(e.stats().throttle_waits > 0);
+    // The 50 that did not fit the first burst were delayed, 100 to 500 ms each.
+    let s = e.stats();
+    assert_eq!(s.throttle_waits, 50);
+    let v = s
+        .volumes
+        .iter()
+        .find(|v| v.uid == slow)
+        .expect("slow's stats");
+    assert_eq!((v.throttle_waiting, v.throttle_delayed), (0, 50));
+    assert_eq!(
+        v.throttle_wait_ns,
+        10 * (100 + 200 + 300 + 400 + 500) * 1_000_000
+    );
+    let f = s
+        .volumes
+        .iter()
+        .find(|v| v.uid == fast)
+        .expect("fast's stats");
+    assert_eq!(f.throttle_delayed, 0);
     // Removing the limits releases what waits at once (the bucket is empty: the last
     // 10 took what the last 100 ms brought).
     submit_writes(&mut e, slow, 30, &slow_done);
