@@ -352,9 +352,20 @@ pub fn render(title: &str, prev: Option<&Sample>, cur: &Sample, width: usize) ->
     fit(lines, width)
 }
 
-const COLUMNS: [&str; 12] = [
-    "VOLUME", "SIZE", "CLIENTS", "READ/s", "WRITE/s", "RMiB/s", "WMiB/s", "WAF", "R-p50", "R-p99",
-    "W-p50", "W-p99",
+const COLUMNS: [&str; 13] = [
+    "VOLUME",
+    "SIZE",
+    "CLIENTS",
+    "READ/s",
+    "WRITE/s",
+    "RMiB/s",
+    "WMiB/s",
+    "WAF",
+    "R-p50",
+    "R-p99",
+    "W-p50",
+    "W-p99",
+    "DELAYED/s",
 ];
 
 /// The volumes, from `volume list` (names and clients; the stats' own list when that
@@ -367,7 +378,7 @@ fn volume_table(prev: Option<&Sample>, cur: &Sample, dt: Option<f64>) -> Vec<Str
         Ok(Value::Array(v)) => v.as_slice(),
         _ => now["volumes"].as_array().map_or(&[][..], Vec::as_slice),
     };
-    let mut rows: Vec<[String; 12]> = vec![COLUMNS.map(String::from)];
+    let mut rows: Vec<[String; 13]> = vec![COLUMNS.map(String::from)];
     for vol in listed {
         let uid = vol["uid"].as_u64();
         let now_v = uid
@@ -402,6 +413,8 @@ fn volume_table(prev: Option<&Sample>, cur: &Sample, dt: Option<f64>) -> Vec<Str
             lat("read", 0.99, "p99"),
             lat("write", 0.50, "p50"),
             lat("write", 0.99, "p99"),
+            // Requests the volume's rate limits held back.
+            opt_f64(rate(&["throttle", "delayed"]), 0, ""),
         ]);
     }
     if rows.len() == 1 {
@@ -582,6 +595,7 @@ mod tests {
                 "ops": {"read": reads, "write": reads / 2, "trim": 0},
                 "bytes": {"user_read": reads * 4096, "user_written": reads / 2 * 4096},
                 "waf": {"layer": 1.25},
+                "throttle": {"waiting": 0, "delayed": reads / 4, "wait_ms": 0},
                 "latency_us": {
                     "read": {"count": reads, "p50": 99, "p99": 999, "max": 5000, "buckets": read_buckets},
                     "write": {"count": reads / 2, "p50": 40, "p99": 80, "max": 90},
@@ -635,7 +649,8 @@ mod tests {
         assert_eq!(r[9], "5.0ms", "{text}");
         // Writes have no buckets: the daemon's cumulative figures.
         assert_eq!((r[10].as_str(), r[11].as_str()), ("40us", "80us"), "{text}");
-        // A volume the stats do not cover yet: its list fields, and "-" for the rest.
+        assert_eq!(r[12], "12", "{text}"); // 25 delayed in 2 s, rounded
+                                           // A volume the stats do not cover yet: its list fields, and "-" for the rest.
         let r = row(&lines, "a-much-longer-volume-name");
         assert_eq!(r[1..3], ["4KiB", "0"], "{text}");
         assert!(r[3..].iter().all(|c| c == "-"), "{text}");
