@@ -326,6 +326,7 @@ pub fn format(args: FormatArgs) -> Result<()> {
     for v in &args.volumes {
         volumes.push(serve::VolumePlan::parse(v).map_err(anyhow::Error::msg)?);
     }
+    serve::check_volume_plans(&volumes).map_err(anyhow::Error::msg)?;
     if volumes.is_empty() {
         volumes = serve::config_volume_plans(&c).context("invalid configuration")?;
     }

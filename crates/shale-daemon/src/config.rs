@@ -882,24 +882,19 @@ impl Config {
 /// `[devices] volumes`: each parses, names are unique, and `default_volume_size`
 /// (the size of the one volume made without a list) is not set beside them.
 fn validate_volumes(d: &DevicesConfig) -> Result<(), ConfigError> {
-    let mut names = std::collections::BTreeSet::new();
-    for v in &d.volumes {
-        let plan = crate::serve::VolumePlan::parse(v).map_err(|reason| ConfigError::Invalid {
-            field: "devices.volumes",
-            reason,
-        })?;
-        if !names.insert(plan.name.clone()) {
-            return Err(ConfigError::Invalid {
-                field: "devices.volumes",
-                reason: format!("volume {:?} is named twice", plan.name),
-            });
-        }
-    }
+    let bad = |reason: String| ConfigError::Invalid {
+        field: "devices.volumes",
+        reason,
+    };
+    let plans = d
+        .volumes
+        .iter()
+        .map(|v| crate::serve::VolumePlan::parse(v))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(bad)?;
+    crate::serve::check_volume_plans(&plans).map_err(bad)?;
     if !d.volumes.is_empty() && d.default_volume_size.is_some() {
-        return Err(ConfigError::Invalid {
-            field: "devices.volumes",
-            reason: "set either volumes or default_volume_size (the size of the one volume made without them)".into(),
-        });
+        return Err(bad("set either volumes or default_volume_size (the size of the one volume made without them)".into()));
     }
     Ok(())
 }
@@ -1261,9 +1256,11 @@ mod tests {
         assert_eq!(plans.len(), 2);
         assert_eq!(plans[0].limits.iops_max, 500);
         for (text, says) in [
-            ("volumes = [\"a\", \"a:1GiB\"]", "named twice"),
+            ("volumes = [\"a:1GiB\", \"a\"]", "named twice"),
             ("volumes = [\"a,gc=greedy\"]", "unknown option"),
             ("volumes = [\"\"]", "no name"),
+            ("volumes = [\"a\", \"b:1GiB\"]", "list it last"),
+            ("volumes = [\"a:4097\"]", "multiple of 4 KiB"),
             (
                 "volumes = [\"a\"]\ndefault_volume_size = \"1GiB\"",
                 "either volumes or default_volume_size",

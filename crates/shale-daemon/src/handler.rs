@@ -21,6 +21,9 @@ pub struct DaemonAdmin {
     drive: Option<DriveStats>,
     /// The devices, for `shale device`.
     devices: Option<Arc<Devices>>,
+    /// Held across a `volume set`'s read of the limits and its write of the merged
+    /// ones, so two at once cannot lose either's change.
+    limits: std::sync::Mutex<()>,
 }
 
 impl DaemonAdmin {
@@ -28,6 +31,7 @@ impl DaemonAdmin {
         DaemonAdmin {
             backend,
             nbd,
+            limits: std::sync::Mutex::new(()),
             drive: None,
             devices: None,
         }
@@ -307,6 +311,10 @@ impl AdminHandler for DaemonAdmin {
                 iops_max,
                 mibps_max,
             } => {
+                let _one_at_a_time = self
+                    .limits
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
                 let v = self.volume(&name)?;
                 let limits = limits_of(v.limits, iops_max, mibps_max)?;
                 volume_reply(

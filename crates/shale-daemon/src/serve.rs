@@ -726,6 +726,21 @@ impl VolumePlan {
         if plan.name.is_empty() {
             return Err(format!("volume {text:?}: no name"));
         }
+        if plan.name.len() > shale_format::VOLUME_NAME_MAX {
+            return Err(format!(
+                "volume {:?}: names are at most {} bytes",
+                plan.name,
+                shale_format::VOLUME_NAME_MAX
+            ));
+        }
+        if let Some(b) = plan.size_bytes {
+            if b == 0 || b % 4096 != 0 {
+                return Err(format!(
+                    "volume {:?}: size {b} is not a positive multiple of 4 KiB",
+                    plan.name
+                ));
+            }
+        }
         for opt in parts {
             let Some((key, value)) = opt.split_once('=') else {
                 return Err(format!(
@@ -760,6 +775,32 @@ impl VolumePlan {
         }
         Ok(plan)
     }
+}
+
+/// Checks a list of volume plans as a whole: at most as many as a pool holds, names
+/// unique, and only the last without a size (one without a size takes what is left).
+pub fn check_volume_plans(plans: &[VolumePlan]) -> Result<(), String> {
+    let max = shale_engine::Config::default().volumes_max as usize;
+    if plans.len() > max {
+        return Err(format!(
+            "{} volumes; a pool holds at most {max}",
+            plans.len()
+        ));
+    }
+    let mut names = std::collections::BTreeSet::new();
+    for (i, p) in plans.iter().enumerate() {
+        if !names.insert(p.name.as_str()) {
+            return Err(format!("volume {:?} is named twice", p.name));
+        }
+        if p.size_bytes.is_none() && i + 1 < plans.len() {
+            return Err(format!(
+                "volume {:?} has no size, so it takes what is left and {:?} after it gets nothing; give it a size or list it last",
+                p.name,
+                plans[i + 1].name
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The volumes `[devices] volumes` plans (checked by `Config::validate`).
@@ -1434,6 +1475,12 @@ mod tests {
             ("a,iops-max=fast", "iops-max"),
             ("a,gc=greedy", "known: iops-max, mibps-max"),
             ("a,mibps-max=18446744073709551615", "too large"),
+            ("db:1000", "multiple of 4 KiB"),
+            ("db:0", "multiple of 4 KiB"),
+            (
+                "a-name-that-is-longer-than-thirty-two-bytes",
+                "at most 32 bytes",
+            ),
         ] {
             let e = VolumePlan::parse(bad).expect_err(bad);
             assert!(e.contains(says), "{bad}: {e}");

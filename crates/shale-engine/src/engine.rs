@@ -146,6 +146,11 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             return;
         }
         let now = self.core.now();
+        if let Request::ResizeVolume { volume, .. } | Request::DeleteVolume { volume } = &req {
+            // Requests of the volume sent before the change go first, limits or not.
+            let before = self.throttle.release_volume(*volume, now);
+            self.queue.extend(before);
+        }
         if let Some(item) = self.throttle.hold(req, done, now) {
             self.queue.push_back(item);
         }

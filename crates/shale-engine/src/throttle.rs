@@ -143,8 +143,24 @@ fn cost_bytes(r: &Request) -> u64 {
 #[derive(Debug, Default)]
 pub(crate) struct Throttle {
     buckets: HashMap<VolumeUid, Bucket>,
+    /// What waited on volumes whose limits were removed (their buckets went), so the
+    /// per-volume counters never go back; forgotten when the volume goes.
+    past: HashMap<VolumeUid, Waited>,
     /// Requests the limits delayed, over the engine's life (deleted volumes too).
     pub delayed: u64,
+}
+
+/// Hands back a bucket's waiting requests, counting as delayed those the limits
+/// stopped after they arrived.
+fn drain(b: &mut Bucket, now: u64, delayed: &mut u64, out: &mut Vec<(Request, Answer)>) {
+    for w in b.waiting.drain(..) {
+        if w.stalls < b.stalls {
+            b.waited.requests += 1;
+            b.waited.ns += now.saturating_sub(w.since_ns);
+            *delayed += 1;
+        }
+        out.push((w.request, w.done));
+    }
 }
 
 impl Throttle {
@@ -156,19 +172,26 @@ impl Throttle {
         now: u64,
     ) -> Vec<(Request, Answer)> {
         let mut keep: HashMap<VolumeUid, VolumeLimits> = HashMap::new();
+        let mut live = std::collections::HashSet::new();
         for (uid, l) in volumes {
+            live.insert(uid);
             if !l.is_none() {
                 keep.insert(uid, l);
             }
         }
         let mut freed = Vec::new();
+        let (past, delayed) = (&mut self.past, &mut self.delayed);
         self.buckets.retain(|uid, b| {
             if keep.contains_key(uid) {
                 return true;
             }
-            freed.extend(b.waiting.drain(..).map(|w| (w.request, w.done)));
+            drain(b, now, delayed, &mut freed);
+            let p = past.entry(*uid).or_default();
+            p.requests += b.waited.requests;
+            p.ns += b.waited.ns;
             false
         });
+        self.past.retain(|uid, _| live.contains(uid));
         for (uid, l) in keep {
             match self.buckets.get_mut(&uid) {
                 Some(b) if b.limits == l => {}
@@ -179,7 +202,9 @@ impl Throttle {
                     b.bytes = b.bytes.min(b.bytes_cap());
                 }
                 None => {
-                    self.buckets.insert(uid, Bucket::new(l, now));
+                    let mut b = Bucket::new(l, now);
+                    b.waited = self.past.remove(&uid).unwrap_or_default();
+                    self.buckets.insert(uid, b);
                 }
             }
         }
@@ -244,11 +269,22 @@ impl Throttle {
         self.buckets.values().map(|b| b.waiting.len()).sum()
     }
 
-    /// Per limited volume: requests waiting now, and what the limits delayed.
+    /// Hands back what waits for `volume` (at once, whatever its limits): a resize
+    /// or delete must come after the requests sent before it.
+    pub fn release_volume(&mut self, volume: VolumeUid, now: u64) -> Vec<(Request, Answer)> {
+        let mut out = Vec::new();
+        if let Some(b) = self.buckets.get_mut(&volume) {
+            drain(b, now, &mut self.delayed, &mut out);
+        }
+        out
+    }
+
+    /// Per volume that had limits: requests waiting now, and what the limits delayed.
     pub fn per_volume(&self) -> impl Iterator<Item = (VolumeUid, usize, Waited)> + '_ {
         self.buckets
             .iter()
             .map(|(uid, b)| (*uid, b.waiting.len(), b.waited))
+            .chain(self.past.iter().map(|(uid, w)| (*uid, 0, *w)))
     }
 
     /// Everything waiting, in no particular order between volumes.
@@ -365,5 +401,38 @@ mod tests {
         let freed = t.sync(std::iter::empty(), 2_000_000_000);
         assert_eq!(freed.len() + t.waiting(), 1);
         assert!(t.buckets.is_empty());
+    }
+
+    #[test]
+    fn a_volume_change_takes_what_waits_and_counters_never_go_back() {
+        let mut t = Throttle::default();
+        let uid = VolumeUid(3);
+        let _ = t.sync([(uid, limits(10, 0))].into_iter(), 0);
+        for _ in 0..5 {
+            assert!(t.hold(write(3, 4096), Answer::none(), 0).is_none());
+        }
+        let mut out = VecDeque::new();
+        t.release(0, &mut out);
+        assert_eq!(out.len(), 1);
+        // A resize or delete of the volume: the 4 waiting go first, counted as delayed.
+        let before = t.release_volume(uid, 50_000_000);
+        assert_eq!(before.len(), 4);
+        let counted = |t: &Throttle| {
+            t.per_volume()
+                .find(|(u, ..)| *u == uid)
+                .map(|(_, waiting, w)| (waiting, w.requests, w.ns))
+        };
+        assert_eq!(counted(&t), Some((0, 4, 4 * 50_000_000)));
+        assert_eq!(t.delayed, 4);
+        // Limits removed, then set again: the counters carry on.
+        let _ = t.sync([(uid, VolumeLimits::NONE)].into_iter(), 60_000_000);
+        assert_eq!(counted(&t), Some((0, 4, 4 * 50_000_000)));
+        let _ = t.sync([(uid, limits(10, 0))].into_iter(), 70_000_000);
+        assert_eq!(counted(&t), Some((0, 4, 4 * 50_000_000)));
+        // The volume deleted: forgotten.
+        let _ = t.sync([(uid, VolumeLimits::NONE)].into_iter(), 80_000_000);
+        let _ = t.sync(std::iter::empty(), 90_000_000);
+        assert_eq!(counted(&t), None);
+        assert_eq!(t.delayed, 4);
     }
 }

@@ -56,6 +56,7 @@ pub use region_table::{
 };
 pub use superblock::{
     CacheLayout, CapacityGeometry, Superblock, SUPERBLOCK_MAGIC, SUPERBLOCK_VERSION,
+    SUPERBLOCK_VERSION_2,
 };
 pub use volume_table::{
     VolumeEntry, VolumeLimits, VolumeTable, VOLUMES_MAX, VOLUME_NAME_MAX, VOLUME_TABLE_MAGIC,

@@ -10,6 +10,9 @@ use crate::{FormatError, L2pFormat, Structure, BLOCK_SIZE, GROUP_BLOCKS};
 
 pub const SUPERBLOCK_MAGIC: u32 = u32::from_le_bytes(*b"SHSB");
 pub const SUPERBLOCK_VERSION: u16 = 1;
+/// Pools whose volume table copies are two blocks (volume limits): a Shale that knows
+/// only version 1 refuses them as too new instead of misreading their volume table.
+pub const SUPERBLOCK_VERSION_2: u16 = 2;
 /// Bytes of the superblock covered by the CRC (the rest of the block is zero).
 pub const SUPERBLOCK_LEN: usize = 160;
 
@@ -88,7 +91,11 @@ impl Superblock {
         let mut b = [0u8; BLOCK_SIZE];
         let mut w = Writer::new(&mut b);
         w.u32(SUPERBLOCK_MAGIC);
-        w.u16(SUPERBLOCK_VERSION);
+        w.u16(if self.layout.volume_table_blocks > 1 {
+            SUPERBLOCK_VERSION_2
+        } else {
+            SUPERBLOCK_VERSION
+        });
         w.u16(0);
         w.u32(0); // crc
         w.u32(0);
@@ -133,7 +140,13 @@ impl Superblock {
     /// Decodes and validates a superblock; `at` is its byte offset (for errors only).
     pub fn decode(buf: &[u8], at: u64) -> Result<Superblock, FormatError> {
         let s = Structure::Superblock;
-        check_header(buf, s, at, SUPERBLOCK_MAGIC, SUPERBLOCK_VERSION, BLOCK_SIZE)?;
+        let version = match buf.get(4..6) {
+            Some(&[a, b]) if u16::from_le_bytes([a, b]) == SUPERBLOCK_VERSION_2 => {
+                SUPERBLOCK_VERSION_2
+            }
+            _ => SUPERBLOCK_VERSION,
+        };
+        check_header(buf, s, at, SUPERBLOCK_MAGIC, version, BLOCK_SIZE)?;
         let buf = &buf[..BLOCK_SIZE];
         check_crc(buf, s, at)?;
         let mut r = Reader::at(buf, 16, s, at);
@@ -181,10 +194,15 @@ impl Superblock {
             b => L2pFormat::from_entry_bytes(b)
                 .ok_or_else(|| r.invalid("l2p_entry_bytes", format!("{b} is neither 4 nor 5")))?,
         };
-        let volume_table_blocks = match r.u8()? {
-            0 | 1 => 1,
-            2 => 2,
-            b => return Err(r.invalid("volume_table_blocks", format!("{b} is neither 1 nor 2"))),
+        let volume_table_blocks = match (version, r.u8()?) {
+            (SUPERBLOCK_VERSION, 0 | 1) => 1,
+            (SUPERBLOCK_VERSION_2, 2) => 2,
+            (v, b) => {
+                return Err(r.invalid(
+                    "volume_table_blocks",
+                    format!("{b} in a version {v} superblock (version 1 has 1, version 2 has 2)"),
+                ))
+            }
         };
         let layout = CacheLayout {
             volume_table_blocks,
@@ -360,6 +378,39 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    /// Two-block volume table copies make a version-2 superblock, which a Shale that
+    /// knows only version 1 refuses; version 1 keeps one-block copies.
+    #[test]
+    fn two_block_volume_tables_are_version_2() {
+        let mut sb = sample();
+        let v1 = sb.encode();
+        assert_eq!(u16::from_le_bytes([v1[4], v1[5]]), SUPERBLOCK_VERSION);
+        assert_eq!(v1[149], 0);
+        sb.layout.volume_table_blocks = 2;
+        sb.layout.checkpoint_a_start = 6;
+        sb.layout.checkpoint_blocks = 8;
+        let v2 = sb.encode();
+        assert_eq!(u16::from_le_bytes([v2[4], v2[5]]), SUPERBLOCK_VERSION_2);
+        assert_eq!(Superblock::decode(&v2, 0).unwrap(), sb);
+        // Mismatches are refused: version 1 with two-block copies, version 2 with one.
+        for (version, blocks) in [(SUPERBLOCK_VERSION, 2u8), (SUPERBLOCK_VERSION_2, 0)] {
+            let mut b = v2;
+            b[4..6].copy_from_slice(&version.to_le_bytes());
+            b[149] = blocks;
+            crate::codec::seal(&mut b, BLOCK_SIZE);
+            assert!(
+                matches!(
+                    Superblock::decode(&b, 0),
+                    Err(FormatError::InvalidField {
+                        field: "volume_table_blocks",
+                        ..
+                    })
+                ),
+                "version {version}, {blocks} blocks"
+            );
+        }
     }
 
     #[test]

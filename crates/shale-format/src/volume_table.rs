@@ -1,5 +1,6 @@
-//! The volume table: one block, stored twice on the cache device (double-buffered by
-//! generation) and snapshotted into each checkpoint.
+//! The volume table: one block (two in version 3), stored twice on the cache device
+//! (double-buffered by generation) and snapshotted into each checkpoint, whose copy is
+//! the one in force.
 //!
 //! Invariants: at most [`VOLUMES_MAX`] entries, ids unique and below `volumes_max`,
 //! names 1..=32 bytes of UTF-8, uids unique and below `uid_next`.
@@ -12,7 +13,7 @@
 //! Version 3 adds each volume's rate limits in a second block (so a copy is two
 //! blocks; pools formatted with one-block copies keep writing version 2 and cannot
 //! store limits). The second block repeats the generation, so a copy torn between its
-//! blocks fails to decode and the other copy is used.
+//! blocks fails to decode (the open warns; the checkpoint's copy is in force anyway).
 //!
 //! Version 1 had no uids; its tables decode with uid = slot + 1 and `uid_next` =
 //! [`VOLUMES_MAX`] + 1, so the first table written after an upgrade (version 2)

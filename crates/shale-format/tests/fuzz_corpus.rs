@@ -142,6 +142,16 @@ fn volumes(n: u32) -> VolumeTable {
     }
 }
 
+/// A pool with two-block volume table copies (superblock version 2).
+fn two_block_tables() -> Superblock {
+    let mut sb = superblock(true, 1, 8);
+    sb.layout.volume_table_blocks = 2;
+    sb.layout.checkpoint_a_start = 6;
+    sb.layout.checkpoint_blocks = 6;
+    sb.layout.checkpoint_b_start = 12;
+    sb
+}
+
 /// A version-3 volume table: `n` volumes, every other one with rate limits.
 fn volumes_with_limits(n: u32) -> Vec<u8> {
     let mut t = volumes(n);
@@ -342,6 +352,7 @@ fn write_seed_corpus() {
             ("dirty", resealed(&superblock(false, 0, 1).encode())),
             ("volumes-max", resealed(&superblock(true, 0, 63).encode())),
             ("wide-l2p", resealed(&wide_superblock().encode())),
+            ("version-2", resealed(&two_block_tables().encode())),
         ],
     );
     let label = CapacityLabel {
