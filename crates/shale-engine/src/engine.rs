@@ -145,6 +145,10 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             }));
             return;
         }
+        if self.throttle.is_empty() {
+            self.queue.push_back((req, done));
+            return;
+        }
         let now = self.core.now();
         if let Request::ResizeVolume { volume, .. } | Request::DeleteVolume { volume } = &req {
             // Requests of the volume sent before the change go first, limits or not.
@@ -238,7 +242,9 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             return Ok(false);
         }
         let mut progress = self.reap(0)?;
-        self.throttle.release(self.core.now(), &mut self.queue);
+        if !self.throttle.is_empty() {
+            self.throttle.release(self.core.now(), &mut self.queue);
+        }
         let dispatched = self.process_requests()?;
         progress |= dispatched;
         if self.health.fatal.is_some() {
