@@ -138,29 +138,6 @@ fn volume_json(v: &VolumeInfo, clients: usize) -> Value {
     })
 }
 
-/// Creates a volume with `limits`; if they cannot be set the volume is deleted again
-/// (a volume without the limits asked for is not what was asked for).
-fn create_volume(
-    engine: &crate::backend::Engine,
-    name: String,
-    size_bytes: u64,
-    limits: VolumeLimits,
-) -> Result<Reply, String> {
-    let r = engine.call(Request::CreateVolume { name, size_bytes });
-    let v = match r {
-        Ok(Reply::Volume(v)) if !limits.is_none() => v,
-        other => return other.map_err(|e| e.to_string()),
-    };
-    let set = engine.call(Request::SetVolumeLimits {
-        volume: v.uid,
-        limits,
-    });
-    if set.is_err() {
-        let _ = engine.call(Request::DeleteVolume { volume: v.uid });
-    }
-    set.map_err(|e| e.to_string())
-}
-
 /// `base` with the limits given changed (0 removes one).
 fn limits_of(
     base: VolumeLimits,
@@ -304,7 +281,8 @@ impl AdminHandler for DaemonAdmin {
                 mibps_max,
             } => {
                 let limits = limits_of(VolumeLimits::NONE, iops_max, mibps_max)?;
-                volume_reply(create_volume(engine, name, size_bytes, limits))
+                let r = crate::serve::create_volume(|r| engine.call(r), name, size_bytes, limits);
+                volume_reply(r.map_err(|e| e.to_string()))
             }
             AdminRequest::VolumeSet {
                 name,

@@ -777,6 +777,28 @@ impl VolumePlan {
     }
 }
 
+/// Creates a volume with `limits` through `call`; if they cannot be set the volume is
+/// deleted again (a volume without the limits asked for is not what was asked for).
+pub fn create_volume(
+    mut call: impl FnMut(Request) -> Result<Reply, EngineError>,
+    name: String,
+    size_bytes: u64,
+    limits: shale_engine::VolumeLimits,
+) -> Result<Reply, EngineError> {
+    let v = match call(Request::CreateVolume { name, size_bytes }) {
+        Ok(Reply::Volume(v)) if !limits.is_none() => v,
+        other => return other,
+    };
+    let set = call(Request::SetVolumeLimits {
+        volume: v.uid,
+        limits,
+    });
+    if set.is_err() {
+        let _ = call(Request::DeleteVolume { volume: v.uid });
+    }
+    set
+}
+
 /// Checks a list of volume plans as a whole: at most as many as a pool holds, names
 /// unique, and only the last without a size (one without a size takes what is left).
 pub fn check_volume_plans(plans: &[VolumePlan]) -> Result<(), String> {
@@ -891,23 +913,13 @@ fn format_steps(
         let mut used = 0u64;
         for plan in volumes {
             let bytes = plan.size_bytes.unwrap_or(user.saturating_sub(used)) / 4096 * 4096;
-            let reply = call_direct(
-                &mut engine,
-                Request::CreateVolume {
-                    name: plan.name.clone(),
-                    size_bytes: bytes,
-                },
+            let reply = create_volume(
+                |r| call_direct(&mut engine, r),
+                plan.name.clone(),
+                bytes,
+                plan.limits,
             )?;
-            if let Reply::Volume(mut info) = reply {
-                if !plan.limits.is_none() {
-                    let set = Request::SetVolumeLimits {
-                        volume: info.uid,
-                        limits: plan.limits,
-                    };
-                    if let Reply::Volume(with) = call_direct(&mut engine, set)? {
-                        info = with;
-                    }
-                }
+            if let Reply::Volume(info) = reply {
                 used += info.size_bytes;
                 created.push(info);
             }

@@ -166,10 +166,10 @@ impl Placement {
         self.slot(volume, u32::from(!(from_short || young)), streams)
     }
 
-    /// Blocks born at `sid` were staged into `zone`.
-    pub fn staged(&mut self, geo: &Geometry, zone: RegionId, sid: Sid) {
+    /// Blocks born at `sids` were staged into `zone`.
+    pub fn staged(&mut self, geo: &Geometry, zone: RegionId, sids: impl Iterator<Item = Sid>) {
         if let Some(b) = self.birth.get_mut(geo.zone_of(zone).0 as usize) {
-            *b = (*b).min(sid.0);
+            *b = sids.fold(*b, |b, s| b.min(s.0));
         }
     }
 
@@ -223,7 +223,7 @@ mod tests {
         let zone = RegionId(6);
         regions.open(zone, Sid(90), RegionRole::Compaction, 0);
         p.zone_opened(&geo, zone);
-        p.staged(&geo, zone, Sid(5));
+        p.staged(&geo, zone, [Sid(9), Sid(5)].into_iter());
         // Until GC took a short-class zone every overwrite counts as short-lived
         // (SepBIT's unbounded ℓ), and a first write as long-lived.
         assert_eq!(p.ell(), u64::MAX);

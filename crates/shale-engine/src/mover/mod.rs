@@ -240,9 +240,8 @@ impl Mover {
         let m = n.min(k);
         let sid = core.regions.get(zone).sid;
         let (mut buf, entries) = self.take_group(core, s, m, k, len);
-        if let Some(oldest) = entries.iter().map(|e| e.sid).min() {
-            core.placement.staged(&core.geo, zone, oldest);
-        }
+        core.placement
+            .staged(&core.geo, zone, entries.iter().map(|e| e.sid));
         let md = zone_group_md(zone, g, sid, k, &entries);
         buf[k * BLOCK_SIZE..(k + 1) * BLOCK_SIZE].copy_from_slice(&md[..]);
         buf[(k + 1) * BLOCK_SIZE..(k + 2) * BLOCK_SIZE].copy_from_slice(&md[..]);
