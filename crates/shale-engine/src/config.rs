@@ -38,8 +38,8 @@ pub struct Config {
     pub l2p_cache_floor_bytes: u64,
     /// Pages kept back for background work.
     pub l2p_reserved_pages: u32,
-    /// DRAM for cached md blocks (used to verify reads). 4 MiB covers the md of the
-    /// last 512 MiB written; at TiB scale random reads miss any affordable md cache
+    /// DRAM for cached md (used to verify reads): per-entry checks and, in an eighth,
+    /// whole blocks. 4 MiB covers about 3.3 GiB of data; at TiB scale random reads miss any affordable md cache
     /// (a miss is one md read issued with the data read), so more buys little.
     pub md_cache_bytes_max: u64,
     /// In-memory group buffers for user writes (backpressure when all are unsettled).

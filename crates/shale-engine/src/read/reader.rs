@@ -11,6 +11,7 @@ use crate::core::Core;
 use crate::engine::InflightIo;
 use crate::layout::Geometry;
 use crate::layout::{Groups, BS};
+use crate::read::md_cache::md_check;
 use crate::request::Answer;
 use crate::write::chunk_writer::ChunkWriter;
 use crate::{Clock, EngineError, Reply};
@@ -426,10 +427,15 @@ pub(crate) fn verify_block(
         panic!("verify of {pba} outside the data regions");
     };
     let idx = (slot % shale_format::GROUP_BLOCKS) as usize;
+    let got = shale_format::block_crc(data);
+    let key = md_key(&core.geo, pba).3;
+    if core.md_cache.check(key.0, idx) == Some(Some(md_check(volume, lba, got))) {
+        return Ok(());
+    }
+    // Not cached, or the check failed: the whole entry says what is wrong.
     let md = md_block(core, writer, pba)?;
     let mut e = decode_md_entry(&md[..], idx, 0)
         .map_err(|source| EngineError::MdCorrupt { pba, source })?;
-    let got = shale_format::block_crc(data);
     let names = |e: &shale_format::MdEntry| {
         matches!(e.kind, EntryKind::Data | EntryKind::Relocated)
             && e.volume == volume
