@@ -42,6 +42,7 @@ mod error;
 mod flush;
 pub mod gc;
 mod handoff;
+mod hash;
 mod journal;
 mod l2p;
 mod layout;

@@ -10,8 +10,7 @@
 //! Both tiers are filled by every insert and emptied together when a region is
 //! reused, so a check never outlives its md.
 
-use std::collections::HashMap;
-
+use crate::hash::U64Map;
 use shale_format::{decode_md_entry, EntryKind, Lba, VolumeId, BLOCK_SIZE, GROUP_DATA_SLOTS};
 
 const NONE: u32 = u32::MAX;
@@ -76,7 +75,7 @@ struct Slot<V> {
 /// A least-recently-used map of at most `max` values.
 #[derive(Debug)]
 struct Lru<V> {
-    map: HashMap<u64, u32>,
+    map: U64Map<u32>,
     slots: Vec<Slot<V>>,
     head: u32,
     tail: u32,
@@ -86,7 +85,7 @@ struct Lru<V> {
 impl<V> Lru<V> {
     fn new(max: usize) -> Lru<V> {
         Lru {
-            map: HashMap::new(),
+            map: U64Map::default(),
             slots: Vec::new(),
             head: NONE,
             tail: NONE,

@@ -29,7 +29,7 @@
 //! overwritten durably first.
 
 use std::collections::{BTreeMap, HashMap};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::hash::BuildHasherDefault;
 
 use shale_device::{BlockDevice, ZoneState, ZonedDevice};
 use shale_format::{
@@ -71,26 +71,6 @@ pub(crate) struct Trim {
     pub key: Key,
 }
 
-/// A fast hasher for packed (volume, LBA) keys (one multiply; the keys are not
-/// adversarial: they come from our own md).
-#[derive(Default)]
-pub(crate) struct PackedHasher(u64);
-
-impl Hasher for PackedHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        }
-    }
-    fn write_u64(&mut self, v: u64) {
-        self.0 = (v ^ (v >> 29)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        self.0 ^= self.0 >> 32;
-    }
-}
-
 fn pack(v: VolumeId, lba: u64) -> u64 {
     (u64::from(v.0) << 58) | lba
 }
@@ -100,7 +80,7 @@ fn unpack(k: u64) -> (VolumeId, u64) {
 }
 
 /// The winning replayed version of each LBA touched since the checkpoint.
-pub(crate) type Overlay = HashMap<u64, (Key, Pba), BuildHasherDefault<PackedHasher>>;
+pub(crate) type Overlay = HashMap<u64, (Key, Pba), BuildHasherDefault<crate::hash::U64Hasher>>;
 
 /// Everything replay collects before it touches the L2P.
 #[derive(Debug, Default)]
