@@ -39,6 +39,10 @@ const JOBS: &[Job] = &[
         name: "randread-4k",
         args: &["--rw=randread", "--bs=4k"],
     },
+    Job {
+        name: "randread-64k",
+        args: &["--rw=randread", "--bs=64k"],
+    },
 ];
 
 pub struct Options {

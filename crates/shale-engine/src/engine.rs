@@ -54,9 +54,11 @@ pub(crate) enum InflightIo {
         read: u16,
         part: u16,
     },
+    /// `blocks` consecutive blocks of user read `op` from `block` on, at `pba` on.
     Read {
         op: u32,
         block: u32,
+        blocks: u16,
         pba: Pba,
     },
     /// An L2P page loaded ahead of the queued request that needs it.
@@ -463,13 +465,17 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 }
                 self.writer.on_md_done(&mut self.core, group_id)
             }
-            InflightIo::Read { op, block, pba } => {
+            InflightIo::Read {
+                op,
+                block,
+                blocks,
+                pba,
+            } => {
                 let r = c.result.map_err(EngineError::cache("user data read", 0));
                 self.reader.on_read_done(
                     &mut self.core,
                     &self.writer,
-                    op,
-                    block,
+                    (op, block, blocks),
                     pba,
                     r.map(|_| c.buf),
                 )
@@ -536,13 +542,18 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 let (mover, core, _) = self.mover_with_core(gc);
                 mover.on_zone_part_done(core, write)
             }
-            InflightIo::Read { op, block, pba } => {
+            InflightIo::Read {
+                op,
+                block,
+                blocks,
+                pba,
+            } => {
                 let r = c
                     .result
                     .map(|_| c.buf)
                     .map_err(EngineError::capacity("user data read", 0));
                 self.reader
-                    .on_read_done(&mut self.core, &self.writer, op, block, pba, r)
+                    .on_read_done(&mut self.core, &self.writer, (op, block, blocks), pba, r)
             }
             InflightIo::MoverRead { gc, read, part } => {
                 c.result

@@ -58,9 +58,25 @@ pub(crate) struct Reader {
     pub ops: Vec<Option<ReadOp>>,
     pub free: Vec<u32>,
     /// md reads in flight for user reads (PBA of copy A), and data blocks waiting for
-    /// them: (key, read op, block, PBA, data).
+    /// them: (key, run, PBA of its first block, data).
     pub md_reads: Vec<u64>,
-    pub parked: Vec<(u64, u32, u32, Pba, shale_device::IoBuf)>,
+    pub parked: Vec<(u64, Run, Pba, shale_device::IoBuf)>,
+}
+
+/// Blocks of one device read of a user read: (read op, first block, blocks).
+pub(crate) type Run = (u32, u32, u16);
+
+/// The most blocks one device read of a user read covers (128 KiB).
+const RUN_BLOCKS_MAX: u16 = 32;
+
+/// Consecutive blocks of a user read found at consecutive PBAs of one region, gathered
+/// into one device read.
+struct PendingRun {
+    block: u32,
+    blocks: u16,
+    pba: Pba,
+    region: RegionId,
+    slot: u32,
 }
 
 impl Reader {
@@ -92,6 +108,7 @@ impl Reader {
             pending: 0,
             error: None,
         };
+        let mut run: Option<PendingRun> = None;
         let op_id = match self.free.pop() {
             Some(i) => i,
             None => {
@@ -119,33 +136,68 @@ impl Reader {
                 op.put(i, b);
                 continue;
             }
-            let buf = core.bufs.take(1);
-            let tag = core.io.insert(InflightIo::Read {
-                op: op_id,
-                block: i,
-                pba,
-            });
             op.pending += 1;
-            if core.geo.is_chunk(region) {
-                let offset = core.geo.chunk_offset(region, slot);
-                core.cache.submit(IoRequest {
-                    tag,
-                    op: IoOp::Read { offset, buf },
-                });
-                core.stats.cache_read_bytes += BS;
-            } else {
-                let offset = core.geo.zone_offset(region, slot);
-                core.capacity.submit(ZoneRequest {
-                    tag,
-                    op: ZoneOp::Read { offset, buf },
-                });
-                core.stats.capacity_read_bytes += BS;
+            // Data slots never straddle a group's md, so a run stays in one group.
+            if let Some(r) = run.as_mut().filter(|r| {
+                r.region == region
+                    && r.block + u32::from(r.blocks) == i
+                    && r.pba.0 + u64::from(r.blocks) == pba.0
+                    && r.blocks < RUN_BLOCKS_MAX
+            }) {
+                r.blocks += 1;
+                continue;
             }
-            self.prefetch_md(core, pba);
+            if let Some(r) = run.take() {
+                self.submit_run(core, op_id, r);
+            }
+            run = Some(PendingRun {
+                block: i,
+                blocks: 1,
+                pba,
+                region,
+                slot,
+            });
+        }
+        if let Some(r) = run.take() {
+            self.submit_run(core, op_id, r);
         }
         self.ops[op_id as usize] = Some(op);
         self.maybe_finish_read(op_id);
         Ok(())
+    }
+
+    /// One device read for a run of blocks, and its md unless cached or on the way.
+    fn submit_run(
+        &mut self,
+        core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+        op_id: u32,
+        r: PendingRun,
+    ) {
+        let n = usize::from(r.blocks);
+        let buf = core.bufs.take(n);
+        let tag = core.io.insert(InflightIo::Read {
+            op: op_id,
+            block: r.block,
+            blocks: r.blocks,
+            pba: r.pba,
+        });
+        let bytes = n as u64 * BS;
+        if core.geo.is_chunk(r.region) {
+            let offset = core.geo.chunk_offset(r.region, r.slot);
+            core.cache.submit(IoRequest {
+                tag,
+                op: IoOp::Read { offset, buf },
+            });
+            core.stats.cache_read_bytes += bytes;
+        } else {
+            let offset = core.geo.zone_offset(r.region, r.slot);
+            core.capacity.submit(ZoneRequest {
+                tag,
+                op: ZoneOp::Read { offset, buf },
+            });
+            core.stats.capacity_read_bytes += bytes;
+        }
+        self.prefetch_md(core, r.pba);
     }
 
     fn maybe_finish_read(&mut self, op_id: u32) {
@@ -172,8 +224,7 @@ impl Reader {
         &mut self,
         core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
         writer: &ChunkWriter,
-        op_id: u32,
-        block: u32,
+        run: Run,
         pba: Pba,
         r: Result<Option<IoBuf>, EngineError>,
     ) -> Result<(), EngineError> {
@@ -181,55 +232,59 @@ impl Reader {
         match r {
             // Its md is still on the way: wait for it rather than read it synchronously.
             Ok(Some(buf)) if self.md_reads.contains(&key) && !core.md_cache.contains(key) => {
-                self.parked.push((key, op_id, block, pba, buf));
+                self.parked.push((key, run, pba, buf));
             }
-            r => self.finish_block_read(core, writer, op_id, block, pba, r),
+            r => self.finish_run_read(core, writer, run, pba, r),
         }
         Ok(())
     }
 
-    /// Verifies one block of a read against its md and copies it into the reply.
-    fn finish_block_read(
+    /// Verifies each block of a run against its md and copies it into the reply.
+    fn finish_run_read(
         &mut self,
         core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
         writer: &ChunkWriter,
-        op_id: u32,
-        block: u32,
+        (op_id, block, blocks): Run,
         pba: Pba,
         r: Result<Option<IoBuf>, EngineError>,
     ) {
-        let Some((volume, lba)) = self.ops[op_id as usize]
+        let Some((volume, first_lba)) = self.ops[op_id as usize]
             .as_ref()
             .map(|o| (o.volume, o.first_lba + u64::from(block)))
         else {
             panic!("read completion for unknown op {op_id}");
         };
-        let checked = match r {
-            Ok(Some(mut buf)) => match verify_block(core, writer, volume, Lba(lba), pba, &buf) {
-                Ok(()) => Ok(buf),
-                Err(e) => match rebuilt_block(core, writer, volume, Lba(lba), pba, &mut buf, &e) {
-                    true => Ok(buf),
-                    false => {
-                        core.bufs.give(buf);
-                        Err(e)
-                    }
-                },
-            },
+        let mut buf = match r {
+            Ok(Some(buf)) => buf,
             Ok(None) => panic!("read completion without its buffer"),
-            Err(e) => Err(e),
-        };
-        if let Some(op) = self.ops[op_id as usize].as_mut() {
-            op.pending -= 1;
-            match checked {
-                Ok(buf) => {
-                    op.put(block, &buf);
-                    core.bufs.give(buf);
-                }
-                Err(e) => {
+            Err(e) => {
+                if let Some(op) = self.ops[op_id as usize].as_mut() {
+                    op.pending -= u32::from(blocks);
                     op.error.get_or_insert(e);
+                }
+                self.maybe_finish_read(op_id);
+                return;
+            }
+        };
+        for j in 0..u32::from(blocks) {
+            let lba = Lba(first_lba + u64::from(j));
+            let at = Pba(pba.0 + u64::from(j));
+            let data = &mut buf[j as usize * BLOCK_SIZE..(j as usize + 1) * BLOCK_SIZE];
+            let checked = match verify_block(core, writer, volume, lba, at, data) {
+                Err(e) if !rebuilt_block(core, writer, volume, lba, at, data, &e) => Err(e),
+                _ => Ok(()),
+            };
+            if let Some(op) = self.ops[op_id as usize].as_mut() {
+                op.pending -= 1;
+                match checked {
+                    Ok(()) => op.put(block + j, data),
+                    Err(e) => {
+                        op.error.get_or_insert(e);
+                    }
                 }
             }
         }
+        core.bufs.give(buf);
         self.maybe_finish_read(op_id);
     }
 
@@ -300,7 +355,7 @@ impl Reader {
                 i += 1;
                 continue;
             }
-            let (_, op, block, pba, buf) = self.parked.swap_remove(i);
+            let (_, run, pba, buf) = self.parked.swap_remove(i);
             let r = match &picked {
                 Ok(()) => Ok(Some(buf)),
                 Err(e) => {
@@ -310,7 +365,7 @@ impl Reader {
                     })
                 }
             };
-            self.finish_block_read(core, writer, op, block, pba, r);
+            self.finish_run_read(core, writer, run, pba, r);
         }
     }
 }

@@ -269,3 +269,31 @@ fn a_flush_with_nothing_new_costs_no_io() {
     call(&mut e, Request::Flush).unwrap();
     assert_eq!(e.stats().durability_points, after.durability_points + 1);
 }
+
+/// Blocks that lie side by side on a device are read with one request (a run stops at
+/// a group's md, which data slots never straddle).
+#[test]
+fn blocks_side_by_side_are_read_with_one_device_read() {
+    use shale_device::StatsDevice;
+    let (c, z) = devices(128 + 8 * 256, 28);
+    let c = StatsDevice::new(c);
+    let stats = c.handle();
+    let mut e = shale_engine::Engine::format(c, z, shale_engine::ManualClock::new(), tiny_config())
+        .unwrap();
+    let v = create(&mut e, "a", 4 << 20);
+    let data: Vec<u8> = (0..16).flat_map(|i| pattern(i, 4096)).collect();
+    // The first chunk's two groups (126 data slots each) fill and settle, so these
+    // blocks are read from the cache device, not from memory.
+    for i in 0..16u64 {
+        write(&mut e, v, i * 16 * 4096, &data).unwrap();
+    }
+    let before = stats.snapshot();
+    assert_eq!(read(&mut e, v, 0, 16 * 4096).unwrap(), data);
+    let reads = stats.snapshot().since(&before).reads;
+    assert_eq!(reads, 1, "16 blocks side by side took {reads} device reads");
+    // Across a group boundary (slots 126 and 127 hold md): two runs.
+    let before = stats.snapshot();
+    let got = read(&mut e, v, 120 * 4096, 8 * 4096).unwrap();
+    assert_eq!(got, data[8 * 4096..].to_vec());
+    assert_eq!(stats.snapshot().since(&before).reads, 2);
+}

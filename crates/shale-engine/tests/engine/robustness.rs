@@ -256,6 +256,16 @@ fn crc_mismatch_on_read_names_the_location() {
             }
             r => panic!("expected a checksum mismatch, got {r:?}"),
         }
+        // A read of several blocks around it (one device read for blocks that lie
+        // side by side) fails on that block too.
+        let first = lba.saturating_sub(3);
+        let last = (lba + 3).min(1023);
+        match read(&mut e, v, first * 4096, (last - first + 1) * 4096) {
+            Err(EngineError::ChecksumMismatch { lba: l, pba: p, .. }) => {
+                assert_eq!((l, p), (Lba(lba), pba));
+            }
+            r => panic!("expected a checksum mismatch, got {r:?}"),
+        }
         // Neighbours are fine, and the engine keeps serving.
         assert_eq!(
             read(&mut e, v, (lba ^ 1) * 4096, 4096).unwrap(),
