@@ -1470,7 +1470,8 @@ mod tests {
             p.limits,
             VolumeLimits {
                 iops_max: 500,
-                bytes_per_sec_max: 20 << 20
+                bytes_per_sec_max: 20 << 20,
+                cache_share_pct: 0
             }
         );
         let p = VolumePlan::parse("rest,iops-max=none").expect("parses");

@@ -180,7 +180,7 @@ pub(crate) fn step(
                 // Already set: mapped since the open, or mapped twice (the full
                 // self-check finds the latter).
                 Ok(r) => {
-                    regions.census_set(r, pba);
+                    regions.census_set(r, pba, volume);
                 }
                 Err(e) => bad = Some(e.to_string()),
             }

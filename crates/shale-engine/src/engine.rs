@@ -652,12 +652,17 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         let gc_steps = steps_for(&self.core.config, free_zones, threshold, blocked);
         let free_chunks = self.core.regions.free_chunks.len() + pending_chunks;
         let threshold = compaction_threshold(&self.core.geo, &self.core.config);
-        let steps = steps_for(
+        let mut steps = steps_for(
             &self.core.config,
             free_chunks,
             threshold,
             self.health.user_blocked,
         );
+        if steps == 0 && self.core.regions.shares.any_over() {
+            // A volume past its cache share: compaction trickles on (taking its chunks
+            // first) however much is free.
+            steps = 1;
+        }
         if self.core.census.is_some() {
             // The movers and the scrub read validity bits: until the census has
             // rebuilt them they wait. When space runs short the walk speeds up
@@ -741,6 +746,11 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     /// it stops rather than carry on from there.
     fn volume_changed(&mut self, change: &crate::volume::VolumeChange) -> Result<(), EngineError> {
         let now = self.core.now();
+        let shares = &mut self.core.regions.shares;
+        shares.set_share(change.volume, 0);
+        for e in &self.core.volumes.table.entries {
+            shares.set_share(e.id, e.limits.cache_share_pct);
+        }
         let freed = self.throttle.sync(
             self.core
                 .volumes
@@ -988,6 +998,9 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         );
         s.throttle_waiting = self.throttle.waiting() as u64;
         s.throttle_waits = self.throttle.delayed;
+        for v in &mut s.volumes {
+            v.cache_valid_bytes = self.core.regions.shares.blocks(v.id) * crate::layout::BS;
+        }
         for (uid, waiting, waited) in self.throttle.per_volume() {
             if let Some(v) = s.volumes.iter_mut().find(|v| v.uid == uid) {
                 v.throttle_waiting = waiting as u64;

@@ -142,6 +142,8 @@ pub struct VolumeStats {
     pub throttle_waiting: u64,
     pub throttle_delayed: u64,
     pub throttle_wait_ns: u64,
+    /// Its valid blocks in the cache now, in bytes (what a cache share bounds).
+    pub cache_valid_bytes: u64,
 }
 
 impl VolumeStats {

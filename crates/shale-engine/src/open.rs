@@ -106,6 +106,10 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         streams: u32,
     ) -> Self {
         let geo = Geometry::new(&sb.layout, &sb.capacity);
+        let mut regions = regions;
+        for e in &volumes.table.entries {
+            regions.shares.set_share(e.id, e.limits.cache_share_pct);
+        }
         let stats = Stats {
             chunk_count: u64::from(geo.chunk_count),
             data_zone_count: u64::from(geo.zone_count - 1),
@@ -359,8 +363,10 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         let mut counted = vec![0u32; geo.region_count() as usize];
         let mut err: Option<OpenError> = None;
         self.core.regions.validity.clear_all();
+        self.core.regions.shares.clear_counts();
         {
             let validity = &mut self.core.regions.validity;
+            let shares = &mut self.core.regions.shares;
             let regions = &self.core.regions.regions;
             self.core
                 .l2p
@@ -386,6 +392,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                         });
                         return;
                     }
+                    shares.add(volume, r);
                     counted[r.0 as usize] += 1;
                 })
                 .map_err(OpenError::Engine)?;

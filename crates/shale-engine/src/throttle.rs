@@ -175,7 +175,7 @@ impl Throttle {
         let mut live = std::collections::HashSet::new();
         for (uid, l) in volumes {
             live.insert(uid);
-            if !l.is_none() {
+            if l.has_rates() {
                 keep.insert(uid, l);
             }
         }
@@ -318,6 +318,7 @@ mod tests {
         VolumeLimits {
             iops_max: iops,
             bytes_per_sec_max: bps,
+            cache_share_pct: 0,
         }
     }
 

@@ -192,6 +192,14 @@ pub(crate) fn set_limits(
             reason: "this pool was formatted before volume limits existed (its volume table has no room for them); a pool formatted by this version stores them".into(),
         });
     }
+    if limits.cache_share_pct > 100 {
+        return Err(EngineError::InvalidVolume {
+            reason: format!(
+                "a cache share of {}% is past the whole cache",
+                limits.cache_share_pct
+            ),
+        });
+    }
     if limits.bytes_per_sec_max > 0 && limits.bytes_per_sec_max < BS {
         return Err(EngineError::InvalidVolume {
             reason: format!(

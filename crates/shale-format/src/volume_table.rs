@@ -37,23 +37,32 @@ pub const VOLUME_NAME_MAX: usize = 32;
 /// Entries that fit in one block.
 pub const VOLUMES_MAX: u32 = ((BLOCK_SIZE - VOLUME_TABLE_HEADER_LEN) / VOLUME_ENTRY_LEN) as u32;
 
-/// A volume's rate limits; 0 means none.
+/// A volume's rate limits and cache share; 0 means none.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct VolumeLimits {
     /// Requests per second (reads, writes, trims and write-zeroes alike).
     pub iops_max: u64,
     /// Bytes read and written per second.
     pub bytes_per_sec_max: u64,
+    /// Percent of the cache's data blocks the volume's valid blocks may hold before
+    /// compaction takes its chunks first (1 to 100).
+    pub cache_share_pct: u8,
 }
 
 impl VolumeLimits {
     pub const NONE: VolumeLimits = VolumeLimits {
         iops_max: 0,
         bytes_per_sec_max: 0,
+        cache_share_pct: 0,
     };
 
     pub fn is_none(&self) -> bool {
         *self == VolumeLimits::NONE
+    }
+
+    /// Whether a rate is limited (the cache share aside).
+    pub fn has_rates(&self) -> bool {
+        self.iops_max > 0 || self.bytes_per_sec_max > 0
     }
 }
 
@@ -124,7 +133,8 @@ impl VolumeTable {
             w.skip(6);
             w.u64(e.limits.iops_max);
             w.u64(e.limits.bytes_per_sec_max);
-            w.skip(VOLUME_LIMITS_LEN - 24);
+            w.u8(e.limits.cache_share_pct);
+            w.skip(VOLUME_LIMITS_LEN - 25);
         }
         seal(&mut b, BLOCK_SIZE);
         out.extend_from_slice(&b);
@@ -282,11 +292,18 @@ fn decode_limits(
             return Err(r.invalid("limits_id", format!("{id} != {}", e.id)));
         }
         r.skip(6)?;
+        let iops_max = r.u64()?;
+        let bytes_per_sec_max = r.u64()?;
+        let cache_share_pct = r.u8()?;
+        if cache_share_pct > 100 {
+            return Err(r.invalid("cache_share_pct", format!("{cache_share_pct} > 100")));
+        }
         e.limits = VolumeLimits {
-            iops_max: r.u64()?,
-            bytes_per_sec_max: r.u64()?,
+            iops_max,
+            bytes_per_sec_max,
+            cache_share_pct,
         };
-        r.skip(VOLUME_LIMITS_LEN - 24)?;
+        r.skip(VOLUME_LIMITS_LEN - 25)?;
     }
     Ok(())
 }
@@ -468,15 +485,15 @@ mod tests {
         }
 
         #[test]
-        fn roundtrip(gen in any::<u64>(), vols in proptest::collection::btree_map(0u32..63, ("[a-z]{1,32}", any::<u64>(), any::<u64>(), any::<u32>(), any::<(u64, u64)>()), 0..20)) {
+        fn roundtrip(gen in any::<u64>(), vols in proptest::collection::btree_map(0u32..63, ("[a-z]{1,32}", any::<u64>(), any::<u64>(), any::<u32>(), (any::<u64>(), any::<u64>(), 0u8..=100)), 0..20)) {
             let mut names = std::collections::BTreeSet::new();
             let entries: Vec<VolumeEntry> = vols.into_iter()
                 .filter(|(_, (n, ..))| names.insert(n.clone()))
                 .enumerate()
-                .map(|(i, (id, (name, size_blocks, sid, pos, (iops, bps))))| VolumeEntry {
+                .map(|(i, (id, (name, size_blocks, sid, pos, (iops, bps, share))))| VolumeEntry {
                     id: VolumeId(id), uid: VolumeUid(1000 + i as u64), name, size_blocks,
                     created_sid: Sid(sid), created_pos: pos,
-                    limits: VolumeLimits { iops_max: iops, bytes_per_sec_max: bps },
+                    limits: VolumeLimits { iops_max: iops, bytes_per_sec_max: bps, cache_share_pct: share },
                 }).collect();
             let mut t = VolumeTable { generation: gen, uid_next: VolumeUid(5000), entries };
             let b = t.encode_in(2);
@@ -505,6 +522,16 @@ mod tests {
             // A version-3 copy missing its second block is refused too.
             prop_assert!(VolumeTable::decode(&new[..BLOCK_SIZE], 0).is_err());
             prop_assert_eq!(VolumeTable::decode(&new, 0).unwrap().entries[0].limits.iops_max, 800);
+        }
+
+        /// A cache share past 100% is refused by name, however the block is sealed.
+        #[test]
+        fn a_cache_share_past_100_is_refused(pct in 101u8..=255) {
+            let mut t = VolumeTable { generation: 3, uid_next: VolumeUid(9), entries: vec![entry(2, 4, "db")] };
+            t.entries[0].limits.cache_share_pct = pct;
+            let b = t.encode_in(2);
+            let e = VolumeTable::decode(&b, 0).unwrap_err().to_string();
+            prop_assert!(e.contains("cache_share_pct"), "{}", e);
         }
     }
 }

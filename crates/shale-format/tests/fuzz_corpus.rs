@@ -152,7 +152,8 @@ fn two_block_tables() -> Superblock {
     sb
 }
 
-/// A version-3 volume table: `n` volumes, every other one with rate limits.
+/// A version-3 volume table: `n` volumes, every other one with rate limits and a
+/// cache share.
 fn volumes_with_limits(n: u32) -> Vec<u8> {
     let mut t = volumes(n);
     for (i, e) in t.entries.iter_mut().enumerate() {
@@ -160,6 +161,7 @@ fn volumes_with_limits(n: u32) -> Vec<u8> {
             e.limits = VolumeLimits {
                 iops_max: 1000 * (i as u64 + 1),
                 bytes_per_sec_max: (64 << 20) * (i as u64 + 1),
+                cache_share_pct: 10 + i as u8,
             };
         }
     }

@@ -388,9 +388,9 @@ impl Mover {
             // (a PBA is valid exactly when one L2P entry maps it), so the switch needs
             // no page: it is deferred if the page is not cached.
             if core.regions.validity.get(e.source) {
-                core.regions.mark_valid(&core.geo, new);
+                core.regions.mark_valid(&core.geo, new, e.volume);
                 core.l2p.relocate(&mut core.cache, e.volume, e.lba, new)?;
-                core.regions.mark_invalid(&core.geo, e.source);
+                core.regions.mark_invalid(&core.geo, e.source, e.volume);
                 core.stats.relocated_blocks += 1;
                 let c = core.volume_counters(e.volume);
                 if gc {
@@ -477,7 +477,12 @@ impl Mover {
         if self.victim.is_none() {
             let snap = self.snapshot(core);
             let now = core.now();
-            let choice = self.policy.choose(&snap, now);
+            // A volume past its cache share has its chunks compacted first.
+            let choice = match self.role {
+                RegionRole::Compaction => core.regions.shares.victim(&snap),
+                _ => None,
+            }
+            .or_else(|| self.policy.choose(&snap, now));
             self.snapshot = snap;
             let Some(v) = choice else { return Ok(progress) };
             if self.role == RegionRole::Gc {

@@ -8,7 +8,9 @@
 //!   in flight, and are reused only after the next durability point.
 
 mod regions;
+mod shares;
 mod validity;
 
 pub(crate) use regions::{Region, Regions};
+pub(crate) use shares::CacheShares;
 pub(crate) use validity::Validity;

@@ -2,10 +2,10 @@
 
 use std::collections::VecDeque;
 
-use shale_format::{Pba, RegionEntry, RegionId, RegionRole, RegionState, Sid};
+use shale_format::{Pba, RegionEntry, RegionId, RegionRole, RegionState, Sid, VolumeId};
 
 use crate::layout::{Geometry, Groups};
-use crate::space::Validity;
+use crate::space::{CacheShares, Validity};
 
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Region {
@@ -55,6 +55,8 @@ pub(crate) struct Regions {
     /// While a census after a crash runs: the counts are not known yet. Each region's
     /// `valid` is then its set bits, exact once every page is walked.
     pub counts_unknown: bool,
+    /// Each volume's valid blocks in the cache, moved with the bits of chunk blocks.
+    pub shares: CacheShares,
 }
 
 impl Regions {
@@ -72,6 +74,16 @@ impl Regions {
             census_pending: false,
             census_bits: Vec::new(),
             counts_unknown: false,
+            shares: CacheShares::new(
+                geo.chunk_count,
+                u64::from(geo.chunk_count)
+                    * u64::from(
+                        Groups {
+                            blocks: geo.chunk_blocks,
+                        }
+                        .data_capacity(),
+                    ),
+            ),
         }
     }
 
@@ -81,6 +93,7 @@ impl Regions {
     /// the bits as they are set.
     pub fn begin_census(&mut self, counts_known: bool) {
         self.validity.clear_all();
+        self.shares.clear_counts();
         self.census_pending = true;
         self.census_bits = vec![0; self.regions.len()];
         self.counts_unknown = !counts_known;
@@ -93,9 +106,10 @@ impl Regions {
 
     /// The census set `pba`'s bit, in region `r`, unless it was set already (mapped
     /// since the open). Returns whether it was.
-    pub fn census_set(&mut self, r: RegionId, pba: Pba) -> bool {
+    pub fn census_set(&mut self, r: RegionId, pba: Pba, v: VolumeId) -> bool {
         let was = self.validity.set(pba);
         if !was {
+            self.shares.add(v, r);
             self.census_bits[r.0 as usize] += 1;
             if self.counts_unknown {
                 self.regions[r.0 as usize].valid += 1;
@@ -140,26 +154,31 @@ impl Regions {
         &mut self.regions[r.0 as usize]
     }
 
-    /// Marks `pba` valid (a new mapping points at it).
-    pub fn mark_valid(&mut self, geo: &Geometry, pba: Pba) {
+    /// Marks `pba` valid (a new mapping of volume `v` points at it).
+    pub fn mark_valid(&mut self, geo: &Geometry, pba: Pba, v: VolumeId) {
         let Some((r, _)) = geo.region_slot(pba) else {
             panic!("mark_valid of {pba} outside the data regions");
         };
         let was = self.validity.set(pba);
         assert!(!was, "{pba} already valid");
+        self.shares.add(v, r);
         self.regions[r.0 as usize].valid += 1;
         if self.census_pending {
             self.census_bits[r.0 as usize] += 1;
         }
     }
 
-    /// Marks `pba` invalid (its mapping moved away); the region may become PendingFree.
-    pub fn mark_invalid(&mut self, geo: &Geometry, pba: Pba) {
+    /// Marks `pba` invalid (volume `v`'s mapping moved away); the region may become
+    /// PendingFree.
+    pub fn mark_invalid(&mut self, geo: &Geometry, pba: Pba, v: VolumeId) {
         let Some((r, _)) = geo.region_slot(pba) else {
             panic!("mark_invalid of {pba} outside the data regions");
         };
         let was = self.validity.clear(pba);
         assert!(was || self.census_pending, "{pba} was not valid");
+        if was {
+            self.shares.remove(v, r);
+        }
         if self.census_pending && was {
             self.census_bits[r.0 as usize] -= 1;
         }
@@ -269,10 +288,10 @@ mod tests {
             for (c, slot, set) in ops {
                 let pba = g.pba(RegionId(c), slot);
                 if set && !model.contains(&pba) {
-                    r.mark_valid(&g, pba);
+                    r.mark_valid(&g, pba, VolumeId(0));
                     model.insert(pba);
                 } else if !set && model.remove(&pba) {
-                    r.mark_invalid(&g, pba);
+                    r.mark_invalid(&g, pba, VolumeId(0));
                 }
                 for c in 0..4 {
                     let id = RegionId(c);
@@ -286,7 +305,7 @@ mod tests {
                 r.try_close(&g, id, false, 7);
             }
             for &p in &model {
-                r.mark_invalid(&g, p);
+                r.mark_invalid(&g, p, VolumeId(0));
             }
             let mut pending = r.pending_free.clone();
             pending.sort();

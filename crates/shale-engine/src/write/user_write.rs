@@ -123,7 +123,7 @@ impl ChunkWriter {
         // (the request fails; the engine carries on).
         core.l2p.get(&mut core.cache, volume, lba)?;
         let pba = self.append_block(core, volume, lba, src);
-        core.regions.mark_valid(&core.geo, pba);
+        core.regions.mark_valid(&core.geo, pba, volume);
         // The page is cached now (appending touches no page); an error here would leave
         // a valid block unmapped, so it stops the engine.
         let old = core
@@ -137,7 +137,7 @@ impl ChunkWriter {
         core.placement
             .user_write(&core.geo, &core.regions, core.sid_next, pba, old);
         if !old.is_none() {
-            core.regions.mark_invalid(&core.geo, old);
+            core.regions.mark_invalid(&core.geo, old, volume);
         }
         Ok(())
     }
@@ -277,7 +277,7 @@ impl ChunkWriter {
             while lba < page_end {
                 let old = core.l2p.set(&mut core.cache, volume, Lba(lba), Pba::NONE)?;
                 if !old.is_none() {
-                    core.regions.mark_invalid(&core.geo, old);
+                    core.regions.mark_invalid(&core.geo, old, volume);
                 }
                 lba += 1;
             }

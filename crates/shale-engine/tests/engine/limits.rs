@@ -59,6 +59,7 @@ fn a_limited_volume_is_held_to_its_rate_and_others_are_not() {
     let l = VolumeLimits {
         iops_max: 100,
         bytes_per_sec_max: 0,
+        cache_share_pct: 0,
     };
     match set(&mut e, slow, l).unwrap() {
         Reply::Volume(v) => assert_eq!(v.limits, l),
@@ -142,6 +143,7 @@ fn limits_survive_a_restart_and_a_crash_and_bad_ones_are_refused() {
     let l = VolumeLimits {
         iops_max: 2_000,
         bytes_per_sec_max: 64 << 20,
+        cache_share_pct: 0,
     };
     rig.call(Request::SetVolumeLimits {
         volume: v,
@@ -151,6 +153,7 @@ fn limits_survive_a_restart_and_a_crash_and_bad_ones_are_refused() {
     let bad = VolumeLimits {
         iops_max: 0,
         bytes_per_sec_max: 100,
+        cache_share_pct: 0,
     };
     assert!(matches!(
         rig.call(Request::SetVolumeLimits {
@@ -200,10 +203,12 @@ fn a_crash_during_a_limits_change_leaves_the_old_limits_or_the_new() {
     let old = VolumeLimits {
         iops_max: 1_000,
         bytes_per_sec_max: 0,
+        cache_share_pct: 0,
     };
     let new = VolumeLimits {
         iops_max: 0,
         bytes_per_sec_max: 8 << 20,
+        cache_share_pct: 0,
     };
     let v = VolumeUid(1);
     // Torn at 512 bytes, between the copy's two blocks, inside its second block; and
@@ -266,4 +271,97 @@ fn a_crash_during_a_limits_change_leaves_the_old_limits_or_the_new() {
         assert!(got == new || got.is_none(), "seed {seed}: {got:?}");
         r.verify();
     }
+}
+
+fn cache_valid_bytes(e: &Eng, v: VolumeUid) -> u64 {
+    e.stats()
+        .volumes
+        .iter()
+        .find(|s| s.uid == v)
+        .map_or(0, |s| s.cache_valid_bytes)
+}
+
+/// Runs a noisy volume (uniform writes over 16 MiB, three quarters of the writes)
+/// beside a quiet one (uniform over 4 MiB), the noisy one with cache share `pct`;
+/// returns, over the second half, the most of the cache's data blocks the noisy one
+/// held and the least the quiet one held, in percent, and the engine.
+fn noisy_beside_quiet(pct: u8) -> (f64, f64, Eng) {
+    let (c, z) = devices(128 + 16 * 256, 64);
+    let config = shale_engine::Config {
+        compaction_free_chunks_pct: 15,
+        ..tiny_config()
+    };
+    let mut e = shale_engine::Engine::format(c, z, ManualClock::new(), config).unwrap();
+    let noisy = create(&mut e, "noisy", 16 << 20);
+    let quiet = create(&mut e, "quiet", 4 << 20);
+    let l = VolumeLimits {
+        cache_share_pct: pct,
+        ..VolumeLimits::NONE
+    };
+    set(&mut e, noisy, l).unwrap();
+    // The cache's data blocks: 16 chunks of 256 blocks, two md blocks per 128.
+    let cache_bytes = (16 * 252 * 4096) as f64;
+    let (mut noisy_max, mut quiet_min) = (0f64, f64::MAX);
+    let mut x = 7u64;
+    let rounds = 6000u64;
+    for i in 0..rounds {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let (v, lba) = if i % 4 == 3 {
+            (quiet, (x >> 33) % 1024)
+        } else {
+            (noisy, (x >> 33) % 4096)
+        };
+        write(&mut e, v, lba * 4096, &pattern(i, 4096)).unwrap();
+        if i >= rounds / 2 && i % 50 == 0 {
+            noisy_max = noisy_max.max(cache_valid_bytes(&e, noisy) as f64 / cache_bytes * 100.0);
+            quiet_min = quiet_min.min(cache_valid_bytes(&e, quiet) as f64 / cache_bytes * 100.0);
+        }
+    }
+    (noisy_max, quiet_min, e)
+}
+
+#[test]
+fn a_volume_past_its_cache_share_is_compacted_first() {
+    let (free_noisy, free_quiet, _) = noisy_beside_quiet(0);
+    let (noisy, quiet, mut e) = noisy_beside_quiet(20);
+    println!(
+        "noisy volume's most of the cache: {free_noisy:.1}% without a share, {noisy:.1}% with \
+         a 20% share; quiet volume's least: {free_quiet:.1}% and {quiet:.1}%"
+    );
+    // Within 5% of the share; without it the noisy volume takes far more.
+    assert!(noisy <= 25.0, "noisy held {noisy:.1}% against a 20% share");
+    assert!(free_noisy > noisy + 10.0, "{free_noisy:.1}% vs {noisy:.1}%");
+    // Chunks hold both volumes' blocks, so compacting the noisy one's also moves some
+    // of the quiet one's: the share bounds a volume, it does not reserve the rest.
+    assert!(quiet > 0.0 && free_quiet > 0.0);
+    // The counts follow the data across a restart (the open's census rebuilds them).
+    let before: Vec<u64> = e
+        .stats()
+        .volumes
+        .iter()
+        .map(|v| v.cache_valid_bytes)
+        .collect();
+    e = reopen(e, tiny_config());
+    // The background census rebuilds them as it walks the L2P.
+    e.run_until_idle().unwrap();
+    let after: Vec<u64> = e
+        .stats()
+        .volumes
+        .iter()
+        .map(|v| v.cache_valid_bytes)
+        .collect();
+    assert_eq!(before, after);
+    assert_eq!(limits_of(&mut e, "noisy").cache_share_pct, 20);
+    // Past 100% is refused.
+    let v = e.stats().volumes[0].uid;
+    let bad = VolumeLimits {
+        cache_share_pct: 101,
+        ..VolumeLimits::NONE
+    };
+    assert!(matches!(
+        set(&mut e, v, bad),
+        Err(EngineError::InvalidVolume { .. })
+    ));
 }
