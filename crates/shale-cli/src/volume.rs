@@ -63,7 +63,7 @@ pub enum VolumeCommand {
     },
     /// List volumes
     List,
-    /// Change a volume's rate limits (they apply at once, to connected clients too)
+    /// Change a volume's rate limits or cache share (at once, for connected clients too)
     Set {
         name: String,
         #[command(flatten)]
@@ -95,6 +95,20 @@ pub struct LimitArgs {
     /// MiB per second read and written at most; `none` or 0 removes the limit
     #[arg(long, value_name = "N|none", value_parser = parse_limit)]
     mibps_max: Option<u64>,
+    /// Percent of the cache the volume's data may hold before compaction takes its
+    /// chunks first (1-100); `none` or 0 removes the share
+    #[arg(long, value_name = "PCT|none", value_parser = parse_share)]
+    cache_share: Option<u8>,
+}
+
+fn parse_share(s: &str) -> Result<u8, String> {
+    if s == "none" {
+        return Ok(0);
+    }
+    match s.trim_end_matches('%').parse::<u8>() {
+        Ok(p) if p <= 100 => Ok(p),
+        _ => Err(format!("{s:?} is not a percentage from 0 to 100 or none")),
+    }
 }
 
 fn parse_limit(s: &str) -> Result<u64, String> {
@@ -125,17 +139,21 @@ pub fn volume(args: VolumeArgs) -> Result<()> {
             size_bytes: size(s)?,
             iops_max: limits.iops_max,
             mibps_max: limits.mibps_max,
+            cache_share_pct: limits.cache_share,
         },
         VolumeCommand::List => AdminRequest::VolumeList,
         VolumeCommand::Set { name, limits } => {
             anyhow::ensure!(
-                limits.iops_max.is_some() || limits.mibps_max.is_some(),
-                "nothing to set: give --iops-max or --mibps-max"
+                limits.iops_max.is_some()
+                    || limits.mibps_max.is_some()
+                    || limits.cache_share.is_some(),
+                "nothing to set: give --iops-max, --mibps-max or --cache-share"
             );
             AdminRequest::VolumeSet {
                 name: name.clone(),
                 iops_max: limits.iops_max,
                 mibps_max: limits.mibps_max,
+                cache_share_pct: limits.cache_share,
             }
         }
         VolumeCommand::Resize {
@@ -180,11 +198,15 @@ fn limits_text(v: &serde_json::Value) -> String {
     if let Some(n) = v["mibps_max"].as_u64() {
         parts.push(format!("{n} MiB/s"));
     }
-    if parts.is_empty() {
+    let mut text = if parts.is_empty() {
         String::new()
     } else {
         format!(", at most {}", parts.join(" and "))
+    };
+    if let Some(p) = v["cache_share_pct"].as_u64() {
+        text.push_str(&format!(", {p}% of the cache"));
     }
+    text
 }
 
 /// `volume list` as an aligned table: columns as wide as their widest cell.
@@ -197,8 +219,9 @@ fn volume_table(v: &serde_json::Value) -> String {
         "CLIENTS",
         "MAX-IOPS",
         "MAX-MIB/S",
+        "CACHE-SHARE",
     ];
-    let mut rows: Vec<[String; 7]> = vec![header.map(String::from)];
+    let mut rows: Vec<[String; 8]> = vec![header.map(String::from)];
     for vol in v.as_array().into_iter().flatten() {
         let num = |k: &str| vol[k].as_u64().map_or("?".into(), |n| n.to_string());
         let limit = |k: &str| vol[k].as_u64().map_or("-".into(), |n| n.to_string());
@@ -210,9 +233,12 @@ fn volume_table(v: &serde_json::Value) -> String {
             num("clients"),
             limit("iops_max"),
             limit("mibps_max"),
+            vol["cache_share_pct"]
+                .as_u64()
+                .map_or("-".into(), |n| format!("{n}%")),
         ]);
     }
-    let mut width = [0usize; 7];
+    let mut width = [0usize; 8];
     for r in &rows {
         for (w, cell) in width.iter_mut().zip(r) {
             *w = (*w).max(cell.chars().count());

@@ -110,24 +110,57 @@ fn a_limited_volume_is_held_to_its_rates_across_a_restart() {
         "{text}"
     );
 
+    // A cache share beside the rate, and each volume's data in the cache in stats.
+    let set = d.admin(&["volume", "set", "slow", "--cache-share", "30"]);
+    assert!(set.contains("at most 2 MiB/s, 30% of the cache"), "{set}");
+    let s = d.stats();
+    assert!(
+        volume(&s["volumes"], "slow")["cache_valid_bytes"]
+            .as_u64()
+            .is_some(),
+        "{s}"
+    );
+
     // Limits are part of the pool: a restart keeps them.
     d.stop();
     d.spawn();
     let l = list(&d);
     assert_eq!(volume(&l, "slow")["mibps_max"], 2, "{l}");
-    d.admin(&["volume", "set", "slow", "--mibps-max", "0"]);
-    assert!(volume(&list(&d), "slow")["mibps_max"].is_null());
+    assert_eq!(volume(&l, "slow")["cache_share_pct"], 30, "{l}");
+    assert!(volume(&l, "default")["cache_share_pct"].is_null(), "{l}");
+    let text = d.admin(&["volume", "list"]);
+    assert!(
+        text.contains("CACHE-SHARE") && text.contains("30%"),
+        "{text}"
+    );
+    d.admin(&[
+        "volume",
+        "set",
+        "slow",
+        "--mibps-max",
+        "0",
+        "--cache-share",
+        "none",
+    ]);
+    let l = list(&d);
+    assert!(volume(&l, "slow")["mibps_max"].is_null(), "{l}");
+    assert!(volume(&l, "slow")["cache_share_pct"].is_null(), "{l}");
 
-    // Refusals: nothing to set, a rate below a block a second, no such volume.
+    refusals(&d);
+    d.stop();
+}
+
+/// Refusals: nothing to set, no such volume, a rate or share that is not one.
+fn refusals(d: &Daemon) {
     for args in [
         &["volume", "set", "slow"][..],
         &["volume", "set", "nope", "--iops-max", "5"],
         &["volume", "set", "slow", "--iops-max", "many"],
+        &["volume", "set", "slow", "--cache-share", "101"],
     ] {
         let out = output(shale().args(args).arg("--data-dir").arg(d.data_dir()));
         assert!(!out.status.success(), "{args:?} succeeded");
     }
-    d.stop();
 }
 
 /// `[devices] volumes` in the config file: the first start creates them, limits and

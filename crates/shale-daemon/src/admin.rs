@@ -37,7 +37,8 @@ const ACCEPT_POLL: Duration = Duration::from_millis(20);
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
 pub enum AdminRequest {
-    /// `iops_max` / `mibps_max`: the volume's rate limits (absent or 0: none).
+    /// `iops_max` / `mibps_max`: the volume's rate limits; `cache_share_pct`: its
+    /// share of the cache (absent or 0: none).
     VolumeCreate {
         name: String,
         size_bytes: u64,
@@ -45,16 +46,20 @@ pub enum AdminRequest {
         iops_max: Option<u64>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         mibps_max: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cache_share_pct: Option<u8>,
     },
     VolumeList,
-    /// Changes a volume's rate limits: each given one is set (0 removes it), the
-    /// others stay. Applies at once to connected clients.
+    /// Changes a volume's rate limits and cache share: each given one is set (0
+    /// removes it), the others stay. Applies at once to connected clients.
     VolumeSet {
         name: String,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         iops_max: Option<u64>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         mibps_max: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cache_share_pct: Option<u8>,
     },
     /// Shrinking a volume with connected clients is refused unless `force`, which
     /// disconnects them first (a client's view of the size is fixed at connect).
@@ -376,6 +381,7 @@ mod tests {
             size_bytes: 4096,
             iops_max: None,
             mibps_max: None,
+            cache_share_pct: None,
         };
         call(&path, &create).expect("create");
         assert!(matches!(call(&path, &create), Err(AdminError::Remote(_))));

@@ -135,6 +135,7 @@ fn volume_json(v: &VolumeInfo, clients: usize) -> Value {
         "clients": clients,
         "iops_max": limit(v.limits.iops_max),
         "mibps_max": limit(v.limits.bytes_per_sec_max >> 20),
+        "cache_share_pct": limit(u64::from(v.limits.cache_share_pct)),
     })
 }
 
@@ -143,8 +144,15 @@ fn limits_of(
     base: VolumeLimits,
     iops_max: Option<u64>,
     mibps_max: Option<u64>,
+    cache_share_pct: Option<u8>,
 ) -> Result<VolumeLimits, String> {
     let mut l = base;
+    if let Some(p) = cache_share_pct {
+        if p > 100 {
+            return Err(format!("cache_share_pct {p} is past 100"));
+        }
+        l.cache_share_pct = p;
+    }
     if let Some(n) = iops_max {
         l.iops_max = n;
     }
@@ -190,6 +198,7 @@ pub fn volumes_json(s: &Stats, list: &[VolumeInfo], b: &EngineBackend) -> Value 
                 "capacity_written": v.capacity_write_bytes(),
             },
             "waf": { "layer": waf },
+            "cache_valid_bytes": v.cache_valid_bytes,
             "throttle": {
                 "waiting": v.throttle_waiting,
                 "delayed": v.throttle_delayed,
@@ -279,8 +288,9 @@ impl AdminHandler for DaemonAdmin {
                 size_bytes,
                 iops_max,
                 mibps_max,
+                cache_share_pct,
             } => {
-                let limits = limits_of(VolumeLimits::NONE, iops_max, mibps_max)?;
+                let limits = limits_of(VolumeLimits::NONE, iops_max, mibps_max, cache_share_pct)?;
                 let r = crate::serve::create_volume(|r| engine.call(r), name, size_bytes, limits);
                 volume_reply(r.map_err(|e| e.to_string()))
             }
@@ -288,13 +298,14 @@ impl AdminHandler for DaemonAdmin {
                 name,
                 iops_max,
                 mibps_max,
+                cache_share_pct,
             } => {
                 let _one_at_a_time = self
                     .limits
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner);
                 let v = self.volume(&name)?;
-                let limits = limits_of(v.limits, iops_max, mibps_max)?;
+                let limits = limits_of(v.limits, iops_max, mibps_max, cache_share_pct)?;
                 volume_reply(
                     engine
                         .call(Request::SetVolumeLimits {

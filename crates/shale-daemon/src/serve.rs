@@ -696,7 +696,7 @@ pub struct VolumePlan {
 }
 
 /// Option keys `VolumePlan::parse` takes after the name and size.
-pub const VOLUME_PLAN_KEYS: &[&str] = &["iops-max", "mibps-max"];
+pub const VOLUME_PLAN_KEYS: &[&str] = &["iops-max", "mibps-max", "cache-share"];
 
 impl VolumePlan {
     /// A volume named `name`, sized by what is left, without limits.
@@ -759,6 +759,16 @@ impl VolumePlan {
             };
             match key {
                 "iops-max" => plan.limits.iops_max = num(value)?,
+                "cache-share" => {
+                    plan.limits.cache_share_pct = match num(value.trim_end_matches('%'))? {
+                        p @ 0..=100 => p as u8,
+                        p => {
+                            return Err(format!(
+                                "volume {name:?}: cache-share {p} is past 100 (percent)"
+                            ))
+                        }
+                    };
+                }
                 "mibps-max" => {
                     plan.limits.bytes_per_sec_max =
                         num(value)?.checked_mul(1 << 20).ok_or_else(|| {
@@ -1463,7 +1473,8 @@ mod tests {
 
     #[test]
     fn volume_plans_take_a_size_and_limits() {
-        let p = VolumePlan::parse("db:4GiB,iops-max=500,mibps-max=20").expect("parses");
+        let p =
+            VolumePlan::parse("db:4GiB,iops-max=500,mibps-max=20,cache-share=30%").expect("parses");
         assert_eq!(p.name, "db");
         assert_eq!(p.size_bytes, Some(4 << 30));
         assert_eq!(
@@ -1471,7 +1482,7 @@ mod tests {
             VolumeLimits {
                 iops_max: 500,
                 bytes_per_sec_max: 20 << 20,
-                cache_share_pct: 0
+                cache_share_pct: 30
             }
         );
         let p = VolumePlan::parse("rest,iops-max=none").expect("parses");
@@ -1486,7 +1497,9 @@ mod tests {
             ("a:lots", "size"),
             ("a,iops-max", "key=value"),
             ("a,iops-max=fast", "iops-max"),
-            ("a,gc=greedy", "known: iops-max, mibps-max"),
+            ("a,gc=greedy", "known: iops-max, mibps-max, cache-share"),
+            ("a,cache-share=101", "past 100"),
+            ("a,cache-share=half", "cache-share"),
             ("a,mibps-max=18446744073709551615", "too large"),
             ("db:1000", "multiple of 4 KiB"),
             ("db:0", "multiple of 4 KiB"),
