@@ -306,8 +306,8 @@ pub struct FormatArgs {
     #[command(flatten)]
     pub devices: DeviceArgs,
     /// Volume to create, NAME[:SIZE][,key=value…] (repeatable; one without a size takes
-    /// what the ones before it left; keys: iops-max, mibps-max, cache-share) [default:
-    /// one volume named default]
+    /// what the ones before it left; keys: iops-max, mibps-max, cache-share, gc)
+    /// [default: one volume named default]
     #[arg(long = "volume")]
     pub volumes: Vec<String>,
     /// Overwrite an existing Shale
@@ -358,6 +358,7 @@ pub fn format(args: FormatArgs) -> Result<()> {
                     "iops_max": limit(v.limits.iops_max),
                     "mibps_max": limit(v.limits.bytes_per_sec_max >> 20),
                     "cache_share_pct": limit(u64::from(v.limits.cache_share_pct)),
+                    "gc": shale_daemon::serve::volume_gc_name(v.limits.gc),
                 })
             })
             .collect();

@@ -99,6 +99,10 @@ pub struct LimitArgs {
     /// chunks first (1-100); `none` or 0 removes the share
     #[arg(long, value_name = "PCT|none", value_parser = parse_share)]
     cache_share: Option<u8>,
+    /// How GC chooses among the zones holding this volume's data: greedy,
+    /// cost-benefit, or pool (the pool's policy)
+    #[arg(long, value_name = "POLICY", value_parser = ["greedy", "cost-benefit", "pool"])]
+    gc: Option<String>,
 }
 
 fn parse_share(s: &str) -> Result<u8, String> {
@@ -140,20 +144,23 @@ pub fn volume(args: VolumeArgs) -> Result<()> {
             iops_max: limits.iops_max,
             mibps_max: limits.mibps_max,
             cache_share_pct: limits.cache_share,
+            gc: limits.gc.clone(),
         },
         VolumeCommand::List => AdminRequest::VolumeList,
         VolumeCommand::Set { name, limits } => {
             anyhow::ensure!(
                 limits.iops_max.is_some()
                     || limits.mibps_max.is_some()
-                    || limits.cache_share.is_some(),
-                "nothing to set: give --iops-max, --mibps-max or --cache-share"
+                    || limits.cache_share.is_some()
+                    || limits.gc.is_some(),
+                "nothing to set: give --iops-max, --mibps-max, --cache-share or --gc"
             );
             AdminRequest::VolumeSet {
                 name: name.clone(),
                 iops_max: limits.iops_max,
                 mibps_max: limits.mibps_max,
                 cache_share_pct: limits.cache_share,
+                gc: limits.gc.clone(),
             }
         }
         VolumeCommand::Resize {
@@ -206,6 +213,9 @@ fn limits_text(v: &serde_json::Value) -> String {
     if let Some(p) = v["cache_share_pct"].as_u64() {
         text.push_str(&format!(", {p}% of the cache"));
     }
+    if let Some(g) = v["gc"].as_str() {
+        text.push_str(&format!(", {g} GC"));
+    }
     text
 }
 
@@ -220,8 +230,9 @@ fn volume_table(v: &serde_json::Value) -> String {
         "MAX-IOPS",
         "MAX-MIB/S",
         "CACHE-SHARE",
+        "GC",
     ];
-    let mut rows: Vec<[String; 8]> = vec![header.map(String::from)];
+    let mut rows: Vec<[String; 9]> = vec![header.map(String::from)];
     for vol in v.as_array().into_iter().flatten() {
         let num = |k: &str| vol[k].as_u64().map_or("?".into(), |n| n.to_string());
         let limit = |k: &str| vol[k].as_u64().map_or("-".into(), |n| n.to_string());
@@ -236,9 +247,10 @@ fn volume_table(v: &serde_json::Value) -> String {
             vol["cache_share_pct"]
                 .as_u64()
                 .map_or("-".into(), |n| format!("{n}%")),
+            vol["gc"].as_str().unwrap_or("-").to_string(),
         ]);
     }
-    let mut width = [0usize; 8];
+    let mut width = [0usize; 9];
     for r in &rows {
         for (w, cell) in width.iter_mut().zip(r) {
             *w = (*w).max(cell.chars().count());

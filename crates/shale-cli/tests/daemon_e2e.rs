@@ -420,11 +420,12 @@ fn format_logs_its_steps_and_refuses_to_overwrite_without_force() {
     let mut cmd = shale();
     cmd.args(["format", "--force", "--data-dir"])
         .arg(dir.path())
-        .args(["--volume", "a,gc=greedy"]);
+        .args(["--volume", "a,speed=max"]);
     let bad = output(&mut cmd);
     assert!(!bad.status.success());
     assert!(
-        String::from_utf8_lossy(&bad.stderr).contains("known: iops-max, mibps-max"),
+        String::from_utf8_lossy(&bad.stderr)
+            .contains("known: iops-max, mibps-max, cache-share, gc"),
         "{bad:?}"
     );
     let forced = format(&["--force"]);

@@ -110,16 +110,20 @@ fn a_limited_volume_is_held_to_its_rates_across_a_restart() {
         "{text}"
     );
 
-    // A cache share beside the rate, and each volume's data in the cache in stats.
-    let set = d.admin(&["volume", "set", "slow", "--cache-share", "30"]);
-    assert!(set.contains("at most 2 MiB/s, 30% of the cache"), "{set}");
-    let s = d.stats();
+    // A cache share and a GC policy beside the rate; each volume's data in the cache.
+    let set = d.admin(&[
+        "volume",
+        "set",
+        "slow",
+        "--cache-share=30",
+        "--gc=cost-benefit",
+    ]);
     assert!(
-        volume(&s["volumes"], "slow")["cache_valid_bytes"]
-            .as_u64()
-            .is_some(),
-        "{s}"
+        set.contains("2 MiB/s, 30% of the cache, cost-benefit GC"),
+        "{set}"
     );
+    let cached = d.stats()["volumes"][0]["cache_valid_bytes"].as_u64();
+    assert!(cached.is_some(), "stats lack cache_valid_bytes");
 
     // Limits are part of the pool: a restart keeps them.
     d.stop();
@@ -127,6 +131,7 @@ fn a_limited_volume_is_held_to_its_rates_across_a_restart() {
     let l = list(&d);
     assert_eq!(volume(&l, "slow")["mibps_max"], 2, "{l}");
     assert_eq!(volume(&l, "slow")["cache_share_pct"], 30, "{l}");
+    assert_eq!(volume(&l, "slow")["gc"], "cost-benefit", "{l}");
     assert!(volume(&l, "default")["cache_share_pct"].is_null(), "{l}");
     let text = d.admin(&["volume", "list"]);
     assert!(
@@ -157,6 +162,7 @@ fn refusals(d: &Daemon) {
         &["volume", "set", "nope", "--iops-max", "5"],
         &["volume", "set", "slow", "--iops-max", "many"],
         &["volume", "set", "slow", "--cache-share", "101"],
+        &["volume", "set", "slow", "--gc", "lru"],
     ] {
         let out = output(shale().args(args).arg("--data-dir").arg(d.data_dir()));
         assert!(!out.status.success(), "{args:?} succeeded");

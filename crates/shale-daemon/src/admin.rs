@@ -38,7 +38,7 @@ const ACCEPT_POLL: Duration = Duration::from_millis(20);
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
 pub enum AdminRequest {
     /// `iops_max` / `mibps_max`: the volume's rate limits; `cache_share_pct`: its
-    /// share of the cache (absent or 0: none).
+    /// share of the cache (absent or 0: none); `gc`: its GC policy.
     VolumeCreate {
         name: String,
         size_bytes: u64,
@@ -48,10 +48,13 @@ pub enum AdminRequest {
         mibps_max: Option<u64>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         cache_share_pct: Option<u8>,
+        /// `greedy`, `cost-benefit` or `pool`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        gc: Option<String>,
     },
     VolumeList,
-    /// Changes a volume's rate limits and cache share: each given one is set (0
-    /// removes it), the others stay. Applies at once to connected clients.
+    /// Changes a volume's rate limits, cache share and GC policy: each given one is
+    /// set (0 or `pool` removes it), the others stay. Applies at once.
     VolumeSet {
         name: String,
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -60,6 +63,9 @@ pub enum AdminRequest {
         mibps_max: Option<u64>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         cache_share_pct: Option<u8>,
+        /// `greedy`, `cost-benefit` or `pool`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        gc: Option<String>,
     },
     /// Shrinking a volume with connected clients is refused unless `force`, which
     /// disconnects them first (a client's view of the size is fixed at connect).
@@ -382,6 +388,7 @@ mod tests {
             iops_max: None,
             mibps_max: None,
             cache_share_pct: None,
+            gc: None,
         };
         call(&path, &create).expect("create");
         assert!(matches!(call(&path, &create), Err(AdminError::Remote(_))));

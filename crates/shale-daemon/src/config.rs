@@ -1257,7 +1257,8 @@ mod tests {
         assert_eq!(plans[0].limits.iops_max, 500);
         for (text, says) in [
             ("volumes = [\"a:1GiB\", \"a\"]", "named twice"),
-            ("volumes = [\"a,gc=greedy\"]", "unknown option"),
+            ("volumes = [\"a,gc=lru\"]", "unknown GC policy"),
+            ("volumes = [\"a,speed=max\"]", "unknown option"),
             ("volumes = [\"\"]", "no name"),
             ("volumes = [\"a\", \"b:1GiB\"]", "list it last"),
             ("volumes = [\"a:4097\"]", "multiple of 4 KiB"),

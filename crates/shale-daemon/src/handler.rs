@@ -136,6 +136,7 @@ fn volume_json(v: &VolumeInfo, clients: usize) -> Value {
         "iops_max": limit(v.limits.iops_max),
         "mibps_max": limit(v.limits.bytes_per_sec_max >> 20),
         "cache_share_pct": limit(u64::from(v.limits.cache_share_pct)),
+        "gc": crate::serve::volume_gc_name(v.limits.gc),
     })
 }
 
@@ -145,8 +146,12 @@ fn limits_of(
     iops_max: Option<u64>,
     mibps_max: Option<u64>,
     cache_share_pct: Option<u8>,
+    gc: Option<&str>,
 ) -> Result<VolumeLimits, String> {
     let mut l = base;
+    if let Some(g) = gc {
+        l.gc = crate::serve::parse_volume_gc(g)?;
+    }
     if let Some(p) = cache_share_pct {
         if p > 100 {
             return Err(format!("cache_share_pct {p} is past 100"));
@@ -271,6 +276,60 @@ pub fn stats_json(s: &Stats) -> Value {
     })
 }
 
+impl DaemonAdmin {
+    /// `volume_create` and `volume_set`: a volume with the limits asked for.
+    fn create_or_set(&self, req: AdminRequest) -> Result<Reply, String> {
+        let engine = self.backend.engine();
+        match req {
+            AdminRequest::VolumeCreate {
+                name,
+                size_bytes,
+                iops_max,
+                mibps_max,
+                cache_share_pct,
+                gc,
+            } => {
+                let limits = limits_of(
+                    VolumeLimits::NONE,
+                    iops_max,
+                    mibps_max,
+                    cache_share_pct,
+                    gc.as_deref(),
+                )?;
+                let r = crate::serve::create_volume(|r| engine.call(r), name, size_bytes, limits);
+                r.map_err(|e| e.to_string())
+            }
+            AdminRequest::VolumeSet {
+                name,
+                iops_max,
+                mibps_max,
+                cache_share_pct,
+                gc,
+            } => {
+                // One change at a time: each starts from the limits the last one left.
+                let _one_at_a_time = self
+                    .limits
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                let v = self.volume(&name)?;
+                let limits = limits_of(
+                    v.limits,
+                    iops_max,
+                    mibps_max,
+                    cache_share_pct,
+                    gc.as_deref(),
+                )?;
+                let r = engine.call(Request::SetVolumeLimits {
+                    volume: v.uid,
+                    limits,
+                });
+                r.map_err(|e| e.to_string())
+            }
+            _ => Err("not a volume create or set".into()),
+        }
+    }
+}
+
 impl AdminHandler for DaemonAdmin {
     fn handle(&self, req: AdminRequest) -> Result<Value, String> {
         let engine = self.backend.engine();
@@ -283,37 +342,8 @@ impl AdminHandler for DaemonAdmin {
             })
         };
         match req {
-            AdminRequest::VolumeCreate {
-                name,
-                size_bytes,
-                iops_max,
-                mibps_max,
-                cache_share_pct,
-            } => {
-                let limits = limits_of(VolumeLimits::NONE, iops_max, mibps_max, cache_share_pct)?;
-                let r = crate::serve::create_volume(|r| engine.call(r), name, size_bytes, limits);
-                volume_reply(r.map_err(|e| e.to_string()))
-            }
-            AdminRequest::VolumeSet {
-                name,
-                iops_max,
-                mibps_max,
-                cache_share_pct,
-            } => {
-                let _one_at_a_time = self
-                    .limits
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-                let v = self.volume(&name)?;
-                let limits = limits_of(v.limits, iops_max, mibps_max, cache_share_pct)?;
-                volume_reply(
-                    engine
-                        .call(Request::SetVolumeLimits {
-                            volume: v.uid,
-                            limits,
-                        })
-                        .map_err(|e| e.to_string()),
-                )
+            req @ (AdminRequest::VolumeCreate { .. } | AdminRequest::VolumeSet { .. }) => {
+                volume_reply(self.create_or_set(req))
             }
             AdminRequest::VolumeResize {
                 name,

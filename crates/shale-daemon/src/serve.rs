@@ -696,7 +696,28 @@ pub struct VolumePlan {
 }
 
 /// Option keys `VolumePlan::parse` takes after the name and size.
-pub const VOLUME_PLAN_KEYS: &[&str] = &["iops-max", "mibps-max", "cache-share"];
+pub const VOLUME_PLAN_KEYS: &[&str] = &["iops-max", "mibps-max", "cache-share", "gc"];
+
+/// A volume's GC policy by name: `greedy`, `cost-benefit`, or `pool` (the pool's).
+pub fn parse_volume_gc(s: &str) -> Result<shale_engine::VolumeGc, String> {
+    match s {
+        "pool" | "none" => Ok(shale_engine::VolumeGc::Pool),
+        "greedy" => Ok(shale_engine::VolumeGc::Greedy),
+        "cost-benefit" => Ok(shale_engine::VolumeGc::CostBenefit),
+        other => Err(format!(
+            "unknown GC policy {other:?} (expected greedy, cost-benefit or pool)"
+        )),
+    }
+}
+
+/// The name `parse_volume_gc` takes; `None` for the pool's.
+pub fn volume_gc_name(gc: shale_engine::VolumeGc) -> Option<&'static str> {
+    match gc {
+        shale_engine::VolumeGc::Pool => None,
+        shale_engine::VolumeGc::Greedy => Some("greedy"),
+        shale_engine::VolumeGc::CostBenefit => Some("cost-benefit"),
+    }
+}
 
 impl VolumePlan {
     /// A volume named `name`, sized by what is left, without limits.
@@ -759,6 +780,10 @@ impl VolumePlan {
             };
             match key {
                 "iops-max" => plan.limits.iops_max = num(value)?,
+                "gc" => {
+                    plan.limits.gc =
+                        parse_volume_gc(value).map_err(|e| format!("volume {name:?}: {e}"))?;
+                }
                 "cache-share" => {
                     plan.limits.cache_share_pct = match num(value.trim_end_matches('%'))? {
                         p @ 0..=100 => p as u8,
@@ -1473,8 +1498,8 @@ mod tests {
 
     #[test]
     fn volume_plans_take_a_size_and_limits() {
-        let p =
-            VolumePlan::parse("db:4GiB,iops-max=500,mibps-max=20,cache-share=30%").expect("parses");
+        let p = VolumePlan::parse("db:4GiB,iops-max=500,mibps-max=20,cache-share=30%,gc=greedy")
+            .expect("parses");
         assert_eq!(p.name, "db");
         assert_eq!(p.size_bytes, Some(4 << 30));
         assert_eq!(
@@ -1482,7 +1507,8 @@ mod tests {
             VolumeLimits {
                 iops_max: 500,
                 bytes_per_sec_max: 20 << 20,
-                cache_share_pct: 30
+                cache_share_pct: 30,
+                gc: shale_engine::VolumeGc::Greedy,
             }
         );
         let p = VolumePlan::parse("rest,iops-max=none").expect("parses");
@@ -1497,7 +1523,8 @@ mod tests {
             ("a:lots", "size"),
             ("a,iops-max", "key=value"),
             ("a,iops-max=fast", "iops-max"),
-            ("a,gc=greedy", "known: iops-max, mibps-max, cache-share"),
+            ("a,fast=yes", "known: iops-max, mibps-max, cache-share, gc"),
+            ("a,gc=lru", "unknown GC policy"),
             ("a,cache-share=101", "past 100"),
             ("a,cache-share=half", "cache-share"),
             ("a,mibps-max=18446744073709551615", "too large"),

@@ -751,6 +751,12 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         for e in &self.core.volumes.table.entries {
             shares.set_share(e.id, e.limits.cache_share_pct);
         }
+        let policies: Vec<_> = (self.core.volumes.table.entries.iter())
+            .map(|e| (e.id, e.limits.gc))
+            .collect();
+        self.core
+            .placement
+            .set_gc_policies(&policies, self.core.streams);
         let freed = self.throttle.sync(
             self.core
                 .volumes

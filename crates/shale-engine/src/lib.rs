@@ -80,4 +80,4 @@ pub use recovery::{NoProgress, OpenEvent, OpenProgress, OpenReport, ReplayCounts
 pub use request::{Completion, Extent, Reply, Request, VolumeInfo, ALLOCATION_QUERY_BYTES_MAX};
 pub use thread::EngineThread;
 
-pub use shale_format::{Lba, Pba, Sid, VolumeId, VolumeLimits, VolumeUid};
+pub use shale_format::{Lba, Pba, Sid, VolumeGc, VolumeId, VolumeLimits, VolumeUid};

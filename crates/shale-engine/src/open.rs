@@ -117,7 +117,11 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             ..Default::default()
         };
         let writer = ChunkWriter::new(config.write_buffers_max, geo.chunk_blocks);
-        let placement = crate::placement::Placement::new(config.placement, &geo);
+        let mut placement = crate::placement::Placement::new(config.placement, &geo);
+        let policies: Vec<_> = (volumes.table.entries.iter())
+            .map(|e| (e.id, e.limits.gc))
+            .collect();
+        placement.set_gc_policies(&policies, streams);
         let mut throttle = crate::throttle::Throttle::default();
         let none_waits = throttle.sync(
             volumes.table.entries.iter().map(|e| (e.uid, e.limits)),

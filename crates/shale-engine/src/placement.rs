@@ -20,7 +20,7 @@
 //! Time is the SID counter: it advances once per chunk or zone opened, so in step with
 //! bytes written.
 
-use shale_format::{Pba, RegionId, RegionRole, Sid, VolumeId};
+use shale_format::{Pba, RegionId, RegionRole, Sid, VolumeGc, VolumeId};
 
 use crate::layout::Geometry;
 use crate::space::Regions;
@@ -54,6 +54,9 @@ pub(crate) struct Placement {
     /// Lifespans (SIDs, open to GC) of the last short-class zones GC took.
     lifespans: [u64; WINDOW],
     taken: usize,
+    /// Per stream: the GC policy of the volumes whose data it holds, when they all
+    /// chose the same one (`Pool` otherwise, or when none chose).
+    stream_gc: Vec<VolumeGc>,
 }
 
 impl Placement {
@@ -73,7 +76,42 @@ impl Placement {
             },
             lifespans: [0; WINDOW],
             taken: 0,
+            stream_gc: Vec::new(),
         }
+    }
+
+    /// Records the volumes' GC policies per stream (`volumes`: each volume and its
+    /// policy; a stream shared by volumes that differ keeps the pool's).
+    pub fn set_gc_policies(&mut self, volumes: &[(VolumeId, VolumeGc)], streams: u32) {
+        let streams = streams.max(1);
+        let mut table: Vec<Option<Option<VolumeGc>>> = vec![None; streams as usize];
+        for &(v, gc) in volumes {
+            for class in 0..CLASSES {
+                let s = self.slot(v, class, streams);
+                table[s] = match table[s] {
+                    None => Some(Some(gc)),
+                    Some(Some(g)) if g == gc => Some(Some(g)),
+                    _ => Some(None),
+                };
+            }
+        }
+        self.stream_gc = table
+            .into_iter()
+            .map(|t| t.flatten().unwrap_or(VolumeGc::Pool))
+            .collect();
+    }
+
+    /// The GC policy for a zone of `stream`.
+    pub fn stream_gc(&self, stream: u16) -> VolumeGc {
+        self.stream_gc
+            .get(usize::from(stream))
+            .copied()
+            .unwrap_or(VolumeGc::Pool)
+    }
+
+    /// Whether some stream has a policy of its own.
+    pub fn has_gc_policies(&self) -> bool {
+        self.stream_gc.iter().any(|&g| g != VolumeGc::Pool)
     }
 
     /// `ℓ` in SIDs (`u64::MAX` until GC took a short-class zone).

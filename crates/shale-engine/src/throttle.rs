@@ -318,7 +318,7 @@ mod tests {
         VolumeLimits {
             iops_max: iops,
             bytes_per_sec_max: bps,
-            cache_share_pct: 0,
+            ..VolumeLimits::NONE
         }
     }
 

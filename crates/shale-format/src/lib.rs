@@ -59,8 +59,8 @@ pub use superblock::{
     SUPERBLOCK_VERSION_2,
 };
 pub use volume_table::{
-    VolumeEntry, VolumeLimits, VolumeTable, VOLUMES_MAX, VOLUME_NAME_MAX, VOLUME_TABLE_MAGIC,
-    VOLUME_TABLE_VERSION, VOLUME_TABLE_VERSION_3,
+    VolumeEntry, VolumeGc, VolumeLimits, VolumeTable, VOLUMES_MAX, VOLUME_NAME_MAX,
+    VOLUME_TABLE_MAGIC, VOLUME_TABLE_VERSION, VOLUME_TABLE_VERSION_3,
 };
 
 /// The unit of mapping.

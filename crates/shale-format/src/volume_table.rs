@@ -37,7 +37,38 @@ pub const VOLUME_NAME_MAX: usize = 32;
 /// Entries that fit in one block.
 pub const VOLUMES_MAX: u32 = ((BLOCK_SIZE - VOLUME_TABLE_HEADER_LEN) / VOLUME_ENTRY_LEN) as u32;
 
-/// A volume's rate limits and cache share; 0 means none.
+/// How GC chooses among the zones of a volume's streams.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum VolumeGc {
+    /// The pool's policy.
+    #[default]
+    Pool,
+    /// Fewest valid blocks.
+    Greedy,
+    /// Free space gained weighed by the zone's age.
+    CostBenefit,
+}
+
+impl VolumeGc {
+    pub fn to_u8(self) -> u8 {
+        match self {
+            VolumeGc::Pool => 0,
+            VolumeGc::Greedy => 1,
+            VolumeGc::CostBenefit => 2,
+        }
+    }
+
+    pub fn from_u8(v: u8) -> Option<VolumeGc> {
+        Some(match v {
+            0 => VolumeGc::Pool,
+            1 => VolumeGc::Greedy,
+            2 => VolumeGc::CostBenefit,
+            _ => return None,
+        })
+    }
+}
+
+/// A volume's rate limits, cache share and GC policy; 0 (and `Pool`) means none.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct VolumeLimits {
     /// Requests per second (reads, writes, trims and write-zeroes alike).
@@ -47,6 +78,8 @@ pub struct VolumeLimits {
     /// Percent of the cache's data blocks the volume's valid blocks may hold before
     /// compaction takes its chunks first (1 to 100).
     pub cache_share_pct: u8,
+    /// How GC chooses among the zones this volume's data goes to.
+    pub gc: VolumeGc,
 }
 
 impl VolumeLimits {
@@ -54,6 +87,7 @@ impl VolumeLimits {
         iops_max: 0,
         bytes_per_sec_max: 0,
         cache_share_pct: 0,
+        gc: VolumeGc::Pool,
     };
 
     pub fn is_none(&self) -> bool {
@@ -134,7 +168,8 @@ impl VolumeTable {
             w.u64(e.limits.iops_max);
             w.u64(e.limits.bytes_per_sec_max);
             w.u8(e.limits.cache_share_pct);
-            w.skip(VOLUME_LIMITS_LEN - 25);
+            w.u8(e.limits.gc.to_u8());
+            w.skip(VOLUME_LIMITS_LEN - 26);
         }
         seal(&mut b, BLOCK_SIZE);
         out.extend_from_slice(&b);
@@ -298,12 +333,17 @@ fn decode_limits(
         if cache_share_pct > 100 {
             return Err(r.invalid("cache_share_pct", format!("{cache_share_pct} > 100")));
         }
+        let gc_byte = r.u8()?;
+        let Some(gc) = VolumeGc::from_u8(gc_byte) else {
+            return Err(r.invalid("gc_policy", format!("{gc_byte}")));
+        };
         e.limits = VolumeLimits {
             iops_max,
             bytes_per_sec_max,
             cache_share_pct,
+            gc,
         };
-        r.skip(VOLUME_LIMITS_LEN - 25)?;
+        r.skip(VOLUME_LIMITS_LEN - 26)?;
     }
     Ok(())
 }
@@ -485,15 +525,15 @@ mod tests {
         }
 
         #[test]
-        fn roundtrip(gen in any::<u64>(), vols in proptest::collection::btree_map(0u32..63, ("[a-z]{1,32}", any::<u64>(), any::<u64>(), any::<u32>(), (any::<u64>(), any::<u64>(), 0u8..=100)), 0..20)) {
+        fn roundtrip(gen in any::<u64>(), vols in proptest::collection::btree_map(0u32..63, ("[a-z]{1,32}", any::<u64>(), any::<u64>(), any::<u32>(), (any::<u64>(), any::<u64>(), 0u8..=100, 0u8..3)), 0..20)) {
             let mut names = std::collections::BTreeSet::new();
             let entries: Vec<VolumeEntry> = vols.into_iter()
                 .filter(|(_, (n, ..))| names.insert(n.clone()))
                 .enumerate()
-                .map(|(i, (id, (name, size_blocks, sid, pos, (iops, bps, share))))| VolumeEntry {
+                .map(|(i, (id, (name, size_blocks, sid, pos, (iops, bps, share, gc))))| VolumeEntry {
                     id: VolumeId(id), uid: VolumeUid(1000 + i as u64), name, size_blocks,
                     created_sid: Sid(sid), created_pos: pos,
-                    limits: VolumeLimits { iops_max: iops, bytes_per_sec_max: bps, cache_share_pct: share },
+                    limits: VolumeLimits { iops_max: iops, bytes_per_sec_max: bps, cache_share_pct: share, gc: VolumeGc::from_u8(gc).unwrap() },
                 }).collect();
             let mut t = VolumeTable { generation: gen, uid_next: VolumeUid(5000), entries };
             let b = t.encode_in(2);
@@ -532,6 +572,18 @@ mod tests {
             let b = t.encode_in(2);
             let e = VolumeTable::decode(&b, 0).unwrap_err().to_string();
             prop_assert!(e.contains("cache_share_pct"), "{}", e);
+        }
+
+        /// An unknown GC policy is refused by name.
+        #[test]
+        fn an_unknown_gc_policy_is_refused(v in 3u8..=255) {
+            let t = VolumeTable { generation: 3, uid_next: VolumeUid(9), entries: vec![entry(2, 4, "db")] };
+            let mut b = t.encode_in(2);
+            // Entry 0's limits start at 32 in the second block; the policy is byte 25.
+            b[BLOCK_SIZE + 32 + 25] = v;
+            crate::codec::seal(&mut b[BLOCK_SIZE..], BLOCK_SIZE);
+            let e = VolumeTable::decode(&b, 0).unwrap_err().to_string();
+            prop_assert!(e.contains("gc_policy"), "{}", e);
         }
     }
 }

@@ -152,8 +152,8 @@ fn two_block_tables() -> Superblock {
     sb
 }
 
-/// A version-3 volume table: `n` volumes, every other one with rate limits and a
-/// cache share.
+/// A version-3 volume table: `n` volumes, every other one with rate limits, a cache
+/// share and a GC policy.
 fn volumes_with_limits(n: u32) -> Vec<u8> {
     let mut t = volumes(n);
     for (i, e) in t.entries.iter_mut().enumerate() {
@@ -162,6 +162,11 @@ fn volumes_with_limits(n: u32) -> Vec<u8> {
                 iops_max: 1000 * (i as u64 + 1),
                 bytes_per_sec_max: (64 << 20) * (i as u64 + 1),
                 cache_share_pct: 10 + i as u8,
+                gc: if i % 4 == 0 {
+                    shale_format::VolumeGc::CostBenefit
+                } else {
+                    shale_format::VolumeGc::Greedy
+                },
             };
         }
     }

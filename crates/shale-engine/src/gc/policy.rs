@@ -61,6 +61,36 @@ impl VictimPolicy for CostBenefit {
     }
 }
 
+/// A victim when zones follow different policies (`policy_of`, from the volumes
+/// whose data they hold): each policy nominates its best zone among its own, and the
+/// pool's policy picks among the nominees. With every zone on the pool's policy this
+/// is the pool's own choice.
+pub fn choose_per_policy(
+    s: &[RegionSnapshot],
+    now: u64,
+    pool: &dyn VictimPolicy,
+    policy_of: impl Fn(RegionId) -> shale_format::VolumeGc,
+) -> Option<RegionId> {
+    use shale_format::VolumeGc;
+    let mut nominees = Vec::with_capacity(3);
+    for gc in [VolumeGc::Pool, VolumeGc::Greedy, VolumeGc::CostBenefit] {
+        let own: Vec<RegionSnapshot> = s
+            .iter()
+            .filter(|r| policy_of(r.region) == gc)
+            .copied()
+            .collect();
+        let pick = match gc {
+            VolumeGc::Pool => pool.choose(&own, now),
+            VolumeGc::Greedy => Greedy.choose(&own, now),
+            VolumeGc::CostBenefit => CostBenefit.choose(&own, now),
+        };
+        if let Some(r) = pick.and_then(|r| own.iter().find(|x| x.region == r)) {
+            nominees.push(*r);
+        }
+    }
+    pool.choose(&nominees, now)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -83,6 +113,31 @@ mod tests {
     }
 
     proptest! {
+        /// Per-policy choice: all on the pool's policy is the pool's choice; all on
+        /// one policy of their own is that policy's choice; otherwise the pick is a
+        /// candidate with something to gain, the nominee of its own group.
+        #[test]
+        fn per_policy_choice(s in snaps(), now in 1000u64..5000, tags in proptest::collection::vec(0u8..3, 20)) {
+            use shale_format::VolumeGc;
+            let pool = Greedy;
+            let tag = |r: RegionId| VolumeGc::from_u8(tags[r.0 as usize % tags.len()]).unwrap();
+            prop_assert_eq!(choose_per_policy(&s, now, &pool, |_| VolumeGc::Pool), pool.choose(&s, now));
+            prop_assert_eq!(
+                choose_per_policy(&s, now, &pool, |_| VolumeGc::CostBenefit),
+                CostBenefit.choose(&s, now)
+            );
+            if let Some(c) = choose_per_policy(&s, now, &pool, tag) {
+                let own: Vec<RegionSnapshot> = s.iter().filter(|r| tag(r.region) == tag(c)).copied().collect();
+                let nominee = match tag(c) {
+                    VolumeGc::Pool | VolumeGc::Greedy => Greedy.choose(&own, now),
+                    VolumeGc::CostBenefit => CostBenefit.choose(&own, now),
+                };
+                prop_assert_eq!(Some(c), nominee);
+            } else {
+                prop_assert!(s.iter().all(|r| r.valid >= r.capacity));
+            }
+        }
+
         #[test]
         fn never_picks_a_full_zone_and_picks_when_gain_exists(s in snaps(), now in 1000u64..5000) {
             for p in [GcPolicyKind::Greedy, GcPolicyKind::CostBenefit] {

@@ -478,11 +478,21 @@ impl Mover {
             let snap = self.snapshot(core);
             let now = core.now();
             // A volume past its cache share has its chunks compacted first.
+            // Zones of volumes with a GC policy of their own are judged by it.
             let choice = match self.role {
-                RegionRole::Compaction => core.regions.shares.victim(&snap),
-                _ => None,
-            }
-            .or_else(|| self.policy.choose(&snap, now));
+                RegionRole::Compaction => core
+                    .regions
+                    .shares
+                    .victim(&snap)
+                    .or_else(|| self.policy.choose(&snap, now)),
+                _ if core.placement.has_gc_policies() => {
+                    let (regions, placement) = (&core.regions, &core.placement);
+                    crate::gc::policy::choose_per_policy(&snap, now, &*self.policy, |r| {
+                        placement.stream_gc(regions.get(r).stream)
+                    })
+                }
+                _ => self.policy.choose(&snap, now),
+            };
             self.snapshot = snap;
             let Some(v) = choice else { return Ok(progress) };
             if self.role == RegionRole::Gc {

@@ -320,7 +320,7 @@ fn a_pool_from_before_volume_limits_refuses_them() {
     let limits = shale_engine::VolumeLimits {
         iops_max: 100,
         bytes_per_sec_max: 0,
-        cache_share_pct: 0,
+        ..shale_engine::VolumeLimits::NONE
     };
     let r = call(
         &mut e,

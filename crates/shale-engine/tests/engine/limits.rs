@@ -59,7 +59,7 @@ fn a_limited_volume_is_held_to_its_rate_and_others_are_not() {
     let l = VolumeLimits {
         iops_max: 100,
         bytes_per_sec_max: 0,
-        cache_share_pct: 0,
+        ..VolumeLimits::NONE
     };
     match set(&mut e, slow, l).unwrap() {
         Reply::Volume(v) => assert_eq!(v.limits, l),
@@ -143,7 +143,7 @@ fn limits_survive_a_restart_and_a_crash_and_bad_ones_are_refused() {
     let l = VolumeLimits {
         iops_max: 2_000,
         bytes_per_sec_max: 64 << 20,
-        cache_share_pct: 0,
+        ..VolumeLimits::NONE
     };
     rig.call(Request::SetVolumeLimits {
         volume: v,
@@ -153,7 +153,7 @@ fn limits_survive_a_restart_and_a_crash_and_bad_ones_are_refused() {
     let bad = VolumeLimits {
         iops_max: 0,
         bytes_per_sec_max: 100,
-        cache_share_pct: 0,
+        ..VolumeLimits::NONE
     };
     assert!(matches!(
         rig.call(Request::SetVolumeLimits {
@@ -203,12 +203,12 @@ fn a_crash_during_a_limits_change_leaves_the_old_limits_or_the_new() {
     let old = VolumeLimits {
         iops_max: 1_000,
         bytes_per_sec_max: 0,
-        cache_share_pct: 0,
+        ..VolumeLimits::NONE
     };
     let new = VolumeLimits {
         iops_max: 0,
         bytes_per_sec_max: 8 << 20,
-        cache_share_pct: 0,
+        ..VolumeLimits::NONE
     };
     let v = VolumeUid(1);
     // Torn at 512 bytes, between the copy's two blocks, inside its second block; and
@@ -364,4 +364,63 @@ fn a_volume_past_its_cache_share_is_compacted_first() {
         set(&mut e, v, bad),
         Err(EngineError::InvalidVolume { .. })
     ));
+}
+
+/// Hot/cold writes (90% of them to a tenth of the volume) on a volume whose GC
+/// policy is `gc`, beside another volume; returns the GC victims, the capacity bytes
+/// GC wrote, and the engine, every block read back checked.
+fn hot_cold_with_gc(gc: shale_engine::VolumeGc) -> (u64, u64, Eng) {
+    let (c, z) = devices(128 + 4 * 256, 24);
+    let clock = ManualClock::new();
+    let mut e = shale_engine::Engine::format(c, z, clock.clone(), tiny_config()).unwrap();
+    let blocks = e.user_capacity_bytes() / 4096 * 8 / 10;
+    let v = create(&mut e, "hc", blocks * 4096);
+    let l = VolumeLimits {
+        gc,
+        ..VolumeLimits::NONE
+    };
+    set(&mut e, v, l).unwrap();
+    let mut last = vec![u64::MAX; blocks as usize];
+    let mut x = 11u64;
+    for i in 0..blocks * 8 {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let r = x >> 33;
+        let lba = if r % 10 < 9 {
+            r % (blocks / 10)
+        } else {
+            r % blocks
+        };
+        write(&mut e, v, lba * 4096, &pattern(i, 4096)).unwrap();
+        last[lba as usize] = i;
+        // Zones age as writes go by (cost-benefit weighs their age).
+        clock.advance_ns(1_000);
+    }
+    for (lba, &i) in last.iter().enumerate() {
+        if i != u64::MAX {
+            assert_eq!(
+                read(&mut e, v, lba as u64 * 4096, 4096).unwrap(),
+                pattern(i, 4096)
+            );
+        }
+    }
+    let s = e.stats();
+    (s.gc_victims, s.capacity_gc_write_bytes, e)
+}
+
+/// Which zone each policy takes is `choose_per_policy`'s property test; here, GC
+/// under a volume's own policy keeps every block, and the policy lasts.
+#[test]
+fn a_volumes_gc_policy_is_kept_and_gc_under_it_keeps_every_block() {
+    use shale_engine::VolumeGc;
+    let (greedy_victims, greedy_bytes, _) = hot_cold_with_gc(VolumeGc::Greedy);
+    let (cb_victims, cb_bytes, mut e) = hot_cold_with_gc(VolumeGc::CostBenefit);
+    println!(
+        "hot/cold: greedy {greedy_victims} GC victims, {greedy_bytes} bytes moved; \
+         cost-benefit {cb_victims} victims, {cb_bytes} bytes"
+    );
+    assert!(greedy_victims > 0 && cb_victims > 0);
+    e = reopen(e, tiny_config());
+    assert_eq!(limits_of(&mut e, "hc").gc, VolumeGc::CostBenefit);
 }
