@@ -274,6 +274,8 @@ enum Pending {
         cut: FlushCut,
     },
     Admin(Op),
+    /// A volume's cache share and GC policy (no effect on what reads return).
+    Limits,
     List,
 }
 
@@ -287,6 +289,7 @@ impl Pending {
             Pending::Verify { .. } => "verifying read",
             Pending::Flush { .. } => "flush",
             Pending::Admin(_) => "volume change",
+            Pending::Limits => "volume limits",
             Pending::List => "volume list",
         }
     }
@@ -643,6 +646,11 @@ impl Sim {
                     size_blocks: size,
                 });
                 self.settle()?;
+                // A cache share and a GC policy of its own in the third of the runs
+                // with synchronous checkpoints (tied to that draw: no new draw).
+                if self.engine_config.checkpoint_pages_per_poll == 0 {
+                    self.set_policies(i)?;
+                }
             }
         }
         // Prefill: sequential writes over every volume, then a flush.
@@ -1720,6 +1728,31 @@ impl Sim {
         self.submit_request(req, pending);
     }
 
+    /// Gives the volume created last a cache share (10-40%) and a GC policy, both
+    /// from `i`, so compaction order and GC choice differ from the default's.
+    fn set_policies(&mut self, i: u64) -> Result<(), Violation> {
+        let Some(&uid) = self.model.volumes().keys().next_back() else {
+            return Ok(());
+        };
+        let limits = shale_engine::VolumeLimits {
+            cache_share_pct: 10 + (i * 13 % 31) as u8,
+            gc: [
+                shale_engine::VolumeGc::CostBenefit,
+                shale_engine::VolumeGc::Greedy,
+                shale_engine::VolumeGc::Pool,
+            ][(i % 3) as usize],
+            ..shale_engine::VolumeLimits::NONE
+        };
+        self.submit_request(
+            Request::SetVolumeLimits {
+                volume: uid,
+                limits,
+            },
+            Pending::Limits,
+        );
+        self.settle()
+    }
+
     fn submit_request(&mut self, req: Request, pending: Pending) {
         let id = self.next_op;
         self.next_op += 1;
@@ -1787,6 +1820,11 @@ impl Sim {
                 }
             }
             Pending::Change => self.model.completed(op),
+            Pending::Limits => {
+                if !matches!(reply, Reply::Volume(_)) {
+                    return Err(self.harness(format!("limits got {reply:?}")));
+                }
+            }
             Pending::Flush { cut } => {
                 self.model.completed(op);
                 self.model.flushed(&cut);
