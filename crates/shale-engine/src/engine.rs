@@ -658,9 +658,12 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             threshold,
             self.health.user_blocked,
         );
-        if steps == 0 && self.core.regions.shares.any_over() {
-            // A volume past its cache share: compaction trickles on (taking its chunks
-            // first) however much is free.
+        // A volume past its cache share by more than the open chunk can hold, so some
+        // of its blocks are in closed chunks: compaction trickles on (taking its
+        // chunks first) however much is free. (Within that, a step would only scan
+        // the chunks to find the open one holds them.)
+        let open_chunk = self.writer.chunk_data_capacity;
+        if steps == 0 && self.core.regions.shares.any_over(open_chunk) {
             steps = 1;
         }
         if self.core.census.is_some() {

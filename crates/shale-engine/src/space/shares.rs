@@ -95,11 +95,11 @@ impl CacheShares {
         self.vols.get(v.0 as usize).map_or(0, |vc| vc.blocks)
     }
 
-    /// Whether some volume holds more than its share.
-    pub fn any_over(&self) -> bool {
+    /// Whether some volume holds more than its share and `slack` blocks.
+    pub fn any_over(&self, slack: u64) -> bool {
         self.vols
             .iter()
-            .any(|vc| vc.share_blocks > 0 && vc.blocks > vc.share_blocks)
+            .any(|vc| vc.share_blocks > 0 && vc.blocks > vc.share_blocks + slack)
     }
 
     /// The closed chunk among `snap` holding most blocks of the volumes past their
@@ -163,12 +163,12 @@ mod tests {
         assert_eq!(s.victim(&snaps), Some(RegionId(2)));
         s.remove(VolumeId(1), RegionId(2));
         assert_eq!(s.victim(&snaps), Some(RegionId(3)));
-        assert!(s.any_over());
+        assert!(s.any_over(0) && !s.any_over(20));
         // Within its share: no preference.
         for _ in 0..30 {
             s.remove(VolumeId(1), RegionId(3));
         }
-        assert!(!s.any_over());
+        assert!(!s.any_over(0));
         assert_eq!(s.victim(&snaps), None);
         // A volume without a share is never preferred, however much it holds.
         assert_eq!(s.blocks(VolumeId(0)), 60);

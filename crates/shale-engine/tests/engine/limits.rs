@@ -281,40 +281,40 @@ fn cache_valid_bytes(e: &Eng, v: VolumeUid) -> u64 {
         .map_or(0, |s| s.cache_valid_bytes)
 }
 
-/// Runs a noisy volume (uniform writes over 16 MiB, three quarters of the writes)
-/// beside a quiet one (uniform over 4 MiB), the noisy one with cache share `pct`;
+/// Runs a noisy volume (uniform writes over 64 MiB, three quarters of the writes)
+/// beside a quiet one (uniform over 16 MiB), the noisy one with cache share `pct`;
 /// returns, over the second half, the most of the cache's data blocks the noisy one
 /// held and the least the quiet one held, in percent, and the engine.
 fn noisy_beside_quiet(pct: u8) -> (f64, f64, Eng) {
-    let (c, z) = devices(128 + 16 * 256, 64);
+    let (c, z) = devices(128 + 64 * 256, 200);
     let config = shale_engine::Config {
         compaction_free_chunks_pct: 15,
         ..tiny_config()
     };
     let mut e = shale_engine::Engine::format(c, z, ManualClock::new(), config).unwrap();
-    let noisy = create(&mut e, "noisy", 16 << 20);
-    let quiet = create(&mut e, "quiet", 4 << 20);
+    let noisy = create(&mut e, "noisy", 64 << 20);
+    let quiet = create(&mut e, "quiet", 16 << 20);
     let l = VolumeLimits {
         cache_share_pct: pct,
         ..VolumeLimits::NONE
     };
     set(&mut e, noisy, l).unwrap();
-    // The cache's data blocks: 16 chunks of 256 blocks, two md blocks per 128.
-    let cache_bytes = (16 * 252 * 4096) as f64;
+    // The cache's data blocks: 64 chunks of 256 blocks, two md blocks per 128.
+    let cache_bytes = (64 * 252 * 4096) as f64;
     let (mut noisy_max, mut quiet_min) = (0f64, f64::MAX);
     let mut x = 7u64;
-    let rounds = 6000u64;
+    let rounds = 24_000u64;
     for i in 0..rounds {
         x = x
             .wrapping_mul(6364136223846793005)
             .wrapping_add(1442695040888963407);
         let (v, lba) = if i % 4 == 3 {
-            (quiet, (x >> 33) % 1024)
+            (quiet, (x >> 33) % 4096)
         } else {
-            (noisy, (x >> 33) % 4096)
+            (noisy, (x >> 33) % 16_384)
         };
         write(&mut e, v, lba * 4096, &pattern(i, 4096)).unwrap();
-        if i >= rounds / 2 && i % 50 == 0 {
+        if i >= rounds / 2 && i % 200 == 0 {
             noisy_max = noisy_max.max(cache_valid_bytes(&e, noisy) as f64 / cache_bytes * 100.0);
             quiet_min = quiet_min.min(cache_valid_bytes(&e, quiet) as f64 / cache_bytes * 100.0);
         }
