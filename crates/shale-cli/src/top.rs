@@ -352,7 +352,7 @@ pub fn render(title: &str, prev: Option<&Sample>, cur: &Sample, width: usize) ->
     fit(lines, width)
 }
 
-const COLUMNS: [&str; 13] = [
+const COLUMNS: [&str; 14] = [
     "VOLUME",
     "SIZE",
     "CLIENTS",
@@ -366,6 +366,7 @@ const COLUMNS: [&str; 13] = [
     "W-p50",
     "W-p99",
     "DELAYED/s",
+    "CACHE-MiB",
 ];
 
 /// The volumes, from `volume list` (names and clients; the stats' own list when that
@@ -378,7 +379,7 @@ fn volume_table(prev: Option<&Sample>, cur: &Sample, dt: Option<f64>) -> Vec<Str
         Ok(Value::Array(v)) => v.as_slice(),
         _ => now["volumes"].as_array().map_or(&[][..], Vec::as_slice),
     };
-    let mut rows: Vec<[String; 13]> = vec![COLUMNS.map(String::from)];
+    let mut rows: Vec<[String; 14]> = vec![COLUMNS.map(String::from)];
     for vol in listed {
         let uid = vol["uid"].as_u64();
         let now_v = uid
@@ -415,6 +416,12 @@ fn volume_table(prev: Option<&Sample>, cur: &Sample, dt: Option<f64>) -> Vec<Str
             lat("write", 0.99, "p99"),
             // Requests the volume's rate limits held back.
             opt_f64(rate(&["throttle", "delayed"]), 0, ""),
+            // Its valid data in the cache now (what a cache share bounds).
+            opt_f64(
+                now_v["cache_valid_bytes"].as_u64().map(|b| b as f64 / MIB),
+                1,
+                "",
+            ),
         ]);
     }
     if rows.len() == 1 {
