@@ -59,6 +59,20 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Core<C, Z, K> {
         self.clock.now_ns()
     }
 
+    /// Makes the cache shares and the streams' GC policies follow the volume table
+    /// (at open and after every volume change).
+    pub fn apply_volume_policies(&mut self) {
+        let entries = &self.volumes.table.entries;
+        self.regions.shares.clear_shares();
+        for e in entries {
+            self.regions
+                .shares
+                .set_share(e.id, e.limits.cache_share_pct);
+        }
+        let policies: Vec<_> = entries.iter().map(|e| (e.id, e.limits.gc)).collect();
+        self.placement.set_gc_policies(&policies, self.streams);
+    }
+
     pub fn next_sid(&mut self) -> shale_format::Sid {
         let s = shale_format::Sid(self.sid_next);
         self.sid_next += 1;

@@ -749,17 +749,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     /// it stops rather than carry on from there.
     fn volume_changed(&mut self, change: &crate::volume::VolumeChange) -> Result<(), EngineError> {
         let now = self.core.now();
-        let shares = &mut self.core.regions.shares;
-        shares.set_share(change.volume, 0);
-        for e in &self.core.volumes.table.entries {
-            shares.set_share(e.id, e.limits.cache_share_pct);
-        }
-        let policies: Vec<_> = (self.core.volumes.table.entries.iter())
-            .map(|e| (e.id, e.limits.gc))
-            .collect();
-        self.core
-            .placement
-            .set_gc_policies(&policies, self.core.streams);
+        self.core.apply_volume_policies();
         let freed = self.throttle.sync(
             self.core
                 .volumes

@@ -106,10 +106,6 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         streams: u32,
     ) -> Self {
         let geo = Geometry::new(&sb.layout, &sb.capacity);
-        let mut regions = regions;
-        for e in &volumes.table.entries {
-            regions.shares.set_share(e.id, e.limits.cache_share_pct);
-        }
         let stats = Stats {
             chunk_count: u64::from(geo.chunk_count),
             data_zone_count: u64::from(geo.zone_count - 1),
@@ -117,11 +113,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             ..Default::default()
         };
         let writer = ChunkWriter::new(config.write_buffers_max, geo.chunk_blocks);
-        let mut placement = crate::placement::Placement::new(config.placement, &geo);
-        let policies: Vec<_> = (volumes.table.entries.iter())
-            .map(|e| (e.id, e.limits.gc))
-            .collect();
-        placement.set_gc_policies(&policies, streams);
+        let placement = crate::placement::Placement::new(config.placement, &geo);
         let mut throttle = crate::throttle::Throttle::default();
         let none_waits = throttle.sync(
             volumes.table.entries.iter().map(|e| (e.uid, e.limits)),
@@ -134,7 +126,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             streams,
         );
         let gc = Mover::new(RegionRole::Gc, config.gc_policy.policy(), streams);
-        Engine {
+        let mut engine = Engine {
             core: Core {
                 cache,
                 capacity,
@@ -176,7 +168,9 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             health: Health::default(),
             completions: Completions::default(),
             handoff: None,
-        }
+        };
+        engine.core.apply_volume_policies();
+        engine
     }
 
     /// Formats both devices and returns a running engine with no volumes.

@@ -83,6 +83,13 @@ impl CacheShares {
         }
     }
 
+    /// Removes every share (the counts stay).
+    pub fn clear_shares(&mut self) {
+        for vc in &mut self.vols {
+            vc.share_blocks = 0;
+        }
+    }
+
     /// Sets `v`'s share (0: none).
     pub fn set_share(&mut self, v: VolumeId, pct: u8) {
         let share = self.cache_data_blocks * u64::from(pct.min(100)) / 100;
