@@ -9,10 +9,12 @@
 //! - **incremental** (periodic; bounded work per loop iteration): at its start `T0` a
 //!   durability point makes everything durable, staged relocations whose source is no
 //!   longer valid are dropped, the region table is snapshotted, the journal's epoch is
-//!   bumped (entries from here on belong to the new checkpoint) and every L2P page
-//!   dirty at `T0` or with deferred relocation switches is marked (the latter are
-//!   faulted in and updated when their turn comes, so every relocation before `T0` is
-//!   in the pages the checkpoint references). Marked pages are written back a few per loop iteration
+//!   bumped (entries from here on belong to the new checkpoint), every L2P page
+//!   dirty at `T0` is marked and the deferred switches waiting at `T0` are copied for
+//!   the checkpoint's switch table (past the room its area has for them, their pages
+//!   are marked instead, faulted in and updated when their turn comes), so every
+//!   L2P change before `T0` is in the pages the checkpoint references or in its
+//!   switches. Marked pages are written back a few per loop iteration
 //!   while user I/O goes on. When none is left, a second durability point (with a
 //!   FlushPoint) makes every event the written pages reflect durable, and the area is
 //!   written with the `T0` region table, the `T0` journal position and the current
@@ -30,7 +32,7 @@
 
 use shale_device::{BlockDevice, ZonedDevice};
 use shale_format::{
-    Checkpoint, CheckpointHeader, L2pDirectory, RegionEntry, RegionState, VolumeId,
+    Checkpoint, CheckpointHeader, L2pDirectory, L2pSwitch, RegionEntry, RegionState, VolumeId,
 };
 
 use crate::core::Core;
@@ -53,6 +55,8 @@ pub(crate) struct CheckpointInProgress {
     pub journal_next: u32,
     pub journal_sequence: u64,
     pub time: u64,
+    /// The deferred switches waiting at the start.
+    pub switches: Vec<L2pSwitch>,
 }
 
 /// The checkpointer's state.
@@ -118,6 +122,19 @@ fn region_snapshot(
     regions
 }
 
+/// The most L2P switches a checkpoint of the engine's current regions, volumes and
+/// directories fits in its area beside them.
+fn switch_room(core: &Core<impl BlockDevice, impl ZonedDevice, impl Clock>) -> usize {
+    let maps = core.l2p.vols.iter().flatten();
+    Checkpoint::switch_room(
+        u64::from(core.sb.layout.checkpoint_blocks),
+        core.regions.regions.len(),
+        maps.clone().map(|m| m.dir.len()).sum(),
+        maps.count(),
+        core.volumes.table.blocks_needed(),
+    )
+}
+
 /// Every volume's L2P directory, moved out of the page cache's maps (no copy; at
 /// TiB scale they are megabytes). `restore_directories` must put them back.
 fn take_directories(
@@ -159,6 +176,7 @@ fn commit_checkpoint(
         ck.directories.iter().map(|d| d.pages.len()).sum(),
         ck.directories.len(),
         ck.volumes.blocks_needed(),
+        ck.switches.len(),
     );
     if blocks > u64::from(core.sb.layout.checkpoint_blocks) {
         restore_directories(core, ck.directories);
@@ -170,6 +188,7 @@ fn commit_checkpoint(
     // The image is megabytes at TiB scale (every region, every L2P page's slot): it
     // is streamed through one aligned 256 KiB buffer rather than built, so the peak
     // is one piece and an O_DIRECT device needs no bounce copy.
+    let switches = ck.switches.len() as u64;
     let area = 1 - core.sb.active_checkpoint;
     let off = core.sb.layout.checkpoint_start(area) * BS;
     let len = (blocks * BS) as usize;
@@ -192,6 +211,7 @@ fn commit_checkpoint(
     write_superblock_as(core, sb)?;
     core.l2p.checkpoint_committed();
     core.stats.checkpoints += 1;
+    core.stats.checkpoint_switches += switches;
     Ok(())
 }
 
@@ -241,7 +261,11 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         self.durability.durable_asn = self.writer.asn_next;
         self.compaction.drop_all_superseded(&mut self.core);
         self.gc.drop_all_superseded(&mut self.core);
-        self.core.l2p.apply_deferred(&mut self.core.cache)?;
+        let room = switch_room(&self.core);
+        let switches = self
+            .core
+            .l2p
+            .checkpoint_switches(&mut self.core.cache, room)?;
         self.core
             .l2p
             .write_back_all_metered(&mut self.core.cache, meter)?;
@@ -264,6 +288,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             regions: region_snapshot(&self.core),
             volumes: self.core.volumes.table.clone(),
             directories: take_directories(&mut self.core),
+            switches,
         };
         // The checkpoint records freed zones as Free before their resets: the clean
         // flag goes down only once they are reset, so a clean image never has a Free
@@ -302,7 +327,8 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         let generation = self.core.journal.epoch + 1;
         let regions = region_snapshot(&self.core);
         let (journal_next, journal_sequence) = self.core.journal.begin_epoch(generation);
-        self.core.l2p.mark_checkpoint_pending();
+        let room = switch_room(&self.core);
+        let switches = self.core.l2p.mark_checkpoint_pending(room);
         self.checkpointer.current = Some(CheckpointInProgress {
             generation,
             regions,
@@ -310,6 +336,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             journal_next,
             journal_sequence,
             time: self.core.now(),
+            switches,
         });
         self.checkpointer.user_bytes_at_start = self.core.stats.user_write_bytes;
         self.core.stats.checkpoints_started += 1;
@@ -353,6 +380,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             regions: ip.regions,
             volumes: self.core.volumes.table.clone(),
             directories: take_directories(&mut self.core),
+            switches: ip.switches,
         };
         commit_checkpoint(&mut self.core, ck, false)?;
         #[cfg(feature = "paranoid")]

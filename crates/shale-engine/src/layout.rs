@@ -285,13 +285,15 @@ fn plan_with(
         journal_blocks,
         ..Default::default()
     };
-    // Upper bound on a checkpoint: every region, every pool page in some directory.
+    // Upper bound on a checkpoint: every region, every pool page in some directory,
+    // and room for a switch per pool page (what the L2P keeps waiting by default).
     let regions = u64::from(cap.zone_count) + cache_blocks / u64::from(chunk_blocks);
     l.checkpoint_blocks = u32::try_from(Checkpoint::encoded_blocks(
         regions as usize,
         pool_pages as usize,
         volumes_max as usize,
         VOLUME_TABLE_BLOCKS,
+        crate::l2p::switch_room_at_format(pool_pages),
     ))
     .map_err(|_| "checkpoint too large".to_string())?;
     l.checkpoint_b_start = l.checkpoint_a_start + u64::from(l.checkpoint_blocks);

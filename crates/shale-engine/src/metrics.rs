@@ -66,6 +66,9 @@ pub struct Stats {
     /// Incremental checkpoints started, and the L2P pages they wrote in the background.
     pub checkpoints_started: u64,
     pub checkpoint_page_writes: u64,
+    /// L2P switches committed checkpoints recorded in their switch tables instead of
+    /// writing the switches' pages.
+    pub checkpoint_switches: u64,
     /// The validity bits are still being rebuilt after a clean open (compaction and
     /// GC wait), and the L2P pages that rebuild has walked so far.
     pub census_pending: bool,

@@ -1133,6 +1133,29 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Loading<C, Z, K> {
         }
         l2p.rebuild_pool(sb.layout.l2p_pool_pages)
             .map_err(inconsistent)?;
+        // The L2P changes the checkpoint recorded instead of their pages: each names a
+        // live volume, an LBA inside it and a block of the pool (or unmaps).
+        if ck.switches.len() > l2p.deferred_max() {
+            return Err(inconsistent(format!(
+                "{} L2P switches, more than the {} this pool keeps waiting",
+                ck.switches.len(),
+                l2p.deferred_max()
+            )));
+        }
+        for sw in &ck.switches {
+            let size = l2p.volume_size(sw.volume());
+            if size.is_none_or(|n| sw.lba().0 >= n)
+                || (!sw.pba.is_none() && geo.place(sw.pba).is_none())
+            {
+                return Err(inconsistent(format!(
+                    "L2P switch {} {} -> {}: no such volume, LBA or block",
+                    sw.volume(),
+                    sw.lba(),
+                    sw.pba
+                )));
+            }
+        }
+        l2p.load_switches(&std::mem::take(&mut ck.switches));
         let volumes = Volumes {
             table: ck.volumes.clone(),
             user_capacity_blocks: sb.user_capacity_blocks,

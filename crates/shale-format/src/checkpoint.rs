@@ -1,16 +1,22 @@
 //! A checkpoint: a header block followed by a payload of the region state table, the
-//! volume table snapshot and one L2P directory per volume.
+//! volume table snapshot, one L2P directory per volume and (version 2) the L2P switch
+//! table.
 //!
 //! Invariants: the payload CRC in the header covers exactly `payload_bytes`; the two
 //! checkpoint areas alternate, and the superblock names the one that is complete.
 
 use crate::codec::{check_crc, check_header, seal, Reader, Writer};
+use crate::l2p_switches::{decode_l2p_switches, l2p_switches_len, switch_chunks};
 use crate::{
-    decode_region_table, FormatError, L2pDirectory, RegionEntry, Structure, VolumeTable, BLOCK_SIZE,
+    decode_region_table, FormatError, L2pDirectory, L2pSwitch, RegionEntry, Structure, VolumeTable,
+    BLOCK_SIZE,
 };
 
 pub const CHECKPOINT_MAGIC: u32 = u32::from_le_bytes(*b"SHCP");
 pub const CHECKPOINT_VERSION: u16 = 1;
+/// A checkpoint with an L2P switch table (written only when it has switches, so a
+/// checkpoint without any stays readable by versions that know only version 1).
+pub const CHECKPOINT_VERSION_SWITCHES: u16 = 2;
 pub const CHECKPOINT_HEADER_LEN: usize = 80;
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -26,6 +32,8 @@ pub struct CheckpointHeader {
     pub payload_crc: u32,
     pub region_count: u32,
     pub directory_count: u32,
+    /// Switches in the L2P switch table (version 2; 0: no table).
+    pub switch_count: u32,
     /// Engine clock when taken (zone close times are in the same clock).
     pub time: u64,
 }
@@ -35,7 +43,11 @@ impl CheckpointHeader {
         let mut b = [0u8; BLOCK_SIZE];
         let mut w = Writer::new(&mut b);
         w.u32(CHECKPOINT_MAGIC);
-        w.u16(CHECKPOINT_VERSION);
+        w.u16(if self.switch_count > 0 {
+            CHECKPOINT_VERSION_SWITCHES
+        } else {
+            CHECKPOINT_VERSION
+        });
         w.u16(0);
         w.u32(0);
         w.u32(0);
@@ -48,7 +60,7 @@ impl CheckpointHeader {
         w.u32(self.payload_crc); // 56
         w.u32(self.region_count); // 60
         w.u32(self.directory_count); // 64
-        w.u32(0);
+        w.u32(self.switch_count); // 68
         w.u64(self.time); // 72
         debug_assert_eq!(w.pos(), CHECKPOINT_HEADER_LEN);
         seal(&mut b, BLOCK_SIZE);
@@ -57,7 +69,13 @@ impl CheckpointHeader {
 
     pub fn decode(buf: &[u8], at: u64) -> Result<CheckpointHeader, FormatError> {
         let s = Structure::CheckpointHeader;
-        check_header(buf, s, at, CHECKPOINT_MAGIC, CHECKPOINT_VERSION, BLOCK_SIZE)?;
+        let version = match buf.get(4..6) {
+            Some(&[a, b]) if u16::from_le_bytes([a, b]) == CHECKPOINT_VERSION_SWITCHES => {
+                CHECKPOINT_VERSION_SWITCHES
+            }
+            _ => CHECKPOINT_VERSION,
+        };
+        check_header(buf, s, at, CHECKPOINT_MAGIC, version, BLOCK_SIZE)?;
         let buf = &buf[..BLOCK_SIZE];
         check_crc(buf, s, at)?;
         let mut r = Reader::at(buf, 16, s, at);
@@ -73,10 +91,18 @@ impl CheckpointHeader {
             payload_bytes: r.u64()?,
             payload_crc: r.u32()?,
             region_count: r.u32()?,
-            directory_count: {
-                let d = r.u32()?;
-                r.skip(4)?;
-                d
+            directory_count: r.u32()?,
+            switch_count: {
+                let n = r.u32()?;
+                // Reserved (written as 0) in version 1.
+                if version == CHECKPOINT_VERSION_SWITCHES {
+                    if n == 0 {
+                        return Err(r.invalid("switch_count", "0 in a version 2 header".into()));
+                    }
+                    n
+                } else {
+                    0
+                }
             },
             time: r.u64()?,
         })
@@ -90,6 +116,9 @@ pub struct Checkpoint {
     pub regions: Vec<RegionEntry>,
     pub volumes: VolumeTable,
     pub directories: Vec<L2pDirectory>,
+    /// L2P entries newer than the pages the directories reference, sorted by (volume,
+    /// LBA), distinct.
+    pub switches: Vec<L2pSwitch>,
 }
 
 impl Checkpoint {
@@ -100,13 +129,50 @@ impl Checkpoint {
         directory_pages: usize,
         directory_count: usize,
         volume_table_blocks: u32,
+        switches: usize,
     ) -> u64 {
-        let payload = crate::REGION_TABLE_HEADER_LEN
+        let payload = Self::parts_len(
+            region_count,
+            directory_pages,
+            directory_count,
+            volume_table_blocks,
+        ) + l2p_switches_len(switches);
+        1 + payload.div_ceil(BLOCK_SIZE) as u64
+    }
+
+    /// Payload bytes before the switch table, at most (directories in the dense form).
+    fn parts_len(
+        region_count: usize,
+        directory_pages: usize,
+        directory_count: usize,
+        volume_table_blocks: u32,
+    ) -> usize {
+        crate::REGION_TABLE_HEADER_LEN
             + region_count * crate::REGION_ENTRY_LEN
             + volume_table_blocks.max(1) as usize * BLOCK_SIZE
             + directory_count * crate::L2P_DIR_HEADER_LEN
-            + directory_pages * 8;
-        1 + payload.div_ceil(BLOCK_SIZE) as u64
+            + directory_pages * 8
+    }
+
+    /// The most switches a checkpoint with these other parts fits in an area of
+    /// `area_blocks` (0 when not even one fits).
+    pub fn switch_room(
+        area_blocks: u64,
+        region_count: usize,
+        directory_pages: usize,
+        directory_count: usize,
+        volume_table_blocks: u32,
+    ) -> usize {
+        let payload = usize::try_from(area_blocks.saturating_sub(1))
+            .unwrap_or(usize::MAX / BLOCK_SIZE)
+            .saturating_mul(BLOCK_SIZE);
+        let parts = Self::parts_len(
+            region_count,
+            directory_pages,
+            directory_count,
+            volume_table_blocks,
+        ) + crate::L2P_SWITCHES_HEADER_LEN;
+        payload.saturating_sub(parts) / crate::L2P_SWITCH_LEN
     }
 
     /// Encodes header + payload, padded to whole blocks. Fills in the header's payload
@@ -117,6 +183,7 @@ impl Checkpoint {
             self.directories.iter().map(|d| d.pages.len()).sum(),
             self.directories.len(),
             self.volumes.blocks_needed(),
+            self.switches.len(),
         ) as usize
             * BLOCK_SIZE;
         let mut out = vec![0u8; len];
@@ -161,6 +228,9 @@ impl Checkpoint {
         for d in &self.directories {
             d.chunks(&mut |b| p.put(b));
         }
+        if !self.switches.is_empty() {
+            switch_chunks(&self.switches, &mut |b| p.put(b));
+        }
         p.flush(true);
         if let Some(e) = p.err {
             return Err(e);
@@ -171,6 +241,7 @@ impl Checkpoint {
         h.payload_crc = crc;
         h.region_count = self.regions.len() as u32;
         h.directory_count = self.directories.len() as u32;
+        h.switch_count = self.switches.len() as u32;
         piece[..BLOCK_SIZE].copy_from_slice(&h.encode());
         sink(0, &piece[..BLOCK_SIZE])?;
         Ok(end)
@@ -238,11 +309,24 @@ impl Checkpoint {
             directories.push(d);
             pos += used;
         }
+        let switches = if header.switch_count == 0 {
+            Vec::new()
+        } else {
+            let n = header.switch_count as usize;
+            let (sw, _) =
+                decode_l2p_switches(&payload[pos.min(payload.len())..], pat + pos as u64, n)?;
+            if sw.len() != n {
+                return Err(Reader::new(payload, s, at)
+                    .invalid("switch_count", format!("{} != {n}", sw.len())));
+            }
+            sw
+        };
         Ok(Checkpoint {
             header,
             regions,
             volumes,
             directories,
+            switches,
         })
     }
 }
@@ -315,7 +399,8 @@ mod tests {
         #[test]
         fn roundtrip(gen in any::<u64>(), sid in any::<u64>(), jb in any::<u32>(), js in any::<u64>(), time in any::<u64>(),
                      regions in proptest::collection::vec(crate::region_table::tests::entry(), 0..40),
-                     dirs in proptest::collection::vec(proptest::collection::vec((any::<u32>(), any::<u32>()), 0..30), 0..5)) {
+                     dirs in proptest::collection::vec(proptest::collection::vec((any::<u32>(), any::<u32>()), 0..30), 0..5),
+                     raw_switches in proptest::collection::btree_map((0u32..5, 0u64..100_000), any::<u64>(), 0..40)) {
             let volumes = VolumeTable { generation: 4, uid_next: VolumeUid(100), entries: dirs.iter().enumerate().map(|(i, d)| VolumeEntry {
                 id: VolumeId(i as u32), uid: VolumeUid(i as u64 + 1), name: format!("v{i}"), size_blocks: d.len() as u64 * 1024, created_sid: Sid(1), created_pos: 0, limits: crate::VolumeLimits { iops_max: i as u64 % 2 * 100, bytes_per_sec_max: 0, ..crate::VolumeLimits::NONE },
             }).collect() };
@@ -323,16 +408,23 @@ mod tests {
                 volume: VolumeId(i as u32), pages: d.iter().map(|&(slot, crc32c)| PageDesc { slot, crc32c }).collect(),
             }).collect();
             let dir_pages: usize = directories.iter().map(|d| d.pages.len()).sum();
+            let switches: Vec<L2pSwitch> = raw_switches.iter().map(|(&(v, l), &p)| L2pSwitch::new(VolumeId(v), crate::Lba(l), crate::Pba(p)).unwrap()).collect();
             let c = Checkpoint {
                 header: CheckpointHeader { generation: gen, sid_next: sid, journal_next_block: jb, journal_sequence: js, time, ..Default::default() },
-                regions, volumes, directories,
+                regions, volumes, directories, switches,
             };
             let mut bytes = c.encode();
-            prop_assert_eq!(bytes.len() as u64, Checkpoint::encoded_blocks(c.regions.len(), dir_pages, c.directories.len(), c.volumes.blocks_needed()) * BLOCK_SIZE as u64);
+            let blocks = Checkpoint::encoded_blocks(c.regions.len(), dir_pages, c.directories.len(), c.volumes.blocks_needed(), c.switches.len());
+            prop_assert_eq!(bytes.len() as u64, blocks * BLOCK_SIZE as u64);
+            // The room an area of exactly this size leaves is at least what it holds.
+            prop_assert!(Checkpoint::switch_room(blocks, c.regions.len(), dir_pages, c.directories.len(), c.volumes.blocks_needed()) >= c.switches.len());
+            let version = u16::from_le_bytes([bytes[4], bytes[5]]);
+            prop_assert_eq!(version, if c.switches.is_empty() { CHECKPOINT_VERSION } else { CHECKPOINT_VERSION_SWITCHES });
             let d = Checkpoint::decode(&bytes, 0).unwrap();
             prop_assert_eq!(&d.regions, &c.regions);
             prop_assert_eq!(&d.volumes, &c.volumes);
             prop_assert_eq!(&d.directories, &c.directories);
+            prop_assert_eq!(&d.switches, &c.switches);
             prop_assert_eq!(d.header.generation, gen);
             prop_assert_eq!(d.header.time, time);
             bytes[BLOCK_SIZE + 3] ^= 1;
@@ -387,6 +479,14 @@ mod tests {
                     .collect(),
             },
             directories,
+            switches: (0..20_000u64)
+                .map(|i| {
+                    L2pSwitch::new(VolumeId((i % 3) as u32), crate::Lba(i * 7), crate::Pba(i))
+                        .unwrap()
+                })
+                .collect::<std::collections::BTreeSet<_>>()
+                .into_iter()
+                .collect(),
         };
         let whole = c.encode();
         assert!(whole.len() > 30 * BLOCK_SIZE);

@@ -182,6 +182,7 @@ pub fn checkpoint(data: &[u8]) {
         assert_eq!(d.regions, c.regions);
         assert_eq!(d.volumes, c.volumes);
         assert_eq!(d.directories, c.directories);
+        assert_eq!(d.switches, c.switches);
         let (h, g) = (&c.header, &d.header);
         assert_eq!(
             (

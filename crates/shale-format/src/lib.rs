@@ -19,6 +19,7 @@ mod ids;
 mod journal;
 mod l2p_dir;
 mod l2p_page;
+mod l2p_switches;
 mod label;
 mod md;
 mod region_table;
@@ -31,6 +32,7 @@ pub use array_label::{
 };
 pub use checkpoint::{
     Checkpoint, CheckpointHeader, CHECKPOINT_HEADER_LEN, CHECKPOINT_MAGIC, CHECKPOINT_VERSION,
+    CHECKPOINT_VERSION_SWITCHES,
 };
 pub use error::{FormatError, Structure};
 pub use handoff::{HandoffImage, HandoffMd, HANDOFF_MAGIC, HANDOFF_VERSION};
@@ -44,6 +46,10 @@ pub use l2p_dir::{
     L2P_DIR_VERSION_RUNS, L2P_SLOT_NONE,
 };
 pub use l2p_page::L2pFormat;
+pub use l2p_switches::{
+    decode_l2p_switches, l2p_switches_len, L2pSwitch, L2P_SWITCHES_HEADER_LEN, L2P_SWITCHES_MAGIC,
+    L2P_SWITCHES_VERSION, L2P_SWITCH_LBA_LIMIT, L2P_SWITCH_LEN,
+};
 pub use label::{CapacityLabel, LABEL_COPIES, LABEL_MAGIC, LABEL_VERSION};
 pub use md::{
     decode_md, decode_md_entry, decode_md_header, encode_md, md_claimed_generation, seal_md,

@@ -244,7 +244,7 @@ fn md_entries(n: usize) -> Vec<MdEntry> {
 }
 
 fn checkpoint(regions: usize, directories: u32, pages: u32) -> Vec<u8> {
-    checkpoint_with(regions, directories, pages, |p| p % 3 != 2)
+    checkpoint_with(regions, directories, pages, |p| p % 3 != 2, 0)
 }
 
 /// A checkpoint whose directories have page `p` written when `written(p)`.
@@ -253,6 +253,7 @@ fn checkpoint_with(
     directories: u32,
     pages: u32,
     written: impl Fn(u32) -> bool,
+    switches: u32,
 ) -> Vec<u8> {
     let states = [
         (RegionState::Free, RegionRole::None),
@@ -298,6 +299,19 @@ fn checkpoint_with(
                         crc32c: p ^ 0x5151,
                     })
                     .collect(),
+            })
+            .collect(),
+        // A few per volume, in (volume, LBA) order: relocations, an unmap.
+        switches: (0..directories)
+            .flat_map(|v| {
+                (0..switches).map(move |i| {
+                    let pba = if i == 1 {
+                        Pba::NONE
+                    } else {
+                        Pba(900 + u64::from(i))
+                    };
+                    L2pSwitch::new(VolumeId(v), Lba(u64::from(i) * 1025 + 3), pba).expect("fits")
+                })
             })
             .collect(),
     };
@@ -402,7 +416,11 @@ fn write_seed_corpus() {
             ("many-pages", resealed(&checkpoint(9, 3, 200))),
             (
                 "sparse-directories",
-                resealed(&checkpoint_with(9, 2, 5000, |p| p % 97 < 3)),
+                resealed(&checkpoint_with(9, 2, 5000, |p| p % 97 < 3, 0)),
+            ),
+            (
+                "l2p-switches",
+                resealed(&checkpoint_with(9, 2, 5, |p| p % 3 != 2, 4)),
             ),
         ],
     );

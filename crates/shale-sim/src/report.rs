@@ -100,6 +100,7 @@ pub struct Counts {
     pub l2p_page_writes_ahead: u64,
     pub l2p_page_writes: u64,
     pub l2p_deferred_switches: u64,
+    pub checkpoint_switches: u64,
     pub l2p_evictions_as_switches: u64,
     pub scrub_bytes: u64,
 }
@@ -146,6 +147,7 @@ impl Counts {
         self.l2p_page_writes_ahead += o.l2p_page_writes_ahead;
         self.l2p_page_writes += o.l2p_page_writes;
         self.l2p_deferred_switches += o.l2p_deferred_switches;
+        self.checkpoint_switches += o.checkpoint_switches;
         self.l2p_evictions_as_switches += o.l2p_evictions_as_switches;
         self.scrub_bytes += o.scrub_bytes;
     }
@@ -195,7 +197,7 @@ impl fmt::Display for Counts {
         )?;
         writeln!(
             f,
-            "engine: compaction victims {}  GC victims {}  relocated blocks {}  checkpoints {}  durability points {}  zone resets {}  chunk frees {}  L2P page reads/writes {}/{} (ahead {}/{})  deferred switches {}  evictions as switches {}  scrubbed MiB {}",
+            "engine: compaction victims {}  GC victims {}  relocated blocks {}  checkpoints {}  durability points {}  zone resets {}  chunk frees {}  L2P page reads/writes {}/{} (ahead {}/{})  deferred switches {}  checkpoint switches {}  evictions as switches {}  scrubbed MiB {}",
             self.compaction_victims,
             self.gc_victims,
             self.relocated_blocks,
@@ -208,6 +210,7 @@ impl fmt::Display for Counts {
             self.l2p_page_reads_ahead,
             self.l2p_page_writes_ahead,
             self.l2p_deferred_switches,
+            self.checkpoint_switches,
             self.l2p_evictions_as_switches,
             self.scrub_bytes >> 20
         )?;

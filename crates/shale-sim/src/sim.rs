@@ -718,6 +718,7 @@ impl Sim {
         c.l2p_page_reads_ahead += s.l2p_page_reads_ahead;
         c.l2p_page_writes_ahead += s.l2p_page_writes_ahead;
         c.l2p_deferred_switches += s.l2p_deferred_switches;
+        c.checkpoint_switches += s.checkpoint_switches;
         c.l2p_evictions_as_switches += s.l2p_evictions_as_switches;
         c.scrub_bytes += s.scrub_bytes;
         for x in [

@@ -63,6 +63,11 @@ impl Deferred {
         self.nodes.capacity() * std::mem::size_of::<Switch>()
     }
 
+    /// Makes room for `n` more switches at once (a checkpoint's, loaded at open).
+    pub fn reserve(&mut self, n: usize) {
+        self.nodes.reserve_exact(n.min(DEFERRED_MAX_LIMIT));
+    }
+
     /// Adds switch (`index` -> `pba`) in front of chain `head`; returns the new head.
     pub fn push(&mut self, head: u32, index: u32, pba: Pba) -> u32 {
         debug_assert!(index < 1 << (32 - LINK_BITS));

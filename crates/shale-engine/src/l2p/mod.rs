@@ -9,9 +9,10 @@
 //! - pool pages are owned by at most one (volume, page); pages released by a volume
 //!   delete or shrink return to the pool only after the checkpoint that forgets them.
 //! - a relocation switch for a page not cached waits in the page's deferred chain
-//!   (deferred.rs) and is applied when the page is next faulted in; a page with a
-//!   chain when a checkpoint begins is written (updated) before it commits; no page is
-//!   cached and deferred at once;
+//!   (deferred.rs) and is applied when the page is next faulted in; the switches
+//!   waiting when a checkpoint begins are recorded in it (its L2P switch table), or,
+//!   past the room its area has for them, their pages are written (updated) before it
+//!   commits; no page is cached and deferred at once;
 //! - No page is pinned across engine loop iterations: a fault may evict any page, so
 //!   the budget only has to cover one request plus the reserve.
 //! - Loads ahead of queued requests and write-backs near the LRU tail run
@@ -27,3 +28,9 @@ mod pool;
 
 pub(crate) use directory::VolumeMap;
 pub(crate) use page_cache::{L2p, WriteBackTarget, MAX_EPP};
+
+/// Switches a new pool's checkpoint areas have room for: one per L2P pool page (what
+/// the L2P lets wait by default), within what the switch slab can address.
+pub(crate) fn switch_room_at_format(pool_pages: u32) -> usize {
+    (pool_pages as usize).min(deferred::DEFERRED_MAX_LIMIT)
+}

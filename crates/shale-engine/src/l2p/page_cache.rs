@@ -2,7 +2,7 @@
 //! (volume map -> frame index).
 
 use shale_device::{BlockDevice, IoBuf, IoOp, IoRequest};
-use shale_format::{L2pFormat, Lba, PageDesc, Pba, VolumeId, L2P_SLOT_NONE};
+use shale_format::{L2pFormat, L2pSwitch, Lba, PageDesc, Pba, VolumeId, L2P_SLOT_NONE};
 
 use super::deferred::{Deferred, LINK_NONE};
 use super::directory::{VolumeMap, DEFERRED_BIT, FRAME_NONE};
@@ -32,6 +32,9 @@ impl WriteBackTarget {
         (area_start + u64::from(self.slot)) * BS
     }
 }
+
+/// (volume, page): an L2P page of a volume.
+type PageKey = (u32, u32);
 
 /// Decoded-page buffers hold this many entries (the most a page has at any width).
 pub(crate) const MAX_EPP: usize = L2pFormat::MAX_ENTRIES_PER_PAGE;
@@ -842,11 +845,11 @@ impl L2p {
     }
 
     /// An incremental checkpoint begins: every page dirty now must be written before it
-    /// commits.
-    /// Pages with deferred relocation switches are marked as well: they are faulted
-    /// in, updated and written a few at a time like the dirty ones, so the start of a
-    /// checkpoint costs no burst of faults.
-    pub fn mark_checkpoint_pending(&mut self) {
+    /// commits. Returns the deferred switches the checkpoint records (what the pages
+    /// would hold now, at most `room` of them, sorted); pages whose switches do not fit
+    /// are faulted in, updated and written a few at a time like the dirty ones (longest
+    /// chains first), so the start of a checkpoint costs no burst of faults.
+    pub fn mark_checkpoint_pending(&mut self, room: usize) -> Vec<L2pSwitch> {
         self.clear_checkpoint_pending();
         for fr in self.frames.iter_mut() {
             if fr.is_dirty() && fr.volume != u32::MAX {
@@ -855,15 +858,100 @@ impl L2p {
             }
         }
         self.pending_cursor = 0;
+        let (keep, fault) = self.split_deferred(room);
+        self.ckpt_deferred = fault;
+        self.ckpt_active = true;
+        self.switches_of(&keep)
+    }
+
+    /// Pages with deferred switches, split into those whose switches (at most `room`
+    /// in all) a checkpoint records, in page order, and the rest, longest chains first.
+    fn split_deferred(&self, room: usize) -> (Vec<PageKey>, Vec<PageKey>) {
+        let mut pages: Vec<(usize, u32, u32)> = Vec::new();
         for (v, m) in self.vols.iter().enumerate() {
             let Some(m) = m else { continue };
             for (p, &fr) in m.frame.iter().enumerate() {
-                if let Slot::Deferred(_) = slot_of(fr) {
-                    self.ckpt_deferred.push((v as u32, p as u32));
+                if let Slot::Deferred(head) = slot_of(fr) {
+                    pages.push((self.deferred.chain_len(head), v as u32, p as u32));
                 }
             }
         }
-        self.ckpt_active = true;
+        let mut fault = Vec::new();
+        let mut live = self.deferred.live();
+        if live > room {
+            pages.sort_by_key(|x| std::cmp::Reverse(x.0));
+            let mut n = 0;
+            while live > room {
+                live -= pages[n].0;
+                n += 1;
+            }
+            fault = pages.drain(..n).map(|(_, v, p)| (v, p)).collect();
+            // Popped from the end: longest first.
+            fault.reverse();
+            pages.sort_unstable_by_key(|x| (x.1, x.2));
+        }
+        (pages.into_iter().map(|(_, v, p)| (v, p)).collect(), fault)
+    }
+
+    /// The switches of `pages` (in page order), the newest of each entry, as
+    /// checkpoint records in (volume, LBA) order.
+    fn switches_of(&self, pages: &[(u32, u32)]) -> Vec<L2pSwitch> {
+        let epp = self.fmt.entries_per_page();
+        let mut out = Vec::with_capacity(pages.len());
+        let mut chain: Vec<(u32, Pba)> = Vec::new();
+        for &(v, p) in pages {
+            let Some(Some(m)) = self.vols.get(v as usize) else {
+                continue;
+            };
+            let Slot::Deferred(head) = slot_of(m.frame[p as usize]) else {
+                continue;
+            };
+            chain.clear();
+            self.deferred.for_each(head, |i, pba| chain.push((i, pba)));
+            // Oldest first: after a stable sort by entry the last of each is newest.
+            chain.sort_by_key(|x| x.0);
+            for (k, &(i, pba)) in chain.iter().enumerate() {
+                if chain.get(k + 1).is_some_and(|n| n.0 == i) {
+                    continue;
+                }
+                let lba = u64::from(p) * epp + u64::from(i);
+                out.push(
+                    L2pSwitch::new(VolumeId(v), Lba(lba), pba)
+                        .expect("volume ids and LBAs fit a switch record"),
+                );
+            }
+        }
+        out
+    }
+
+    /// For a synchronous checkpoint: faults in pages with deferred switches until at
+    /// most `room` wait, and returns those as the checkpoint's records.
+    pub fn checkpoint_switches<C: BlockDevice>(
+        &mut self,
+        dev: &mut C,
+        room: usize,
+    ) -> Result<Vec<L2pSwitch>, EngineError> {
+        let (_, fault) = self.split_deferred(room);
+        if !fault.is_empty() {
+            let pages: Vec<(usize, u32, u32)> =
+                fault.iter().rev().map(|&(v, p)| (0, v, p)).collect();
+            self.draining = true;
+            let r = self.fault_all(dev, &pages, room);
+            self.draining = false;
+            r?;
+        }
+        let (keep, fault) = self.split_deferred(room);
+        debug_assert!(fault.is_empty());
+        Ok(self.switches_of(&keep))
+    }
+
+    /// Loads a checkpoint's switches (at open, volumes known, nothing cached yet):
+    /// each waits in its page's chain like a relocation's.
+    pub fn load_switches(&mut self, switches: &[L2pSwitch]) {
+        self.deferred.reserve(switches.len());
+        for s in switches {
+            self.set_lazily(s.volume(), s.lba(), s.pba);
+        }
     }
 
     /// The checkpoint in progress was abandoned.
@@ -1191,10 +1279,21 @@ impl L2p {
         lba: Lba,
         pba: Pba,
     ) -> Result<(), EngineError> {
+        if self.set_lazily(v, lba, pba) {
+            self.counters.deferred += 1;
+        }
+        self.bound_deferred(dev)
+    }
+
+    /// Sets `lba` of `v` to `pba` (the volume exists, the LBA is in range): in its
+    /// frame if the page is cached, else as a deferred switch applied when the page is
+    /// next faulted in. Returns true if deferred. No I/O: callers bound the switches
+    /// waiting with `bound_deferred`.
+    pub fn set_lazily(&mut self, v: VolumeId, lba: Lba, pba: Pba) -> bool {
         let (p, i) = self.fmt.locate(lba.0);
         let p = p as usize;
         let Some(Some(m)) = self.vols.get_mut(v.0 as usize) else {
-            panic!("relocation switch for {v}, which has no map");
+            panic!("L2P switch for {v}, which has no map");
         };
         match slot_of(m.frame[p]) {
             Slot::Frame(f) => {
@@ -1203,14 +1302,19 @@ impl L2p {
                     self.fmt.set(&mut fr.data[..], i, pba);
                     fr.mark_dirty(i);
                 }
-                return Ok(());
+                return false;
             }
             Slot::Empty => m.frame[p] = DEFERRED_BIT | self.deferred.push(LINK_NONE, i as u32, pba),
             Slot::Deferred(head) => {
                 m.frame[p] = DEFERRED_BIT | self.deferred.push(head, i as u32, pba)
             }
         }
-        self.counters.deferred += 1;
+        true
+    }
+
+    /// When more switches wait than the bound, faults in the pages with the most
+    /// until half do.
+    pub fn bound_deferred<C: BlockDevice>(&mut self, dev: &mut C) -> Result<(), EngineError> {
         if self.deferred.live() > self.deferred.max {
             return self.drain_deferred(dev, self.deferred.max / 2);
         }
@@ -1280,6 +1384,7 @@ impl L2p {
 
     /// Applies every deferred switch (a checkpoint's pages must reflect every
     /// relocation before it begins). Returns bytes written to the cache device.
+    #[cfg(test)]
     pub fn apply_deferred<C: BlockDevice>(&mut self, dev: &mut C) -> Result<(), EngineError> {
         self.drain_deferred(dev, 0)
     }
@@ -1287,6 +1392,11 @@ impl L2p {
     /// Relocation switches waiting for their page, and the DRAM they hold.
     pub fn deferred_switches(&self) -> (usize, usize) {
         (self.deferred.live(), self.deferred.bytes())
+    }
+
+    /// The most switches left waiting before the pages with the most are faulted in.
+    pub fn deferred_max(&self) -> usize {
+        self.deferred.max
     }
 
     pub fn cached_pages(&self) -> usize {
@@ -1313,9 +1423,12 @@ mod tests {
         Relocate(u64, u32),
         Peek(u8, u64),
         WriteBackAll,
-        Checkpoint,
-        /// An incremental checkpoint: begin, then steps of a few pages.
-        CkptBegin,
+        /// A synchronous checkpoint with room for this many switches, then an open of
+        /// what it recorded.
+        Checkpoint(u8),
+        /// An incremental checkpoint: begin (its area with room for this many
+        /// switches), then steps of a few pages.
+        CkptBegin(u8),
         CkptStep,
         Resize(u8, u64),
         /// Starts a load of the page of (volume, LBA); the device is read at once
@@ -1337,8 +1450,8 @@ mod tests {
             6 => (any::<u64>(), 0u32..1_000_000).prop_map(|(sel, p)| Op::Relocate(sel, p)),
             2 => (0u8..2, 0u64..6000).prop_map(|(v, l)| Op::Peek(v, l)),
             1 => Just(Op::WriteBackAll),
-            1 => Just(Op::Checkpoint),
-            1 => Just(Op::CkptBegin),
+            1 => (0u8..10).prop_map(Op::Checkpoint),
+            1 => (0u8..10).prop_map(Op::CkptBegin),
             3 => Just(Op::CkptStep),
             1 => (0u8..2, 1u64..6000).prop_map(|(v, s)| Op::Resize(v, s)),
             4 => (0u8..2, 0u64..6000, any::<bool>()).prop_map(|(v, l, b)| Op::StartLoad(v, l, b)),
@@ -1368,6 +1481,8 @@ mod tests {
             // Values each entry held at or after the start of the incremental checkpoint
             // in progress (absent: unmapped throughout).
             let mut since_t0: Option<HashMap<(u8, u64), std::collections::HashSet<u64>>> = None;
+            // The switches the checkpoint in progress records.
+            let mut t0_switches: Vec<L2pSwitch> = Vec::new();
             // Asynchronous I/O in flight: loads (volume, page, offset, data if read at
             // the start) and write-backs (frame, target, data).
             let mut loads: Vec<(u8, usize, u64, Option<Vec<u8>>)> = Vec::new();
@@ -1480,8 +1595,9 @@ mod tests {
                             l2p.install_arrived(&mut dev).unwrap();
                         }
                     }
-                    Op::CkptBegin => {
-                        l2p.mark_checkpoint_pending();
+                    Op::CkptBegin(room) => {
+                        t0_switches = l2p.mark_checkpoint_pending(room.into());
+                        prop_assert!(t0_switches.len() <= room.into());
                         let mut h: HashMap<_, std::collections::HashSet<u64>> = HashMap::new();
                         for (&k, &p) in &model {
                             h.entry(k).or_default().insert(p);
@@ -1495,17 +1611,21 @@ mod tests {
                         if since_t0.is_some() && l2p.pending_pages() == 0 {
                             // The commit drains the engine's I/O first.
                             drain(&mut l2p, &mut dev, &mut loads, &mut writes);
-                            // What the checkpoint would reference: every entry holds its
-                            // value at the start or a later one.
+                            // What the checkpoint would reference, its switches over the
+                            // pages: every entry holds its value at the start or a later one.
                             let h = since_t0.take().unwrap();
+                            let recorded: HashMap<(u8, u64), u64> = t0_switches
+                                .iter()
+                                .map(|s| ((s.volume().0 as u8, s.lba().0), s.pba.0))
+                                .collect();
                             for v in 0..2u8 {
                                 let pages = sizes[v as usize].div_ceil(epp) as usize;
                                 for p in 0..pages {
                                     let mut page = vec![Pba(0); epp as usize];
                                     l2p.read_page(&mut dev, VolumeId(v.into()), p, &mut page).unwrap();
                                     for (i, &e) in page.iter().enumerate() {
-                                        let e = e.0;
                                         let l = p as u64 * epp + i as u64;
+                                        let e = recorded.get(&(v, l)).copied().unwrap_or(e.0);
                                         if l >= sizes[v as usize] {
                                             continue;
                                         }
@@ -1520,15 +1640,31 @@ mod tests {
                             l2p.checkpoint_committed();
                         }
                     }
-                    Op::Checkpoint => {
+                    Op::Checkpoint(room) => {
                         if since_t0.take().is_some() {
                             l2p.clear_checkpoint_pending();
                         }
                         drain(&mut l2p, &mut dev, &mut loads, &mut writes);
-                        l2p.apply_deferred(&mut dev).unwrap();
-                        prop_assert_eq!(l2p.deferred_switches().0, 0);
+                        let switches = l2p.checkpoint_switches(&mut dev, room.into()).unwrap();
+                        prop_assert!(switches.len() <= room.into());
+                        prop_assert!(switches.windows(2).all(|w| w[0] < w[1]));
                         l2p.write_back_all(&mut dev).unwrap();
                         l2p.checkpoint_committed();
+                        // An open of the checkpoint (directories, then its switches)
+                        // maps exactly what the model does.
+                        let mut opened = L2p::new(fmt, 2, 30, 3, 0);
+                        for (v, m) in l2p.vols.iter().enumerate() {
+                            let m = m.as_ref().unwrap();
+                            opened.vols[v] = Some(VolumeMap::from_dir(m.dir.clone(), m.size_blocks));
+                        }
+                        opened.rebuild_pool(30).unwrap();
+                        opened.load_switches(&switches);
+                        let mut seen = 0;
+                        opened.for_each_mapped(&mut dev, |v, l, p| {
+                            assert_eq!(model.get(&(v.0 as u8, l.0)), Some(&p.0), "vol {} lba {} after an open", v.0, l.0);
+                            seen += 1;
+                        }).unwrap();
+                        prop_assert_eq!(seen, model.values().filter(|&&p| p != Pba::NONE.0).count());
                     }
                     Op::Resize(v, s) => {
                         // Volume changes take a synchronous checkpoint, abandoning an

@@ -47,6 +47,9 @@ pub(crate) type Key = (u64, u32);
 
 /// The key of relocated copies of SID `s`.
 const RELOCATED_POS: u32 = u32::MAX;
+/// Replayed entries on one L2P page at most that wait as deferred switches; a page
+/// with more is read and updated.
+const REPLAY_DEFER_MAX: usize = 8;
 
 /// How far to scan one region, and what it is.
 #[derive(Debug, Clone)]
@@ -566,45 +569,66 @@ pub(crate) fn apply_replay(
         .map(|(k, (key, p))| (k, key, p))
         .collect();
     entries.sort_unstable_by_key(|e| e.0);
-    // The pages the entries land on, in order, are loaded a batch at a time ahead of
-    // the loop (a synchronous read each otherwise: seconds for 100,000s of pages).
+    // A page with few replayed entries takes them as deferred switches: no page read
+    // now, and the checkpoint that ends the recovery records them instead of writing
+    // the page (relocations of scattered data touch one page each). A page with more
+    // is loaded, a batch of such pages at a time ahead of the loop, and updated.
     let epp = core.l2p.format().entries_per_page();
+    let page_of = |e: &(u64, Key, Pba)| {
+        let (v, lba) = unpack(e.0);
+        (v, (lba / epp) as usize)
+    };
+    let mut runs: Vec<(usize, usize, bool)> = Vec::new();
+    let mut i = 0;
+    while i < entries.len() {
+        let page = page_of(&entries[i]);
+        let mut j = i + 1;
+        while j < entries.len() && page_of(&entries[j]) == page {
+            j += 1;
+        }
+        runs.push((i, j, j - i > REPLAY_DEFER_MAX));
+        i = j;
+    }
+    let loaded: Vec<(VolumeId, usize)> = runs
+        .iter()
+        .filter(|r| r.2)
+        .map(|r| page_of(&entries[r.0]))
+        .collect();
     let batch = core.l2p.load_batch();
-    let mut ahead = 0;
-    let mut loaded_to: Option<(VolumeId, u64)> = None;
-    for i in 0..entries.len() {
-        let (k, key, pba) = entries[i];
-        let (v, lba) = unpack(k);
-        if loaded_to.is_none_or(|end| (v, lba / epp) > end) {
-            let mut pages: Vec<(VolumeId, usize)> = Vec::with_capacity(batch);
-            ahead = ahead.max(i);
-            while ahead < entries.len() && pages.len() < batch {
-                let (av, alba) = unpack(entries[ahead].0);
-                let page = (av, (alba / epp) as usize);
-                if pages.last() != Some(&page) {
-                    pages.push(page);
-                }
-                ahead += 1;
+    let (mut next_load, mut used) = (0, 0);
+    for &(start, end, load) in &runs {
+        if load {
+            if used == next_load {
+                let upto = (next_load + batch).min(loaded.len());
+                core.l2p
+                    .load_pages(&mut core.cache, &loaded[next_load..upto])
+                    .map_err(OpenError::Engine)?;
+                next_load = upto;
             }
-            // Entries past `ahead` are on later pages than the last one loaded, or
-            // on that page (which the loop then finds cached).
-            loaded_to = pages.last().map(|&(pv, pp)| (pv, pp as u64));
-            core.l2p
-                .load_pages(&mut core.cache, &pages)
-                .map_err(OpenError::Engine)?;
+            used += 1;
         }
-        meter.add(1);
-        let trimmed = painted
-            .get(v.0 as usize)
-            .and_then(|m| m.range(..=lba).next_back())
-            .is_some_and(|(_, &(end, tkey))| lba < end && tkey > key);
-        if trimmed {
-            continue;
+        for &(k, key, pba) in &entries[start..end] {
+            let (v, lba) = unpack(k);
+            meter.add(1);
+            let trimmed = painted
+                .get(v.0 as usize)
+                .and_then(|m| m.range(..=lba).next_back())
+                .is_some_and(|(_, &(end, tkey))| lba < end && tkey > key);
+            if trimmed {
+                continue;
+            }
+            if load {
+                core.l2p
+                    .set(&mut core.cache, v, Lba(lba), pba)
+                    .map_err(OpenError::Engine)?;
+            } else {
+                core.l2p.set_lazily(v, Lba(lba), pba);
+                core.l2p
+                    .bound_deferred(&mut core.cache)
+                    .map_err(OpenError::Engine)?;
+            }
+            rp.counts.entries_applied += 1;
         }
-        core.l2p
-            .set(&mut core.cache, v, Lba(lba), pba)
-            .map_err(OpenError::Engine)?;
-        rp.counts.entries_applied += 1;
     }
     // Everything seen that was not ignored, torn or mapped lost to a newer
     // version (another copy, a later write, or a trim).

@@ -1155,3 +1155,66 @@ fn regions_emptied_during_the_census_are_freed_by_the_next_open() {
         "{zones} free zones of 90 after everything was trimmed"
     );
 }
+
+/// Rule: L2P switches waiting for their page when a checkpoint begins (relocations of
+/// blocks whose page is not cached) are recorded in the checkpoint instead of their
+/// pages being faulted in and written; an open applies them, a recovery replays over
+/// them, and the checkpoint that ends the recovery records them again.
+#[test]
+fn switches_waiting_at_a_checkpoint_are_recorded_and_applied_after_a_crash() {
+    const PAGES: u64 = 27;
+    let config = Config {
+        // The L2P budget's floor: most of the volume's 27 pages are not cached.
+        l2p_cache_bytes_max: Some(6 * 4096),
+        checkpoint_interval_bytes: Some(1 << 40),
+        ..tiny_config()
+    };
+    for (i, mode) in modes(31).into_iter().enumerate() {
+        let mut r = Rig::build(40 + i as u64, config.clone(), 150, PAGES * 1024);
+        // One block at the start of every page but the last, flushed.
+        for p in 0..PAGES - 1 {
+            r.write(p * 1024);
+        }
+        r.flush();
+        // Churn inside the last page until compaction moved several of them while
+        // their pages were not cached.
+        let mut rng = 0x5eed_0000 + i as u64;
+        let waiting = r.churn_until(&mut rng, (PAGES - 1) * 1024, 1024, 30_000, |e| {
+            let s = e.stats();
+            s.l2p_deferred_switches >= 8 && s.l2p_deferred_waiting >= 8
+        });
+        assert!(waiting, "no relocation switch waited for its page");
+        let before = r.e().stats();
+        // A volume change takes a synchronous checkpoint.
+        r.call(Request::CreateVolume {
+            name: "b".into(),
+            size_bytes: 4096,
+        })
+        .unwrap();
+        let after = r.e().stats();
+        let recorded = after.checkpoint_switches - before.checkpoint_switches;
+        assert!(
+            recorded >= 8,
+            "{recorded} switches recorded, {} were waiting",
+            before.l2p_deferred_waiting
+        );
+        assert!(
+            after.l2p_deferred_waiting >= before.l2p_deferred_waiting.min(8),
+            "the checkpoint applied the switches instead of recording them"
+        );
+        // More writes and relocations after it, then a crash.
+        r.churn_until(&mut rng, (PAGES - 1) * 1024, 1024, 300, |_| false);
+        r.flush();
+        r.write(3);
+        let rep = r.crash(mode.clone(), mode.clone()).clone();
+        assert!(!rep.clean);
+        r.verify();
+        assert!(
+            r.e().stats().checkpoint_switches > 0,
+            "the recovery's checkpoint recorded no switch"
+        );
+        // And again, with every write kept.
+        r.crash(CrashMode::KeepAll, CrashMode::KeepAll);
+        r.verify();
+    }
+}
