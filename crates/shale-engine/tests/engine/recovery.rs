@@ -1216,5 +1216,44 @@ fn switches_waiting_at_a_checkpoint_are_recorded_and_applied_after_a_crash() {
         // And again, with every write kept.
         r.crash(CrashMode::KeepAll, CrashMode::KeepAll);
         r.verify();
+        if i == 0 {
+            // A recorded switch past its volume's end (CRCs intact): the open refuses
+            // the checkpoint as inconsistent.
+            let (mut cache, inner) = r.crash_devices(CrashMode::KeepAll, CrashMode::KeepAll);
+            assert!(forge_switch(&mut cache, &r.layout, PAGES * 1024 + 5));
+            match r.reopen(cache, inner) {
+                Err(shale_engine::OpenError::InconsistentCheckpoint { reason }) => {
+                    assert!(reason.contains("L2P switch"), "{reason}")
+                }
+                other => panic!("forged switch opened: {:?}", other.map(|_| ())),
+            }
+        }
     }
+}
+
+/// Moves the first switch of the checkpoint in force to `lba` and reseals it; false if
+/// it has none.
+fn forge_switch(
+    cache: &mut shale_device::FaultDevice,
+    l: &shale_format::CacheLayout,
+    lba: u64,
+) -> bool {
+    use shale_device::BlockDevice;
+    let mut b = vec![0u8; 8192];
+    cache.read_at(0, &mut b).unwrap();
+    let a = shale_format::Superblock::decode(&b[..4096], 0).unwrap();
+    let bb = shale_format::Superblock::decode(&b[4096..], 4096).unwrap();
+    let sb = if a.generation > bb.generation { a } else { bb };
+    let at = l.checkpoint_start(sb.active_checkpoint) * 4096;
+    let mut area = vec![0u8; l.checkpoint_blocks as usize * 4096];
+    cache.read_at(at, &mut area).unwrap();
+    let mut ck = shale_format::Checkpoint::decode(&area, at).unwrap();
+    let Some(first) = ck.switches.first().copied() else {
+        return false;
+    };
+    ck.switches[0] =
+        shale_format::L2pSwitch::new(first.volume(), shale_engine::Lba(lba), first.pba).unwrap();
+    ck.switches.sort();
+    cache.write_at(at, &ck.encode()).unwrap();
+    true
 }
