@@ -1134,7 +1134,9 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Loading<C, Z, K> {
         l2p.rebuild_pool(sb.layout.l2p_pool_pages)
             .map_err(inconsistent)?;
         // The L2P changes the checkpoint recorded instead of their pages: each names a
-        // live volume, an LBA inside it and a block of the pool (or unmaps).
+        // live volume, an LBA inside it and a block of the pool, or unmaps an LBA of
+        // the volume's last page (a shrink's unmaps past the new end are switches too:
+        // the page still holds what they unmapped, which a later grow must not map).
         if ck.switches.len() > l2p.deferred_max() {
             return Err(inconsistent(format!(
                 "{} L2P switches, more than the {} this pool keeps waiting",
@@ -1143,10 +1145,15 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Loading<C, Z, K> {
             )));
         }
         for sw in &ck.switches {
-            let size = l2p.volume_size(sw.volume());
-            if size.is_none_or(|n| sw.lba().0 >= n)
-                || (!sw.pba.is_none() && geo.place(sw.pba).is_none())
-            {
+            let fits = l2p.volume_size(sw.volume()).is_some_and(|n| {
+                let lba = sw.lba().0;
+                if sw.pba.is_none() {
+                    lba < sb.l2p.pages_for(n) * sb.l2p.entries_per_page()
+                } else {
+                    lba < n && geo.place(sw.pba).is_some()
+                }
+            });
+            if !fits {
                 return Err(inconsistent(format!(
                     "L2P switch {} {} -> {}: no such volume, LBA or block",
                     sw.volume(),

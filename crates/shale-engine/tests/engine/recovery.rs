@@ -1231,6 +1231,57 @@ fn switches_waiting_at_a_checkpoint_are_recorded_and_applied_after_a_crash() {
     }
 }
 
+/// Rule: a shrink's unmaps past the new end that wait as switches (their page, the
+/// volume's new last page, evicted meanwhile) are recorded like any other: the page on
+/// media still maps those LBAs, and a grow after the reopen must read them as zeros.
+#[test]
+fn a_shrinks_unmaps_waiting_as_switches_survive_a_reopen_and_a_grow() {
+    let config = Config {
+        l2p_cache_bytes_max: Some(6 * 4096),
+        checkpoint_interval_bytes: Some(1 << 40),
+        ..tiny_config()
+    };
+    let mut r = Rig::build(77, config, 150, 27 * 1024);
+    // A few blocks past the future end in page 20, and some in each page after it.
+    let tail: Vec<u64> = (0..4).map(|i| 20 * 1024 + 600 + i).collect();
+    for &l in &tail {
+        r.write(l);
+    }
+    for p in 21..27 {
+        for i in 0..3 {
+            r.write(p * 1024 + i * 7);
+        }
+    }
+    r.flush();
+    let before = r.e().stats().checkpoint_switches;
+    // Unmapping pages 21..27 evicts page 20 with its unmaps as switches.
+    let end = 20 * 1024 + 500;
+    r.call(Request::ResizeVolume {
+        volume: V,
+        size_bytes: end * BS,
+    })
+    .unwrap();
+    assert!(
+        r.e().stats().checkpoint_switches > before,
+        "the shrink's checkpoint recorded no switch"
+    );
+    for &l in &tail {
+        r.model.observed(V, l, 0);
+    }
+    for p in 21..27 {
+        for i in 0..3 {
+            r.model.observed(V, p * 1024 + i * 7, 0);
+        }
+    }
+    r.crash(CrashMode::KeepAll, CrashMode::KeepAll);
+    r.call(Request::ResizeVolume {
+        volume: V,
+        size_bytes: 27 * 1024 * BS,
+    })
+    .unwrap();
+    r.verify();
+}
+
 /// Moves the first switch of the checkpoint in force to `lba` and reseals it; false if
 /// it has none.
 fn forge_switch(
