@@ -123,16 +123,17 @@ fn region_snapshot(
 }
 
 /// The most L2P switches a checkpoint of the engine's current regions, volumes and
-/// directories fits in its area beside them.
+/// directories fits in its area beside them, and never more than the L2P keeps
+/// waiting (what an open accepts).
 fn switch_room(core: &Core<impl BlockDevice, impl ZonedDevice, impl Clock>) -> usize {
     let maps = core.l2p.vols.iter().flatten();
-    Checkpoint::switch_room(
+    core.l2p.deferred_max().min(Checkpoint::switch_room(
         u64::from(core.sb.layout.checkpoint_blocks),
         core.regions.regions.len(),
         maps.clone().map(|m| m.dir.len()).sum(),
         maps.count(),
         core.volumes.table.blocks_needed(),
-    )
+    ))
 }
 
 /// Every volume's L2P directory, moved out of the page cache's maps (no copy; at

@@ -28,6 +28,9 @@ use crate::{Clock, Completion, Config, EngineError, Reply, Request};
 /// How many times its usual batch the census walks a loop iteration once space runs
 /// short (256 pages a batch: 16 MiB of L2P pages, some milliseconds).
 const CENSUS_RUSH: usize = 16;
+/// L2P pages with waiting switches faulted in per loop iteration once the switches
+/// near their bound (`L2p::drain_step`).
+const DRAIN_PAGES_PER_POLL: usize = 16;
 
 /// What a device I/O in flight is for.
 #[derive(Debug, Clone, Copy)]
@@ -726,6 +729,10 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             progress = true;
         }
         progress |= self.checkpoint_step()?;
+        progress |= self
+            .core
+            .l2p
+            .drain_step(&mut self.core.cache, DRAIN_PAGES_PER_POLL)?;
         Ok(progress)
     }
 

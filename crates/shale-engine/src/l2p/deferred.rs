@@ -9,28 +9,50 @@
 //! the next fault of that page, which user I/O does anyway.
 //!
 //! Each switch is 12 bytes: a link to the previous switch of the same page (newest
-//! first) and the entry index packed into one word, and the new PBA in the next two
-//! (only 40 bits are used: the widest L2P entry).
+//! first), then the new PBA's low 32 bits, then its next 8 (40 bits: the widest L2P
+//! entry; all ones is unmapped) with the entry index above them.
 
 use shale_format::Pba;
 
 /// End of a chain.
-pub(super) const LINK_NONE: u32 = (1 << LINK_BITS) - 1;
-const LINK_BITS: u32 = 22;
+pub(super) const LINK_NONE: u32 = u32::MAX;
 /// The most switches that can wait at once (the link field's range).
 pub(super) const DEFERRED_MAX_LIMIT: usize = LINK_NONE as usize - 1;
+/// PBAs a switch holds: 40 bits, all ones meaning unmapped.
+const PBA_MASK: u64 = (1 << 40) - 1;
 
 #[derive(Debug, Clone, Copy)]
 struct Switch {
-    /// Previous switch of the same page (`LINK_NONE` at the end) | entry index << 22.
+    /// Previous switch of the same page (`LINK_NONE` at the end); the free list's
+    /// link for a free node.
     link: u32,
     pba_low: u32,
-    pba_high: u32,
+    /// PBA bits 32..40 | entry index << 8.
+    high: u32,
 }
 
 impl Switch {
+    fn new(link: u32, index: u32, pba: Pba) -> Switch {
+        let p = if pba.is_none() { PBA_MASK } else { pba.0 };
+        debug_assert!(p <= PBA_MASK && index < 1 << 24);
+        Switch {
+            link,
+            pba_low: p as u32,
+            high: (p >> 32) as u32 | index << 8,
+        }
+    }
+
     fn pba(&self) -> Pba {
-        Pba(u64::from(self.pba_high) << 32 | u64::from(self.pba_low))
+        let p = u64::from(self.high & 0xFF) << 32 | u64::from(self.pba_low);
+        if p == PBA_MASK {
+            Pba::NONE
+        } else {
+            Pba(p)
+        }
+    }
+
+    fn index(&self) -> u32 {
+        self.high >> 8
     }
 }
 
@@ -70,16 +92,11 @@ impl Deferred {
 
     /// Adds switch (`index` -> `pba`) in front of chain `head`; returns the new head.
     pub fn push(&mut self, head: u32, index: u32, pba: Pba) -> u32 {
-        debug_assert!(index < 1 << (32 - LINK_BITS));
-        let node = Switch {
-            link: head | index << LINK_BITS,
-            pba_low: pba.0 as u32,
-            pba_high: (pba.0 >> 32) as u32,
-        };
+        let node = Switch::new(head, index, pba);
         self.live += 1;
         if self.free != LINK_NONE {
             let n = self.free;
-            self.free = self.nodes[n as usize].link & LINK_NONE;
+            self.free = self.nodes[n as usize].link;
             self.nodes[n as usize] = node;
             n
         } else {
@@ -102,11 +119,11 @@ impl Deferred {
         let mut n = head;
         while n != LINK_NONE {
             let s = self.nodes[n as usize];
-            out.push((s.link >> LINK_BITS, s.pba()));
+            out.push((s.index(), s.pba()));
             self.nodes[n as usize].link = self.free;
             self.free = n;
             self.live -= 1;
-            n = s.link & LINK_NONE;
+            n = s.link;
         }
         out[start..].reverse();
     }
@@ -117,7 +134,7 @@ impl Deferred {
         let mut len = 0;
         while n != LINK_NONE {
             len += 1;
-            n = self.nodes[n as usize].link & LINK_NONE;
+            n = self.nodes[n as usize].link;
         }
         len
     }
@@ -128,8 +145,8 @@ impl Deferred {
         let mut n = head;
         while n != LINK_NONE {
             let s = self.nodes[n as usize];
-            v.push((s.link >> LINK_BITS, s.pba()));
-            n = s.link & LINK_NONE;
+            v.push((s.index(), s.pba()));
+            n = s.link;
         }
         for &(i, p) in v.iter().rev() {
             f(i, p);
@@ -150,7 +167,9 @@ mod tests {
         b = d.push(b, 1023, Pba(7));
         a = d.push(a, 5, Pba((1 << 39) + 11));
         a = d.push(a, 0, Pba(12));
-        assert_eq!(d.live(), 4);
+        b = d.push(b, 1023, Pba::NONE);
+        b = d.push(b, 1023, Pba((1 << 40) - 2));
+        assert_eq!(d.live(), 6);
         assert_eq!(d.chain_len(a), 3);
         let mut seen = Vec::new();
         d.for_each(a, |i, p| seen.push((i, p)));
@@ -161,14 +180,21 @@ mod tests {
         let mut out = Vec::new();
         d.take(a, &mut out);
         assert_eq!(out, seen);
-        assert_eq!(d.live(), 1);
+        assert_eq!(d.live(), 3);
         let nodes = d.nodes.len();
         let c = d.push(LINK_NONE, 3, Pba(3));
         let c = d.push(c, 4, Pba(4));
         assert_eq!(d.nodes.len(), nodes, "freed nodes are reused");
         out.clear();
         d.take(b, &mut out);
-        assert_eq!(out, vec![(1023, Pba(7))]);
+        assert_eq!(
+            out,
+            vec![
+                (1023, Pba(7)),
+                (1023, Pba::NONE),
+                (1023, Pba((1 << 40) - 2))
+            ]
+        );
         out.clear();
         d.take(c, &mut out);
         assert_eq!(out, vec![(3, Pba(3)), (4, Pba(4))]);

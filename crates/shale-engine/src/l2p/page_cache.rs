@@ -178,6 +178,8 @@ pub(crate) struct L2p {
     /// Faulting pages in to drain deferred switches: evictions write back, so the
     /// drain cannot refill what it empties.
     draining: bool,
+    /// Where `drain_step` looks next (volume, page).
+    drain_cursor: (usize, usize),
 }
 
 pub(super) const PAGE_BYTES: usize = shale_format::BLOCK_SIZE;
@@ -185,6 +187,8 @@ pub(super) const PAGE_BYTES: usize = shale_format::BLOCK_SIZE;
 /// Frames from the LRU tail an eviction looks through for a clean one before it
 /// writes a dirty one back synchronously.
 const EVICT_SCAN: usize = 16;
+/// Map slots one `drain_step` looks through at most.
+const DRAIN_SCAN_SLOTS: usize = 8192;
 /// Pages one `for_each_mapped` read covers at most (1 MiB).
 const FOR_EACH_RUN_PAGES: usize = 256;
 /// Unwanted slots `for_each_mapped` reads through rather than start a new read.
@@ -274,6 +278,7 @@ impl L2p {
             ckpt_active: false,
             ckpt_deferred: Vec::new(),
             draining: false,
+            drain_cursor: (0, 0),
             io: Default::default(),
         }
     }
@@ -858,15 +863,23 @@ impl L2p {
             }
         }
         self.pending_cursor = 0;
-        let (keep, fault) = self.split_deferred(room);
+        let mut fault = self.pages_past_room(room);
+        let switches = self.switches_except(&fault);
+        // Popped from the end: longest chains first.
+        fault.reverse();
         self.ckpt_deferred = fault;
         self.ckpt_active = true;
-        self.switches_of(&keep)
+        switches
     }
 
-    /// Pages with deferred switches, split into those whose switches (at most `room`
-    /// in all) a checkpoint records, in page order, and the rest, longest chains first.
-    fn split_deferred(&self, room: usize) -> (Vec<PageKey>, Vec<PageKey>) {
+    /// When more switches wait than `room`, the pages whose chains must leave for the
+    /// rest to fit, longest chains first (none otherwise: the common case allocates
+    /// nothing per page).
+    fn pages_past_room(&self, room: usize) -> Vec<PageKey> {
+        let mut live = self.deferred.live();
+        if live <= room {
+            return Vec::new();
+        }
         let mut pages: Vec<(usize, u32, u32)> = Vec::new();
         for (v, m) in self.vols.iter().enumerate() {
             let Some(m) = m else { continue };
@@ -876,49 +889,47 @@ impl L2p {
                 }
             }
         }
-        let mut fault = Vec::new();
-        let mut live = self.deferred.live();
-        if live > room {
-            pages.sort_by_key(|x| std::cmp::Reverse(x.0));
-            let mut n = 0;
-            while live > room {
-                live -= pages[n].0;
-                n += 1;
-            }
-            fault = pages.drain(..n).map(|(_, v, p)| (v, p)).collect();
-            // Popped from the end: longest first.
-            fault.reverse();
-            pages.sort_unstable_by_key(|x| (x.1, x.2));
+        pages.sort_by_key(|x| std::cmp::Reverse(x.0));
+        let mut n = 0;
+        while live > room {
+            live -= pages[n].0;
+            n += 1;
         }
-        (pages.into_iter().map(|(_, v, p)| (v, p)).collect(), fault)
+        pages.truncate(n);
+        pages.into_iter().map(|(_, v, p)| (v, p)).collect()
     }
 
-    /// The switches of `pages` (in page order), the newest of each entry, as
-    /// checkpoint records in (volume, LBA) order.
-    fn switches_of(&self, pages: &[(u32, u32)]) -> Vec<L2pSwitch> {
+    /// The switches of every page with a chain but those in `except`, the newest of
+    /// each entry, as checkpoint records in (volume, LBA) order.
+    fn switches_except(&self, except: &[PageKey]) -> Vec<L2pSwitch> {
+        let mut skip = except.to_vec();
+        skip.sort_unstable();
         let epp = self.fmt.entries_per_page();
-        let mut out = Vec::with_capacity(pages.len());
+        let mut out = Vec::with_capacity(self.deferred.live().saturating_sub(except.len()));
         let mut chain: Vec<(u32, Pba)> = Vec::new();
-        for &(v, p) in pages {
-            let Some(Some(m)) = self.vols.get(v as usize) else {
-                continue;
-            };
-            let Slot::Deferred(head) = slot_of(m.frame[p as usize]) else {
-                continue;
-            };
-            chain.clear();
-            self.deferred.for_each(head, |i, pba| chain.push((i, pba)));
-            // Oldest first: after a stable sort by entry the last of each is newest.
-            chain.sort_by_key(|x| x.0);
-            for (k, &(i, pba)) in chain.iter().enumerate() {
-                if chain.get(k + 1).is_some_and(|n| n.0 == i) {
+        for (v, m) in self.vols.iter().enumerate() {
+            let Some(m) = m else { continue };
+            for (p, &fr) in m.frame.iter().enumerate() {
+                let Slot::Deferred(head) = slot_of(fr) else {
+                    continue;
+                };
+                if !skip.is_empty() && skip.binary_search(&(v as u32, p as u32)).is_ok() {
                     continue;
                 }
-                let lba = u64::from(p) * epp + u64::from(i);
-                out.push(
-                    L2pSwitch::new(VolumeId(v), Lba(lba), pba)
-                        .expect("volume ids and LBAs fit a switch record"),
-                );
+                chain.clear();
+                self.deferred.for_each(head, |i, pba| chain.push((i, pba)));
+                // Oldest first: after a stable sort by entry the last of each is newest.
+                chain.sort_by_key(|x| x.0);
+                for (k, &(i, pba)) in chain.iter().enumerate() {
+                    if chain.get(k + 1).is_some_and(|n| n.0 == i) {
+                        continue;
+                    }
+                    let lba = p as u64 * epp + u64::from(i);
+                    out.push(
+                        L2pSwitch::new(VolumeId(v as u32), Lba(lba), pba)
+                            .expect("volume ids and LBAs fit a switch record"),
+                    );
+                }
             }
         }
         out
@@ -931,18 +942,16 @@ impl L2p {
         dev: &mut C,
         room: usize,
     ) -> Result<Vec<L2pSwitch>, EngineError> {
-        let (_, fault) = self.split_deferred(room);
+        let fault = self.pages_past_room(room);
         if !fault.is_empty() {
-            let pages: Vec<(usize, u32, u32)> =
-                fault.iter().rev().map(|&(v, p)| (0, v, p)).collect();
+            let pages: Vec<(usize, u32, u32)> = fault.iter().map(|&(v, p)| (0, v, p)).collect();
             self.draining = true;
             let r = self.fault_all(dev, &pages, room);
             self.draining = false;
             r?;
         }
-        let (keep, fault) = self.split_deferred(room);
-        debug_assert!(fault.is_empty());
-        Ok(self.switches_of(&keep))
+        debug_assert!(self.deferred.live() <= room);
+        Ok(self.switches_except(&[]))
     }
 
     /// Loads a checkpoint's switches (at open, volumes known, nothing cached yet):
@@ -1321,6 +1330,76 @@ impl L2p {
         Ok(())
     }
 
+    /// Above three quarters of the bound on waiting switches, faults in up to `pages`
+    /// pages with switches (found by a cursor sweeping the maps, at most
+    /// `DRAIN_SCAN_SLOTS` slots a call), so the switches are applied a few pages per
+    /// loop iteration rather than in one burst at the bound. Checkpoints record the
+    /// switches instead of applying them, so without this, relocations under GC would
+    /// only ever be applied by user faults or by that burst. Returns true if it
+    /// faulted any page in.
+    pub fn drain_step<C: BlockDevice>(
+        &mut self,
+        dev: &mut C,
+        pages: usize,
+    ) -> Result<bool, EngineError> {
+        if self.deferred.live() <= self.deferred.max / 4 * 3 {
+            return Ok(false);
+        }
+        let mut keys: Vec<(VolumeId, usize)> = Vec::with_capacity(pages);
+        let (mut v, mut p) = self.drain_cursor;
+        for _ in 0..DRAIN_SCAN_SLOTS {
+            if keys.len() == pages {
+                break;
+            }
+            match self.vols.get(v) {
+                None => (v, p) = (0, 0),
+                Some(None) => (v, p) = (v + 1, 0),
+                Some(Some(m)) => {
+                    if p >= m.frame.len() {
+                        (v, p) = (v + 1, 0);
+                    } else {
+                        if let Slot::Deferred(_) = slot_of(m.frame[p]) {
+                            keys.push((VolumeId(v as u32), p));
+                        }
+                        p += 1;
+                    }
+                }
+            }
+        }
+        self.drain_cursor = (v, p);
+        if keys.is_empty() {
+            return Ok(false);
+        }
+        self.load_pages(dev, &keys)?;
+        self.draining = true;
+        let mut r = Ok(());
+        for &(v, p) in &keys {
+            self.counters.deferred_faults += 1;
+            if let Err(e) = self.frame(dev, v, p) {
+                r = Err(e);
+                break;
+            }
+        }
+        self.draining = false;
+        r.map(|()| true)
+    }
+
+    /// The replay's bound: twice the usual before any page is faulted in, down to
+    /// the usual then. A crash may come with the switches near their bound (loaded
+    /// back from the checkpoint), and faulting pages in to make room for the replay's
+    /// would cost a page read per switch; the checkpoint ending the recovery records
+    /// what fits its room and applies the rest.
+    pub fn bound_deferred_for_replay<C: BlockDevice>(
+        &mut self,
+        dev: &mut C,
+    ) -> Result<(), EngineError> {
+        let max = self.deferred.max;
+        if self.deferred.live() > max.saturating_mul(2) {
+            return self.drain_deferred(dev, max);
+        }
+        Ok(())
+    }
+
     /// Faults in pages with deferred switches, longest chains first, until at most
     /// `keep` switches wait.
     fn drain_deferred<C: BlockDevice>(
@@ -1441,6 +1520,8 @@ mod tests {
         StartWriteBacks(u8),
         /// Completes a write-back in flight, failed or not.
         FinishWriteBack(u64, bool),
+        /// The background's gradual drain of waiting switches.
+        DrainStep(u8),
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -1458,6 +1539,7 @@ mod tests {
             4 => (any::<u64>(), prop::bool::weighted(0.1)).prop_map(|(s, f)| Op::FinishLoad(s, f)),
             3 => (1u8..4).prop_map(Op::StartWriteBacks),
             4 => (any::<u64>(), prop::bool::weighted(0.1)).prop_map(|(s, f)| Op::FinishWriteBack(s, f)),
+            2 => (1u8..4).prop_map(Op::DrainStep),
         ]
     }
 
@@ -1665,6 +1747,11 @@ mod tests {
                             seen += 1;
                         }).unwrap();
                         prop_assert_eq!(seen, model.values().filter(|&&p| p != Pba::NONE.0).count());
+                    }
+                    Op::DrainStep(n) => {
+                        let before = l2p.deferred_switches().0;
+                        let faulted = l2p.drain_step(&mut dev, n.into()).unwrap();
+                        prop_assert!(!faulted || l2p.deferred_switches().0 < before);
                     }
                     Op::Resize(v, s) => {
                         // Volume changes take a synchronous checkpoint, abandoning an
