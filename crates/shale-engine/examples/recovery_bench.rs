@@ -19,7 +19,8 @@
 //! `--cache SIZE` (default 5% of the capacity) and `--capacity-dir DIR` (default `--dir`).
 //! The files are synced before the timed open.
 //! Fields:
-//! `recovery_ms`, `clean_open_ms`, their bytes read and steps,
+//! `recovery_ms`, `clean_open_ms`, their bytes read and steps (`recovery_steps_detail`:
+//! what each step of the recovery reports),
 //! `census_after_recovery_ms` (the counts' and bits' rebuild a recovery leaves to the
 //! background, polled to its end with no other I/O),
 //! `census_after_clean_open_ms` (the validity bits' rebuild the clean open leaves to
@@ -422,6 +423,15 @@ fn steps_ms(r: &OpenReport) -> serde_json::Value {
     )
 }
 
+fn steps_detail(r: &OpenReport) -> serde_json::Value {
+    serde_json::Value::Object(
+        r.steps
+            .iter()
+            .map(|s| (s.name.to_string(), serde_json::json!(s.detail)))
+            .collect(),
+    )
+}
+
 fn row(a: &RowArgs) {
     std::fs::create_dir_all(&a.dir).unwrap();
     let (c, mut z) = paths(&a.dir);
@@ -491,6 +501,7 @@ fn row(a: &RowArgs) {
         "recovery_ms": recover.as_secs_f64() * 1e3,
         "recovery_read_bytes": rep.bytes_read(),
         "recovery_steps_ms": steps_ms(&rep),
+        "recovery_steps_detail": steps_detail(&rep),
         "census_after_recovery_ms": census_after_recovery.as_secs_f64() * 1e3,
         "clean_open_ms": clean.as_secs_f64() * 1e3,
         "clean_open_read_bytes": clean_rep.bytes_read(),

@@ -43,8 +43,9 @@ use crate::{Clock, Engine, EngineError};
 /// SIDs that may be handed out after the committed checkpoint's `sid_next` before the
 /// next checkpoint: recovery restarts the counter this far above it.
 pub(crate) const SID_LEASE: u64 = 1 << 32;
-/// Bytes of a checkpoint image written per device write.
-const CHECKPOINT_PIECE_BYTES: usize = 256 << 10;
+/// Bytes of a checkpoint image written per device write: few synchronous writes for
+/// the tens of MiB a large pool's directories and switches take.
+const CHECKPOINT_PIECE_BYTES: usize = 4 << 20;
 
 /// An incremental checkpoint between its start and its commit.
 #[derive(Debug)]
@@ -187,7 +188,7 @@ fn commit_checkpoint(
         });
     }
     // The image is megabytes at TiB scale (every region, every L2P page's slot): it
-    // is streamed through one aligned 256 KiB buffer rather than built, so the peak
+    // is streamed through one aligned 4 MiB buffer rather than built, so the peak
     // is one piece and an O_DIRECT device needs no bounce copy.
     let switches = ck.switches.len() as u64;
     let area = 1 - core.sb.active_checkpoint;

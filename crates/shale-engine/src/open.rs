@@ -1399,10 +1399,23 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Opening<C, Z, K> {
 
     fn new_checkpoint(&mut self, meter: &mut Meter<'_>) -> StepDone {
         let e = &mut self.engine;
+        let (pages, switches) = (
+            e.core.l2p.counters.page_writes,
+            e.core.stats.checkpoint_switches,
+        );
         e.checkpoint_metered(false, meter)
             .map_err(OpenError::Engine)?;
         self.report.replay = self.replay().counts.clone();
-        Ok((0, format!("generation {}", self.engine.core.journal.epoch)))
+        let c = &self.engine.core;
+        Ok((
+            0,
+            format!(
+                "generation {}, {} L2P pages written, {} switches recorded",
+                c.journal.epoch,
+                c.l2p.counters.page_writes - pages,
+                c.stats.checkpoint_switches - switches
+            ),
+        ))
     }
 
     fn self_check(&mut self, meter: &mut Meter<'_>) -> StepDone {

@@ -139,8 +139,29 @@ impl Deferred {
         len
     }
 
+    /// Appends chain `head` to `out` oldest first, without removing it.
+    pub fn collect(&self, head: u32, out: &mut Vec<(u32, Pba)>) {
+        let start = out.len();
+        let mut n = head;
+        while n != LINK_NONE {
+            let s = self.nodes[n as usize];
+            out.push((s.index(), s.pba()));
+            n = s.link;
+        }
+        out[start..].reverse();
+    }
+
     /// Calls `f(index, pba)` for chain `head`, oldest first, without removing it.
     pub fn for_each(&self, head: u32, mut f: impl FnMut(u32, Pba)) {
+        if head == LINK_NONE {
+            return;
+        }
+        let s = self.nodes[head as usize];
+        if s.link == LINK_NONE {
+            // One switch (most chains): no buffer to reverse through.
+            f(s.index(), s.pba());
+            return;
+        }
         let mut v = Vec::with_capacity(self.chain_len(head));
         let mut n = head;
         while n != LINK_NONE {

@@ -917,7 +917,7 @@ impl L2p {
                     continue;
                 }
                 chain.clear();
-                self.deferred.for_each(head, |i, pba| chain.push((i, pba)));
+                self.deferred.collect(head, &mut chain);
                 // Oldest first: after a stable sort by entry the last of each is newest.
                 chain.sort_by_key(|x| x.0);
                 for (k, &(i, pba)) in chain.iter().enumerate() {

@@ -49,11 +49,10 @@ pub(crate) type Key = (u64, u32);
 const RELOCATED_POS: u32 = u32::MAX;
 /// Replayed entries on one L2P page at most that wait as deferred switches; a page
 /// with more is read and updated. A switch costs 16 bytes in the checkpoint that ends
-/// the recovery where a page costs a 4 KiB read and write, but switches count against
-/// the L2P's bound on waiting ones, past which the longest chains are faulted in: 64
-/// here made a 4 TiB recovery hit that bound and fault 180,000 pages (15.8 s instead
-/// of 0.85 s).
-const REPLAY_DEFER_MAX: usize = 8;
+/// the recovery where a page costs a 4 KiB read and write; the replay may hold twice
+/// the L2P's usual bound on waiting switches, and what the checkpoint has no room for
+/// is applied, longest chains first (so never more pages than loading them here).
+const REPLAY_DEFER_MAX: usize = 64;
 
 /// How far to scan one region, and what it is.
 #[derive(Debug, Clone)]
