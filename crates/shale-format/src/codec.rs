@@ -183,6 +183,24 @@ pub(crate) fn check_header(
     Ok(())
 }
 
+/// Checks that `buf` holds the structure's `len` bytes, then its CRC over them.
+pub(crate) fn check_len_crc(
+    buf: &[u8],
+    len: usize,
+    structure: Structure,
+    at: u64,
+) -> Result<(), FormatError> {
+    if buf.len() < len {
+        return Err(FormatError::Truncated {
+            structure,
+            at,
+            len: buf.len(),
+            need: len,
+        });
+    }
+    check_crc(&buf[..len], structure, at)
+}
+
 pub(crate) fn check_crc(buf: &[u8], structure: Structure, at: u64) -> Result<(), FormatError> {
     let mut r = Reader::at(buf, 8, structure, at);
     let expected = r.u32()?;

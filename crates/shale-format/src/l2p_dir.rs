@@ -5,7 +5,7 @@
 //! Invariants: slot `s` belongs to pool page `s / 2`; a page never written has slot
 //! [`L2P_SLOT_NONE`] and reads as all-unmapped.
 
-use crate::codec::{check_crc, check_header, Reader, Writer};
+use crate::codec::{check_crc, check_header, check_len_crc, Reader, Writer};
 use crate::{FormatError, Structure, VolumeId};
 
 pub const L2P_DIR_MAGIC: u32 = u32::from_le_bytes(*b"SHLD");
@@ -158,15 +158,7 @@ impl L2pDirectory {
                 .checked_mul(8)
                 .and_then(|n| n.checked_add(L2P_DIR_HEADER_LEN))
                 .ok_or_else(|| r.invalid("page_count", format!("{count} overflows")))?;
-            if buf.len() < len {
-                return Err(FormatError::Truncated {
-                    structure: s,
-                    at,
-                    len: buf.len(),
-                    need: len,
-                });
-            }
-            check_crc(&buf[..len], s, at)?;
+            check_len_crc(buf, len, s, at)?;
             let mut pages = Vec::with_capacity(count);
             for _ in 0..count {
                 let slot = r.u32()?;

@@ -9,7 +9,7 @@
 //! Invariants: entries are sorted by (volume, LBA) with no two alike; each overrides
 //! the referenced page's entry for that LBA.
 
-use crate::codec::{check_crc, check_header, Reader, Writer};
+use crate::codec::{check_header, check_len_crc, Reader, Writer};
 use crate::{FormatError, Lba, Pba, Structure, VolumeId};
 
 pub const L2P_SWITCHES_MAGIC: u32 = u32::from_le_bytes(*b"SHSW");
@@ -108,15 +108,7 @@ pub fn decode_l2p_switches(
         ));
     }
     let len = L2P_SWITCHES_HEADER_LEN + count * L2P_SWITCH_LEN;
-    if buf.len() < len {
-        return Err(FormatError::Truncated {
-            structure: s,
-            at,
-            len: buf.len(),
-            need: len,
-        });
-    }
-    check_crc(&buf[..len], s, at)?;
+    check_len_crc(buf, len, s, at)?;
     let mut out = Vec::with_capacity(count);
     let mut prev: Option<u64> = None;
     for _ in 0..count {

@@ -3,7 +3,7 @@
 //! Invariants: a `Free` region has `valid_count == 0`; `write_pointer` never exceeds the
 //! region's size in blocks; `stream` is meaningful only for zones opened for a stream.
 
-use crate::codec::{check_crc, check_header, Reader, Writer};
+use crate::codec::{check_header, check_len_crc, Reader, Writer};
 use crate::{FormatError, Sid, Structure};
 
 pub const REGION_TABLE_MAGIC: u32 = u32::from_le_bytes(*b"SHRT");
@@ -102,15 +102,7 @@ pub fn decode_region_table(buf: &[u8], at: u64) -> Result<(Vec<RegionEntry>, usi
         .checked_mul(REGION_ENTRY_LEN)
         .and_then(|n| n.checked_add(REGION_TABLE_HEADER_LEN))
         .ok_or_else(|| r.invalid("count", format!("{count} overflows")))?;
-    if buf.len() < len {
-        return Err(FormatError::Truncated {
-            structure: s,
-            at,
-            len: buf.len(),
-            need: len,
-        });
-    }
-    check_crc(&buf[..len], s, at)?;
+    check_len_crc(buf, len, s, at)?;
     let mut v = Vec::with_capacity(count);
     for _ in 0..count {
         let state = match r.u8()? {
