@@ -942,14 +942,7 @@ impl L2p {
         dev: &mut C,
         room: usize,
     ) -> Result<Vec<L2pSwitch>, EngineError> {
-        let fault = self.pages_past_room(room);
-        if !fault.is_empty() {
-            let pages: Vec<(usize, u32, u32)> = fault.iter().map(|&(v, p)| (0, v, p)).collect();
-            self.draining = true;
-            let r = self.fault_all(dev, &pages, room);
-            self.draining = false;
-            r?;
-        }
+        self.drain_deferred(dev, room)?;
         debug_assert!(self.deferred.live() <= room);
         Ok(self.switches_except(&[]))
     }
@@ -1345,7 +1338,7 @@ impl L2p {
         if self.deferred.live() <= self.deferred.max / 4 * 3 {
             return Ok(false);
         }
-        let mut keys: Vec<(VolumeId, usize)> = Vec::with_capacity(pages);
+        let mut keys: Vec<PageKey> = Vec::with_capacity(pages);
         let (mut v, mut p) = self.drain_cursor;
         for _ in 0..DRAIN_SCAN_SLOTS {
             if keys.len() == pages {
@@ -1359,7 +1352,7 @@ impl L2p {
                         (v, p) = (v + 1, 0);
                     } else {
                         if let Slot::Deferred(_) = slot_of(m.frame[p]) {
-                            keys.push((VolumeId(v as u32), p));
+                            keys.push((v as u32, p as u32));
                         }
                         p += 1;
                     }
@@ -1370,18 +1363,7 @@ impl L2p {
         if keys.is_empty() {
             return Ok(false);
         }
-        self.load_pages(dev, &keys)?;
-        self.draining = true;
-        let mut r = Ok(());
-        for &(v, p) in &keys {
-            self.counters.deferred_faults += 1;
-            if let Err(e) = self.frame(dev, v, p) {
-                r = Err(e);
-                break;
-            }
-        }
-        self.draining = false;
-        r.map(|()| true)
+        self.fault_pages(dev, &keys).map(|()| true)
     }
 
     /// The replay's bound: twice the usual before any page is faulted in, down to
@@ -1407,52 +1389,40 @@ impl L2p {
         dev: &mut C,
         keep: usize,
     ) -> Result<(), EngineError> {
-        if self.deferred.live() <= keep {
-            return Ok(());
-        }
-        let mut pages: Vec<(usize, u32, u32)> = Vec::new();
-        for (v, m) in self.vols.iter().enumerate() {
-            let Some(m) = m else { continue };
-            for (p, &fr) in m.frame.iter().enumerate() {
-                if let Slot::Deferred(head) = slot_of(fr) {
-                    pages.push((self.deferred.chain_len(head), v as u32, p as u32));
-                }
-            }
-        }
-        pages.sort_unstable_by_key(|p| std::cmp::Reverse(p.0));
-        self.draining = true;
-        let result = self.fault_all(dev, &pages, keep);
-        self.draining = false;
-        result
+        let pages = self.pages_past_room(keep);
+        self.fault_pages(dev, &pages)
     }
 
-    /// Faults in `pages` (chain length, volume, page) in order until no more than
-    /// `keep` switches wait, loading them a batch at a time ahead of the faults.
-    fn fault_all<C: BlockDevice>(
+    /// Faults in `pages` (volume, page) to apply their switches, loading them a batch
+    /// at a time ahead of the faults. Evictions meanwhile write back, so the faults
+    /// cannot refill the switches they empty.
+    fn fault_pages<C: BlockDevice>(
         &mut self,
         dev: &mut C,
-        pages: &[(usize, u32, u32)],
-        keep: usize,
+        pages: &[PageKey],
     ) -> Result<(), EngineError> {
+        self.draining = true;
         let batch = self.load_batch();
-        for chunk in pages.chunks(batch) {
-            if self.deferred.live() <= keep {
-                break;
-            }
+        let mut result = Ok(());
+        'all: for chunk in pages.chunks(batch) {
             let keys: Vec<(VolumeId, usize)> = chunk
                 .iter()
-                .map(|&(_, v, p)| (VolumeId(v), p as usize))
+                .map(|&(v, p)| (VolumeId(v), p as usize))
                 .collect();
-            self.load_pages(dev, &keys)?;
+            if let Err(e) = self.load_pages(dev, &keys) {
+                result = Err(e);
+                break;
+            }
             for &(v, p) in &keys {
-                if self.deferred.live() <= keep {
-                    break;
-                }
                 self.counters.deferred_faults += 1;
-                self.frame(dev, v, p)?;
+                if let Err(e) = self.frame(dev, v, p) {
+                    result = Err(e);
+                    break 'all;
+                }
             }
         }
-        Ok(())
+        self.draining = false;
+        result
     }
 
     /// Pages `load_pages` is given at once: what a drive serves in parallel, and few
