@@ -3,7 +3,9 @@
 //! The engine, the client loop and the completions all run on this one thread (queue
 //! depth 128, independent uniform draws over one volume spanning the user capacity).
 //! The cache is in memory (or a file in `--cache-dir`); the capacity is zone emulation
-//! over a file (io_uring, O_DIRECT where the filesystem allows it). A zone reset only
+//! over a file (io_uring, O_DIRECT where the filesystem allows it), or over memory with
+//! `--capacity-mem` (every device copy then runs on this thread, as the cache's do,
+//! and no kernel worker is involved). A zone reset only
 //! moves the write pointer, as a drive's reset costs the host nothing; with
 //! `--discard-on-reset` it also punches a hole in the file, which on tmpfs costs the
 //! kernel ~2 µs of CPU per user write in the steady state (freeing the zone's pages,
@@ -34,7 +36,7 @@
 //! cargo bench -p shale-engine --bench iops -- [--capacity-mib 4096] [--dir /tmp]
 //!     [--first-secs 30] [--steady-secs 30] [--read-secs 10] [--warm-multiple 2]
 //!     [--qd 128] [--l2p-mib N] [--repeat 1] [--cache-dir DIR] [--discard-on-reset]
-//!     [--array K+M]
+//!     [--array K+M] [--capacity-mem]
 //! ```
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -64,6 +66,7 @@ struct Args {
     cache_dir: Option<PathBuf>,
     discard_on_reset: bool,
     array: Option<Redundancy>,
+    capacity_mem: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -80,6 +83,7 @@ fn parse_args() -> Result<Args, String> {
         cache_dir: None,
         discard_on_reset: false,
         array: None,
+        capacity_mem: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -88,6 +92,10 @@ fn parse_args() -> Result<Args, String> {
         }
         if flag == "--discard-on-reset" {
             a.discard_on_reset = true;
+            continue;
+        }
+        if flag == "--capacity-mem" {
+            a.capacity_mem = true;
             continue;
         }
         let mut val = || it.next().ok_or(format!("{flag} needs a value"));
@@ -218,7 +226,7 @@ fn loadavg() -> String {
 }
 
 type Eng = Engine<Box<dyn BlockDevice>, Box<dyn ZonedDevice>, MonotonicClock>;
-type Member = ZoneEmu<FileDevice>;
+type Member = ZoneEmu<Box<dyn BlockDevice>>;
 
 struct Rig {
     e: Eng,
@@ -237,18 +245,35 @@ impl Drop for Rig {
 }
 
 /// A zone-emulated capacity file of `zones` zones of `zone_bytes` (plus `extra`).
-fn capacity_file(a: &Args, name: &str, zones: u64, zone_bytes: u64) -> (Member, PathBuf) {
+/// One capacity device (or array member): zone emulation over a file, or over memory
+/// (no path then).
+fn capacity_file(a: &Args, name: &str, zones: u64, zone_bytes: u64) -> (Member, Option<PathBuf>) {
     let mut zc = ZoneEmuConfig::new(zone_bytes);
     zc.zone_count_max = zones as u32;
-    let path = a
-        .dir
-        .join(format!("shale-iops-{}-{name}.capacity", std::process::id()));
     let bytes = zc
         .device_bytes_for(zones as u32)
         .expect("capacity size overflows");
-    FileDevice::create_sparse(&path, bytes).expect("create the capacity file");
-    let file = FileDevice::open(&path).expect("open the capacity file");
-    let mut cap = ZoneEmu::format(file, &zc).expect("zone emulation");
+    let (dev, path): (Box<dyn BlockDevice>, _) = if a.capacity_mem {
+        let mut dev = MemDevice::new(bytes, 4096).expect("capacity in memory");
+        // Every page touched now (with bytes that are not zeros, which a sparse image
+        // would not store), so no phase pays the kernel for first touches.
+        let fill = vec![0xa5u8; 4 << 20];
+        let mut at = 0;
+        while at < bytes {
+            let n = (bytes - at).min(fill.len() as u64) as usize;
+            dev.write_at(at, &fill[..n]).expect("prefault the capacity");
+            at += n as u64;
+        }
+        (Box::new(dev), None)
+    } else {
+        let path = a
+            .dir
+            .join(format!("shale-iops-{}-{name}.capacity", std::process::id()));
+        FileDevice::create_sparse(&path, bytes).expect("create the capacity file");
+        let file = FileDevice::open(&path).expect("open the capacity file");
+        (Box::new(file), Some(path))
+    };
+    let mut cap = ZoneEmu::format(dev, &zc).expect("zone emulation");
     cap.set_discard_on_reset(a.discard_on_reset);
     (cap, path)
 }
@@ -264,7 +289,7 @@ fn capacity(a: &Args, run: usize) -> Capacity {
     let zones = a.capacity_mib * (1 << 20) / ZONE_BYTES;
     let Some(r) = a.array else {
         let (cap, path) = capacity_file(a, &run.to_string(), zones, ZONE_BYTES);
-        return (Box::new(cap), vec![path], None);
+        return (Box::new(cap), path.into_iter().collect(), None);
     };
     let Redundancy::Parity { k, m } = r else {
         unreachable!("parse_args takes K+M only")
@@ -280,7 +305,7 @@ fn capacity(a: &Args, run: usize) -> Capacity {
             // More zones for the member's labels.
             let zones = zones + shale_array::LABEL_ZONES as u64;
             let (z, p) = capacity_file(a, &format!("{run}-m{i}"), zones, member_zone);
-            paths.push(p);
+            paths.extend(p);
             (Some(z), format!("m{i}"))
         })
         .collect();
@@ -520,7 +545,11 @@ fn one_run(a: &Args, run: usize) -> [Phase; 4] {
         run + 1,
         a.capacity_mib,
         a.array.map_or(String::new(), |r| format!(" as a {r} array")),
-        a.dir.display(),
+        if a.capacity_mem {
+            "memory".to_string()
+        } else {
+            a.dir.display().to_string()
+        },
         if a.discard_on_reset {
             "punch holes"
         } else {
