@@ -151,6 +151,10 @@ pub struct EngineKnobs {
     /// GC runs while fewer capacity zones than this are free (at least the zones
     /// the open streams need in reserve, whatever is set here).
     pub gc_free_zones_min: u32,
+    /// Placement streams (1 to 64): each holds a compaction zone and a GC zone open;
+    /// volumes share them past this many. Given at format, it also sizes the zones
+    /// held in reserve (two per stream).
+    pub streams: u32,
     /// User bytes written between periodic checkpoints (a shorter interval bounds
     /// the journal replayed after a crash); `auto` is 1/16 of the user capacity.
     pub checkpoint_interval: Size,
@@ -177,6 +181,7 @@ impl Default for EngineKnobs {
             },
             compaction_free_chunks_pct: e.compaction_free_chunks_pct,
             gc_free_zones_min: e.gc_free_zones_min,
+            streams: e.streams_max,
             checkpoint_interval: Size("auto".into()),
             handoff_dir: "/dev/shm".into(),
         }
@@ -186,6 +191,9 @@ impl Default for EngineKnobs {
 /// Smallest checkpoint interval: each checkpoint writes the dirty part of the
 /// L2P, so a tiny interval would spend the cache device on checkpoints.
 pub const CHECKPOINT_INTERVAL_MIN: u64 = 16 << 20;
+/// Most placement streams taken: each holds two zones open, and more than this
+/// spreads a pool's writes over more open zones than a drive keeps active.
+pub const STREAMS_MAX: u32 = 64;
 /// Largest `gc_free_zones_min` taken: beyond it the reserve swallows small pools
 /// and GC never rests on large ones.
 pub const GC_FREE_ZONES_MIN_MAX: u32 = 1024;
@@ -210,6 +218,12 @@ impl EngineKnobs {
                     "{} is not between 1 and {GC_FREE_ZONES_MIN_MAX}",
                     self.gc_free_zones_min
                 ),
+            );
+        }
+        if !(1..=STREAMS_MAX).contains(&self.streams) {
+            return bad(
+                "engine.streams",
+                format!("{} is not between 1 and {STREAMS_MAX}", self.streams),
             );
         }
         if self.handoff_dir.is_empty() || self.handoff_dir.contains('\0') {
@@ -1212,7 +1226,7 @@ mod tests {
         let text = "[engine]\ngc_policy = \"cost-benefit\"\ncompaction_policy = \"fewest-valid\"\n\
                     placement = \"lifetime\"\n\
                     compaction_free_chunks_pct = 35\ngc_free_zones_min = 9\n\
-                    checkpoint_interval = \"256MiB\"\n";
+                    streams = 4\ncheckpoint_interval = \"256MiB\"\n";
         let c = Config::from_toml(text, Path::new("t.toml")).expect("parses");
         let e = crate::serve::DeviceSpec::from_config(&c)
             .expect("valid")
@@ -1226,6 +1240,7 @@ mod tests {
         assert_eq!(e.placement, shale_engine::PlacementKind::Lifetime);
         assert_eq!(e.compaction_free_chunks_pct, 35);
         assert_eq!(e.gc_free_zones_min, 9);
+        assert_eq!(e.streams_max, 4);
         assert_eq!(e.checkpoint_interval_bytes, Some(256 << 20));
         // Left out, every knob is the engine's own default.
         let d = crate::serve::DeviceSpec::from_config(&Config::default())
@@ -1241,6 +1256,7 @@ mod tests {
             engine.compaction_free_chunks_pct
         );
         assert_eq!(d.gc_free_zones_min, engine.gc_free_zones_min);
+        assert_eq!(d.streams_max, engine.streams_max);
         assert_eq!(d.checkpoint_interval_bytes, None);
     }
 
@@ -1285,7 +1301,9 @@ mod tests {
             ("gc_policy = \"lru\"", None),
             ("compaction_policy = \"lifo\"", None),
             ("placement = \"random\"", None),
-            ("streams = 4", None),
+            ("streams = 0", Some("engine.streams")),
+            ("streams = 65", Some("engine.streams")),
+            ("streams = \"many\"", None),
             (
                 "compaction_free_chunks_pct = 0",
                 Some("engine.compaction_free_chunks_pct"),

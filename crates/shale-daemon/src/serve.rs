@@ -234,6 +234,7 @@ impl DeviceSpec {
             },
             compaction_free_chunks_pct: self.engine.compaction_free_chunks_pct,
             gc_free_zones_min: self.engine.gc_free_zones_min,
+            streams_max: self.engine.streams,
             checkpoint_interval_bytes: self.engine.validate()?,
             ..EngineConfig::default()
         };
@@ -999,6 +1000,7 @@ pub fn open(
         placement = ?k.placement,
         compaction_free_chunks_pct = k.compaction_free_chunks_pct,
         gc_free_zones_min = k.gc_free_zones_min,
+        streams = k.streams,
         checkpoint_interval = %k.checkpoint_interval.0,
         "engine policies"
     );
