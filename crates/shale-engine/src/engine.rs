@@ -1022,6 +1022,12 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         self.core.volumes.user_capacity_blocks * crate::layout::BS
     }
 
+    /// The cache's data bytes (every chunk's data slots): what a volume's cache share
+    /// is a percentage of.
+    pub fn cache_data_bytes(&self) -> u64 {
+        self.core.regions.shares.data_blocks() * crate::layout::BS
+    }
+
     /// The configuration in force.
     pub fn config(&self) -> &Config {
         &self.core.config

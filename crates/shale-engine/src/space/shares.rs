@@ -38,6 +38,11 @@ impl CacheShares {
         }
     }
 
+    /// Data blocks of all chunks (what a share is a percentage of).
+    pub fn data_blocks(&self) -> u64 {
+        self.cache_data_blocks
+    }
+
     fn vol(&mut self, v: VolumeId) -> &mut VolumeCache {
         let i = v.0 as usize;
         if i >= self.vols.len() {
