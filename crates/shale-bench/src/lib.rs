@@ -142,6 +142,8 @@ pub struct SystemOptions {
     pub cache_devices: u32,
     /// Shale: how GC chooses its victim zones.
     pub gc_policy: shale_engine::GcPolicyKind,
+    /// Shale: how compaction chooses its victim chunks.
+    pub compaction_policy: shale_engine::CompactionPolicyKind,
     /// Shale: how relocations are spread over the streams.
     pub placement: shale_engine::PlacementKind,
 }
@@ -157,6 +159,7 @@ impl Default for SystemOptions {
             capacity_redundancy: shale_array::Redundancy::None,
             cache_devices: 1,
             gc_policy: shale_engine::GcPolicyKind::default(),
+            compaction_policy: shale_engine::CompactionPolicyKind::default(),
             placement: shale_engine::PlacementKind::default(),
         }
     }
@@ -218,6 +221,7 @@ pub fn build_system(
                 capacity_redundancy: opts.capacity_redundancy,
                 cache_devices: opts.cache_devices,
                 gc_policy: opts.gc_policy,
+                compaction_policy: opts.compaction_policy,
                 placement: opts.placement,
                 ..ShaleConfig::standard(mode, cfg.capacity_bytes, cfg.tenants)
             })

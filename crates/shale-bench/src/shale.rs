@@ -72,6 +72,8 @@ pub struct ShaleConfig {
     pub cache_devices: u32,
     /// How GC chooses its victim zones.
     pub gc_policy: shale_engine::GcPolicyKind,
+    /// How compaction chooses its victim chunks.
+    pub compaction_policy: shale_engine::CompactionPolicyKind,
     /// How relocations are spread over the streams.
     pub placement: shale_engine::PlacementKind,
 }
@@ -91,6 +93,7 @@ impl ShaleConfig {
             capacity_redundancy: shale_array::Redundancy::None,
             cache_devices: 1,
             gc_policy: shale_engine::GcPolicyKind::default(),
+            compaction_policy: shale_engine::CompactionPolicyKind::default(),
             placement: shale_engine::PlacementKind::default(),
         }
     }
@@ -167,6 +170,7 @@ pub(crate) fn engine_config(cfg: &ShaleConfig, zone_bytes: u64) -> EngineConfig 
         // default 4 MiB would need more chunks than a test-sized cache has.
         request_bytes_max: REQUEST_BYTES_MAX,
         gc_policy: cfg.gc_policy,
+        compaction_policy: cfg.compaction_policy,
         placement: cfg.placement,
         ..EngineConfig::default()
     }

@@ -108,6 +108,10 @@ struct RunArgs {
     /// cost-benefit (free space gained weighed by the zone's age).
     #[arg(long, default_value = "greedy", value_parser = parse_gc)]
     gc: shale_engine::GcPolicyKind,
+    /// Shale: how compaction chooses its victim chunks: fifo (the oldest closed),
+    /// fewest-valid, or cost-benefit (space freed weighed by the chunk's age).
+    #[arg(long, default_value = "fifo", value_parser = parse_compaction)]
+    compaction: shale_engine::CompactionPolicyKind,
     /// Shale: where compaction and GC put the blocks they move: volume (one stream per
     /// volume) or lifetime (per volume group, a stream per lifetime class).
     #[arg(long, default_value = "volume", value_parser = parse_placement)]
@@ -136,6 +140,17 @@ fn parse_gc(s: &str) -> Result<shale_engine::GcPolicyKind, String> {
         "cost-benefit" => Ok(shale_engine::GcPolicyKind::CostBenefit),
         other => Err(format!(
             "unknown GC policy {other:?} (expected greedy or cost-benefit)"
+        )),
+    }
+}
+
+fn parse_compaction(s: &str) -> Result<shale_engine::CompactionPolicyKind, String> {
+    match s {
+        "fifo" => Ok(shale_engine::CompactionPolicyKind::FifoOldestClosed),
+        "fewest-valid" => Ok(shale_engine::CompactionPolicyKind::FewestValid),
+        "cost-benefit" => Ok(shale_engine::CompactionPolicyKind::CostBenefit),
+        other => Err(format!(
+            "unknown compaction policy {other:?} (expected fifo, fewest-valid or cost-benefit)"
         )),
     }
 }
@@ -314,6 +329,7 @@ fn run_cmd(args: RunArgs) -> anyhow::Result<()> {
         capacity_redundancy: args.capacity_redundancy,
         cache_devices: args.cache_devices,
         gc_policy: args.gc,
+        compaction_policy: args.compaction,
         placement: args.placement,
         streams: args.streams,
         ..SystemOptions::default()

@@ -135,6 +135,8 @@ pub enum CompactionPolicy {
     Fifo,
     /// The chunk with the fewest valid blocks (starves on skewed workloads).
     FewestValid,
+    /// Space freed weighed by the chunk's age since it closed.
+    CostBenefit,
 }
 
 /// The engine's policies and thresholds. Each takes effect at the next start;
@@ -174,6 +176,7 @@ impl Default for EngineKnobs {
             compaction_policy: match e.compaction_policy {
                 shale_engine::CompactionPolicyKind::FifoOldestClosed => CompactionPolicy::Fifo,
                 shale_engine::CompactionPolicyKind::FewestValid => CompactionPolicy::FewestValid,
+                shale_engine::CompactionPolicyKind::CostBenefit => CompactionPolicy::CostBenefit,
             },
             placement: match e.placement {
                 shale_engine::PlacementKind::Volume => Placement::Volume,
@@ -1292,6 +1295,29 @@ mod tests {
                 }
                 other => panic!("{text}: {other:?}"),
             }
+        }
+    }
+
+    #[test]
+    fn every_compaction_policy_reaches_the_engine() {
+        for (name, kind) in [
+            ("fifo", shale_engine::CompactionPolicyKind::FifoOldestClosed),
+            (
+                "fewest-valid",
+                shale_engine::CompactionPolicyKind::FewestValid,
+            ),
+            (
+                "cost-benefit",
+                shale_engine::CompactionPolicyKind::CostBenefit,
+            ),
+        ] {
+            let text = format!("[engine]\ncompaction_policy = \"{name}\"\n");
+            let c = Config::from_toml(&text, Path::new("t.toml")).expect("parses");
+            let e = crate::serve::DeviceSpec::from_config(&c)
+                .expect("valid")
+                .engine_config()
+                .expect("engine config");
+            assert_eq!(e.compaction_policy, kind, "{name}");
         }
     }
 

@@ -227,6 +227,7 @@ impl DeviceSpec {
             compaction_policy: match self.engine.compaction_policy {
                 CompactionPolicy::Fifo => CompactionPolicyKind::FifoOldestClosed,
                 CompactionPolicy::FewestValid => CompactionPolicyKind::FewestValid,
+                CompactionPolicy::CostBenefit => CompactionPolicyKind::CostBenefit,
             },
             placement: match self.engine.placement {
                 Placement::Volume => PlacementKind::Volume,

@@ -28,6 +28,10 @@ pub enum CompactionPolicyKind {
     /// Fewest valid blocks (the paper's wording). Starves on skew: chunks full of cold
     /// data are never picked and the newest chunk is compacted as soon as it closes.
     FewestValid,
+    /// Highest (1 - u + 1/16) * age / (1 + u): space freed weighed by the chunk's age
+    /// since it closed, so a chunk whose data is still being overwritten waits, and a
+    /// chunk of cold data (u = 1) still ages into a choice.
+    CostBenefit,
 }
 
 impl CompactionPolicyKind {
@@ -35,6 +39,7 @@ impl CompactionPolicyKind {
         match self {
             CompactionPolicyKind::FifoOldestClosed => Box::new(FifoOldestClosed),
             CompactionPolicyKind::FewestValid => Box::new(FewestValid),
+            CompactionPolicyKind::CostBenefit => Box::new(CostBenefit),
         }
     }
 }
@@ -56,6 +61,30 @@ impl VictimPolicy for FewestValid {
     fn choose(&self, s: &[RegionSnapshot], _now: u64) -> Option<RegionId> {
         s.iter()
             .min_by_key(|r| (r.valid, r.sid, r.region))
+            .map(|r| r.region)
+    }
+}
+
+/// See [`CompactionPolicyKind::CostBenefit`]; ties to the oldest.
+#[derive(Debug, Clone, Copy)]
+pub struct CostBenefit;
+
+impl CostBenefit {
+    pub fn score(r: &RegionSnapshot, now: u64) -> f64 {
+        let u = f64::from(r.valid) / f64::from(r.capacity.max(1));
+        let age = now.saturating_sub(r.close_time) as f64 + 1.0;
+        (1.0 - u + 1.0 / 16.0) * age / (1.0 + u)
+    }
+}
+
+impl VictimPolicy for CostBenefit {
+    fn choose(&self, s: &[RegionSnapshot], now: u64) -> Option<RegionId> {
+        s.iter()
+            .max_by(|a, b| {
+                Self::score(a, now)
+                    .total_cmp(&Self::score(b, now))
+                    .then(b.sid.cmp(&a.sid))
+            })
             .map(|r| r.region)
     }
 }
@@ -85,8 +114,12 @@ mod tests {
     proptest! {
         #[test]
         fn choices_are_candidates_and_extreme(s in snaps()) {
-            for p in [CompactionPolicyKind::FifoOldestClosed, CompactionPolicyKind::FewestValid] {
-                let c = p.policy().choose(&s, 0);
+            for p in [
+                CompactionPolicyKind::FifoOldestClosed,
+                CompactionPolicyKind::FewestValid,
+                CompactionPolicyKind::CostBenefit,
+            ] {
+                let c = p.policy().choose(&s, 1000);
                 prop_assert_eq!(c.is_some(), !s.is_empty());
                 if let Some(c) = c {
                     let r = s.iter().find(|r| r.region == c);
@@ -95,9 +128,30 @@ mod tests {
                     match p {
                         CompactionPolicyKind::FifoOldestClosed => prop_assert!(s.iter().all(|o| o.sid >= r.sid)),
                         CompactionPolicyKind::FewestValid => prop_assert!(s.iter().all(|o| o.valid >= r.valid)),
+                        CompactionPolicyKind::CostBenefit => prop_assert!(s
+                            .iter()
+                            .all(|o| CostBenefit::score(o, 1000) <= CostBenefit::score(&r, 1000))),
                     }
                 }
             }
         }
+    }
+
+    #[test]
+    fn cost_benefit_lets_a_chunk_still_being_overwritten_wait_and_cold_chunks_age() {
+        let snap = |region, valid, close_time| RegionSnapshot {
+            region: RegionId(region),
+            valid,
+            capacity: 100,
+            sid: Sid(u64::from(region)),
+            close_time,
+        };
+        // A young chunk half overwritten waits for an old one with a quarter freed.
+        let s = [snap(1, 75, 0), snap(2, 50, 900)];
+        assert_eq!(CostBenefit.choose(&s, 1000), Some(RegionId(1)));
+        // A chunk of cold data (nothing overwritten) is still chosen once old enough.
+        let s = [snap(1, 100, 0), snap(2, 50, 990)];
+        assert_eq!(CostBenefit.choose(&s, 1000), Some(RegionId(1)));
+        assert_eq!(CostBenefit.choose(&s, 10), Some(RegionId(2)));
     }
 }
