@@ -575,7 +575,13 @@ impl<Z: ZonedDevice> ZoneArray<Z> {
             return;
         };
         if !op.split.is_empty() {
-            let len = self.layout.unit as usize * op.split.len();
+            // Parts a member kept count a unit; a short last part stays with the op.
+            let unit = self.layout.unit as usize;
+            let len = op
+                .split
+                .iter()
+                .map(|p| p.as_ref().map_or(unit, IoBuf::len))
+                .sum();
             op.buf = Some(join_split(std::mem::take(&mut op.split), len));
         }
         if let OpKind::Read { pieces } = &mut op.kind {
@@ -698,21 +704,24 @@ impl<Z: ZonedDevice> ZoneArray<Z> {
         let unit = l.unit as usize;
         let rows = buf.len() / l.stripe_bytes() as usize;
         let k = l.k as usize;
-        let (mut out, buf) = match self.encode_rows(buf, rows) {
-            Ok(o) => o,
+        let (mut out, buf, tail) = match self.encode_rows(buf, rows) {
+            Ok(Encoded { shards, buf, tail }) => (shards, buf, tail),
             Err((buf, e)) => {
                 let e = unavailable(IoOpKind::Write, offset, format!("encode: {e}"));
                 return self.fail_fast(tag, Some(buf), e);
             }
         };
         let split = buf.is_none();
+        let copied_tail = tail.is_some();
         // A member holds one shard position per row, and positions rotate by row, so
         // a multi-row write gathers each member's units from several positions.
         let id = self.ops.insert(Op {
             tag,
             buf,
             split: if split {
-                (0..k).map(|_| None).collect()
+                let mut v: Vec<Option<IoBuf>> = (0..k).map(|_| None).collect();
+                v[k - 1] = tail;
+                v
             } else {
                 Vec::new()
             },
@@ -757,7 +766,9 @@ impl<Z: ZonedDevice> ZoneArray<Z> {
             };
             self.members[member as usize].counters.bytes_written += mbuf.len() as u64;
             let moff = self.member_offset(zone, row0, 0);
-            let kind = PartKind::Write(split.then_some(s_row0).filter(|&d| (d as usize) < k));
+            // A padded copy of the last unit goes back to the pool, not to the op.
+            let kept = |d: u32| (d as usize) < k && !(copied_tail && d as usize == k - 1);
+            let kind = PartKind::Write(split.then_some(s_row0).filter(|&d| kept(d)));
             self.send(
                 id,
                 member,
@@ -770,7 +781,7 @@ impl<Z: ZonedDevice> ZoneArray<Z> {
             );
         }
         for (s, b) in out.into_iter().enumerate() {
-            if split && s < k {
+            if split && s < k && !(copied_tail && s == k - 1) {
                 // A data unit not sent (its member is out) stays with the op.
                 if let Some(slot) = self.ops.get_mut(id).and_then(|o| o.split.get_mut(s)) {
                     if !b.is_empty() {
@@ -1414,6 +1425,15 @@ fn member_geometry<Z: ZonedDevice>(
 /// The caller's buffer back from its split data units. A unit that did not come
 /// back (a member kept it) leaves a fresh buffer: a write's bytes are not needed
 /// once written.
+/// A write's rows encoded: the K data and M parity shards to send, the caller's buffer
+/// when the data shards are copies (`None`: they are its parts), and the short last
+/// part of a one-row buffer whose padded copy was sent instead.
+struct Encoded {
+    shards: Vec<IoBuf>,
+    buf: Option<IoBuf>,
+    tail: Option<IoBuf>,
+}
+
 fn join_split(parts: Vec<Option<IoBuf>>, len: usize) -> IoBuf {
     if parts.iter().all(Option::is_some) {
         if let Ok(b) = IoBuf::join(parts.into_iter().flatten().collect()) {
@@ -1756,12 +1776,32 @@ impl<Z: ZonedDevice> ZoneArray<Z> {
         &mut self,
         buf: IoBuf,
         rows: usize,
-    ) -> Result<(Vec<IoBuf>, Option<IoBuf>), (IoBuf, crate::CodecError)> {
+    ) -> Result<Encoded, (IoBuf, crate::CodecError)> {
         let l = self.layout;
         let (unit, k) = (l.unit as usize, l.k as usize);
+        let mut tail = None;
         let (mut out, buf) = if rows == 1 && k * unit == buf.len() {
             match buf.split(&vec![unit; k]) {
                 Ok(parts) => (parts, None),
+                Err(buf) => (self.copy_shards(&buf, rows), Some(buf)),
+            }
+        } else if rows == 1 && buf.len() > (k - 1) * unit && buf.len() < k * unit {
+            // K does not divide the row: the first K - 1 units go as they are and
+            // only the last, short one is copied into a unit padded with zeros; the
+            // short part stays with the op, to join the caller's buffer back.
+            let mut lens = vec![unit; k - 1];
+            lens.push(buf.len() - (k - 1) * unit);
+            match buf.split(&lens) {
+                Ok(mut parts) => {
+                    let short = parts.pop().expect("K parts");
+                    let mut last = self.take_buf(unit);
+                    let (head, pad) = last.split_at_mut(short.len());
+                    head.copy_from_slice(&short);
+                    pad.fill(0);
+                    parts.push(last);
+                    tail = Some(short);
+                    (parts, None)
+                }
                 Err(buf) => (self.copy_shards(&buf, rows), Some(buf)),
             }
         } else {
@@ -1776,12 +1816,26 @@ impl<Z: ZonedDevice> ZoneArray<Z> {
                 .map(|o| &mut o[r * unit..(r + 1) * unit])
                 .collect();
             if let Err(e) = self.codec.encode(&srcs, &mut dsts) {
-                let buf =
-                    buf.unwrap_or_else(|| join_split(out.drain(..k).map(Some).collect(), k * unit));
+                let buf = buf.unwrap_or_else(|| {
+                    let mut parts: Vec<Option<IoBuf>> = out.drain(..k).map(Some).collect();
+                    let len = match tail {
+                        Some(t) => {
+                            let len = (k - 1) * unit + t.len();
+                            parts[k - 1] = Some(t);
+                            len
+                        }
+                        None => k * unit,
+                    };
+                    join_split(parts, len)
+                });
                 return Err((buf, e));
             }
         }
-        Ok((out, buf))
+        Ok(Encoded {
+            shards: out,
+            buf,
+            tail,
+        })
     }
 
     /// The data shards of `rows` rows of `buf`, copied into buffers of their own

@@ -858,3 +858,38 @@ fn rows_k_does_not_divide_end_in_padding_and_survive_losses() {
         check_reads(&mut a, &model, &mut rng);
     }
 }
+
+/// A one-row write where K does not divide the row sends its first K - 1 units as
+/// they are and a padded copy of the short last one: the caller gets its own buffer
+/// back whole (the parts joined in place), with a member out too.
+#[test]
+fn a_one_row_write_k_does_not_divide_gives_the_callers_buffer_back() {
+    for (k, m) in [(3u8, 1u8), (6, 2), (5, 1)] {
+        let r = Redundancy::Parity { k, m };
+        let n = usize::from(k + m);
+        let unit = StripeLayout::choose_unit(u32::from(k), 4096).expect("unit");
+        let members = (0..n).map(mem_member).collect();
+        let mut a = ZoneArray::new(members, r, unit).expect("array");
+        let mut rng = ChaCha8Rng::seed_from_u64(u64::from(k) * 7 + u64::from(m));
+        let row = a.geometry().write_unit as usize;
+        let zsize = a.geometry().zone_size;
+        let mut model = Model::new();
+        for z in 0..2u32 {
+            if z == 1 {
+                // The member holding row 0's first data unit is out: that unit stays
+                // with the op, and the buffer still comes back whole.
+                let holder = a.layout().member_of(1, 0, 0);
+                a.fail_member(holder, "test").expect("fail");
+            }
+            let data = random_rows(&mut rng, row, 1);
+            let off = u64::from(z) * zsize;
+            let c = write_async(&mut a, off, &data);
+            assert_eq!(c.result.expect("write"), Some(off), "{r}");
+            let back = c.buf.expect("the caller's buffer");
+            assert_eq!(back.len(), row, "{r}");
+            assert!(back[..] == data[..], "{r}: buffer not given back intact");
+            model.zones[z as usize].extend_from_slice(&data);
+        }
+        check_reads(&mut a, &model, &mut rng);
+    }
+}
