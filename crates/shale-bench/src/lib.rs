@@ -140,8 +140,10 @@ pub struct SystemOptions {
     pub capacity_redundancy: shale_array::Redundancy,
     /// `shale-zns`: cache drives (2 or more are mirrors).
     pub cache_devices: u32,
-    /// Shale: how GC chooses its victim zones.
-    pub gc_policy: shale_engine::GcPolicyKind,
+    /// Shale: how GC chooses its victim zones; `None` chooses by the capacity drive:
+    /// `fifo` on a conventional drive (its erase units then empty whole), `greedy` on
+    /// a zoned one.
+    pub gc_policy: Option<shale_engine::GcPolicyKind>,
     /// Shale: how compaction chooses its victim chunks.
     pub compaction_policy: shale_engine::CompactionPolicyKind,
     /// Shale: how relocations are spread over the streams.
@@ -158,7 +160,7 @@ impl Default for SystemOptions {
             capacity_devices: 1,
             capacity_redundancy: shale_array::Redundancy::None,
             cache_devices: 1,
-            gc_policy: shale_engine::GcPolicyKind::default(),
+            gc_policy: None,
             compaction_policy: shale_engine::CompactionPolicyKind::default(),
             placement: shale_engine::PlacementKind::default(),
         }
@@ -220,7 +222,10 @@ pub fn build_system(
                 capacity_devices: opts.capacity_devices,
                 capacity_redundancy: opts.capacity_redundancy,
                 cache_devices: opts.cache_devices,
-                gc_policy: opts.gc_policy,
+                gc_policy: opts.gc_policy.unwrap_or(match mode {
+                    ShaleMode::Zns => shale_engine::GcPolicyKind::Greedy,
+                    ShaleMode::Blk => shale_engine::GcPolicyKind::Fifo,
+                }),
                 compaction_policy: opts.compaction_policy,
                 placement: opts.placement,
                 ..ShaleConfig::standard(mode, cfg.capacity_bytes, cfg.tenants)

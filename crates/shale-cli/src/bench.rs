@@ -104,10 +104,12 @@ struct RunArgs {
     /// shale-zns: cache drives; 2 or more are mirrors of one another.
     #[arg(long, default_value_t = 1)]
     cache_devices: u32,
-    /// Shale: how GC chooses its victim zones: greedy (fewest valid blocks) or
-    /// cost-benefit (free space gained weighed by the zone's age).
-    #[arg(long, default_value = "greedy", value_parser = parse_gc)]
-    gc: shale_engine::GcPolicyKind,
+    /// Shale: how GC chooses its victim zones: greedy (fewest valid blocks),
+    /// cost-benefit (free space gained weighed by the zone's age), fifo (the zone
+    /// opened first: erase units of a conventional drive empty whole), or auto (fifo
+    /// on shale-blk, greedy on shale-zns).
+    #[arg(long, default_value = "auto", value_parser = parse_gc)]
+    gc: GcChoice,
     /// Shale: how compaction chooses its victim chunks: fifo (the oldest closed),
     /// fewest-valid, or cost-benefit (space freed weighed by the chunk's age).
     #[arg(long, default_value = "fifo", value_parser = parse_compaction)]
@@ -134,12 +136,19 @@ fn parse_placement(s: &str) -> Result<shale_engine::PlacementKind, String> {
     }
 }
 
-fn parse_gc(s: &str) -> Result<shale_engine::GcPolicyKind, String> {
+/// `--gc`: a policy, or the one that suits the capacity drive.
+#[derive(Debug, Clone, Copy)]
+struct GcChoice(Option<shale_engine::GcPolicyKind>);
+
+fn parse_gc(s: &str) -> Result<GcChoice, String> {
+    let p = |k| Ok(GcChoice(Some(k)));
     match s {
-        "greedy" => Ok(shale_engine::GcPolicyKind::Greedy),
-        "cost-benefit" => Ok(shale_engine::GcPolicyKind::CostBenefit),
+        "auto" => Ok(GcChoice(None)),
+        "greedy" => p(shale_engine::GcPolicyKind::Greedy),
+        "cost-benefit" => p(shale_engine::GcPolicyKind::CostBenefit),
+        "fifo" => p(shale_engine::GcPolicyKind::Fifo),
         other => Err(format!(
-            "unknown GC policy {other:?} (expected greedy or cost-benefit)"
+            "unknown GC policy {other:?} (expected auto, greedy, cost-benefit or fifo)"
         )),
     }
 }
@@ -328,7 +337,7 @@ fn run_cmd(args: RunArgs) -> anyhow::Result<()> {
         capacity_devices: args.capacity_devices,
         capacity_redundancy: args.capacity_redundancy,
         cache_devices: args.cache_devices,
-        gc_policy: args.gc,
+        gc_policy: args.gc.0,
         compaction_policy: args.compaction,
         placement: args.placement,
         streams: args.streams,

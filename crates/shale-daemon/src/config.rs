@@ -108,11 +108,17 @@ pub struct Config {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum GcPolicy {
+    /// `fifo` when the capacity is zones emulated on a conventional device (its own
+    /// garbage collection then finds its erase units empty), `greedy` on a zoned drive.
+    Auto,
     /// The zone with the fewest valid blocks.
     Greedy,
     /// The zone with the best (1 - u) * age / (1 + u): old, mostly invalid zones
     /// first, so cold data is not moved again and again.
     CostBenefit,
+    /// The zone opened first: on a conventional drive the drive's erase units empty
+    /// whole, so it copies nothing of its own.
+    Fifo,
 }
 
 /// Where compaction and GC put the blocks they move.
@@ -169,10 +175,7 @@ impl Default for EngineKnobs {
     fn default() -> EngineKnobs {
         let e = shale_engine::Config::default();
         EngineKnobs {
-            gc_policy: match e.gc_policy {
-                shale_engine::GcPolicyKind::Greedy => GcPolicy::Greedy,
-                shale_engine::GcPolicyKind::CostBenefit => GcPolicy::CostBenefit,
-            },
+            gc_policy: GcPolicy::Auto,
             compaction_policy: match e.compaction_policy {
                 shale_engine::CompactionPolicyKind::FifoOldestClosed => CompactionPolicy::Fifo,
                 shale_engine::CompactionPolicyKind::FewestValid => CompactionPolicy::FewestValid,
@@ -1251,7 +1254,18 @@ mod tests {
             .engine_config()
             .expect("engine config");
         let engine = shale_engine::Config::default();
-        assert_eq!(d.gc_policy, engine.gc_policy);
+        // GC's default follows the capacity: fifo on emulated zones, greedy on zoned.
+        assert_eq!(d.gc_policy, shale_engine::GcPolicyKind::Fifo);
+        let zoned = Config::from_toml(
+            "[devices]\ncapacity_mode = \"zoned\"\n",
+            Path::new("t.toml"),
+        )
+        .expect("parses");
+        let z = crate::serve::DeviceSpec::from_config(&zoned)
+            .expect("valid")
+            .engine_config()
+            .expect("engine config");
+        assert_eq!(z.gc_policy, shale_engine::GcPolicyKind::Greedy);
         assert_eq!(d.compaction_policy, engine.compaction_policy);
         assert_eq!(d.placement, engine.placement);
         assert_eq!(

@@ -221,8 +221,11 @@ impl DeviceSpec {
             // into the capacity tier's parity.
             verify_compaction_reads: self.cache.len() > 1,
             gc_policy: match self.engine.gc_policy {
+                GcPolicy::Auto if self.zoned_capacity() => GcPolicyKind::Greedy,
+                GcPolicy::Auto => GcPolicyKind::Fifo,
                 GcPolicy::Greedy => GcPolicyKind::Greedy,
                 GcPolicy::CostBenefit => GcPolicyKind::CostBenefit,
+                GcPolicy::Fifo => GcPolicyKind::Fifo,
             },
             compaction_policy: match self.engine.compaction_policy {
                 CompactionPolicy::Fifo => CompactionPolicyKind::FifoOldestClosed,
@@ -244,6 +247,17 @@ impl DeviceSpec {
             reason: e.to_string(),
         })?;
         Ok(c)
+    }
+
+    /// Whether the capacity's zones are a zoned drive's own (or simulated ZNS), rather
+    /// than emulated on a conventional device. A path that cannot be looked at counts
+    /// as conventional (opening it reports the error).
+    fn zoned_capacity(&self) -> bool {
+        self.mode == CapacityMode::Zoned
+            || self
+                .capacity
+                .iter()
+                .any(|p| shale_device::is_zoned_block_device(p).unwrap_or(false))
     }
 
     pub(crate) fn zone_config(&self) -> ZoneEmuConfig {
@@ -980,6 +994,7 @@ pub fn open(
     progress: &mut dyn shale_engine::OpenProgress,
 ) -> Result<(Engine, String, Option<DriveStats>, Devices), DaemonError> {
     let engine_config = spec.engine_config()?;
+    let gc_policy = engine_config.gc_policy;
     let (cache, cache_handle) = cache_device(spec, false, [0; 16])?;
     let (capacity, drive, capacity_handle) = capacity_device(spec, false, [0; 16])?;
     let devices = Devices::new(spec.clone(), cache_handle, capacity_handle);
@@ -996,7 +1011,7 @@ pub fn open(
     log_open(engine.open_report(), started.elapsed());
     let k = &spec.engine;
     tracing::info!(
-        gc_policy = ?k.gc_policy,
+        gc_policy = ?gc_policy,
         compaction_policy = ?k.compaction_policy,
         placement = ?k.placement,
         compaction_free_chunks_pct = k.compaction_free_chunks_pct,

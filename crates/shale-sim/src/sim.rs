@@ -576,6 +576,21 @@ impl Sim {
         } else {
             shale_engine::PlacementKind::Lifetime
         };
+        // GC and compaction victim policies, from the draws above (no new draw): every
+        // policy meets every crash point.
+        let k = config.streams_max as usize
+            + usize::from(cache_lbs == 512)
+            + 2 * usize::from(cap_lbs == 512);
+        config.gc_policy = [
+            shale_engine::GcPolicyKind::Greedy,
+            shale_engine::GcPolicyKind::Fifo,
+            shale_engine::GcPolicyKind::CostBenefit,
+        ][k % 3];
+        config.compaction_policy = if k < 3 {
+            shale_engine::CompactionPolicyKind::FifoOldestClosed
+        } else {
+            shale_engine::CompactionPolicyKind::CostBenefit
+        };
         let cache = FaultDevice::new(self.geo.cache_blocks * BS, cache_lbs, self.rng.gen())
             .map_err(|e| self.harness(format!("cache device: {e}")))?;
         let cap_bytes = self.geo.capacity_bytes();

@@ -12,6 +12,11 @@ pub enum GcPolicyKind {
     /// Highest (1 - u) * age / (1 + u), u = valid / capacity, age = now - close time
     /// (the zone's, never the data's own age).
     CostBenefit,
+    /// The zone opened first (lowest SID) with anything to free. Zones are then reset
+    /// in about the order they were written, so a conventional drive under zone
+    /// emulation, which packs writes into its erase units in arrival order, finds
+    /// its erase units emptied whole instead of copying what other zones left in them.
+    Fifo,
 }
 
 impl GcPolicyKind {
@@ -19,6 +24,7 @@ impl GcPolicyKind {
         match self {
             GcPolicyKind::Greedy => Box::new(Greedy),
             GcPolicyKind::CostBenefit => Box::new(CostBenefit),
+            GcPolicyKind::Fifo => Box::new(Fifo),
         }
     }
 }
@@ -57,6 +63,19 @@ impl VictimPolicy for CostBenefit {
                     .then(b.valid.cmp(&a.valid))
                     .then(b.sid.cmp(&a.sid))
             })
+            .map(|r| r.region)
+    }
+}
+
+/// See [`GcPolicyKind::Fifo`].
+#[derive(Debug, Clone, Copy)]
+pub struct Fifo;
+
+impl VictimPolicy for Fifo {
+    fn choose(&self, s: &[RegionSnapshot], _now: u64) -> Option<RegionId> {
+        s.iter()
+            .filter(|r| r.valid < r.capacity)
+            .min_by_key(|r| (r.sid, r.region))
             .map(|r| r.region)
     }
 }
@@ -140,7 +159,7 @@ mod tests {
 
         #[test]
         fn never_picks_a_full_zone_and_picks_when_gain_exists(s in snaps(), now in 1000u64..5000) {
-            for p in [GcPolicyKind::Greedy, GcPolicyKind::CostBenefit] {
+            for p in [GcPolicyKind::Greedy, GcPolicyKind::CostBenefit, GcPolicyKind::Fifo] {
                 let c = p.policy().choose(&s, now);
                 prop_assert_eq!(c.is_some(), s.iter().any(|r| r.valid < r.capacity));
                 if let Some(c) = c {
@@ -149,6 +168,11 @@ mod tests {
                     if p == GcPolicyKind::Greedy {
                         let v = r.map_or(0, |r| r.valid);
                         prop_assert!(s.iter().all(|o| o.valid >= v));
+                    }
+                    if p == GcPolicyKind::Fifo {
+                        // The oldest of the zones with something to free.
+                        let sid = r.map_or(Sid(0), |r| r.sid);
+                        prop_assert!(s.iter().all(|o| o.valid >= o.capacity || o.sid >= sid));
                     }
                 }
             }
