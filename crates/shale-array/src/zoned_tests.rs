@@ -816,17 +816,23 @@ fn a_corrupt_unit_is_rebuilt_from_the_others() {
     }
 }
 
+/// A K+M array in memory with the unit K's rows take (a padded last unit when K does
+/// not divide the row).
+fn padded_array(k: u8, m: u8) -> (Redundancy, ZoneArray<ZoneEmu<MemDevice>>) {
+    let r = Redundancy::Parity { k, m };
+    let unit = StripeLayout::choose_unit(u32::from(k), 4096).expect("unit");
+    let members = (0..usize::from(k + m)).map(mem_member).collect();
+    (r, ZoneArray::new(members, r, unit).expect("array"))
+}
+
 /// K that does not divide a 512 KiB row (3+1, 6+2): every row is one whole group, the
 /// last data unit ends in zeros on media, and the padding takes part in the parity,
 /// so degraded reads and a rebuild give the data back.
 #[test]
 fn rows_k_does_not_divide_end_in_padding_and_survive_losses() {
     for (k, m) in [(3u8, 1u8), (6, 2), (5, 1)] {
-        let r = Redundancy::Parity { k, m };
-        let n = usize::from(k + m);
-        let unit = StripeLayout::choose_unit(u32::from(k), 4096).expect("unit");
-        let members = (0..n).map(mem_member).collect();
-        let mut a = ZoneArray::new(members, r, unit).expect("array");
+        let (r, mut a) = padded_array(k, m);
+        let unit = a.layout().unit;
         assert_eq!(a.geometry().write_unit as u64, STRIPE_BYTES_MAX, "{r}");
         let mut rng = ChaCha8Rng::seed_from_u64(u64::from(k) * 10 + u64::from(m));
         let mut model = Model::new();
@@ -865,11 +871,7 @@ fn rows_k_does_not_divide_end_in_padding_and_survive_losses() {
 #[test]
 fn a_one_row_write_k_does_not_divide_gives_the_callers_buffer_back() {
     for (k, m) in [(3u8, 1u8), (6, 2), (5, 1)] {
-        let r = Redundancy::Parity { k, m };
-        let n = usize::from(k + m);
-        let unit = StripeLayout::choose_unit(u32::from(k), 4096).expect("unit");
-        let members = (0..n).map(mem_member).collect();
-        let mut a = ZoneArray::new(members, r, unit).expect("array");
+        let (r, mut a) = padded_array(k, m);
         let mut rng = ChaCha8Rng::seed_from_u64(u64::from(k) * 7 + u64::from(m));
         let row = a.geometry().write_unit as usize;
         let zsize = a.geometry().zone_size;

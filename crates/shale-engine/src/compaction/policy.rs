@@ -71,10 +71,17 @@ pub struct CostBenefit;
 
 impl CostBenefit {
     pub fn score(r: &RegionSnapshot, now: u64) -> f64 {
-        let u = f64::from(r.valid) / f64::from(r.capacity.max(1));
-        let age = now.saturating_sub(r.close_time) as f64 + 1.0;
-        (1.0 - u + 1.0 / 16.0) * age / (1.0 + u)
+        cost_benefit(r, now, 1.0 / 16.0)
     }
+}
+
+/// (1 - u + `floor`) * age / (1 + u): the space a region frees for the cost of moving
+/// what it still holds, weighed by its age since it closed (u = valid / capacity).
+/// A `floor` above 0 lets a region with nothing to free age into a choice.
+pub(crate) fn cost_benefit(r: &RegionSnapshot, now: u64, floor: f64) -> f64 {
+    let u = f64::from(r.valid) / f64::from(r.capacity.max(1));
+    let age = now.saturating_sub(r.close_time) as f64 + 1.0;
+    (1.0 - u + floor) * age / (1.0 + u)
 }
 
 impl VictimPolicy for CostBenefit {

@@ -46,9 +46,7 @@ pub struct CostBenefit;
 
 impl CostBenefit {
     pub fn score(r: &RegionSnapshot, now: u64) -> f64 {
-        let u = f64::from(r.valid) / f64::from(r.capacity.max(1));
-        let age = now.saturating_sub(r.close_time) as f64 + 1.0;
-        (1.0 - u) * age / (1.0 + u)
+        crate::compaction::policy::cost_benefit(r, now, 0.0)
     }
 }
 
