@@ -575,14 +575,10 @@ impl<Z: ZonedDevice> ZoneArray<Z> {
             return;
         };
         if !op.split.is_empty() {
-            // Parts a member kept count a unit; a short last part stays with the op.
-            let unit = self.layout.unit as usize;
-            let len = op
-                .split
-                .iter()
-                .map(|p| p.as_ref().map_or(unit, IoBuf::len))
-                .sum();
-            op.buf = Some(join_split(std::mem::take(&mut op.split), len));
+            op.buf = Some(join_split(
+                std::mem::take(&mut op.split),
+                self.layout.unit as usize,
+            ));
         }
         if let OpKind::Read { pieces } = &mut op.kind {
             if op.buf.is_none() && pieces.iter().any(|pc| matches!(pc.dest, Dest::Part(_))) {
@@ -712,7 +708,9 @@ impl<Z: ZonedDevice> ZoneArray<Z> {
             }
         };
         let split = buf.is_none();
-        let copied_tail = tail.is_some();
+        // Data units that are the caller's buffer's parts; a padded copy of a short
+        // last unit goes back to the pool instead.
+        let kept = k - usize::from(tail.is_some());
         // A member holds one shard position per row, and positions rotate by row, so
         // a multi-row write gathers each member's units from several positions.
         let id = self.ops.insert(Op {
@@ -766,9 +764,7 @@ impl<Z: ZonedDevice> ZoneArray<Z> {
             };
             self.members[member as usize].counters.bytes_written += mbuf.len() as u64;
             let moff = self.member_offset(zone, row0, 0);
-            // A padded copy of the last unit goes back to the pool, not to the op.
-            let kept = |d: u32| (d as usize) < k && !(copied_tail && d as usize == k - 1);
-            let kind = PartKind::Write(split.then_some(s_row0).filter(|&d| kept(d)));
+            let kind = PartKind::Write(split.then_some(s_row0).filter(|&d| (d as usize) < kept));
             self.send(
                 id,
                 member,
@@ -781,7 +777,7 @@ impl<Z: ZonedDevice> ZoneArray<Z> {
             );
         }
         for (s, b) in out.into_iter().enumerate() {
-            if split && s < k && !(copied_tail && s == k - 1) {
+            if split && s < kept {
                 // A data unit not sent (its member is out) stays with the op.
                 if let Some(slot) = self.ops.get_mut(id).and_then(|o| o.split.get_mut(s)) {
                     if !b.is_empty() {
@@ -1422,9 +1418,6 @@ fn member_geometry<Z: ZonedDevice>(
     Ok(mg)
 }
 
-/// The caller's buffer back from its split data units. A unit that did not come
-/// back (a member kept it) leaves a fresh buffer: a write's bytes are not needed
-/// once written.
 /// A write's rows encoded: the K data and M parity shards to send, the caller's buffer
 /// when the data shards are copies (`None`: they are its parts), and the short last
 /// part of a one-row buffer whose padded copy was sent instead.
@@ -1434,7 +1427,15 @@ struct Encoded {
     tail: Option<IoBuf>,
 }
 
-fn join_split(parts: Vec<Option<IoBuf>>, len: usize) -> IoBuf {
+/// The caller's buffer back from its split data units. A unit that did not come
+/// back (a member kept it) leaves a fresh buffer of the same length (a kept part
+/// counts `unit` bytes; only the short last part, which never leaves, is shorter):
+/// a write's bytes are not needed once written.
+fn join_split(parts: Vec<Option<IoBuf>>, unit: usize) -> IoBuf {
+    let len = parts
+        .iter()
+        .map(|p| p.as_ref().map_or(unit, IoBuf::len))
+        .sum();
     if parts.iter().all(Option::is_some) {
         if let Ok(b) = IoBuf::join(parts.into_iter().flatten().collect()) {
             return b;
@@ -1780,26 +1781,24 @@ impl<Z: ZonedDevice> ZoneArray<Z> {
         let l = self.layout;
         let (unit, k) = (l.unit as usize, l.k as usize);
         let mut tail = None;
-        let (mut out, buf) = if rows == 1 && k * unit == buf.len() {
-            match buf.split(&vec![unit; k]) {
-                Ok(parts) => (parts, None),
-                Err(buf) => (self.copy_shards(&buf, rows), Some(buf)),
-            }
-        } else if rows == 1 && buf.len() > (k - 1) * unit && buf.len() < k * unit {
-            // K does not divide the row: the first K - 1 units go as they are and
-            // only the last, short one is copied into a unit padded with zeros; the
-            // short part stays with the op, to join the caller's buffer back.
+        let (mut out, buf) = if rows == 1 && buf.len() > (k - 1) * unit && buf.len() <= k * unit {
+            // One row is sent as the caller's buffer split in units, no copy. When K
+            // does not divide the row its last unit is short: only that one is copied
+            // into a unit padded with zeros, and the short part stays with the op to
+            // join the caller's buffer back.
             let mut lens = vec![unit; k - 1];
             lens.push(buf.len() - (k - 1) * unit);
             match buf.split(&lens) {
                 Ok(mut parts) => {
-                    let short = parts.pop().expect("K parts");
-                    let mut last = self.take_buf(unit);
-                    let (head, pad) = last.split_at_mut(short.len());
-                    head.copy_from_slice(&short);
-                    pad.fill(0);
-                    parts.push(last);
-                    tail = Some(short);
+                    if lens[k - 1] < unit {
+                        let short = parts.pop().expect("K parts");
+                        let mut last = self.take_buf(unit);
+                        let (head, pad) = last.split_at_mut(short.len());
+                        head.copy_from_slice(&short);
+                        pad.fill(0);
+                        parts.push(last);
+                        tail = Some(short);
+                    }
                     (parts, None)
                 }
                 Err(buf) => (self.copy_shards(&buf, rows), Some(buf)),
@@ -1818,15 +1817,10 @@ impl<Z: ZonedDevice> ZoneArray<Z> {
             if let Err(e) = self.codec.encode(&srcs, &mut dsts) {
                 let buf = buf.unwrap_or_else(|| {
                     let mut parts: Vec<Option<IoBuf>> = out.drain(..k).map(Some).collect();
-                    let len = match tail {
-                        Some(t) => {
-                            let len = (k - 1) * unit + t.len();
-                            parts[k - 1] = Some(t);
-                            len
-                        }
-                        None => k * unit,
-                    };
-                    join_split(parts, len)
+                    if tail.is_some() {
+                        parts[k - 1] = tail;
+                    }
+                    join_split(parts, unit)
                 });
                 return Err((buf, e));
             }

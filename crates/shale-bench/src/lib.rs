@@ -222,9 +222,8 @@ pub fn build_system(
                 capacity_devices: opts.capacity_devices,
                 capacity_redundancy: opts.capacity_redundancy,
                 cache_devices: opts.cache_devices,
-                gc_policy: opts.gc_policy.unwrap_or(match mode {
-                    ShaleMode::Zns => shale_engine::GcPolicyKind::Greedy,
-                    ShaleMode::Blk => shale_engine::GcPolicyKind::Fifo,
+                gc_policy: opts.gc_policy.unwrap_or_else(|| {
+                    shale_engine::GcPolicyKind::for_capacity(mode == ShaleMode::Zns)
                 }),
                 compaction_policy: opts.compaction_policy,
                 placement: opts.placement,

@@ -221,8 +221,7 @@ impl DeviceSpec {
             // into the capacity tier's parity.
             verify_compaction_reads: self.cache.len() > 1,
             gc_policy: match self.engine.gc_policy {
-                GcPolicy::Auto if self.zoned_capacity() => GcPolicyKind::Greedy,
-                GcPolicy::Auto => GcPolicyKind::Fifo,
+                GcPolicy::Auto => GcPolicyKind::for_capacity(self.zoned_capacity()),
                 GcPolicy::Greedy => GcPolicyKind::Greedy,
                 GcPolicy::CostBenefit => GcPolicyKind::CostBenefit,
                 GcPolicy::Fifo => GcPolicyKind::Fifo,

@@ -27,6 +27,23 @@ impl GcPolicyKind {
             GcPolicyKind::Fifo => Box::new(Fifo),
         }
     }
+
+    /// The policy that suits the capacity: `Fifo` for zones emulated on a conventional
+    /// drive (resetting zones in write order lets its own GC reclaim erase units
+    /// without copying; docs/benchmarks.md, "GC policy"), `Greedy` on a zoned drive,
+    /// which has no GC of its own to spare.
+    pub fn for_capacity(zoned: bool) -> GcPolicyKind {
+        if zoned {
+            GcPolicyKind::Greedy
+        } else {
+            GcPolicyKind::Fifo
+        }
+    }
+}
+
+/// The candidates GC can gain anything from: zones not wholly valid.
+fn freeable(s: &[RegionSnapshot]) -> impl Iterator<Item = &RegionSnapshot> {
+    s.iter().filter(|r| r.valid < r.capacity)
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -34,8 +51,7 @@ pub struct Greedy;
 
 impl VictimPolicy for Greedy {
     fn choose(&self, s: &[RegionSnapshot], _now: u64) -> Option<RegionId> {
-        s.iter()
-            .filter(|r| r.valid < r.capacity)
+        freeable(s)
             .min_by_key(|r| (r.valid, r.sid, r.region))
             .map(|r| r.region)
     }
@@ -52,8 +68,7 @@ impl CostBenefit {
 
 impl VictimPolicy for CostBenefit {
     fn choose(&self, s: &[RegionSnapshot], now: u64) -> Option<RegionId> {
-        s.iter()
-            .filter(|r| r.valid < r.capacity)
+        freeable(s)
             .max_by(|a, b| {
                 Self::score(a, now)
                     .total_cmp(&Self::score(b, now))
@@ -71,8 +86,7 @@ pub struct Fifo;
 
 impl VictimPolicy for Fifo {
     fn choose(&self, s: &[RegionSnapshot], _now: u64) -> Option<RegionId> {
-        s.iter()
-            .filter(|r| r.valid < r.capacity)
+        freeable(s)
             .min_by_key(|r| (r.sid, r.region))
             .map(|r| r.region)
     }
