@@ -5,7 +5,7 @@ use crate::compaction::policy::CompactionPolicyKind;
 use crate::gc::policy::GcPolicyKind;
 use crate::placement::PlacementKind;
 use crate::ConfigError;
-use shale_format::{GROUP_BLOCKS, VOLUMES_MAX};
+use shale_format::{ShardTag, GROUP_BLOCKS, SHARDS_MAX, VOLUMES_MAX};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
@@ -20,6 +20,9 @@ pub struct Config {
     /// takes the narrowest that addresses the pool. Forcing 5 on a small pool runs
     /// the wide format where tests can reach it.
     pub l2p_entry_bytes: Option<u8>,
+    /// Which shard of a pool of several this engine is (`shale-shards`); a pool of
+    /// one shard by default.
+    pub shard: ShardTag,
 
     // ---- runtime ----
     /// Compaction runs while free chunks are below this percentage of all chunks.
@@ -104,6 +107,7 @@ impl Default for Config {
             spare_factor: 0.18,
             journal_blocks: 256,
             l2p_entry_bytes: None,
+            shard: ShardTag::ONE,
             compaction_free_chunks_pct: 20,
             gc_free_zones_min: 5,
             l2p_cache_bytes_max: None,
@@ -198,6 +202,13 @@ impl Config {
                     "{} buffers cannot hold a request of {} bytes (need {groups})",
                     self.write_buffers_max, self.request_bytes_max
                 ),
+            );
+        }
+        let t = &self.shard;
+        if t.count == 0 || t.count > SHARDS_MAX || t.index >= t.count {
+            return bad(
+                "shard",
+                format!("shard {} of {} (1..={SHARDS_MAX} shards)", t.index, t.count),
             );
         }
         if self.streams_max == 0 {

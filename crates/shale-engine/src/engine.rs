@@ -913,8 +913,24 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 self.durability.requested = true;
             }
             Request::CreateVolume { name, size_bytes } => {
-                let r = crate::volume::create(&mut self.core, &self.writer, &name, size_bytes)
-                    .and_then(|(info, change)| self.volume_changed(&change).map(|_| info));
+                let r =
+                    crate::volume::create(&mut self.core, &self.writer, &name, size_bytes, None)
+                        .and_then(|(info, change)| self.volume_changed(&change).map(|_| info));
+                done.send(r.map(Reply::Volume));
+            }
+            Request::CreateVolumeWithUid {
+                name,
+                size_bytes,
+                uid,
+            } => {
+                let r = crate::volume::create(
+                    &mut self.core,
+                    &self.writer,
+                    &name,
+                    size_bytes,
+                    Some(uid),
+                )
+                .and_then(|(info, change)| self.volume_changed(&change).map(|_| info));
                 done.send(r.map(Reply::Volume));
             }
             Request::ResizeVolume { volume, size_bytes } => {
@@ -993,6 +1009,11 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             &self.writer,
             &mut crate::recovery::Meter::off(),
         )
+    }
+
+    /// Which shard of which pool this engine serves (recorded at format).
+    pub fn shard(&self) -> shale_format::ShardTag {
+        self.core.sb.shard
     }
 
     /// A snapshot of the counters, with gauges filled in.

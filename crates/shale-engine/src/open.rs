@@ -631,6 +631,7 @@ fn format_plan(
         layout: p.layout,
         capacity: cap,
         l2p: p.l2p,
+        shard: config.shard,
     };
     sb.validate()
         .map_err(|(f, r)| geometry(format!("{f}: {r}")))?;

@@ -40,6 +40,14 @@ pub enum Request {
         name: String,
         size_bytes: u64,
     },
+    /// Creates a volume with a uid another engine issued: the shards of a pool
+    /// (`shale-shards`) each hold a slice of every volume under one uid. Refused when
+    /// this engine has issued `uid` or a later one.
+    CreateVolumeWithUid {
+        name: String,
+        size_bytes: u64,
+        uid: VolumeUid,
+    },
     ResizeVolume {
         volume: VolumeUid,
         size_bytes: u64,

@@ -77,6 +77,7 @@ pub(crate) fn create(
     writer: &ChunkWriter,
     name: &str,
     size_bytes: u64,
+    uid: Option<VolumeUid>,
 ) -> Result<(VolumeInfo, VolumeChange), EngineError> {
     let blocks = size_blocks(size_bytes)?;
     if name.is_empty() || name.len() > VOLUME_NAME_MAX {
@@ -105,7 +106,11 @@ pub(crate) fn create(
             reason: format!("all {} volume slots in use", core.volumes.volumes_max),
         });
     };
-    let Some(uid) = core.volumes.table.issue_uid() else {
+    let uid = match uid {
+        None => core.volumes.table.issue_uid(),
+        Some(uid) => core.volumes.table.issue_uid_from(uid),
+    };
+    let Some(uid) = uid else {
         return Err(EngineError::InvalidVolume {
             reason: "every volume uid has been issued".into(),
         });

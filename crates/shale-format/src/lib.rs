@@ -61,8 +61,8 @@ pub use region_table::{
     REGION_ENTRY_LEN, REGION_TABLE_HEADER_LEN, REGION_TABLE_MAGIC,
 };
 pub use superblock::{
-    CacheLayout, CapacityGeometry, Superblock, SUPERBLOCK_MAGIC, SUPERBLOCK_VERSION,
-    SUPERBLOCK_VERSION_2,
+    CacheLayout, CapacityGeometry, ShardTag, Superblock, SHARDS_MAX, SUPERBLOCK_MAGIC,
+    SUPERBLOCK_VERSION, SUPERBLOCK_VERSION_2, SUPERBLOCK_VERSION_3,
 };
 pub use volume_table::{
     VolumeEntry, VolumeGc, VolumeLimits, VolumeTable, VOLUMES_MAX, VOLUME_NAME_MAX,

@@ -13,6 +13,11 @@ pub const SUPERBLOCK_VERSION: u16 = 1;
 /// Pools whose volume table copies are two blocks (volume limits): a Shale that knows
 /// only version 1 refuses them as too new instead of misreading their volume table.
 pub const SUPERBLOCK_VERSION_2: u16 = 2;
+/// One shard of a pool of several (`shard` below): a Shale that knows only versions
+/// 1 and 2 refuses it instead of serving one shard's blocks as a whole pool.
+pub const SUPERBLOCK_VERSION_3: u16 = 3;
+/// Most shards a pool may have.
+pub const SHARDS_MAX: u8 = 64;
 /// Bytes of the superblock covered by the CRC (the rest of the block is zero).
 pub const SUPERBLOCK_LEN: usize = 160;
 
@@ -69,6 +74,34 @@ pub struct CapacityGeometry {
     pub zone_count: u32,
 }
 
+/// Which shard of which pool a cache device's superblock belongs to (bytes 150..160).
+/// A pool of one shard, as every pool formatted before shards existed, has zeros
+/// there: index 0, count 0 (read as 1), pool 0.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShardTag {
+    pub index: u8,
+    /// Shards in the pool, 1..=[`SHARDS_MAX`].
+    pub count: u8,
+    /// The same in every shard of one pool (drawn at format), so shards of two pools
+    /// are not mixed up; 0 for a pool of one shard.
+    pub pool: u64,
+}
+
+impl ShardTag {
+    /// A pool of one shard.
+    pub const ONE: ShardTag = ShardTag {
+        index: 0,
+        count: 1,
+        pool: 0,
+    };
+}
+
+impl Default for ShardTag {
+    fn default() -> ShardTag {
+        ShardTag::ONE
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Superblock {
     pub uuid: [u8; 16],
@@ -84,18 +117,25 @@ pub struct Superblock {
     /// The entry width of the L2P pages (byte 148; 0, as pools formatted before it
     /// existed have there, means 4-byte entries).
     pub l2p: L2pFormat,
+    pub shard: ShardTag,
 }
 
 impl Superblock {
+    fn version(&self) -> u16 {
+        if self.shard.count > 1 {
+            SUPERBLOCK_VERSION_3
+        } else if self.layout.volume_table_blocks > 1 {
+            SUPERBLOCK_VERSION_2
+        } else {
+            SUPERBLOCK_VERSION
+        }
+    }
+
     pub fn encode(&self) -> [u8; BLOCK_SIZE] {
         let mut b = [0u8; BLOCK_SIZE];
         let mut w = Writer::new(&mut b);
         w.u32(SUPERBLOCK_MAGIC);
-        w.u16(if self.layout.volume_table_blocks > 1 {
-            SUPERBLOCK_VERSION_2
-        } else {
-            SUPERBLOCK_VERSION
-        });
+        w.u16(self.version());
         w.u16(0);
         w.u32(0); // crc
         w.u32(0);
@@ -131,7 +171,13 @@ impl Superblock {
         } else {
             0
         }); // 149
-        w.skip(10); // 150..160 reserved
+        if self.shard.count > 1 {
+            w.u8(self.shard.index); // 150
+            w.u8(self.shard.count); // 151
+            w.u64(self.shard.pool); // 152
+        } else {
+            w.skip(10); // 150..160: zero for a pool of one shard
+        }
         debug_assert_eq!(w.pos(), SUPERBLOCK_LEN);
         seal(&mut b, BLOCK_SIZE);
         b
@@ -141,8 +187,11 @@ impl Superblock {
     pub fn decode(buf: &[u8], at: u64) -> Result<Superblock, FormatError> {
         let s = Structure::Superblock;
         let version = match buf.get(4..6) {
-            Some(&[a, b]) if u16::from_le_bytes([a, b]) == SUPERBLOCK_VERSION_2 => {
-                SUPERBLOCK_VERSION_2
+            Some(&[a, b])
+                if [SUPERBLOCK_VERSION_2, SUPERBLOCK_VERSION_3]
+                    .contains(&u16::from_le_bytes([a, b])) =>
+            {
+                u16::from_le_bytes([a, b])
             }
             _ => SUPERBLOCK_VERSION,
         };
@@ -196,7 +245,7 @@ impl Superblock {
         };
         let volume_table_blocks = match (version, r.u8()?) {
             (SUPERBLOCK_VERSION, 0 | 1) => 1,
-            (SUPERBLOCK_VERSION_2, 2) => 2,
+            (SUPERBLOCK_VERSION_2 | SUPERBLOCK_VERSION_3, 2) => 2,
             (v, b) => {
                 return Err(r.invalid(
                     "volume_table_blocks",
@@ -207,6 +256,22 @@ impl Superblock {
         let layout = CacheLayout {
             volume_table_blocks,
             ..layout
+        };
+        let (index, count, pool) = (r.u8()?, r.u8()?, r.u64()?);
+        let shard = match (version, count) {
+            (SUPERBLOCK_VERSION_3, 2..) => ShardTag { index, count, pool },
+            (SUPERBLOCK_VERSION | SUPERBLOCK_VERSION_2, 0) if index == 0 && pool == 0 => {
+                ShardTag::ONE
+            }
+            (v, c) => {
+                return Err(r.invalid(
+                    "shard_count",
+                    format!(
+                        "{c} (shard {index}, pool {pool:#x}) in a version {v} superblock \
+                         (version 3 has 2 or more shards, earlier versions none recorded)"
+                    ),
+                ))
+            }
         };
         let sb = Superblock {
             uuid,
@@ -219,6 +284,7 @@ impl Superblock {
             layout,
             capacity,
             l2p,
+            shard,
         };
         sb.validate()
             .map_err(|(field, reason)| r.invalid(field, reason))?;
@@ -315,6 +381,19 @@ impl Superblock {
                 ),
             ));
         }
+        let t = &self.shard;
+        if t.count == 0 || t.count > SHARDS_MAX || t.index >= t.count {
+            return Err((
+                "shard_count",
+                format!("shard {} of {} (1..={SHARDS_MAX} shards)", t.index, t.count),
+            ));
+        }
+        if t.count > 1 && l.volume_table_blocks < 2 {
+            return Err((
+                "volume_table_blocks",
+                "a shard of a pool keeps two-block volume table copies".to_string(),
+            ));
+        }
         if self.volumes_max == 0 || self.volumes_max > crate::VOLUMES_MAX {
             return Err((
                 "volumes_max",
@@ -359,7 +438,56 @@ mod tests {
                 zone_count: 20,
             },
             l2p: L2pFormat::NARROW,
+            shard: ShardTag::ONE,
         }
+    }
+
+    /// A shard of a pool of several records which, in a version-3 superblock that
+    /// versions 1 and 2 refuse; its fields are checked.
+    #[test]
+    fn a_shard_of_a_pool_is_version_3() {
+        let mut sb = sample();
+        sb.layout.volume_table_blocks = 2;
+        sb.layout.checkpoint_a_start = 6;
+        sb.layout.checkpoint_blocks = 8;
+        sb.shard = ShardTag {
+            index: 2,
+            count: 4,
+            pool: 0xfeed_beef,
+        };
+        let b = sb.encode();
+        assert_eq!(u16::from_le_bytes([b[4], b[5]]), SUPERBLOCK_VERSION_3);
+        assert_eq!(Superblock::decode(&b, 0).unwrap(), sb);
+        let reseal = |f: &dyn Fn(&mut [u8; BLOCK_SIZE])| {
+            let mut c = b;
+            f(&mut c);
+            crate::codec::seal(&mut c, BLOCK_SIZE);
+            Superblock::decode(&c, 0)
+        };
+        // An index past the count, a count of one or past the most, or shard fields
+        // in an earlier version are refused with the field named.
+        for f in [
+            &(|c: &mut [u8; BLOCK_SIZE]| c[150] = 4) as &dyn Fn(&mut [u8; BLOCK_SIZE]),
+            &|c| c[151] = 1,
+            &|c| c[151] = SHARDS_MAX + 1,
+            &|c| c[4..6].copy_from_slice(&SUPERBLOCK_VERSION_2.to_le_bytes()),
+        ] {
+            assert!(
+                matches!(
+                    reseal(f),
+                    Err(FormatError::InvalidField {
+                        field: "shard_count",
+                        ..
+                    })
+                ),
+                "{:?}",
+                reseal(f)
+            );
+        }
+        // A pool of one shard writes zeros there, as before shards existed.
+        sb.shard = ShardTag::ONE;
+        assert!(sb.encode()[150..160].iter().all(|&x| x == 0));
+        assert_eq!(Superblock::decode(&sb.encode(), 0).unwrap(), sb);
     }
 
     /// Pools formatted before the entry width was recorded have zero there.

@@ -139,6 +139,17 @@ impl VolumeTable {
         Some(uid)
     }
 
+    /// Issues `uid`, one another table issued (the shards of a pool share their
+    /// volumes' uids), unless this table has issued it or a later one already: a uid
+    /// is still never issued twice by one table.
+    pub fn issue_uid_from(&mut self, uid: VolumeUid) -> Option<VolumeUid> {
+        if uid < self.uid_next {
+            return None;
+        }
+        self.uid_next = VolumeUid(uid.0.checked_add(1)?);
+        Some(uid)
+    }
+
     /// Encodes into one block (version 2), without limits. Callers keep the
     /// invariants (checked by `decode`).
     pub fn encode(&self) -> [u8; BLOCK_SIZE] {

@@ -109,6 +109,7 @@ fn superblock(clean: bool, active: u8, volumes_max: u32) -> Superblock {
             zone_count: 8,
         },
         l2p: L2pFormat::NARROW,
+        shard: ShardTag::ONE,
     }
 }
 

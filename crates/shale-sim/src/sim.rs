@@ -2033,7 +2033,7 @@ fn request_kind(r: &Request) -> &'static str {
         Request::Trim { .. } => "trim",
         Request::WriteZeroes { .. } => "zeroes",
         Request::Flush => "flush",
-        Request::CreateVolume { .. } => "create",
+        Request::CreateVolume { .. } | Request::CreateVolumeWithUid { .. } => "create",
         Request::ResizeVolume { .. } => "resize",
         Request::DeleteVolume { .. } => "delete",
         Request::SetVolumeLimits { .. } => "limits",
