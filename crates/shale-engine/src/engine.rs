@@ -755,6 +755,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     /// a checkpoint. If that fails, what is on media no longer matches the engine, so
     /// it stops rather than carry on from there.
     fn volume_changed(&mut self, change: &crate::volume::VolumeChange) -> Result<(), EngineError> {
+        use crate::volume::shard_limits;
         let now = self.core.now();
         self.core.apply_volume_policies();
         let freed = self.throttle.sync(
@@ -763,7 +764,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 .table
                 .entries
                 .iter()
-                .map(|e| (e.uid, e.limits)),
+                .map(|e| (e.uid, shard_limits(e.limits, self.core.sb.shard.count))),
             now,
         );
         self.queue.extend(freed);
@@ -918,24 +919,54 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                         .and_then(|(info, change)| self.volume_changed(&change).map(|_| info));
                 done.send(r.map(Reply::Volume));
             }
-            Request::CreateVolumeWithUid {
+            Request::CreateSlice {
                 name,
-                size_bytes,
                 uid,
+                size_bytes,
+                whole_size_bytes,
             } => {
-                let r = crate::volume::create(
+                let slice = crate::volume::Slice {
+                    uid,
+                    whole_size_bytes,
+                };
+                let r = self.shard_request().and_then(|()| {
+                    crate::volume::create(
+                        &mut self.core,
+                        &self.writer,
+                        &name,
+                        size_bytes,
+                        Some(slice),
+                    )
+                });
+                let r = r.and_then(|(info, change)| self.volume_changed(&change).map(|_| info));
+                done.send(r.map(Reply::Volume));
+            }
+            Request::ResizeVolume { volume, size_bytes } => {
+                let r = crate::volume::resize(
                     &mut self.core,
-                    &self.writer,
-                    &name,
+                    &mut self.writer,
+                    volume,
                     size_bytes,
-                    Some(uid),
+                    None,
                 )
                 .and_then(|(info, change)| self.volume_changed(&change).map(|_| info));
                 done.send(r.map(Reply::Volume));
             }
-            Request::ResizeVolume { volume, size_bytes } => {
-                let r = crate::volume::resize(&mut self.core, &mut self.writer, volume, size_bytes)
-                    .and_then(|(info, change)| self.volume_changed(&change).map(|_| info));
+            Request::ResizeSlice {
+                volume,
+                size_bytes,
+                whole_size_bytes,
+            } => {
+                let r = self.shard_request().and_then(|()| {
+                    crate::volume::resize(
+                        &mut self.core,
+                        &mut self.writer,
+                        volume,
+                        size_bytes,
+                        Some(whole_size_bytes),
+                    )
+                });
+                let r = r.and_then(|(info, change)| self.volume_changed(&change).map(|_| info));
                 done.send(r.map(Reply::Volume));
             }
             Request::DeleteVolume { volume } => {
@@ -1009,6 +1040,18 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             &self.writer,
             &mut crate::recovery::Meter::off(),
         )
+    }
+
+    /// Slices are for the shards of a pool of several; a pool of one keeps whole
+    /// volumes (its table may have no room for whole sizes).
+    fn shard_request(&self) -> Result<(), EngineError> {
+        if self.core.sb.shard.count > 1 {
+            Ok(())
+        } else {
+            Err(EngineError::InvalidVolume {
+                reason: "volume slices are for the shards of a pool of several".into(),
+            })
+        }
     }
 
     /// Which shard of which pool this engine serves (recorded at format).

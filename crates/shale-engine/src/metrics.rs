@@ -183,6 +183,189 @@ impl Stats {
     }
 }
 
+impl Stats {
+    /// Adds `other`'s counters and gauges to these: the figures of a pool of shards
+    /// are the sum of its shards' (a volume's by uid). Of what cannot be summed, the
+    /// L2P entry width is the widest and a census is pending while any is.
+    pub fn absorb(&mut self, other: &Stats) {
+        // Destructured so a new field is a compile error here until it is merged.
+        let Stats {
+            user_read_bytes,
+            user_write_bytes,
+            user_trim_bytes,
+            user_blocks_appended,
+            cache_data_write_bytes,
+            cache_md_write_bytes,
+            cache_read_bytes,
+            capacity_compaction_write_bytes,
+            capacity_gc_write_bytes,
+            capacity_pad_bytes,
+            capacity_read_bytes,
+            zone_resets,
+            chunk_frees,
+            compaction_victims,
+            gc_victims,
+            relocated_blocks,
+            relocations_superseded,
+            l2p_hits,
+            l2p_misses,
+            l2p_page_reads,
+            l2p_page_writes,
+            l2p_page_reads_ahead,
+            l2p_page_writes_ahead,
+            l2p_page_writes_total,
+            l2p_deferred_switches,
+            l2p_deferred_faults,
+            l2p_evictions_as_switches,
+            l2p_deferred_waiting,
+            l2p_cached_pages,
+            l2p_cache_pages_max,
+            md_cache_hits,
+            md_cache_misses,
+            md_reads,
+            md_reads_sync,
+            checkpoints,
+            checkpoints_started,
+            checkpoint_page_writes,
+            checkpoint_switches,
+            census_pages,
+            durability_points,
+            handoff_stores,
+            handoff_bytes,
+            throttle_waiting,
+            throttle_waits,
+            idle_flushes,
+            allocation_queries,
+            crc_errors,
+            crc_reread_fixes,
+            crc_rebuilt_fixes,
+            repairs_staged,
+            scrub_bytes,
+            scrub_errors,
+            scrub_mapping_errors,
+            free_chunks,
+            chunk_count,
+            free_zones,
+            data_zone_count,
+            streams,
+            staged_blocks,
+            io_buffer_allocs,
+            io_buffer_pool_bytes,
+            md_cache_bytes,
+            l2p_entry_bytes,
+            census_pending,
+            volumes,
+        } = other;
+        self.user_read_bytes += user_read_bytes;
+        self.user_write_bytes += user_write_bytes;
+        self.user_trim_bytes += user_trim_bytes;
+        self.user_blocks_appended += user_blocks_appended;
+        self.cache_data_write_bytes += cache_data_write_bytes;
+        self.cache_md_write_bytes += cache_md_write_bytes;
+        self.cache_read_bytes += cache_read_bytes;
+        self.capacity_compaction_write_bytes += capacity_compaction_write_bytes;
+        self.capacity_gc_write_bytes += capacity_gc_write_bytes;
+        self.capacity_pad_bytes += capacity_pad_bytes;
+        self.capacity_read_bytes += capacity_read_bytes;
+        self.zone_resets += zone_resets;
+        self.chunk_frees += chunk_frees;
+        self.compaction_victims += compaction_victims;
+        self.gc_victims += gc_victims;
+        self.relocated_blocks += relocated_blocks;
+        self.relocations_superseded += relocations_superseded;
+        self.l2p_hits += l2p_hits;
+        self.l2p_misses += l2p_misses;
+        self.l2p_page_reads += l2p_page_reads;
+        self.l2p_page_writes += l2p_page_writes;
+        self.l2p_page_reads_ahead += l2p_page_reads_ahead;
+        self.l2p_page_writes_ahead += l2p_page_writes_ahead;
+        self.l2p_page_writes_total += l2p_page_writes_total;
+        self.l2p_deferred_switches += l2p_deferred_switches;
+        self.l2p_deferred_faults += l2p_deferred_faults;
+        self.l2p_evictions_as_switches += l2p_evictions_as_switches;
+        self.l2p_deferred_waiting += l2p_deferred_waiting;
+        self.l2p_cached_pages += l2p_cached_pages;
+        self.l2p_cache_pages_max += l2p_cache_pages_max;
+        self.md_cache_hits += md_cache_hits;
+        self.md_cache_misses += md_cache_misses;
+        self.md_reads += md_reads;
+        self.md_reads_sync += md_reads_sync;
+        self.checkpoints += checkpoints;
+        self.checkpoints_started += checkpoints_started;
+        self.checkpoint_page_writes += checkpoint_page_writes;
+        self.checkpoint_switches += checkpoint_switches;
+        self.census_pages += census_pages;
+        self.durability_points += durability_points;
+        self.handoff_stores += handoff_stores;
+        self.handoff_bytes += handoff_bytes;
+        self.throttle_waiting += throttle_waiting;
+        self.throttle_waits += throttle_waits;
+        self.idle_flushes += idle_flushes;
+        self.allocation_queries += allocation_queries;
+        self.crc_errors += crc_errors;
+        self.crc_reread_fixes += crc_reread_fixes;
+        self.crc_rebuilt_fixes += crc_rebuilt_fixes;
+        self.repairs_staged += repairs_staged;
+        self.scrub_bytes += scrub_bytes;
+        self.scrub_errors += scrub_errors;
+        self.scrub_mapping_errors += scrub_mapping_errors;
+        self.free_chunks += free_chunks;
+        self.chunk_count += chunk_count;
+        self.free_zones += free_zones;
+        self.data_zone_count += data_zone_count;
+        self.streams += streams;
+        self.staged_blocks += staged_blocks;
+        self.io_buffer_allocs += io_buffer_allocs;
+        self.io_buffer_pool_bytes += io_buffer_pool_bytes;
+        self.md_cache_bytes += md_cache_bytes;
+        self.l2p_entry_bytes = self.l2p_entry_bytes.max(*l2p_entry_bytes);
+        self.census_pending |= *census_pending;
+        for v in volumes {
+            match self.volumes.iter_mut().find(|x| x.uid == v.uid) {
+                Some(x) => x.absorb(v),
+                None => self.volumes.push(v.clone()),
+            }
+        }
+    }
+}
+
+impl VolumeStats {
+    /// Adds another shard's counters of the same volume (`Stats::absorb`); the id
+    /// stays this one's.
+    pub fn absorb(&mut self, other: &VolumeStats) {
+        let VolumeStats {
+            id: _,
+            uid: _,
+            read_ops,
+            write_ops,
+            trim_ops,
+            user_read_bytes,
+            user_write_bytes,
+            user_trim_bytes,
+            cache_write_bytes,
+            capacity_compaction_write_bytes,
+            capacity_gc_write_bytes,
+            throttle_waiting,
+            throttle_delayed,
+            throttle_wait_ns,
+            cache_valid_bytes,
+        } = other;
+        self.read_ops += read_ops;
+        self.write_ops += write_ops;
+        self.trim_ops += trim_ops;
+        self.user_read_bytes += user_read_bytes;
+        self.user_write_bytes += user_write_bytes;
+        self.user_trim_bytes += user_trim_bytes;
+        self.cache_write_bytes += cache_write_bytes;
+        self.capacity_compaction_write_bytes += capacity_compaction_write_bytes;
+        self.capacity_gc_write_bytes += capacity_gc_write_bytes;
+        self.throttle_waiting += throttle_waiting;
+        self.throttle_delayed += throttle_delayed;
+        self.throttle_wait_ns += throttle_wait_ns;
+        self.cache_valid_bytes += cache_valid_bytes;
+    }
+}
+
 fn ratio(a: u64, b: u64) -> f64 {
     if b == 0 {
         0.0

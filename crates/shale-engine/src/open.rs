@@ -116,7 +116,10 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         let placement = crate::placement::Placement::new(config.placement, &geo);
         let mut throttle = crate::throttle::Throttle::default();
         let none_waits = throttle.sync(
-            volumes.table.entries.iter().map(|e| (e.uid, e.limits)),
+            volumes.table.entries.iter().map(|e| {
+                let count = sb.shard.count;
+                (e.uid, crate::volume::shard_limits(e.limits, count))
+            }),
             clock.now_ns(),
         );
         debug_assert!(none_waits.is_empty());

@@ -40,13 +40,21 @@ pub enum Request {
         name: String,
         size_bytes: u64,
     },
-    /// Creates a volume with a uid another engine issued: the shards of a pool
-    /// (`shale-shards`) each hold a slice of every volume under one uid. Refused when
-    /// this engine has issued `uid` or a later one.
-    CreateVolumeWithUid {
+    /// Creates a shard's slice of a volume (`shale-shards`; refused by a pool of one
+    /// shard): `size_bytes` of the volume's `whole_size_bytes` live here. `uid` is
+    /// the one another shard issued (`None`: issue one); refused when this engine has
+    /// issued it or a later one.
+    CreateSlice {
         name: String,
+        uid: Option<VolumeUid>,
         size_bytes: u64,
-        uid: VolumeUid,
+        whole_size_bytes: u64,
+    },
+    /// Resizes a shard's slice of a volume (as `ResizeVolume`).
+    ResizeSlice {
+        volume: VolumeUid,
+        size_bytes: u64,
+        whole_size_bytes: u64,
     },
     ResizeVolume {
         volume: VolumeUid,
@@ -84,6 +92,9 @@ pub struct VolumeInfo {
     pub uid: VolumeUid,
     pub name: String,
     pub size_bytes: u64,
+    /// The whole volume's size where this engine holds a shard's slice of it
+    /// (`size_bytes` of it); `size_bytes` otherwise.
+    pub whole_size_bytes: u64,
     /// Rate limits (none by default).
     pub limits: VolumeLimits,
 }

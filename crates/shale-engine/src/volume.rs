@@ -17,6 +17,14 @@ use crate::layout::BS;
 use crate::write::chunk_writer::ChunkWriter;
 use crate::{Clock, EngineError, VolumeInfo};
 
+/// A shard's slice of a volume (`shale-shards`): the uid to create it under (`None`:
+/// issue one, as the first shard does) and the whole volume's size.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Slice {
+    pub uid: Option<VolumeUid>,
+    pub whole_size_bytes: u64,
+}
+
 /// A volume change made in memory, to be persisted.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct VolumeChange {
@@ -57,9 +65,31 @@ impl Volumes {
             uid: e.uid,
             name: e.name.clone(),
             size_bytes: e.size_blocks * BS,
+            whole_size_bytes: if e.whole_size_blocks == 0 {
+                e.size_blocks * BS
+            } else {
+                e.whole_size_blocks * BS
+            },
             limits: e.limits,
         }
     }
+}
+
+/// A slice's whole-volume size in blocks (0: the volume is whole here): at least the
+/// slice, in whole blocks.
+fn whole_blocks(slice_blocks: u64, whole: Option<u64>) -> Result<u64, EngineError> {
+    let Some(whole) = whole else { return Ok(0) };
+    // Only a shard's superblock (version 3) names whole sizes, and its volume
+    // table copies are two blocks, where they are kept.
+    if !whole.is_multiple_of(BS) || whole / BS < slice_blocks {
+        return Err(EngineError::InvalidVolume {
+            reason: format!(
+                "whole size {whole} is not a multiple of 4096 at least the slice's ({})",
+                slice_blocks * BS
+            ),
+        });
+    }
+    Ok(whole / BS)
 }
 
 fn size_blocks(size_bytes: u64) -> Result<u64, EngineError> {
@@ -71,15 +101,35 @@ fn size_blocks(size_bytes: u64) -> Result<u64, EngineError> {
     Ok(size_bytes / BS)
 }
 
+/// The rates one shard of `shards` enforces for a volume limited to `l`: a volume's
+/// blocks are dealt evenly to the shards, so each admits its share of the rate (at
+/// least one request and one block a second).
+pub(crate) fn shard_limits(l: VolumeLimits, shards: u8) -> VolumeLimits {
+    let n = u64::from(shards.max(1));
+    let share = |rate: u64, floor: u64| {
+        if rate == 0 {
+            0
+        } else {
+            rate.div_ceil(n).max(floor)
+        }
+    };
+    VolumeLimits {
+        iops_max: share(l.iops_max, 1),
+        bytes_per_sec_max: share(l.bytes_per_sec_max, BS),
+        ..l
+    }
+}
+
 /// Makes a volume in memory; the caller persists the change.
 pub(crate) fn create(
     core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
     writer: &ChunkWriter,
     name: &str,
     size_bytes: u64,
-    uid: Option<VolumeUid>,
+    slice: Option<Slice>,
 ) -> Result<(VolumeInfo, VolumeChange), EngineError> {
     let blocks = size_blocks(size_bytes)?;
+    let whole_size_blocks = whole_blocks(blocks, slice.map(|s| s.whole_size_bytes))?;
     if name.is_empty() || name.len() > VOLUME_NAME_MAX {
         return Err(EngineError::InvalidVolume {
             reason: format!("name {name:?} must be 1..={VOLUME_NAME_MAX} bytes"),
@@ -106,7 +156,7 @@ pub(crate) fn create(
             reason: format!("all {} volume slots in use", core.volumes.volumes_max),
         });
     };
-    let uid = match uid {
+    let uid = match slice.and_then(|s| s.uid) {
         None => core.volumes.table.issue_uid(),
         Some(uid) => core.volumes.table.issue_uid_from(uid),
     };
@@ -124,6 +174,7 @@ pub(crate) fn create(
         created_sid,
         created_pos,
         limits: VolumeLimits::NONE,
+        whole_size_blocks,
     };
     let info = Volumes::info(&e);
     core.volumes.table.entries.push(e);
@@ -145,8 +196,10 @@ pub(crate) fn resize(
     writer: &mut ChunkWriter,
     uid: VolumeUid,
     size_bytes: u64,
+    whole_size_bytes: Option<u64>,
 ) -> Result<(VolumeInfo, VolumeChange), EngineError> {
     let blocks = size_blocks(size_bytes)?;
+    let whole_size_blocks = whole_blocks(blocks, whole_size_bytes)?;
     let Some(id) = core.volumes.resolve(uid) else {
         return Err(EngineError::NoSuchVolume { volume: uid });
     };
@@ -170,6 +223,7 @@ pub(crate) fn resize(
         unreachable!("volume checked above");
     };
     e.size_blocks = blocks;
+    e.whole_size_blocks = whole_size_blocks;
     let info = Volumes::info(e);
     Ok((
         info,

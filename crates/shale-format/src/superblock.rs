@@ -82,9 +82,11 @@ pub struct ShardTag {
     pub index: u8,
     /// Shards in the pool, 1..=[`SHARDS_MAX`].
     pub count: u8,
+    /// Blocks per granule of the deal of volume blocks to shards (0 for one shard).
+    pub granule_blocks: u32,
     /// The same in every shard of one pool (drawn at format), so shards of two pools
     /// are not mixed up; 0 for a pool of one shard.
-    pub pool: u64,
+    pub pool: u32,
 }
 
 impl ShardTag {
@@ -92,6 +94,7 @@ impl ShardTag {
     pub const ONE: ShardTag = ShardTag {
         index: 0,
         count: 1,
+        granule_blocks: 0,
         pool: 0,
     };
 }
@@ -174,7 +177,8 @@ impl Superblock {
         if self.shard.count > 1 {
             w.u8(self.shard.index); // 150
             w.u8(self.shard.count); // 151
-            w.u64(self.shard.pool); // 152
+            w.u32(self.shard.granule_blocks); // 152
+            w.u32(self.shard.pool); // 156
         } else {
             w.skip(10); // 150..160: zero for a pool of one shard
         }
@@ -257,10 +261,18 @@ impl Superblock {
             volume_table_blocks,
             ..layout
         };
-        let (index, count, pool) = (r.u8()?, r.u8()?, r.u64()?);
+        let (index, count) = (r.u8()?, r.u8()?);
+        let (granule_blocks, pool) = (r.u32()?, r.u32()?);
         let shard = match (version, count) {
-            (SUPERBLOCK_VERSION_3, 2..) => ShardTag { index, count, pool },
-            (SUPERBLOCK_VERSION | SUPERBLOCK_VERSION_2, 0) if index == 0 && pool == 0 => {
+            (SUPERBLOCK_VERSION_3, 2..) => ShardTag {
+                index,
+                count,
+                granule_blocks,
+                pool,
+            },
+            (SUPERBLOCK_VERSION | SUPERBLOCK_VERSION_2, 0)
+                if index == 0 && pool == 0 && granule_blocks == 0 =>
+            {
                 ShardTag::ONE
             }
             (v, c) => {
@@ -388,6 +400,12 @@ impl Superblock {
                 format!("shard {} of {} (1..={SHARDS_MAX} shards)", t.index, t.count),
             ));
         }
+        if t.count > 1 && t.granule_blocks == 0 {
+            return Err((
+                "shard_granule_blocks",
+                "a shard of a pool records a granule of at least one block".to_string(),
+            ));
+        }
         if t.count > 1 && l.volume_table_blocks < 2 {
             return Err((
                 "volume_table_blocks",
@@ -453,6 +471,7 @@ mod tests {
         sb.shard = ShardTag {
             index: 2,
             count: 4,
+            granule_blocks: 16,
             pool: 0xfeed_beef,
         };
         let b = sb.encode();

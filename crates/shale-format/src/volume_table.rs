@@ -110,6 +110,10 @@ pub struct VolumeEntry {
     pub created_pos: u32,
     /// Stored only by version 3 tables (two-block copies).
     pub limits: VolumeLimits,
+    /// In a shard of a pool of several: the whole volume's size, of which
+    /// `size_blocks` is this shard's slice; 0 where the volume is whole here. Stored
+    /// only by version 3 tables, in the limits block.
+    pub whole_size_blocks: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -180,16 +184,21 @@ impl VolumeTable {
             w.u64(e.limits.bytes_per_sec_max);
             w.u8(e.limits.cache_share_pct);
             w.u8(e.limits.gc.to_u8());
-            w.skip(VOLUME_LIMITS_LEN - 26);
+            w.u64(e.whole_size_blocks);
+            w.skip(VOLUME_LIMITS_LEN - 34);
         }
         seal(&mut b, BLOCK_SIZE);
         out.extend_from_slice(&b);
         out
     }
 
-    /// Blocks the table needs: 2 once a volume has limits, else 1.
+    /// Blocks the table needs: 2 once a volume has limits or is a slice, else 1.
     pub fn blocks_needed(&self) -> u32 {
-        if self.entries.iter().all(|e| e.limits.is_none()) {
+        if self
+            .entries
+            .iter()
+            .all(|e| e.limits.is_none() && e.whole_size_blocks == 0)
+        {
             1
         } else {
             2
@@ -354,7 +363,17 @@ fn decode_limits(
             cache_share_pct,
             gc,
         };
-        r.skip(VOLUME_LIMITS_LEN - 26)?;
+        e.whole_size_blocks = r.u64()?;
+        if e.whole_size_blocks != 0 && e.whole_size_blocks < e.size_blocks {
+            return Err(r.invalid(
+                "whole_size_blocks",
+                format!(
+                    "{} is smaller than the slice ({})",
+                    e.whole_size_blocks, e.size_blocks
+                ),
+            ));
+        }
+        r.skip(VOLUME_LIMITS_LEN - 34)?;
     }
     Ok(())
 }
@@ -394,6 +413,7 @@ fn decode_entry(r: &mut Reader<'_>) -> Result<VolumeEntry, FormatError> {
         created_sid,
         created_pos,
         limits: VolumeLimits::NONE,
+        whole_size_blocks: 0,
     })
 }
 
@@ -419,6 +439,7 @@ fn decode_entry_v1(r: &mut Reader<'_>) -> Result<VolumeEntry, FormatError> {
         created_sid,
         created_pos,
         limits: VolumeLimits::NONE,
+        whole_size_blocks: 0,
     })
 }
 
@@ -436,6 +457,7 @@ mod tests {
             created_sid: Sid(3),
             created_pos: 7,
             limits: VolumeLimits::NONE,
+            whole_size_blocks: 0,
         }
     }
 
@@ -484,6 +506,7 @@ mod tests {
                     created_sid: Sid(4),
                     created_pos: 5,
                     limits: VolumeLimits::NONE,
+                    whole_size_blocks: 0,
                 },
                 VolumeEntry {
                     id: VolumeId(3),
@@ -493,6 +516,7 @@ mod tests {
                     created_sid: Sid(6),
                     created_pos: 0,
                     limits: VolumeLimits::NONE,
+                    whole_size_blocks: 0,
                 },
             ]
         );
@@ -545,14 +569,16 @@ mod tests {
                     id: VolumeId(id), uid: VolumeUid(1000 + i as u64), name, size_blocks,
                     created_sid: Sid(sid), created_pos: pos,
                     limits: VolumeLimits { iops_max: iops, bytes_per_sec_max: bps, cache_share_pct: share, gc: VolumeGc::from_u8(gc).unwrap() },
+                    whole_size_blocks: if iops % 2 == 0 { 0 } else { size_blocks.saturating_add(bps % 1000) },
                 }).collect();
             let mut t = VolumeTable { generation: gen, uid_next: VolumeUid(5000), entries };
             let b = t.encode_in(2);
             prop_assert_eq!(b.len(), VolumeTable::encoded_len(&b));
             prop_assert_eq!(VolumeTable::decode(&b, 0), Ok(t.clone()));
-            // Version 2 drops the limits.
+            // Version 2 drops the limits and the whole sizes.
             for e in &mut t.entries {
                 e.limits = VolumeLimits::NONE;
+                e.whole_size_blocks = 0;
             }
             let b = t.encode_in(1);
             prop_assert_eq!(b.len(), VolumeTable::encoded_len(&b));

@@ -138,6 +138,7 @@ fn volumes(n: u32) -> VolumeTable {
                 created_sid: Sid(u64::from(i) + 1),
                 created_pos: i * 3,
                 limits: shale_format::VolumeLimits::NONE,
+                whole_size_blocks: 0,
             })
             .collect(),
     }
