@@ -14,7 +14,10 @@ enum Out {
     /// The parts' replies carry nothing: the request answers `Done`.
     Done,
     /// The request's bytes, scattered into place as each shard's part arrives.
-    Read { buf: Vec<u8>, pieces: Arc<Vec<Piece>> },
+    Read {
+        buf: Vec<u8>,
+        pieces: Arc<Vec<Piece>>,
+    },
     /// Each shard's extents (local start, len, mapped), merged in volume order at the
     /// end.
     Allocation {
@@ -190,10 +193,30 @@ mod tests {
         // Two shards, granule 2: volume [0,8) = shard 0 local [0,2), shard 1 local
         // [0,2), shard 1 local [2,4), shard 0 local [2,4).
         let pieces = vec![
-            Piece { shard: 0, at: 0, local: 0, len: 2 },
-            Piece { shard: 1, at: 2, local: 0, len: 2 },
-            Piece { shard: 1, at: 4, local: 2, len: 2 },
-            Piece { shard: 0, at: 6, local: 2, len: 2 },
+            Piece {
+                shard: 0,
+                at: 0,
+                local: 0,
+                len: 2,
+            },
+            Piece {
+                shard: 1,
+                at: 2,
+                local: 0,
+                len: 2,
+            },
+            Piece {
+                shard: 1,
+                at: 4,
+                local: 2,
+                len: 2,
+            },
+            Piece {
+                shard: 0,
+                at: 6,
+                local: 2,
+                len: 2,
+            },
         ];
         let shards = vec![
             vec![(0, 3, true), (3, 1, false)],

@@ -18,8 +18,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use shale_device::{BlockDevice, ZonedDevice};
 use shale_engine::{
-    Clock, Completion, Config, Engine, EngineError, EngineThread, FormatDeviceError,
-    OpenError, OpenReport, Reply, Request, VolumeInfo, VolumeUid,
+    Clock, Completion, Config, Engine, EngineError, EngineThread, FormatDeviceError, OpenError,
+    OpenReport, Reply, Request, VolumeInfo, VolumeUid,
 };
 use shale_format::{ShardTag, SHARDS_MAX};
 
@@ -65,6 +65,8 @@ pub enum ShardsError {
 pub struct Shards<C, Z> {
     map: ShardMap,
     threads: Vec<EngineThread<C, Z>>,
+    /// Each shard's user capacity (what its slices of all volumes may add up to).
+    capacities: Vec<u64>,
     /// Serialises volume changes (each spans every shard).
     admin: Mutex<()>,
 }
@@ -196,11 +198,7 @@ where
                 });
             }
         }
-        let granule = if n == 1 {
-            crate::GRANULE_BYTES_DEFAULT
-        } else {
-            u64::from(first.granule_blocks) * 4096
-        };
+        let granule = u64::from(first.granule_blocks) * 4096;
         let map = Self::check_shape(n, granule)?;
         let reports = engines.iter().map(|e| e.open_report().clone()).collect();
         let pool = Self::start(map, engines, queue_depth)?;
@@ -212,6 +210,12 @@ where
         if n == 0 || n > usize::from(SHARDS_MAX) {
             return Err(ShardsError::Count { count: n });
         }
+        // One shard owns everything: no granule is recorded, any would do.
+        let granule = if n == 1 {
+            crate::GRANULE_BYTES_DEFAULT
+        } else {
+            granule
+        };
         if granule >= 16 << 30 {
             return Err(ShardsError::Granule { granule });
         }
@@ -223,6 +227,7 @@ where
         engines: Vec<Engine<C, Z, K>>,
         queue_depth: usize,
     ) -> Result<Shards<C, Z>, ShardsError> {
+        let capacities = engines.iter().map(Engine::user_capacity_bytes).collect();
         let mut threads = Vec::with_capacity(engines.len());
         for (shard, e) in engines.into_iter().enumerate() {
             let t = EngineThread::spawn(e, queue_depth)
@@ -232,6 +237,7 @@ where
         Ok(Shards {
             map,
             threads,
+            capacities,
             admin: Mutex::new(()),
         })
     }
@@ -243,6 +249,18 @@ where
 
     pub fn shards(&self) -> usize {
         self.threads.len()
+    }
+
+    /// Each shard's user capacity in bytes: a volume fits while every shard's slices
+    /// of all volumes fit in its own.
+    pub fn shard_capacities(&self) -> &[u64] {
+        &self.capacities
+    }
+
+    /// The pool's user capacity: what volumes dealt evenly over the shards can add up
+    /// to (the smallest shard's, times the shards).
+    pub fn user_capacity_bytes(&self) -> u64 {
+        self.capacities.iter().min().copied().unwrap_or(0) * self.capacities.len() as u64
     }
 
     /// Why the pool stopped serving, once any shard has: the pool is one failure
@@ -286,7 +304,10 @@ where
                 let join = Join::new(self.threads.len(), done, Reply::Done);
                 for t in &self.threads {
                     let j = Arc::clone(&join);
-                    t.submit(req_clone(&req), Box::new(move |r| j.done_part(r.map(|_| ()))))?;
+                    t.submit(
+                        req_clone(&req),
+                        Box::new(move |r| j.done_part(r.map(|_| ()))),
+                    )?;
                 }
                 Ok(())
             }
@@ -539,7 +560,9 @@ where
                             reason: format!("cannot create volume {}: {e}", t.name),
                         })?;
                     }
-                    Some(h) if h.whole_size_bytes != t.whole_size_bytes || h.size_bytes != slice => {
+                    Some(h)
+                        if h.whole_size_bytes != t.whole_size_bytes || h.size_bytes != slice =>
+                    {
                         tracing::warn!(shard = s, volume = %t.name, "resizing a volume to shard 0's size (a resize cut short)");
                         self.call_shard(
                             s,
