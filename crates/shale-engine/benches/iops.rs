@@ -27,6 +27,9 @@
 //! rate and page reads and writes (of which asynchronous, ahead of need). `--repeat N`
 //! runs the whole sequence N times on fresh devices and prints the medians.
 //!
+//! With `--shards N` the engine is N shards, each on its own thread with 1/N of the
+//! devices, the queue depth and the user capacity (see `sharded_run`).
+//!
 //! With `--array K+M` the capacity is a Reed–Solomon array of K+M such files (each
 //! 1/K of the capacity, zones 1/K as large, so the array has the single file's zones),
 //! and a fourth phase, `read degraded`, reads again with member 0 failed (a quarter
@@ -36,7 +39,7 @@
 //! cargo bench -p shale-engine --bench iops -- [--capacity-mib 4096] [--dir /tmp]
 //!     [--first-secs 30] [--steady-secs 30] [--read-secs 10] [--warm-multiple 2]
 //!     [--qd 128] [--l2p-mib N] [--repeat 1] [--cache-dir DIR] [--discard-on-reset]
-//!     [--array K+M] [--capacity-mem]
+//!     [--array K+M] [--capacity-mem] [--shards N]
 //! ```
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -67,6 +70,7 @@ struct Args {
     discard_on_reset: bool,
     array: Option<Redundancy>,
     capacity_mem: bool,
+    shards: usize,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -84,6 +88,7 @@ fn parse_args() -> Result<Args, String> {
         discard_on_reset: false,
         array: None,
         capacity_mem: false,
+        shards: 1,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -113,6 +118,7 @@ fn parse_args() -> Result<Args, String> {
             "--qd" => a.qd = num(val()?)?.clamp(1, 4096),
             "--l2p-mib" => a.l2p_mib = Some(num(val()?)?),
             "--repeat" => a.repeat = num(val()?)?.clamp(1, 99) as usize,
+            "--shards" => a.shards = num(val()?)?.clamp(1, 64) as usize,
             "--array" => {
                 let r: Redundancy = val()?.parse().map_err(|e| format!("{flag}: {e}"))?;
                 if !matches!(r, Redundancy::Parity { .. }) {
@@ -123,8 +129,11 @@ fn parse_args() -> Result<Args, String> {
             other => return Err(format!("unknown flag {other}")),
         }
     }
-    if a.capacity_mib < 256 {
-        return Err("--capacity-mib must be at least 256".into());
+    if a.capacity_mib < 256 * a.shards as u64 {
+        return Err("--capacity-mib must be at least 256 per shard".into());
+    }
+    if a.shards > 1 && a.array.is_some() {
+        return Err("--shards and --array: one at a time".into());
     }
     Ok(a)
 }
@@ -605,6 +614,86 @@ fn one_run(a: &Args, run: usize) -> [Phase; 4] {
     [first, steady, read, degraded]
 }
 
+/// `--shards N`: N engines, each on its own thread with 1/N of the devices and of
+/// the queue depth and its own client loop over its slice (what a pool of N shards
+/// runs; a 4 KiB request lies in one granule, so the router only forwards it). The
+/// phases start together (a barrier); the figures are the shards' together: IOPS
+/// summed over the longest shard's wall time, CPU per I/O summed over the threads,
+/// latency quantiles the worst shard's.
+fn sharded_run(a: &Args, run: usize) -> [Phase; 4] {
+    let n = a.shards;
+    let per = Args {
+        capacity_mib: a.capacity_mib / n as u64,
+        qd: (a.qd / n as u64).max(1),
+        ..a.clone()
+    };
+    let barrier = std::sync::Barrier::new(n);
+    let results: Vec<[Phase; 3]> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..n)
+            .map(|i| {
+                let (per, barrier) = (&per, &barrier);
+                scope.spawn(move || {
+                    let mut rig = build(per, run * 64 + i);
+                    let mut rng = 0x1234_5678_9abc_def1u64
+                        ^ ((run * 64 + i) as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                    barrier.wait();
+                    let first_secs = Duration::from_secs(per.first_secs);
+                    let first = run_phase(&mut rig, Kind::Write, per.qd, &mut rng, |_, t| {
+                        t >= first_secs
+                    });
+                    let warm_bytes = (per.warm_multiple * (rig.blocks * BLOCK) as f64) as u64;
+                    run_phase(&mut rig, Kind::Write, per.qd, &mut rng, |e, _| {
+                        let s = e.stats();
+                        s.user_write_bytes >= warm_bytes && s.gc_victims >= 16
+                    });
+                    barrier.wait();
+                    let steady_secs = Duration::from_secs(per.steady_secs);
+                    let steady = run_phase(&mut rig, Kind::Write, per.qd, &mut rng, |_, t| {
+                        t >= steady_secs
+                    });
+                    barrier.wait();
+                    let read_secs = Duration::from_secs(per.read_secs);
+                    let read = run_phase(&mut rig, Kind::Read, per.qd, &mut rng, |_, t| {
+                        t >= read_secs
+                    });
+                    rig.e.run_until_idle().expect("drain");
+                    [first, steady, read]
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("shard thread"))
+            .collect()
+    });
+    println!(
+        "run {}: {n} shards, each capacity {} MiB in {}, queue depth {}",
+        run + 1,
+        per.capacity_mib,
+        if a.capacity_mem { "memory" } else { "files" },
+        per.qd
+    );
+    let mut out: [Phase; 4] = Default::default();
+    for (i, name) in ["write first", "write steady", "read"].iter().enumerate() {
+        let mut p = results[0][i].clone();
+        for r in &results[1..] {
+            let q = &r[i];
+            p.ios += q.ios;
+            p.wall = p.wall.max(q.wall);
+            p.cpu = p.cpu.max(q.cpu);
+            p.thread_cpu += q.thread_cpu;
+            p.p50_ns = p.p50_ns.max(q.p50_ns);
+            p.p99_ns = p.p99_ns.max(q.p99_ns);
+            p.max_ns = p.max_ns.max(q.max_ns);
+            p.stats_before.absorb(&q.stats_before);
+            p.stats_after.absorb(&q.stats_after);
+        }
+        print_phase(name, &p);
+        out[i] = p;
+    }
+    out
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     if v.is_empty() {
@@ -629,11 +718,24 @@ fn main() {
         std::process::exit(2);
     }
     println!(
-        "4 KiB random I/O, queue depth {}, one thread; load average at start {}",
+        "4 KiB random I/O, queue depth {}, {}; load average at start {}",
         a.qd,
+        if a.shards > 1 {
+            format!("{} shards on their own threads", a.shards)
+        } else {
+            "one thread".to_string()
+        },
         loadavg()
     );
-    let runs: Vec<[Phase; 4]> = (0..a.repeat).map(|r| one_run(&a, r)).collect();
+    let runs: Vec<[Phase; 4]> = (0..a.repeat)
+        .map(|r| {
+            if a.shards > 1 {
+                sharded_run(&a, r)
+            } else {
+                one_run(&a, r)
+            }
+        })
+        .collect();
     if a.repeat > 1 {
         println!("medians of {} runs:", a.repeat);
         let phases = if a.array.is_some() { 4 } else { 3 };

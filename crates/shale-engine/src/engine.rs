@@ -913,6 +913,31 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 self.durability.waiters.push(done);
                 self.durability.requested = true;
             }
+            req @ (Request::CreateVolume { .. }
+            | Request::CreateSlice { .. }
+            | Request::ResizeVolume { .. }
+            | Request::ResizeSlice { .. }
+            | Request::DeleteVolume { .. }
+            | Request::SetVolumeLimits { .. }) => self.volume_request(req, done),
+            Request::ListVolumes => {
+                done.send(Ok(Reply::Volumes(crate::volume::list(&self.core.volumes))))
+            }
+            Request::Allocation { offset, len, .. } => {
+                let r = crate::read::block_status::block_status(&mut self.core, slot, offset, len);
+                done.send(r.map(Reply::Allocation));
+            }
+            Request::Stats => done.send(Ok(Reply::Stats(Box::new(self.stats())))),
+            Request::SelfCheck => {
+                let r = self.self_check();
+                done.send(r.map(|_| Reply::Done).map_err(EngineError::from));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Volume changes: each is made in memory, then persisted (`volume_changed`).
+    fn volume_request(&mut self, req: Request, done: Answer) {
+        match req {
             Request::CreateVolume { name, size_bytes } => {
                 let r =
                     crate::volume::create(&mut self.core, &self.writer, &name, size_bytes, None)
@@ -979,20 +1004,8 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                     .and_then(|(info, change)| self.volume_changed(&change).map(|_| info));
                 done.send(r.map(Reply::Volume));
             }
-            Request::ListVolumes => {
-                done.send(Ok(Reply::Volumes(crate::volume::list(&self.core.volumes))))
-            }
-            Request::Allocation { offset, len, .. } => {
-                let r = crate::read::block_status::block_status(&mut self.core, slot, offset, len);
-                done.send(r.map(Reply::Allocation));
-            }
-            Request::Stats => done.send(Ok(Reply::Stats(Box::new(self.stats())))),
-            Request::SelfCheck => {
-                let r = self.self_check();
-                done.send(r.map(|_| Reply::Done).map_err(EngineError::from));
-            }
+            _ => unreachable!("only volume changes are sent here"),
         }
-        Ok(None)
     }
 
     fn mover_of(&self, gc: bool) -> &Mover {

@@ -99,6 +99,59 @@ impl ShardTag {
     };
 }
 
+impl ShardTag {
+    fn validate(&self, l: &CacheLayout) -> Result<(), (&'static str, String)> {
+        if self.count == 0 || self.count > SHARDS_MAX || self.index >= self.count {
+            return Err((
+                "shard_count",
+                format!(
+                    "shard {} of {} (1..={SHARDS_MAX} shards)",
+                    self.index, self.count
+                ),
+            ));
+        }
+        if self.count > 1 && self.granule_blocks == 0 {
+            return Err((
+                "shard_granule_blocks",
+                "a shard of a pool records a granule of at least one block".to_string(),
+            ));
+        }
+        if self.count > 1 && l.volume_table_blocks < 2 {
+            return Err((
+                "volume_table_blocks",
+                "a shard of a pool keeps two-block volume table copies".to_string(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Bytes 150..160: a shard of a pool (version 3), zeros before.
+fn decode_shard(r: &mut Reader<'_>, version: u16) -> Result<ShardTag, FormatError> {
+    let (index, count) = (r.u8()?, r.u8()?);
+    let (granule_blocks, pool) = (r.u32()?, r.u32()?);
+    match (version, count) {
+        (SUPERBLOCK_VERSION_3, 2..) => Ok(ShardTag {
+            index,
+            count,
+            granule_blocks,
+            pool,
+        }),
+        (SUPERBLOCK_VERSION | SUPERBLOCK_VERSION_2, 0)
+            if index == 0 && pool == 0 && granule_blocks == 0 =>
+        {
+            Ok(ShardTag::ONE)
+        }
+        (v, c) => Err(r.invalid(
+            "shard_count",
+            format!(
+                "{c} (shard {index}, pool {pool:#x}) in a version {v} superblock \
+                 (version 3 has 2 or more shards, earlier versions none recorded)"
+            ),
+        )),
+    }
+}
+
 impl Default for ShardTag {
     fn default() -> ShardTag {
         ShardTag::ONE
@@ -261,30 +314,7 @@ impl Superblock {
             volume_table_blocks,
             ..layout
         };
-        let (index, count) = (r.u8()?, r.u8()?);
-        let (granule_blocks, pool) = (r.u32()?, r.u32()?);
-        let shard = match (version, count) {
-            (SUPERBLOCK_VERSION_3, 2..) => ShardTag {
-                index,
-                count,
-                granule_blocks,
-                pool,
-            },
-            (SUPERBLOCK_VERSION | SUPERBLOCK_VERSION_2, 0)
-                if index == 0 && pool == 0 && granule_blocks == 0 =>
-            {
-                ShardTag::ONE
-            }
-            (v, c) => {
-                return Err(r.invalid(
-                    "shard_count",
-                    format!(
-                        "{c} (shard {index}, pool {pool:#x}) in a version {v} superblock \
-                         (version 3 has 2 or more shards, earlier versions none recorded)"
-                    ),
-                ))
-            }
-        };
+        let shard = decode_shard(&mut r, version)?;
         let sb = Superblock {
             uuid,
             generation,
@@ -393,25 +423,7 @@ impl Superblock {
                 ),
             ));
         }
-        let t = &self.shard;
-        if t.count == 0 || t.count > SHARDS_MAX || t.index >= t.count {
-            return Err((
-                "shard_count",
-                format!("shard {} of {} (1..={SHARDS_MAX} shards)", t.index, t.count),
-            ));
-        }
-        if t.count > 1 && t.granule_blocks == 0 {
-            return Err((
-                "shard_granule_blocks",
-                "a shard of a pool records a granule of at least one block".to_string(),
-            ));
-        }
-        if t.count > 1 && l.volume_table_blocks < 2 {
-            return Err((
-                "volume_table_blocks",
-                "a shard of a pool keeps two-block volume table copies".to_string(),
-            ));
-        }
+        self.shard.validate(l)?;
         if self.volumes_max == 0 || self.volumes_max > crate::VOLUMES_MAX {
             return Err((
                 "volumes_max",

@@ -99,7 +99,10 @@ fn on_shard(
 }
 
 /// Every shard's own table after a reconciling open: (name, slice, whole size).
-fn tables(devices: Vec<(MemDevice, Cap)>) -> (Vec<Vec<(String, u64, u64)>>, Vec<(MemDevice, Cap)>) {
+/// (name, slice bytes, whole bytes) of each volume of one shard's table.
+type Table = Vec<(String, u64, u64)>;
+
+fn tables(devices: Vec<(MemDevice, Cap)>) -> (Vec<Table>, Vec<(MemDevice, Cap)>) {
     let mut out = Vec::new();
     let mut back = Vec::new();
     for (c, z) in devices {
