@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use shale_device::{BlockDevice, ZonedDevice};
 use shale_engine::{
-    EngineError, EngineThread, Reply, Request, VolumeInfo, VolumeUid, ALLOCATION_QUERY_BYTES_MAX,
+    EngineError, Reply, Request, VolumeInfo, VolumeUid, ALLOCATION_QUERY_BYTES_MAX,
 };
 use shale_nbd::backend::{
     Backend, BackendError, BackendReply, BackendRequest, BlockSizes, Completion, ExportCaps,
@@ -27,7 +27,8 @@ use crate::latency::Histogram;
 
 pub type CacheDevice = Box<dyn BlockDevice + Send>;
 pub type CapacityDevice = Box<dyn ZonedDevice + Send>;
-pub type Engine = EngineThread<CacheDevice, CapacityDevice>;
+/// The engine's shards on their threads (one shard: the one engine thread).
+pub type Engine = shale_shards::Shards<CacheDevice, CapacityDevice>;
 
 /// The engine, seen as a set of NBD exports.
 #[derive(Debug)]

@@ -163,6 +163,10 @@ pub struct EngineKnobs {
     /// volumes share them past this many. Given at format, it also sizes the zones
     /// held in reserve (two per stream).
     pub streams: u32,
+    /// Engine shards (1 to 64), each on its own thread with an equal share of the
+    /// cache and capacity devices and a slice of every volume. Given at format (the
+    /// count is recorded; an open takes the recorded one).
+    pub shards: u32,
     /// User bytes written between periodic checkpoints (a shorter interval bounds
     /// the journal replayed after a crash); `auto` is 1/16 of the user capacity.
     pub checkpoint_interval: Size,
@@ -188,6 +192,7 @@ impl Default for EngineKnobs {
             compaction_free_chunks_pct: e.compaction_free_chunks_pct,
             gc_free_zones_min: e.gc_free_zones_min,
             streams: e.streams_max,
+            shards: 1,
             checkpoint_interval: Size("auto".into()),
             handoff_dir: "/dev/shm".into(),
         }
@@ -230,6 +235,16 @@ impl EngineKnobs {
             return bad(
                 "engine.streams",
                 format!("{} is not between 1 and {STREAMS_MAX}", self.streams),
+            );
+        }
+        if !(1..=u32::from(shale_format::SHARDS_MAX)).contains(&self.shards) {
+            return bad(
+                "engine.shards",
+                format!(
+                    "{} is not between 1 and {}",
+                    self.shards,
+                    shale_format::SHARDS_MAX
+                ),
             );
         }
         if self.handoff_dir.is_empty() || self.handoff_dir.contains('\0') {
@@ -1343,6 +1358,8 @@ mod tests {
             ("placement = \"random\"", None),
             ("streams = 0", Some("engine.streams")),
             ("streams = 65", Some("engine.streams")),
+            ("shards = 0", Some("engine.shards")),
+            ("shards = 65", Some("engine.shards")),
             ("streams = \"many\"", None),
             (
                 "compaction_free_chunks_pct = 0",

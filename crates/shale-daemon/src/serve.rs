@@ -8,12 +8,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use shale_device::{BlockDevice, DeviceError, FileDevice, ZoneEmu, ZoneEmuConfig, ZonedDevice};
+use shale_device::{
+    BlockDevice, DeviceError, FileDevice, Window, ZoneEmu, ZoneEmuConfig, ZonedDevice,
+};
 use shale_engine::{
-    CompactionPolicyKind, Config as EngineConfig, EngineError, EngineThread, FormatDeviceError,
-    GcPolicyKind, MonotonicClock, OpenError, PlacementKind, Reply, Request,
+    CompactionPolicyKind, Config as EngineConfig, EngineError, FormatDeviceError, GcPolicyKind,
+    MonotonicClock, OpenError, PlacementKind, Reply, Request,
 };
 use shale_nbd::{Server, ServerConfig, ServerError, ServerLimits, TlsMode, TlsSettings};
+use shale_shards::ShardsError;
 
 use crate::admin::{AdminError, AdminServer};
 use crate::backend::{CacheDevice, CapacityDevice, Engine, EngineBackend};
@@ -62,6 +65,8 @@ pub enum DaemonError {
     Engine(EngineError),
     #[error("NBD server: {0}")]
     Nbd(ServerError),
+    #[error("shards: {0}")]
+    Shards(ShardsError),
     #[error("vhost-user-blk: no volume named {volume:?} to serve on {}", socket.display())]
     VhostNoVolume { volume: String, socket: PathBuf },
     #[error("vhost-user-blk for volume {volume:?} on {}: {error}", socket.display())]
@@ -105,6 +110,18 @@ impl From<OpenError> for DaemonError {
 impl From<EngineError> for DaemonError {
     fn from(e: EngineError) -> Self {
         DaemonError::Engine(e)
+    }
+}
+
+impl From<ShardsError> for DaemonError {
+    fn from(e: ShardsError) -> Self {
+        // A single shard's format or open error reads as before.
+        match e {
+            // Shards are cut equal: what one says of its size, all would.
+            ShardsError::Format { source, .. } => DaemonError::Format(source),
+            ShardsError::Open { shard: 0, source } => DaemonError::Open(source),
+            e => DaemonError::Shards(e),
+        }
     }
 }
 
@@ -929,7 +946,19 @@ fn format_steps(
     }
     let engine_config = spec.engine_config()?;
     let pool = *uuid::Uuid::new_v4().as_bytes();
-    let capacity = steps.step("capacity: zone emulation, discard", || {
+    let shards = spec.engine.shards as usize;
+    let devices = steps.step("capacity: zone emulation, discard", || {
+        if shards > 1 {
+            let devices = shard_devices(spec, true, shards)?;
+            let g = devices[0].1.geometry();
+            let detail = format!(
+                "{shards} shards of {} zones of {} MiB, {} discarded",
+                g.zone_count,
+                g.zone_size >> 20,
+                gib(shards as u64 * u64::from(g.zone_count) * g.zone_size)
+            );
+            return Ok((devices, detail));
+        }
         let (capacity, _, _) = capacity_device(spec, true, pool)?;
         let g = capacity.geometry();
         // A zoned drive keeps its own zones: the engine's format resets them.
@@ -948,29 +977,29 @@ fn format_steps(
                 gib(u64::from(g.zone_count) * g.zone_size)
             )
         };
-        Ok((capacity, detail))
-    })?;
-    let mut engine = steps.step("cache: superblock, journal, checkpoint", || {
         let (cache, _) = cache_device(spec, true, pool)?;
-        let engine =
-            shale_engine::Engine::format(cache, capacity, MonotonicClock::new(), engine_config)?;
+        Ok((vec![(cache, capacity)], detail))
+    })?;
+    let engine = steps.step("cache: superblock, journal, checkpoint", || {
+        let engine = Engine::format(
+            devices,
+            MonotonicClock::new,
+            &engine_config,
+            shale_shards::GRANULE_BYTES_DEFAULT,
+            ENGINE_QUEUE_DEPTH,
+        )?;
         let detail = format!("{} of user capacity", gib(engine.user_capacity_bytes()));
         Ok((engine, detail))
     })?;
     let created = steps.step("volumes", || {
         let mut created = Vec::new();
-        let user = engine.user_capacity_bytes();
-        let mut used = 0u64;
         for plan in volumes {
-            let bytes = plan.size_bytes.unwrap_or(user.saturating_sub(used)) / 4096 * 4096;
-            let reply = create_volume(
-                |r| call_direct(&mut engine, r),
-                plan.name.clone(),
-                bytes,
-                plan.limits,
-            )?;
+            let bytes = match plan.size_bytes {
+                Some(b) => b / 4096 * 4096,
+                None => engine.available_bytes()?,
+            };
+            let reply = create_volume(|r| engine.call(r), plan.name.clone(), bytes, plan.limits)?;
             if let Reply::Volume(info) = reply {
-                used += info.size_bytes;
                 created.push(info);
             }
         }
@@ -984,6 +1013,96 @@ fn format_steps(
     Ok(created)
 }
 
+/// The shard count a pool's cache device records (1 for a pool of one shard, a
+/// mirror or array label, or a superblock that does not decode: opening it reports
+/// why).
+fn recorded_shards(spec: &DeviceSpec) -> usize {
+    let [path] = spec.cache.as_slice() else {
+        return 1;
+    };
+    let Ok(mut dev) = FileDevice::open(path) else {
+        return 1;
+    };
+    let mut b = vec![0u8; 8192];
+    if dev.size_bytes() < 8192 || dev.read_at(0, &mut b).is_err() {
+        return 1;
+    }
+    [
+        shale_format::Superblock::decode(&b[..4096], 0),
+        shale_format::Superblock::decode(&b[4096..], 4096),
+    ]
+    .into_iter()
+    .flatten()
+    .max_by_key(|sb| sb.generation)
+    .map_or(1, |sb| usize::from(sb.shard.count))
+}
+
+/// The devices of `n` shards: the cache file and the capacity file each cut into `n`
+/// equal windows (the cache's aligned to 1 MiB, the capacity's to a zone), each
+/// opened on its own (its own io_uring), the capacity windows with zone emulation of
+/// their own. Mirrors, arrays, zoned drives and simulated drives are one device the
+/// shards would have to share and are refused for now.
+fn shard_devices(
+    spec: &DeviceSpec,
+    format: bool,
+    n: usize,
+) -> Result<Vec<(CacheDevice, CapacityDevice)>, DaemonError> {
+    let (cache, capacity) = match (spec.cache.as_slice(), spec.capacity.as_slice()) {
+        ([c], [z]) if spec.redundancy.is_none() && spec.drive.is_none() => (c, z),
+        _ => {
+            return Err(set_error(
+                &spec.cache,
+                format!(
+                    "{n} shards take one cache and one capacity device (file or block \
+                     device); mirrors, arrays and simulated drives are not sharded yet"
+                ),
+            ))
+        }
+    };
+    if spec.zoned_capacity() {
+        return Err(set_error(
+            &spec.capacity,
+            format!("{n} shards: a zoned drive's zones are not sharded yet"),
+        ));
+    }
+    let cache_len = open_file("cache device", cache)?.size_bytes();
+    let cap_len = open_file("capacity device", capacity)?.size_bytes();
+    let cache_window = cache_len / n as u64 / (1 << 20) * (1 << 20);
+    let cap_window = cap_len / n as u64 / spec.zone_bytes * spec.zone_bytes;
+    if cache_window == 0 || cap_window == 0 {
+        return Err(set_error(
+            &spec.cache,
+            format!("{n} shards: the devices are too small to cut into {n} windows"),
+        ));
+    }
+    let window = |what: &'static str, path: &PathBuf, i: usize, len: u64| {
+        let dev = open_file(what, path)?;
+        Window::new(dev, i as u64 * len, len).map_err(|error| DaemonError::Device {
+            what,
+            path: path.clone(),
+            error,
+        })
+    };
+    let mut out: Vec<(CacheDevice, CapacityDevice)> = Vec::with_capacity(n);
+    for i in 0..n {
+        let c = window("cache device", cache, i, cache_window)?;
+        let inner: Box<dyn BlockDevice + Send> =
+            Box::new(window("capacity device", capacity, i, cap_window)?);
+        let emu = if format {
+            ZoneEmu::format(inner, &spec.zone_config())
+        } else {
+            ZoneEmu::open(inner)
+        }
+        .map_err(|error| DaemonError::Device {
+            what: "zone emulation on",
+            path: capacity.clone(),
+            error,
+        })?;
+        out.push((Box::new(c), Box::new(emu)));
+    }
+    Ok(out)
+}
+
 /// Opens formatted devices and starts the engine thread; also returns a one-line
 /// summary of the open for the service manager's status, and the simulated drive's
 /// counters (from this open on) if there is one. `progress` sees the open's steps as
@@ -994,20 +1113,41 @@ pub fn open(
 ) -> Result<(Engine, String, Option<DriveStats>, Devices), DaemonError> {
     let engine_config = spec.engine_config()?;
     let gc_policy = engine_config.gc_policy;
-    let (cache, cache_handle) = cache_device(spec, false, [0; 16])?;
-    let (capacity, drive, capacity_handle) = capacity_device(spec, false, [0; 16])?;
-    let devices = Devices::new(spec.clone(), cache_handle, capacity_handle);
+    let shards = recorded_shards(spec);
+    if shards != spec.engine.shards as usize {
+        tracing::info!(
+            recorded = shards,
+            configured = spec.engine.shards,
+            "the pool was formatted with {shards} shards: the recorded count is used"
+        );
+    }
+    let (pairs, drive, devices) = if shards > 1 {
+        let pairs = shard_devices(spec, false, shards)?;
+        (pairs, None, Devices::new(spec.clone(), None, None))
+    } else {
+        let (cache, cache_handle) = cache_device(spec, false, [0; 16])?;
+        let (capacity, drive, capacity_handle) = capacity_device(spec, false, [0; 16])?;
+        let devices = Devices::new(spec.clone(), cache_handle, capacity_handle);
+        (vec![(cache, capacity)], drive, devices)
+    };
     let started = std::time::Instant::now();
-    let handoff = handoff_store(&spec.engine.handoff_dir);
-    let engine = shale_engine::Engine::open_with(
-        cache,
-        capacity,
-        MonotonicClock::new(),
-        engine_config,
+    let handoffs = (0..shards)
+        .map(|_| handoff_store(&spec.engine.handoff_dir))
+        .collect();
+    let (engine, reports) = Engine::open_with(
+        pairs,
+        MonotonicClock::new,
+        &engine_config,
+        ENGINE_QUEUE_DEPTH,
+        handoffs,
         progress,
-        handoff,
     )?;
-    log_open(engine.open_report(), started.elapsed());
+    for (i, r) in reports.iter().enumerate() {
+        if shards > 1 {
+            tracing::info!(shard = i, "shard opened");
+        }
+        log_open(r, started.elapsed());
+    }
     let k = &spec.engine;
     tracing::info!(
         gc_policy = ?gc_policy,
@@ -1016,12 +1156,12 @@ pub fn open(
         compaction_free_chunks_pct = k.compaction_free_chunks_pct,
         gc_free_zones_min = k.gc_free_zones_min,
         streams = k.streams,
+        shards,
         checkpoint_interval = %k.checkpoint_interval.0,
         "engine policies"
     );
-    let status = crate::notify::open_status(engine.open_report(), started.elapsed());
-    let thread = EngineThread::spawn(engine, ENGINE_QUEUE_DEPTH).map_err(DaemonError::Spawn)?;
-    Ok((thread, status, drive, devices))
+    let status = crate::notify::open_status(&reports[0], started.elapsed());
+    Ok((engine, status, drive, devices))
 }
 
 /// The hand-off store in `dir` (`off`: none). Without one, a kill of the daemon
@@ -1484,28 +1624,6 @@ fn warn_if_shared(path: &Path) {
             );
         }
     }
-}
-
-/// Runs one request on an engine that is not on its own thread yet.
-fn call_direct<C: BlockDevice, Z: ZonedDevice, K: shale_engine::Clock>(
-    engine: &mut shale_engine::Engine<C, Z, K>,
-    req: Request,
-) -> Result<Reply, EngineError> {
-    let slot: Arc<std::sync::Mutex<Option<Result<Reply, EngineError>>>> = Arc::default();
-    let slot2 = Arc::clone(&slot);
-    engine.submit(
-        req,
-        Box::new(move |r| {
-            if let Ok(mut s) = slot2.lock() {
-                *s = Some(r);
-            }
-        }),
-    );
-    engine.run_until_idle()?;
-    let taken = slot.lock().ok().and_then(|mut s| s.take());
-    taken.unwrap_or(Err(EngineError::Failed {
-        reason: "request did not complete".into(),
-    }))
 }
 
 #[cfg(test)]

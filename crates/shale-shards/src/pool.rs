@@ -18,8 +18,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use shale_device::{BlockDevice, ZonedDevice};
 use shale_engine::{
-    Clock, Completion, Config, Engine, EngineError, EngineThread, FormatDeviceError, OpenError,
-    OpenReport, Reply, Request, VolumeInfo, VolumeUid,
+    Clock, Completion, Config, Engine, EngineError, EngineThread, FormatDeviceError, Handoff,
+    OpenError, OpenProgress, OpenReport, Reply, Request, VolumeInfo, VolumeUid,
 };
 use shale_format::{ShardTag, SHARDS_MAX};
 
@@ -181,10 +181,60 @@ where
         config: &Config,
         queue_depth: usize,
     ) -> Result<(Shards<C, Z>, Vec<OpenReport>), ShardsError> {
+        let handoffs = devices.iter().map(|_| None).collect();
+        Self::open_with(
+            devices,
+            clock,
+            config,
+            queue_depth,
+            handoffs,
+            &mut shale_engine::NoProgress,
+        )
+    }
+
+    /// [`Shards::open`] with a hand-off store per shard (`Engine::open_with`), and
+    /// `progress` seeing shard 0's steps (it opens on this thread while the others
+    /// open on their own).
+    pub fn open_with<K: Clock + Send + 'static>(
+        devices: Vec<(C, Z)>,
+        clock: impl Fn() -> K + Sync,
+        config: &Config,
+        queue_depth: usize,
+        handoffs: Vec<Option<Box<dyn Handoff>>>,
+        progress: &mut dyn OpenProgress,
+    ) -> Result<(Shards<C, Z>, Vec<OpenReport>), ShardsError> {
         let n = devices.len();
-        let engines = parallel(devices, |i, (c, z)| {
-            Engine::open(c, z, clock(), config.clone())
+        let mut handoffs = handoffs;
+        handoffs.resize_with(n, || None);
+        let open = |i: usize, (c, z): (C, Z), h, p: &mut dyn OpenProgress| {
+            // Each shard's open logs its steps under its index.
+            let _span = (n > 1).then(|| tracing::info_span!("shard", index = i).entered());
+            Engine::open_with(c, z, clock(), config.clone(), p, h)
                 .map_err(|source| ShardsError::Open { shard: i, source })
+        };
+        let mut items: Vec<_> = devices.into_iter().zip(handoffs).collect();
+        let Some((first_devices, first_handoff)) = (!items.is_empty()).then(|| items.remove(0))
+        else {
+            return Err(ShardsError::Count { count: 0 });
+        };
+        let engines = std::thread::scope(|scope| {
+            let open = &open;
+            let others: Vec<_> = items
+                .into_iter()
+                .enumerate()
+                .map(|(i, (d, h))| {
+                    scope.spawn(move || open(i + 1, d, h, &mut shale_engine::NoProgress))
+                })
+                .collect();
+            let first = open(0, first_devices, first_handoff, progress);
+            let mut engines = vec![first];
+            for h in others {
+                engines.push(match h.join() {
+                    Ok(r) => r,
+                    Err(p) => std::panic::resume_unwind(p),
+                });
+            }
+            engines.into_iter().collect::<Result<Vec<_>, _>>()
         })?;
         let first = engines.first().map_or(ShardTag::ONE, Engine::shard);
         for (i, e) in engines.iter().enumerate() {
@@ -261,6 +311,27 @@ where
     /// to (the smallest shard's, times the shards).
     pub fn user_capacity_bytes(&self) -> u64 {
         self.capacities.iter().min().copied().unwrap_or(0) * self.capacities.len() as u64
+    }
+
+    /// The largest volume that fits beside those that exist: every shard's slice of
+    /// it must fit what that shard has left (a multiple of a group of granules, whose
+    /// slices are equal, on a pool of several).
+    pub fn available_bytes(&self) -> Result<u64, EngineError> {
+        let volumes = self.volumes_of(0)?;
+        let free = |s: usize| {
+            let used: u64 = volumes
+                .iter()
+                .map(|v| self.map.local_size(s, v.whole_size_bytes))
+                .sum();
+            self.capacities[s].saturating_sub(used)
+        };
+        let n = self.threads.len();
+        if n == 1 {
+            return Ok(free(0) / 4096 * 4096);
+        }
+        let g = self.map.granule();
+        let least = (0..n).map(free).min().unwrap_or(0);
+        Ok(least / g * g * n as u64)
     }
 
     /// Why the pool stopped serving, once any shard has: the pool is one failure
