@@ -46,7 +46,7 @@ impl Join {
     }
 
     /// A request whose parts answer nothing but success or failure.
-    pub fn new(parts: usize, done: Completion, _reply: Reply) -> Arc<Join> {
+    pub fn new(parts: usize, done: Completion) -> Arc<Join> {
         Self::with(parts, done, Out::Done)
     }
 

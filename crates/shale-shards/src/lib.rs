@@ -8,6 +8,8 @@
 mod join;
 pub mod map;
 mod pool;
+mod route;
+mod volumes;
 
 pub use map::{Piece, ShardMap, GRANULE_BYTES_DEFAULT};
 pub use pool::{Shards, ShardsError};

@@ -14,17 +14,18 @@
 //! data path takes none), and an open makes the other shards agree with shard 0
 //! (`reconcile`), finishing or undoing a change a crash cut short.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Mutex, PoisonError};
 
 use shale_device::{BlockDevice, ZonedDevice};
 use shale_engine::{
     Clock, Completion, Config, Engine, EngineError, EngineThread, FormatDeviceError, Handoff,
-    OpenError, OpenProgress, OpenReport, Reply, Request, VolumeInfo, VolumeUid,
+    OpenError, OpenProgress, OpenReport, Reply, Request,
 };
 use shale_format::{ShardTag, SHARDS_MAX};
 
-use crate::join::Join;
 use crate::map::ShardMap;
+use crate::route::{route, Routed};
+use crate::volumes::Volumes;
 
 /// Why a pool of shards could not be formatted or opened.
 #[derive(Debug, thiserror::Error)]
@@ -77,52 +78,6 @@ impl<C, Z> std::fmt::Debug for Shards<C, Z> {
             .field("map", &self.map)
             .field("threads", &self.threads)
             .finish()
-    }
-}
-
-/// A request's slice of volume bytes, where the router splits it.
-fn span(r: &Request) -> Option<(u64, u64)> {
-    match r {
-        Request::Read { offset, len, .. }
-        | Request::Trim { offset, len, .. }
-        | Request::WriteZeroes { offset, len, .. }
-        | Request::Allocation { offset, len, .. } => Some((*offset, *len)),
-        Request::Write { offset, data, .. } => Some((*offset, data.len() as u64)),
-        _ => None,
-    }
-}
-
-/// A copy of `r` for one shard: the same request at `local`, `len` bytes (`data`
-/// for a write).
-fn part(r: &Request, local: u64, len: u64, data: Option<Vec<u8>>) -> Request {
-    match r {
-        Request::Read { volume, .. } => Request::Read {
-            volume: *volume,
-            offset: local,
-            len,
-        },
-        Request::Write { volume, fua, .. } => Request::Write {
-            volume: *volume,
-            offset: local,
-            data: data.unwrap_or_default(),
-            fua: *fua,
-        },
-        Request::Trim { volume, .. } => Request::Trim {
-            volume: *volume,
-            offset: local,
-            len,
-        },
-        Request::WriteZeroes { volume, .. } => Request::WriteZeroes {
-            volume: *volume,
-            offset: local,
-            len,
-        },
-        Request::Allocation { volume, .. } => Request::Allocation {
-            volume: *volume,
-            offset: local,
-            len,
-        },
-        _ => unreachable!("only requests with a span are split"),
     }
 }
 
@@ -317,21 +272,8 @@ where
     /// it must fit what that shard has left (a multiple of a group of granules, whose
     /// slices are equal, on a pool of several).
     pub fn available_bytes(&self) -> Result<u64, EngineError> {
-        let volumes = self.volumes_of(0)?;
-        let free = |s: usize| {
-            let used: u64 = volumes
-                .iter()
-                .map(|v| self.map.local_size(s, v.whole_size_bytes))
-                .sum();
-            self.capacities[s].saturating_sub(used)
-        };
-        let n = self.threads.len();
-        if n == 1 {
-            return Ok(free(0) / 4096 * 4096);
-        }
-        let g = self.map.granule();
-        let least = (0..n).map(free).min().unwrap_or(0);
-        Ok(least / g * g * n as u64)
+        Volumes::new(&self.map, &mut |s, r| self.threads[s].call(r))
+            .available_bytes(&self.capacities)
     }
 
     /// Why the pool stopped serving, once any shard has: the pool is one failure
@@ -367,301 +309,26 @@ where
         if self.threads.len() == 1 {
             return self.threads[0].submit(req, done);
         }
-        if let Some((offset, len)) = span(&req) {
-            return self.submit_data(req, offset, len, done);
-        }
-        match req {
-            Request::Flush | Request::SelfCheck => {
-                let join = Join::new(self.threads.len(), done, Reply::Done);
-                for t in &self.threads {
-                    let j = Arc::clone(&join);
-                    t.submit(
-                        req_clone(&req),
-                        Box::new(move |r| j.done_part(r.map(|_| ()))),
-                    )?;
-                }
-                Ok(())
-            }
-            other => {
-                done(self.admin(other));
+        let mut send = |shard: usize, r: Request, d: Completion| self.threads[shard].submit(r, d);
+        match route(&self.map, req, done, &mut send)? {
+            Routed::Sent => Ok(()),
+            Routed::Admin(req, done) => {
+                done(self.admin(req));
                 Ok(())
             }
         }
     }
 
-    fn submit_data(
-        &self,
-        req: Request,
-        offset: u64,
-        len: u64,
-        done: Completion,
-    ) -> Result<(), EngineError> {
-        let map = &self.map;
-        if let Some((shard, local)) = map.single(offset, len) {
-            return self.threads[shard].submit(relocate(req, local), done);
-        }
-        if len == 0 {
-            // Nothing to split: shard 0 answers (an empty read, a no-op).
-            return self.threads[0].submit(req, done);
-        }
-        let ranges = map.ranges(offset, len);
-        let parts = ranges.iter().filter(|r| !r.is_empty()).count();
-        let pieces: Arc<Vec<crate::map::Piece>> = Arc::new(map.pieces(offset, len).collect());
-        let join = match &req {
-            Request::Read { .. } => Join::read(parts, done, len, Arc::clone(&pieces)),
-            Request::Allocation { .. } => Join::allocation(parts, done, Arc::clone(&pieces)),
-            _ => Join::new(parts, done, Reply::Done),
-        };
-        for (shard, r) in ranges.into_iter().enumerate() {
-            if r.is_empty() {
-                continue;
-            }
-            let data = match &req {
-                Request::Write { data, .. } => {
-                    let mut d = Vec::with_capacity((r.end - r.start) as usize);
-                    for p in pieces.iter().filter(|p| p.shard == shard) {
-                        d.extend_from_slice(&data[p.at as usize..(p.at + p.len) as usize]);
-                    }
-                    Some(d)
-                }
-                _ => None,
-            };
-            let j = Arc::clone(&join);
-            let local = r.start;
-            self.threads[shard].submit(
-                part(&req, r.start, r.end - r.start, data),
-                Box::new(move |res| j.done_shard(shard, local, res)),
-            )?;
-        }
-        Ok(())
-    }
-
-    /// Calls one shard and waits.
-    fn call_shard(&self, shard: usize, req: Request) -> Result<Reply, EngineError> {
-        self.threads[shard].call(req)
-    }
-
-    fn volumes_of(&self, shard: usize) -> Result<Vec<VolumeInfo>, EngineError> {
-        match self.call_shard(shard, Request::ListVolumes)? {
-            Reply::Volumes(v) => Ok(v),
-            other => Err(unexpected(&other)),
-        }
-    }
-
-    /// Volume changes, listings and statistics, across the shards.
+    /// Volume changes, listings and statistics, across the shards (each call waits
+    /// for its shard), one at a time.
     fn admin(&self, req: Request) -> Result<Reply, EngineError> {
         let _g = self.admin.lock().unwrap_or_else(PoisonError::into_inner);
-        match req {
-            Request::CreateVolume { name, size_bytes } => self.create(name, size_bytes),
-            Request::ResizeVolume { volume, size_bytes } => self.resize(volume, size_bytes),
-            Request::DeleteVolume { volume } => {
-                self.call_shard(0, Request::DeleteVolume { volume })?;
-                for s in 1..self.threads.len() {
-                    match self.call_shard(s, Request::DeleteVolume { volume }) {
-                        Ok(_) | Err(EngineError::NoSuchVolume { .. }) => {}
-                        Err(e) => return Err(e),
-                    }
-                }
-                Ok(Reply::Done)
-            }
-            Request::SetVolumeLimits { volume, limits } => {
-                let info = self.call_shard(0, Request::SetVolumeLimits { volume, limits })?;
-                for s in 1..self.threads.len() {
-                    self.call_shard(s, Request::SetVolumeLimits { volume, limits })?;
-                }
-                Ok(whole(info))
-            }
-            Request::ListVolumes => Ok(Reply::Volumes(
-                self.volumes_of(0)?.into_iter().map(whole_info).collect(),
-            )),
-            Request::Stats => {
-                let mut all: Option<shale_engine::Stats> = None;
-                for s in 0..self.threads.len() {
-                    let st = match self.call_shard(s, Request::Stats)? {
-                        Reply::Stats(st) => st,
-                        other => return Err(unexpected(&other)),
-                    };
-                    match &mut all {
-                        None => all = Some(*st),
-                        Some(a) => a.absorb(&st),
-                    }
-                }
-                Ok(Reply::Stats(Box::new(all.unwrap_or_default())))
-            }
-            Request::CreateSlice { .. } | Request::ResizeSlice { .. } => {
-                Err(EngineError::InvalidVolume {
-                    reason: "slices are the router's to make, not a client's".into(),
-                })
-            }
-            other => unreachable!("{other:?} is routed before admin"),
-        }
+        Volumes::new(&self.map, &mut |s, r| self.threads[s].call(r)).request(req)
     }
 
-    /// Every shard's slice size of a volume of `size` bytes, or why it cannot be.
-    fn slices(&self, size: u64) -> Result<Vec<u64>, EngineError> {
-        let n = self.threads.len() as u64;
-        let min = n * self.map.granule();
-        if size < min || !size.is_multiple_of(4096) {
-            return Err(EngineError::InvalidVolume {
-                reason: format!(
-                    "size {size} on a pool of {n} shards: a multiple of 4096 of at least \
-                     {min} (one granule of {} bytes per shard)",
-                    self.map.granule()
-                ),
-            });
-        }
-        Ok((0..self.threads.len())
-            .map(|s| self.map.local_size(s, size))
-            .collect())
-    }
-
-    fn create(&self, name: String, size: u64) -> Result<Reply, EngineError> {
-        let slices = self.slices(size)?;
-        let first = self.call_shard(
-            0,
-            Request::CreateSlice {
-                name: name.clone(),
-                uid: None,
-                size_bytes: slices[0],
-                whole_size_bytes: size,
-            },
-        )?;
-        let Reply::Volume(info) = first else {
-            return Err(unexpected(&first));
-        };
-        for (s, &slice) in slices.iter().enumerate().skip(1) {
-            let r = self.call_shard(
-                s,
-                Request::CreateSlice {
-                    name: name.clone(),
-                    uid: Some(info.uid),
-                    size_bytes: slice,
-                    whole_size_bytes: size,
-                },
-            );
-            if let Err(e) = r {
-                // Undone in the order of every change, shard 0 first: after a crash
-                // here the open deletes what the others still hold.
-                for u in 0..s {
-                    let _ = self.call_shard(u, Request::DeleteVolume { volume: info.uid });
-                }
-                return Err(e);
-            }
-        }
-        Ok(Reply::Volume(whole_info(info)))
-    }
-
-    fn resize(&self, volume: VolumeUid, size: u64) -> Result<Reply, EngineError> {
-        let slices = self.slices(size)?;
-        let old = self
-            .volumes_of(0)?
-            .into_iter()
-            .find(|v| v.uid == volume)
-            .ok_or(EngineError::NoSuchVolume { volume })?
-            .whole_size_bytes;
-        let resize = |s: usize, size: u64, slice: u64| {
-            self.call_shard(
-                s,
-                Request::ResizeSlice {
-                    volume,
-                    size_bytes: slice,
-                    whole_size_bytes: size,
-                },
-            )
-        };
-        let first = resize(0, size, slices[0])?;
-        for (s, &slice) in slices.iter().enumerate().skip(1) {
-            if let Err(e) = resize(s, size, slice) {
-                for u in 0..s {
-                    let _ = resize(u, old, self.map.local_size(u, old));
-                }
-                return Err(e);
-            }
-        }
-        Ok(whole(first))
-    }
-
-    /// Makes every shard's volumes agree with shard 0's: a volume shard 0 lacks is
-    /// deleted, one it has is created or resized to match, limits copied.
+    /// Makes every shard's volumes agree with shard 0's (`Volumes::reconcile`).
     fn reconcile(&self) -> Result<(), ShardsError> {
-        if self.threads.len() == 1 {
-            return Ok(());
-        }
-        let engine = |shard| move |source| ShardsError::Engine { shard, source };
-        let truth = self.volumes_of(0).map_err(engine(0))?;
-        for v in &truth {
-            if self.map.local_size(0, v.whole_size_bytes) != v.size_bytes {
-                return Err(ShardsError::Volumes {
-                    shard: 0,
-                    reason: format!(
-                        "volume {} holds {} bytes of {}, not its share {}",
-                        v.name,
-                        v.size_bytes,
-                        v.whole_size_bytes,
-                        self.map.local_size(0, v.whole_size_bytes)
-                    ),
-                });
-            }
-        }
-        for s in 1..self.threads.len() {
-            let have = self.volumes_of(s).map_err(engine(s))?;
-            for h in &have {
-                if !truth.iter().any(|t| t.uid == h.uid) {
-                    tracing::warn!(shard = s, volume = %h.name, "deleting a volume shard 0 does not have (a delete cut short)");
-                    self.call_shard(s, Request::DeleteVolume { volume: h.uid })
-                        .map_err(engine(s))?;
-                }
-            }
-            for t in &truth {
-                let slice = self.map.local_size(s, t.whole_size_bytes);
-                match have.iter().find(|h| h.uid == t.uid) {
-                    None => {
-                        tracing::warn!(shard = s, volume = %t.name, "creating a volume only shard 0 has (a create cut short)");
-                        self.call_shard(
-                            s,
-                            Request::CreateSlice {
-                                name: t.name.clone(),
-                                uid: Some(t.uid),
-                                size_bytes: slice,
-                                whole_size_bytes: t.whole_size_bytes,
-                            },
-                        )
-                        .map_err(|e| ShardsError::Volumes {
-                            shard: s,
-                            reason: format!("cannot create volume {}: {e}", t.name),
-                        })?;
-                    }
-                    Some(h)
-                        if h.whole_size_bytes != t.whole_size_bytes || h.size_bytes != slice =>
-                    {
-                        tracing::warn!(shard = s, volume = %t.name, "resizing a volume to shard 0's size (a resize cut short)");
-                        self.call_shard(
-                            s,
-                            Request::ResizeSlice {
-                                volume: t.uid,
-                                size_bytes: slice,
-                                whole_size_bytes: t.whole_size_bytes,
-                            },
-                        )
-                        .map_err(engine(s))?;
-                    }
-                    Some(_) => {}
-                }
-                if have.iter().any(|h| h.uid == t.uid && h.limits != t.limits)
-                    || !have.iter().any(|h| h.uid == t.uid) && !t.limits.is_none()
-                {
-                    self.call_shard(
-                        s,
-                        Request::SetVolumeLimits {
-                            volume: t.uid,
-                            limits: t.limits,
-                        },
-                    )
-                    .map_err(engine(s))?;
-                }
-            }
-        }
-        Ok(())
+        Volumes::new(&self.map, &mut |s, r| self.threads[s].call(r)).reconcile()
     }
 
     /// Shuts every shard down cleanly and returns their devices, in shard order;
@@ -710,66 +377,3 @@ fn parallel<T: Send, R: Send, E: Send>(
     })
 }
 
-fn req_clone(r: &Request) -> Request {
-    match r {
-        Request::Flush => Request::Flush,
-        Request::SelfCheck => Request::SelfCheck,
-        _ => unreachable!("only flushes and self-checks are sent to every shard"),
-    }
-}
-
-/// `r` with its offset replaced by the shard-local one.
-fn relocate(r: Request, local: u64) -> Request {
-    match r {
-        Request::Read { volume, len, .. } => Request::Read {
-            volume,
-            offset: local,
-            len,
-        },
-        Request::Write {
-            volume, data, fua, ..
-        } => Request::Write {
-            volume,
-            offset: local,
-            data,
-            fua,
-        },
-        Request::Trim { volume, len, .. } => Request::Trim {
-            volume,
-            offset: local,
-            len,
-        },
-        Request::WriteZeroes { volume, len, .. } => Request::WriteZeroes {
-            volume,
-            offset: local,
-            len,
-        },
-        Request::Allocation { volume, len, .. } => Request::Allocation {
-            volume,
-            offset: local,
-            len,
-        },
-        other => other,
-    }
-}
-
-/// A volume as the pool shows it: its whole size.
-fn whole_info(v: VolumeInfo) -> VolumeInfo {
-    VolumeInfo {
-        size_bytes: v.whole_size_bytes,
-        ..v
-    }
-}
-
-fn whole(r: Reply) -> Reply {
-    match r {
-        Reply::Volume(v) => Reply::Volume(whole_info(v)),
-        other => other,
-    }
-}
-
-fn unexpected(r: &Reply) -> EngineError {
-    EngineError::Failed {
-        reason: format!("a shard answered with {r:?}"),
-    }
-}
