@@ -81,7 +81,58 @@ impl<C, Z> std::fmt::Debug for Shards<C, Z> {
     }
 }
 
-fn pool_tag() -> u32 {
+/// The deal of `n` shards of `granule` bytes, or why there is none.
+pub(crate) fn check_shape(n: usize, granule: u64) -> Result<ShardMap, ShardsError> {
+    if n == 0 || n > usize::from(SHARDS_MAX) {
+        return Err(ShardsError::Count { count: n });
+    }
+    // One shard owns everything: no granule is recorded, any would do.
+    let granule = if n == 1 {
+        crate::GRANULE_BYTES_DEFAULT
+    } else {
+        granule
+    };
+    if granule >= 16 << 30 {
+        return Err(ShardsError::Granule { granule });
+    }
+    ShardMap::new(n, granule).ok_or(ShardsError::Granule { granule })
+}
+
+/// Shard `i` of `n`'s format-time configuration.
+pub(crate) fn shard_config(config: &Config, i: usize, n: usize, granule: u64, pool: u32) -> Config {
+    let mut cfg = config.clone();
+    cfg.shard = if n == 1 {
+        ShardTag::ONE
+    } else {
+        ShardTag {
+            index: i as u8,
+            count: n as u8,
+            granule_blocks: (granule / 4096) as u32,
+            pool,
+        }
+    };
+    cfg
+}
+
+/// The deal the shards' superblocks record, once they are checked to be one pool's,
+/// each in its place: device set `i` must hold shard `i` of as many as there are.
+pub(crate) fn check_tags(tags: &[ShardTag]) -> Result<ShardMap, ShardsError> {
+    let n = tags.len();
+    let first = tags.first().copied().unwrap_or(ShardTag::ONE);
+    for (i, &t) in tags.iter().enumerate() {
+        let same_pool = t.pool == first.pool && t.granule_blocks == first.granule_blocks;
+        if usize::from(t.index) != i || usize::from(t.count) != n || !same_pool {
+            return Err(ShardsError::Mismatch {
+                position: i,
+                expected: n,
+                found: t,
+            });
+        }
+    }
+    check_shape(n, u64::from(first.granule_blocks) * 4096)
+}
+
+pub(crate) fn pool_tag() -> u32 {
     use std::hash::{BuildHasher, Hasher};
     // A random-keyed hasher over the time: enough to tell two pools apart.
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
@@ -108,20 +159,10 @@ where
         queue_depth: usize,
     ) -> Result<Shards<C, Z>, ShardsError> {
         let n = devices.len();
-        let map = Self::check_shape(n, granule)?;
+        let map = check_shape(n, granule)?;
         let pool = pool_tag();
         let engines = parallel(devices, |i, (c, z)| {
-            let mut cfg = config.clone();
-            cfg.shard = if n == 1 {
-                ShardTag::ONE
-            } else {
-                ShardTag {
-                    index: i as u8,
-                    count: n as u8,
-                    granule_blocks: (granule / 4096) as u32,
-                    pool,
-                }
-            };
+            let cfg = shard_config(config, i, n, granule, pool);
             Engine::format(c, z, clock(), cfg)
                 .map_err(|source| ShardsError::Format { shard: i, source })
         })?;
@@ -191,40 +232,12 @@ where
             }
             engines.into_iter().collect::<Result<Vec<_>, _>>()
         })?;
-        let first = engines.first().map_or(ShardTag::ONE, Engine::shard);
-        for (i, e) in engines.iter().enumerate() {
-            let t = e.shard();
-            let same_pool = t.pool == first.pool && t.granule_blocks == first.granule_blocks;
-            if usize::from(t.index) != i || usize::from(t.count) != n || !same_pool {
-                return Err(ShardsError::Mismatch {
-                    position: i,
-                    expected: n,
-                    found: t,
-                });
-            }
-        }
-        let granule = u64::from(first.granule_blocks) * 4096;
-        let map = Self::check_shape(n, granule)?;
+        let tags: Vec<_> = engines.iter().map(Engine::shard).collect();
+        let map = check_tags(&tags)?;
         let reports = engines.iter().map(|e| e.open_report().clone()).collect();
         let pool = Self::start(map, engines, queue_depth)?;
         pool.reconcile()?;
         Ok((pool, reports))
-    }
-
-    fn check_shape(n: usize, granule: u64) -> Result<ShardMap, ShardsError> {
-        if n == 0 || n > usize::from(SHARDS_MAX) {
-            return Err(ShardsError::Count { count: n });
-        }
-        // One shard owns everything: no granule is recorded, any would do.
-        let granule = if n == 1 {
-            crate::GRANULE_BYTES_DEFAULT
-        } else {
-            granule
-        };
-        if granule >= 16 << 30 {
-            return Err(ShardsError::Granule { granule });
-        }
-        ShardMap::new(n, granule).ok_or(ShardsError::Granule { granule })
     }
 
     fn start<K: Clock + Send + 'static>(
@@ -376,4 +389,3 @@ fn parallel<T: Send, R: Send, E: Send>(
             .collect()
     })
 }
-

@@ -92,7 +92,11 @@ fn split(
         let j = Arc::clone(&join);
         let local = r.start;
         let p = part(req, r.start, r.end - r.start, data);
-        if let Err(e) = send(shard, p, Box::new(move |res| j.done_shard(shard, local, res))) {
+        if let Err(e) = send(
+            shard,
+            p,
+            Box::new(move |res| j.done_shard(shard, local, res)),
+        ) {
             join.done_shard(shard, local, Err(e));
         }
     }

@@ -288,4 +288,3 @@ fn whole(r: Reply) -> Reply {
         other => other,
     }
 }
-

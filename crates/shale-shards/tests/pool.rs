@@ -372,3 +372,55 @@ fn stats_and_flush_cover_every_shard() {
     assert_eq!(st.volumes[0].user_write_bytes, 1 << 20);
     assert!(p.failure().is_none());
 }
+
+/// The pool stepped on one thread keeps the same deal and volumes: what it wrote,
+/// the pool on threads reads back after it shut down, and the other way round.
+#[test]
+fn the_pool_on_one_thread_and_on_threads_share_the_format() {
+    let mut local = shale_shards::LocalShards::format(
+        (0..3).map(|_| devices()).collect(),
+        ManualClock::new,
+        &config(),
+        GRANULE,
+    )
+    .unwrap();
+    let Ok(Reply::Volume(v)) = local.call(Request::CreateVolume {
+        name: "a".into(),
+        size_bytes: 1 << 20,
+    }) else {
+        panic!("create")
+    };
+    let data = pattern(5, 300_000);
+    local
+        .call(Request::Write {
+            volume: v.uid,
+            offset: 12_345,
+            data: data.clone(),
+            fua: false,
+        })
+        .unwrap();
+    assert_eq!(local.stats().user_write_bytes, 300_000);
+    let threaded = reopen(local.shutdown().unwrap());
+    assert_eq!(read(&threaded, v.uid, 12_345, 300_000), data);
+    let more = pattern(6, 70_000);
+    threaded
+        .call(Request::Write {
+            volume: v.uid,
+            offset: 500_000,
+            data: more.clone(),
+            fua: false,
+        })
+        .unwrap();
+    let (mut local, _) =
+        shale_shards::LocalShards::open(threaded.shutdown().unwrap(), ManualClock::new, &config())
+            .unwrap();
+    let Ok(Reply::Read(got)) = local.call(Request::Read {
+        volume: v.uid,
+        offset: 500_000,
+        len: 70_000,
+    }) else {
+        panic!("read")
+    };
+    assert_eq!(got, more);
+    local.call(Request::SelfCheck).unwrap();
+}

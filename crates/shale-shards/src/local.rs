@@ -1,0 +1,233 @@
+//! A pool of shards polled on one thread: the same deal, routing and volume rules
+//! as [`crate::Shards`], with the engines stepped in turn by their owner instead of
+//! on threads of their own. For what must run deterministically on one thread: the
+//! benchmark runner's simulated drives and clock, simulations, tests.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use shale_device::{BlockDevice, ZonedDevice};
+use shale_engine::{
+    Clock, Completion, Config, Engine, EngineError, OpenReport, Reply, Request, Stats,
+};
+
+use crate::map::ShardMap;
+use crate::pool::{check_shape, check_tags, shard_config};
+use crate::route::{route, Routed};
+use crate::volumes::Volumes;
+use crate::ShardsError;
+
+/// N engines stepped on the caller's thread.
+pub struct LocalShards<C: BlockDevice, Z: ZonedDevice, K: Clock> {
+    map: ShardMap,
+    engines: Vec<Engine<C, Z, K>>,
+    capacities: Vec<u64>,
+}
+
+impl<C: BlockDevice, Z: ZonedDevice, K: Clock> std::fmt::Debug for LocalShards<C, Z, K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalShards")
+            .field("map", &self.map)
+            .field("shards", &self.engines.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Polls `e` until `slot` holds an answer (or the engine fails).
+fn wait_answer<C: BlockDevice, Z: ZonedDevice, K: Clock>(
+    e: &mut Engine<C, Z, K>,
+    slot: &Mutex<Option<Result<Reply, EngineError>>>,
+) -> Result<Reply, EngineError> {
+    loop {
+        if let Some(r) = slot.lock().unwrap_or_else(PoisonError::into_inner).take() {
+            return r;
+        }
+        let progress = e.poll();
+        if !progress {
+            if e.is_idle() {
+                // Idle without an answer: the request was dropped, which answers
+                // `Failed` (`Answer`), so this is not reached; stay safe anyway.
+                if let Some(r) = slot.lock().unwrap_or_else(PoisonError::into_inner).take() {
+                    return r;
+                }
+                return Err(EngineError::Failed {
+                    reason: "a shard went idle without answering".into(),
+                });
+            }
+            e.wait_io();
+        }
+    }
+}
+
+/// Submits `req` to `e` and polls it until answered.
+fn call_engine<C: BlockDevice, Z: ZonedDevice, K: Clock>(
+    e: &mut Engine<C, Z, K>,
+    req: Request,
+) -> Result<Reply, EngineError> {
+    let slot: Arc<Mutex<Option<Result<Reply, EngineError>>>> = Arc::default();
+    let s2 = Arc::clone(&slot);
+    e.submit(
+        req,
+        Box::new(move |r| *s2.lock().unwrap_or_else(PoisonError::into_inner) = Some(r)),
+    );
+    wait_answer(e, &slot)
+}
+
+impl<C: BlockDevice, Z: ZonedDevice, K: Clock> LocalShards<C, Z, K> {
+    /// Formats one shard on each device pair, in turn.
+    pub fn format(
+        devices: Vec<(C, Z)>,
+        clock: impl Fn() -> K,
+        config: &Config,
+        granule: u64,
+    ) -> Result<Self, ShardsError> {
+        let n = devices.len();
+        let map = check_shape(n, granule)?;
+        let pool = crate::pool::pool_tag();
+        let mut engines = Vec::with_capacity(n);
+        for (i, (c, z)) in devices.into_iter().enumerate() {
+            let cfg = shard_config(config, i, n, granule, pool);
+            engines.push(
+                Engine::format(c, z, clock(), cfg)
+                    .map_err(|source| ShardsError::Format { shard: i, source })?,
+            );
+        }
+        Ok(Self::assemble(map, engines))
+    }
+
+    /// Opens (recovering where needed) the shards in turn and makes their volumes
+    /// agree with shard 0's.
+    pub fn open(
+        devices: Vec<(C, Z)>,
+        clock: impl Fn() -> K,
+        config: &Config,
+    ) -> Result<(Self, Vec<OpenReport>), ShardsError> {
+        let mut engines = Vec::with_capacity(devices.len());
+        for (i, (c, z)) in devices.into_iter().enumerate() {
+            engines.push(
+                Engine::open(c, z, clock(), config.clone())
+                    .map_err(|source| ShardsError::Open { shard: i, source })?,
+            );
+        }
+        let tags: Vec<_> = engines.iter().map(Engine::shard).collect();
+        let map = check_tags(&tags)?;
+        let reports = engines.iter().map(|e| e.open_report().clone()).collect();
+        let mut pool = Self::assemble(map, engines);
+        let (map, engines) = (&pool.map, &mut pool.engines);
+        Volumes::new(map, &mut |s, r| call_engine(&mut engines[s], r)).reconcile()?;
+        Ok((pool, reports))
+    }
+
+    fn assemble(map: ShardMap, engines: Vec<Engine<C, Z, K>>) -> Self {
+        let capacities = engines.iter().map(Engine::user_capacity_bytes).collect();
+        LocalShards {
+            map,
+            engines,
+            capacities,
+        }
+    }
+
+    pub fn map(&self) -> &ShardMap {
+        &self.map
+    }
+
+    pub fn engines(&self) -> &[Engine<C, Z, K>] {
+        &self.engines
+    }
+
+    pub fn engines_mut(&mut self) -> &mut [Engine<C, Z, K>] {
+        &mut self.engines
+    }
+
+    /// The pool's user capacity (as [`crate::Shards::user_capacity_bytes`]).
+    pub fn user_capacity_bytes(&self) -> u64 {
+        self.capacities.iter().min().copied().unwrap_or(0) * self.capacities.len() as u64
+    }
+
+    /// Queues a request on the shards owning its bytes. Volume changes, listings and
+    /// statistics run to completion here (polling the shards they call), and `done`
+    /// is called before this returns.
+    pub fn submit(&mut self, req: Request, done: Completion) {
+        let (map, engines) = (&self.map, &mut self.engines);
+        let mut send = |s: usize, r: Request, d: Completion| {
+            engines[s].submit(r, d);
+            Ok(())
+        };
+        match route(map, req, done, &mut send) {
+            Ok(Routed::Sent) => {}
+            Ok(Routed::Admin(req, done)) => {
+                let r = Volumes::new(map, &mut |s, r| call_engine(&mut engines[s], r)).request(req);
+                done(r);
+            }
+            Err(_) => unreachable!("an engine's submit cannot fail"),
+        }
+    }
+
+    /// Submits and polls until answered.
+    pub fn call(&mut self, req: Request) -> Result<Reply, EngineError> {
+        let slot: Arc<Mutex<Option<Result<Reply, EngineError>>>> = Arc::default();
+        let s2 = Arc::clone(&slot);
+        self.submit(
+            req,
+            Box::new(move |r| *s2.lock().unwrap_or_else(PoisonError::into_inner) = Some(r)),
+        );
+        loop {
+            if let Some(r) = slot.lock().unwrap_or_else(PoisonError::into_inner).take() {
+                return r;
+            }
+            if !self.poll() {
+                if self.is_idle() {
+                    return Err(EngineError::Failed {
+                        reason: "the shards went idle without answering".into(),
+                    });
+                }
+                self.wait_io();
+            }
+        }
+    }
+
+    /// One loop iteration of every shard; true if any moved.
+    pub fn poll(&mut self) -> bool {
+        let mut any = false;
+        for e in &mut self.engines {
+            any |= e.poll();
+        }
+        any
+    }
+
+    /// Waits for a device completion of each shard with I/O in flight.
+    pub fn wait_io(&mut self) {
+        for e in &mut self.engines {
+            e.wait_io();
+        }
+    }
+
+    pub fn is_idle(&self) -> bool {
+        self.engines.iter().all(Engine::is_idle)
+    }
+
+    /// Polls every shard until all are idle.
+    pub fn run_until_idle(&mut self) -> Result<(), EngineError> {
+        for e in &mut self.engines {
+            e.run_until_idle()?;
+        }
+        Ok(())
+    }
+
+    /// The shards' counters summed.
+    pub fn stats(&self) -> Stats {
+        let mut all = Stats::default();
+        for (i, e) in self.engines.iter().enumerate() {
+            if i == 0 {
+                all = e.stats();
+            } else {
+                all.absorb(&e.stats());
+            }
+        }
+        all
+    }
+
+    /// Shuts every shard down cleanly and returns their devices, in shard order.
+    pub fn shutdown(self) -> Result<Vec<(C, Z)>, EngineError> {
+        self.engines.into_iter().map(Engine::shutdown).collect()
+    }
+}
