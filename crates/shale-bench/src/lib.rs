@@ -148,6 +148,8 @@ pub struct SystemOptions {
     pub compaction_policy: shale_engine::CompactionPolicyKind,
     /// Shale: how relocations are spread over the streams.
     pub placement: shale_engine::PlacementKind,
+    /// Shale: engine shards, each with drives of its own (`ShaleConfig::shards`).
+    pub shards: u32,
 }
 
 impl Default for SystemOptions {
@@ -163,6 +165,7 @@ impl Default for SystemOptions {
             gc_policy: None,
             compaction_policy: shale_engine::CompactionPolicyKind::default(),
             placement: shale_engine::PlacementKind::default(),
+            shards: 1,
         }
     }
 }
@@ -227,6 +230,7 @@ pub fn build_system(
                 }),
                 compaction_policy: opts.compaction_policy,
                 placement: opts.placement,
+                shards: opts.shards.max(1),
                 ..ShaleConfig::standard(mode, cfg.capacity_bytes, cfg.tenants)
             })
         }

@@ -21,6 +21,7 @@ use shale_engine::{
     Config as EngineConfig, Engine, EngineError, ManualClock, Reply, Request, Stats, VolumeUid,
 };
 use shale_flashsim::{FlashSim, StatsHandle, ZnsSim};
+use shale_shards::LocalShards;
 use shale_workload::{IoKind, IoOp};
 
 use crate::config::SetupError;
@@ -76,6 +77,10 @@ pub struct ShaleConfig {
     pub compaction_policy: shale_engine::CompactionPolicyKind,
     /// How relocations are spread over the streams.
     pub placement: shale_engine::PlacementKind,
+    /// Engine shards (`shale-shards`), stepped in turn on the runner's thread: each
+    /// has its own drives with 1/N of the zones (plus its own reserve, so the volumes
+    /// and the workload are those of one shard) and 1/N of the cache.
+    pub shards: u32,
 }
 
 impl ShaleConfig {
@@ -95,6 +100,7 @@ impl ShaleConfig {
             gc_policy: shale_engine::GcPolicyKind::default(),
             compaction_policy: shale_engine::CompactionPolicyKind::default(),
             placement: shale_engine::PlacementKind::default(),
+            shards: 1,
         }
     }
 
@@ -136,7 +142,7 @@ pub(crate) struct SimDevice {
 /// Shale over simulated drives.
 pub struct ShaleSystem<C: BlockDevice, Z: ZonedDevice> {
     name: &'static str,
-    engine: Engine<C, Z, ManualClock>,
+    engine: LocalShards<C, Z, ManualClock>,
     clock: ManualClock,
     /// Capacity drives first, then cache drives.
     devices: Vec<SimDevice>,
@@ -194,87 +200,168 @@ pub(crate) fn cache_drive(bytes: u64, name: &str) -> Result<Cache, SetupError> {
     )?)
 }
 
-fn cache_device(cfg: &ShaleConfig) -> Result<Cache, SetupError> {
-    cache_drive(cache_bytes(cfg), "cache")
+/// A `shale-zns` shard's drives: a `zns-qlc` drive of `zones` zones and an `optane`
+/// cache of `cache_bytes`, and their counters (capacity first).
+fn zns_drives(
+    cfg: &ShaleConfig,
+    zones: u32,
+    cache_bytes: u64,
+) -> Result<(Cache, ZnsCap, Vec<SimDevice>), SetupError> {
+    let zone_bytes = cfg.zone_bytes();
+    let cache = cache_drive(cache_bytes, "cache")?;
+    let inner = MemDevice::new(
+        crate::zone_emu_inner_bytes(zone_bytes, zones),
+        BLOCK_BYTES as u32,
+    )?
+    .with_name("zns");
+    let emu = crate::zoned_over(inner, zone_bytes, zones)?;
+    let zns: ZnsCap = ZnsSim::from_preset(emu, &shale_flashsim::preset("zns-qlc")?)?;
+    let devices = vec![
+        SimDevice {
+            role: DeviceRole::Capacity,
+            preset: "zns-qlc",
+            stats: zns.stats_handle(),
+        },
+        SimDevice {
+            role: DeviceRole::Cache,
+            preset: "optane",
+            stats: cache.stats_handle(),
+        },
+    ];
+    Ok((cache, zns, devices))
+}
+
+/// A `shale-blk` shard's drives: a conventional `qlc-p5316` drive under zone
+/// emulation of `zones` zones and an `optane` cache (capacity first).
+fn blk_drives(
+    cfg: &ShaleConfig,
+    zones: u32,
+    cache_bytes: u64,
+) -> Result<(Cache, BlkCap, Vec<SimDevice>), SetupError> {
+    let zone_bytes = cfg.zone_bytes();
+    let cache = cache_drive(cache_bytes, "cache")?;
+    let preset = shale_flashsim::preset("qlc-p5316")?;
+    let drive = FlashSim::from_preset(
+        MemDevice::new(
+            crate::zone_emu_inner_bytes(zone_bytes, zones),
+            BLOCK_BYTES as u32,
+        )?
+        .with_name("qlc"),
+        &preset,
+    )?;
+    let devices = vec![
+        SimDevice {
+            role: DeviceRole::Capacity,
+            preset: "qlc-p5316",
+            stats: drive.stats_handle(),
+        },
+        SimDevice {
+            role: DeviceRole::Cache,
+            preset: "optane",
+            stats: cache.stats_handle(),
+        },
+    ];
+    let emu: BlkCap = crate::zoned_over(drive, zone_bytes, zones)?;
+    Ok((cache, emu, devices))
 }
 
 /// Builds `shale-zns` or `shale-blk`.
 pub fn build_shale(cfg: &ShaleConfig) -> Result<Box<dyn SystemUnderTest + Send>, SetupError> {
     if cfg.capacity_devices > 1 || cfg.cache_devices > 1 {
+        if cfg.shards > 1 {
+            return Err(SetupError::EngineAdmin {
+                step: "setup",
+                reason: "shards over drive arrays are not built".into(),
+            });
+        }
         return crate::shale_arrays::build_shale_array(cfg);
     }
     crate::shale_arrays::check_array_options(cfg)?;
     let zone_bytes = cfg.zone_bytes();
-    let cache = cache_device(cfg)?;
+    // As many zones for `shale-blk` as `shale-zns` gets, the emulation's zone table
+    // beside them (as the ZNS side's is): the same zones give the same user capacity,
+    // hence the same volume size and the same workload. fio's zipf scatter is not a
+    // permutation and its collisions depend on the volume size: one zone less (1 MiB
+    // less per volume at `paper`) once sent the top 10,000 ranks to 2,219 blocks
+    // instead of 10,000 and made shale-blk's zipf:1.2 WAF look 35% lower.
+    let zones = u32::try_from(cfg.capacity_bytes / zone_bytes).unwrap_or(u32::MAX);
+    if cfg.shards > 1 {
+        return build_sharded(cfg, zones);
+    }
+    let cache = cache_bytes(cfg);
     match cfg.mode {
         ShaleMode::Zns => {
-            let zones = u32::try_from(cfg.capacity_bytes / zone_bytes).unwrap_or(u32::MAX);
-            let inner = MemDevice::new(
-                crate::zone_emu_inner_bytes(zone_bytes, zones),
-                BLOCK_BYTES as u32,
-            )?
-            .with_name("zns");
-            let emu = crate::zoned_over(inner, zone_bytes, zones)?;
-            let zns: ZnsCap = ZnsSim::from_preset(emu, &shale_flashsim::preset("zns-qlc")?)?;
-            let devices = vec![
-                SimDevice {
-                    role: DeviceRole::Capacity,
-                    preset: "zns-qlc",
-                    stats: zns.stats_handle(),
-                },
-                SimDevice {
-                    role: DeviceRole::Cache,
-                    preset: "optane",
-                    stats: cache.stats_handle(),
-                },
-            ];
-            Ok(Box::new(ShaleSystem::new(
-                "shale-zns",
-                cfg,
-                cache,
-                zns,
-                devices,
-                zone_bytes,
-            )?))
+            let (cache, zns, devices) = zns_drives(cfg, zones, cache)?;
+            let sys = ShaleSystem::new("shale-zns", cfg, cache, zns, devices, zone_bytes)?;
+            Ok(Box::new(sys))
         }
         ShaleMode::Blk => {
-            let preset = shale_flashsim::preset("qlc-p5316")?;
-            // As many zones as `shale-zns` gets, the emulation's zone table beside them
-            // (as the ZNS side's is): the same zones give the same user capacity, hence
-            // the same volume size and the same workload. fio's zipf scatter is not a
-            // permutation and its collisions depend on the volume size: one zone less
-            // (1 MiB less per volume at `paper`) once sent the top 10,000 ranks to 2,219
-            // blocks instead of 10,000 and made shale-blk's zipf:1.2 WAF look 35% lower.
-            let zones = u32::try_from(cfg.capacity_bytes / zone_bytes).unwrap_or(u32::MAX);
-            let drive = FlashSim::from_preset(
-                MemDevice::new(
-                    crate::zone_emu_inner_bytes(zone_bytes, zones),
-                    BLOCK_BYTES as u32,
-                )?
-                .with_name("qlc"),
-                &preset,
-            )?;
-            let devices = vec![
-                SimDevice {
-                    role: DeviceRole::Capacity,
-                    preset: "qlc-p5316",
-                    stats: drive.stats_handle(),
-                },
-                SimDevice {
-                    role: DeviceRole::Cache,
-                    preset: "optane",
-                    stats: cache.stats_handle(),
-                },
-            ];
-            let emu: BlkCap = crate::zoned_over(drive, zone_bytes, zones)?;
-            Ok(Box::new(ShaleSystem::new(
-                "shale-blk",
+            let (cache, emu, devices) = blk_drives(cfg, zones, cache)?;
+            let sys = ShaleSystem::new("shale-blk", cfg, cache, emu, devices, zone_bytes)?;
+            Ok(Box::new(sys))
+        }
+    }
+}
+
+/// `cfg.shards` shards, each on drives of its own: 1/N of the zones plus the reserve
+/// a shard holds back for its streams (N shards hold N reserves), so the volumes are
+/// as large as one shard's and the workload is the same; 1/N of the cache.
+fn build_sharded(
+    cfg: &ShaleConfig,
+    zones: u32,
+) -> Result<Box<dyn SystemUnderTest + Send>, SetupError> {
+    let n = cfg.shards;
+    let zone_bytes = cfg.zone_bytes();
+    // The one-shard pool, formatted on sparse memory to learn its volumes and streams.
+    let (c, z, _) = zns_drives(cfg, zones, cache_bytes(cfg))?;
+    let one = Engine::format(c, z, ManualClock::new(), engine_config(cfg, zone_bytes))?;
+    let tenants = u64::from(cfg.tenants.max(1));
+    let volume_bytes =
+        one.user_capacity_bytes() / tenants / VOLUME_ALIGN_BYTES * VOLUME_ALIGN_BYTES;
+    let streams = one.stats().streams as u32;
+    let reserve = EngineConfig::default().gc_free_zones_min.max(streams + 2) + 2 * streams;
+    // Zone 0 (the label) and the reserve in every shard; the data zones dealt out.
+    let data = zones.saturating_sub(1 + reserve);
+    let per_shard = data.div_ceil(n) + 1 + reserve;
+    // A shard's cache needs what one pool's does (`cache_bytes`: two requests
+    // beside the chunk being compacted, and the metadata), whatever 1/N comes to.
+    let cache = (cache_bytes(cfg) / u64::from(n) / BLOCK_BYTES * BLOCK_BYTES)
+        .max(4 * REQUEST_BYTES_MAX + 3 * zone_bytes + (4 << 20));
+    let mut devices = Vec::new();
+    match cfg.mode {
+        ShaleMode::Zns => {
+            let mut pairs = Vec::new();
+            for _ in 0..n {
+                let (c, z, d) = zns_drives(cfg, per_shard, cache)?;
+                pairs.push((c, z));
+                devices.extend(d);
+            }
+            let sys = ShaleSystem::sharded(
+                "shale-zns",
                 cfg,
-                cache,
-                emu,
+                pairs,
                 devices,
                 zone_bytes,
-            )?))
+                Some(volume_bytes),
+            )?;
+            Ok(Box::new(sys))
+        }
+        ShaleMode::Blk => {
+            let mut pairs = Vec::new();
+            for _ in 0..n {
+                let (c, z, d) = blk_drives(cfg, per_shard, cache)?;
+                pairs.push((c, z));
+                devices.extend(d);
+            }
+            let sys = ShaleSystem::sharded(
+                "shale-blk",
+                cfg,
+                pairs,
+                devices,
+                zone_bytes,
+                Some(volume_bytes),
+            )?;
+            Ok(Box::new(sys))
         }
     }
 }
@@ -290,16 +377,35 @@ impl<C: BlockDevice, Z: ZonedDevice> ShaleSystem<C, Z> {
         devices: Vec<SimDevice>,
         zone_bytes: u64,
     ) -> Result<ShaleSystem<C, Z>, SetupError> {
+        Self::sharded(name, cfg, vec![(cache, capacity)], devices, zone_bytes, None)
+    }
+
+    /// Over one shard per device pair; `volume_bytes` fixes the volumes' size (else
+    /// the user capacity split among the tenants).
+    pub(crate) fn sharded(
+        name: &'static str,
+        cfg: &ShaleConfig,
+        pairs: Vec<(C, Z)>,
+        devices: Vec<SimDevice>,
+        zone_bytes: u64,
+        volume_bytes: Option<u64>,
+    ) -> Result<ShaleSystem<C, Z>, SetupError> {
         let clock = ManualClock::new();
-        let engine = Engine::format(
-            cache,
-            capacity,
-            clock.clone(),
-            engine_config(cfg, zone_bytes),
-        )?;
+        let engine = LocalShards::format(
+            pairs,
+            || clock.clone(),
+            &engine_config(cfg, zone_bytes),
+            shale_shards::GRANULE_BYTES_DEFAULT,
+        )
+        .map_err(|e| SetupError::EngineAdmin {
+            step: "format",
+            reason: e.to_string(),
+        })?;
         let tenants = cfg.tenants.max(1);
-        let volume_bytes = engine.user_capacity_bytes() / u64::from(tenants) / VOLUME_ALIGN_BYTES
-            * VOLUME_ALIGN_BYTES;
+        let volume_bytes = volume_bytes.unwrap_or(
+            engine.user_capacity_bytes() / u64::from(tenants) / VOLUME_ALIGN_BYTES
+                * VOLUME_ALIGN_BYTES,
+        );
         if volume_bytes == 0 {
             return Err(SetupError::VolumesDoNotFit {
                 tenants,

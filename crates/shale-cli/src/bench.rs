@@ -121,6 +121,10 @@ struct RunArgs {
     /// Shale: placement streams (each holds a compaction and a GC zone open).
     #[arg(long, default_value_t = 8)]
     streams: u32,
+    /// Shale: engine shards (1-64), each with drives of its own holding 1/N of the
+    /// zones (plus its reserve, so the volumes are one shard's) and of the cache.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    shards: u32,
     /// Override the configuration's capacity (same shape, other size; for tests).
     #[arg(long, value_parser = parse_capacity, hide = true)]
     capacity: Option<u64>,
@@ -341,6 +345,7 @@ fn run_cmd(args: RunArgs) -> anyhow::Result<()> {
         compaction_policy: args.compaction,
         placement: args.placement,
         streams: args.streams,
+        shards: args.shards,
         ..SystemOptions::default()
     };
     let mut sut = build_system(args.system, &cfg, &opts).with_context(|| {

@@ -53,6 +53,10 @@ impl<'a> Volumes<'a> {
 
     /// Volume changes, listings and statistics, across the shards.
     pub fn request(&mut self, req: Request) -> Result<Reply, EngineError> {
+        if self.map.shards() == 1 {
+            // One shard holds whole volumes: every request is its own.
+            return self.call_shard(0, req);
+        }
         match req {
             Request::CreateVolume { name, size_bytes } => self.create(name, size_bytes),
             Request::ResizeVolume { volume, size_bytes } => self.resize(volume, size_bytes),
