@@ -1,7 +1,9 @@
 //! `cargo xtask bench-nbd`: the same fio jobs, in one run, against Shale's NBD export
 //! and against a baseline: `qemu-nbd` exporting a plain file on the same disk (the
 //! default), or with `--baseline shale-no-handoff` a second Shale without its
-//! hand-off store (what storing the image before each acknowledgement costs). Prints
+//! hand-off store (what storing the image before each acknowledgement costs), or with
+//! `--baseline shale-one-shard` a second Shale on one engine shard while the first
+//! runs `--shards N` (what the shards buy through the whole daemon). Prints
 //! each job's median IOPS and bandwidth over the repetitions, and Shale's ratio to
 //! the baseline.
 //!
@@ -52,8 +54,10 @@ pub struct Options {
     pub repeat: u32,
     pub jobs: u32,
     pub iodepth: u32,
-    /// The other target: `qemu-nbd` or `shale-no-handoff`.
+    /// The other target: `qemu-nbd`, `shale-no-handoff` or `shale-one-shard`.
     pub baseline: String,
+    /// Engine shards of the Shale under test (`[engine] shards`).
+    pub shards: u32,
 }
 
 impl Options {
@@ -66,6 +70,7 @@ impl Options {
             jobs: 4,
             iodepth: 32,
             baseline: "qemu-nbd".into(),
+            shards: 1,
         };
         let mut it = args.iter();
         while let Some(a) = it.next() {
@@ -79,11 +84,14 @@ impl Options {
                 "--repeat" => o.repeat = val()?.parse().map_err(|e| format!("--repeat: {e}"))?,
                 "--jobs" => o.jobs = val()?.parse().map_err(|e| format!("--jobs: {e}"))?,
                 "--iodepth" => o.iodepth = val()?.parse().map_err(|e| format!("--iodepth: {e}"))?,
+                "--shards" => o.shards = val()?.parse().map_err(|e| format!("--shards: {e}"))?,
                 "--baseline" => {
                     o.baseline = val()?;
-                    if !["qemu-nbd", "shale-no-handoff"].contains(&o.baseline.as_str()) {
+                    if !["qemu-nbd", "shale-no-handoff", "shale-one-shard"]
+                        .contains(&o.baseline.as_str())
+                    {
                         return Err(format!(
-                            "--baseline {}: qemu-nbd or shale-no-handoff",
+                            "--baseline {}: qemu-nbd, shale-no-handoff or shale-one-shard",
                             o.baseline
                         ));
                     }
@@ -95,8 +103,10 @@ impl Options {
                 }
             }
         }
-        if o.repeat == 0 || o.jobs == 0 || o.iodepth == 0 || o.runtime_secs == 0 {
-            return Err("--repeat, --jobs, --iodepth and --runtime must be positive".into());
+        if o.repeat == 0 || o.jobs == 0 || o.iodepth == 0 || o.runtime_secs == 0 || o.shards == 0 {
+            return Err(
+                "--repeat, --jobs, --iodepth, --runtime and --shards must be positive".into(),
+            );
         }
         Ok(o)
     }
@@ -287,17 +297,28 @@ fn parse_size(s: &str) -> Result<u64, String> {
 pub fn run(o: &Options) -> Result<(), String> {
     let volume_bytes = parse_size(&o.size)?;
     std::fs::create_dir_all(&o.dir).map_err(|e| format!("{}: {e}", o.dir.display()))?;
-    let shale = start_shale(o, volume_bytes, "shale", "shale-data", &[])?;
-    let qemu = if o.baseline == "shale-no-handoff" {
-        start_shale(
+    // The engine's shards come from a config file (`[engine] shards`).
+    let conf = o.dir.join("shards.toml");
+    std::fs::write(&conf, format!("[engine]\nshards = {}\n", o.shards))
+        .map_err(|e| format!("{}: {e}", conf.display()))?;
+    let conf = conf.display().to_string();
+    let shale = start_shale(o, volume_bytes, "shale", "shale-data", &["--config", &conf])?;
+    let qemu = match o.baseline.as_str() {
+        "shale-no-handoff" => start_shale(
             o,
             volume_bytes,
             "shale-no-handoff",
             "shale-data-no-handoff",
-            &["--handoff-dir", "off"],
-        )?
-    } else {
-        start_qemu_nbd(o, volume_bytes)?
+            &["--config", &conf, "--handoff-dir", "off"],
+        )?,
+        "shale-one-shard" => start_shale(
+            o,
+            volume_bytes,
+            "shale-one-shard",
+            "shale-data-one-shard",
+            &[],
+        )?,
+        _ => start_qemu_nbd(o, volume_bytes)?,
     };
     eprintln!("bench-nbd: preconditioning both targets ({})", o.size);
     precondition(&shale, volume_bytes)?;

@@ -377,7 +377,14 @@ impl<C: BlockDevice, Z: ZonedDevice> ShaleSystem<C, Z> {
         devices: Vec<SimDevice>,
         zone_bytes: u64,
     ) -> Result<ShaleSystem<C, Z>, SetupError> {
-        Self::sharded(name, cfg, vec![(cache, capacity)], devices, zone_bytes, None)
+        Self::sharded(
+            name,
+            cfg,
+            vec![(cache, capacity)],
+            devices,
+            zone_bytes,
+            None,
+        )
     }
 
     /// Over one shard per device pair; `volume_bytes` fixes the volumes' size (else
