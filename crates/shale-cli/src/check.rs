@@ -156,6 +156,71 @@ fn open_capacity(
     }
 }
 
+/// A pool of several shards on one cache and one capacity device: each shard's
+/// windows checked as a pool of their own, the findings named by shard, the counts
+/// summed; clean only if every shard is, the open report shard 0's.
+fn check_shards(
+    cache: &Path,
+    capacity: &Path,
+    (n, cache_window, cap_window): (usize, u64, u64),
+    opts: &CheckOptions,
+    extra: &mut Findings,
+) -> Result<CheckReport> {
+    let mut all = CheckReport::default();
+    for i in 0..n {
+        let at = |w: u64| i as u64 * w;
+        let c = FileDevice::open(cache)
+            .with_context(|| format!("opening the cache device {}", cache.display()))?;
+        let c = shale_device::Window::new(c, at(cache_window), cache_window)
+            .with_context(|| format!("shard {i}'s cache window"))?;
+        let z = FileDevice::open(capacity)
+            .with_context(|| format!("opening the capacity device {}", capacity.display()))?;
+        let mut z = shale_device::Window::new(z, at(cap_window), cap_window)
+            .with_context(|| format!("shard {i}'s capacity window"))?;
+        for p in ZoneEmu::verify_metadata(&mut z).context("reading zone emulation metadata")? {
+            let sev = if p.fatal {
+                Severity::Error
+            } else {
+                Severity::Warning
+            };
+            extra.push((sev, format!("shard {i}: {}", p.message)));
+        }
+        let z = match ZoneEmu::open(z) {
+            Ok(z) => z,
+            Err(e) => {
+                extra.push((
+                    Severity::Error,
+                    format!("shard {i}: zone emulation does not open: {e}"),
+                ));
+                continue;
+            }
+        };
+        let r = check(c, z, opts);
+        all.clean = match (all.clean, r.clean) {
+            (_, None) | (None, _) if i > 0 => None,
+            (Some(a), Some(b)) => Some(a && b),
+            (_, b) => b,
+        };
+        if i == 0 {
+            all.open = r.open;
+        }
+        all.findings.extend(r.findings.into_iter().map(|mut f| {
+            f.message = format!("shard {i}: {}", f.message);
+            f
+        }));
+        let (a, b) = (&mut all.counts, &r.counts);
+        a.journal_entries += b.journal_entries;
+        a.l2p_pages += b.l2p_pages;
+        a.md_groups += b.md_groups;
+        a.mapped_blocks += b.mapped_blocks;
+        a.data_blocks_verified += b.data_blocks_verified;
+        a.regions_in_use += b.regions_in_use;
+        a.zones += b.zones;
+        a.unwritten_zone_groups += b.unwritten_zone_groups;
+    }
+    Ok(all)
+}
+
 fn names(paths: &[PathBuf]) -> String {
     paths
         .iter()
@@ -176,17 +241,30 @@ pub fn main(args: CheckArgs) -> Result<()> {
         .collect();
     let _locks = shale_daemon::serve::DeviceLock::acquire_shared(&paths)?;
     let mut extra = Vec::new();
-    let cache = open_cache(&args.cache, &mut extra)?;
-    let report = match open_capacity(&args.capacity, &mut extra)? {
-        Some(cap) => {
-            let opts = CheckOptions {
-                verify_data: args.data,
-                findings_per_kind_max: args.findings_max,
-                ..CheckOptions::default()
-            };
-            check(cache, cap, &opts)
+    let opts = CheckOptions {
+        verify_data: args.data,
+        findings_per_kind_max: args.findings_max,
+        ..CheckOptions::default()
+    };
+    let shards = match (args.cache.as_slice(), args.capacity.as_slice()) {
+        ([c], [z]) => shale_daemon::serve::recorded_shard_windows(c, z)?,
+        _ => None,
+    };
+    let report = match shards {
+        Some((n, cache_window, cap_window)) => check_shards(
+            &args.cache[0],
+            &args.capacity[0],
+            (n, cache_window, cap_window),
+            &opts,
+            &mut extra,
+        )?,
+        None => {
+            let cache = open_cache(&args.cache, &mut extra)?;
+            match open_capacity(&args.capacity, &mut extra)? {
+                Some(cap) => check(cache, cap, &opts),
+                None => CheckReport::default(),
+            }
         }
-        None => CheckReport::default(),
     };
     let errors = report.errors() + extra.iter().filter(|f| f.0 == Severity::Error).count();
     let warnings = report.warnings() + extra.iter().filter(|f| f.0 == Severity::Warning).count();

@@ -1013,19 +1013,16 @@ fn format_steps(
     Ok(created)
 }
 
-/// The shard count a pool's cache device records (1 for a pool of one shard, a
-/// mirror or array label, or a superblock that does not decode: opening it reports
-/// why).
-fn recorded_shards(spec: &DeviceSpec) -> usize {
+/// The newest valid superblock at the start of a single cache device (`None` for a
+/// mirror, an array label, or none that decodes: opening it reports why).
+fn recorded_superblock(spec: &DeviceSpec) -> Option<shale_format::Superblock> {
     let [path] = spec.cache.as_slice() else {
-        return 1;
+        return None;
     };
-    let Ok(mut dev) = FileDevice::open(path) else {
-        return 1;
-    };
+    let mut dev = FileDevice::open(path).ok()?;
     let mut b = vec![0u8; 8192];
     if dev.size_bytes() < 8192 || dev.read_at(0, &mut b).is_err() {
-        return 1;
+        return None;
     }
     [
         shale_format::Superblock::decode(&b[..4096], 0),
@@ -1034,13 +1031,108 @@ fn recorded_shards(spec: &DeviceSpec) -> usize {
     .into_iter()
     .flatten()
     .max_by_key(|sb| sb.generation)
-    .map_or(1, |sb| usize::from(sb.shard.count))
+}
+
+/// A pool of several shards on one cache and one capacity device: how many, and the
+/// length of each shard's cache and capacity window (shard `i`'s at `i` times it),
+/// as shard 0 recorded them; `None` for a pool of one shard (or nothing recorded).
+pub fn recorded_shard_windows(
+    cache: &Path,
+    capacity: &Path,
+) -> Result<Option<(usize, u64, u64)>, DaemonError> {
+    let spec = DeviceSpec {
+        cache: vec![cache.to_path_buf()],
+        capacity: vec![capacity.to_path_buf()],
+        ..DeviceSpec::from_config(&Config::default()).map_err(|e| DaemonError::Setup {
+            path: cache.to_path_buf(),
+            reason: e.to_string(),
+        })?
+    };
+    let n = recorded_shards(&spec);
+    if n < 2 {
+        return Ok(None);
+    }
+    let (c, z) = shard_strides(&spec, false, n, &spec.cache[0], &spec.capacity[0])?;
+    Ok(Some((n, c, z)))
+}
+
+/// The shard count a pool's cache device records (1 where none is recorded).
+fn recorded_shards(spec: &DeviceSpec) -> usize {
+    recorded_superblock(spec).map_or(1, |sb| usize::from(sb.shard.count))
+}
+
+/// How long each shard's window of the cache and of the capacity is (shard `i`'s
+/// starts at `i` times it). At format: the cache cut into `n` equal windows aligned
+/// to 1 MiB, the capacity into `n` windows of as many whole zones (and their
+/// emulation's metadata) as fit. At open: what shard 0 recorded (its superblock's
+/// cache size, its emulation's extent), so a changed `--zone-size` or a grown file
+/// does not move the windows.
+fn shard_strides(
+    spec: &DeviceSpec,
+    format: bool,
+    n: usize,
+    cache: &PathBuf,
+    capacity: &PathBuf,
+) -> Result<(u64, u64), DaemonError> {
+    let mut cap_dev = open_file("capacity device", capacity)?;
+    let cache_len = open_file("cache device", cache)?.size_bytes();
+    let cap_len = cap_dev.size_bytes();
+    let n64 = n as u64;
+    let (cache_stride, cap_stride) = if format {
+        let zc = spec.zone_config();
+        let per = cap_len / n64;
+        let mut zones = u32::try_from(per / spec.zone_bytes).unwrap_or(u32::MAX);
+        while zones > 0 && zc.device_bytes_for(zones).is_none_or(|b| b > per) {
+            zones -= 1;
+        }
+        let cap_stride = if zones == 0 {
+            0
+        } else {
+            zc.device_bytes_for(zones).unwrap_or(0)
+        };
+        (cache_len / n64 / (1 << 20) * (1 << 20), cap_stride)
+    } else {
+        let sb = recorded_superblock(spec).ok_or_else(|| {
+            set_error(
+                &spec.cache,
+                "no valid superblock to find the shards by".into(),
+            )
+        })?;
+        let extent =
+            ZoneEmu::recorded_extent(&mut cap_dev).map_err(|error| DaemonError::Device {
+                what: "zone emulation on",
+                path: capacity.clone(),
+                error,
+            })?;
+        let extent = extent.ok_or_else(|| {
+            set_error(
+                &spec.capacity,
+                "no zone emulation metadata at its start to find the shards by".into(),
+            )
+        })?;
+        (sb.cache_size_blocks * 4096, extent)
+    };
+    if cache_stride == 0 || cap_stride == 0 {
+        return Err(set_error(
+            &spec.cache,
+            format!("{n} shards: the devices are too small to cut into {n} windows"),
+        ));
+    }
+    if cache_stride.saturating_mul(n64) > cache_len || cap_stride.saturating_mul(n64) > cap_len {
+        return Err(set_error(
+            &spec.cache,
+            format!(
+                "{n} shards of {cache_stride} cache and {cap_stride} capacity bytes do not fit \
+                 devices of {cache_len} and {cap_len} bytes (shrunk since format?)"
+            ),
+        ));
+    }
+    Ok((cache_stride, cap_stride))
 }
 
 /// The devices of `n` shards: the cache file and the capacity file each cut into `n`
-/// equal windows (the cache's aligned to 1 MiB, the capacity's to a zone), each
-/// opened on its own (its own io_uring), the capacity windows with zone emulation of
-/// their own. Mirrors, arrays, zoned drives and simulated drives are one device the
+/// windows (`shard_strides`), each opened on its own (its own io_uring), the
+/// capacity windows with zone emulation of their own. Mirrors, arrays, zoned drives and simulated drives are one device the
 /// shards would have to share and are refused for now.
 fn shard_devices(
     spec: &DeviceSpec,
@@ -1065,16 +1157,7 @@ fn shard_devices(
             format!("{n} shards: a zoned drive's zones are not sharded yet"),
         ));
     }
-    let cache_len = open_file("cache device", cache)?.size_bytes();
-    let cap_len = open_file("capacity device", capacity)?.size_bytes();
-    let cache_window = cache_len / n as u64 / (1 << 20) * (1 << 20);
-    let cap_window = cap_len / n as u64 / spec.zone_bytes * spec.zone_bytes;
-    if cache_window == 0 || cap_window == 0 {
-        return Err(set_error(
-            &spec.cache,
-            format!("{n} shards: the devices are too small to cut into {n} windows"),
-        ));
-    }
+    let (cache_window, cap_window) = shard_strides(spec, format, n, cache, capacity)?;
     let window = |what: &'static str, path: &PathBuf, i: usize, len: u64| {
         let dev = open_file(what, path)?;
         Window::new(dev, i as u64 * len, len).map_err(|error| DaemonError::Device {

@@ -401,6 +401,25 @@ impl<D: BlockDevice> ZoneEmu<D> {
         Ok(emu)
     }
 
+    /// The bytes of `inner` the zone emulation formatted there spans (metadata and
+    /// zones), read from a valid geometry copy without opening it; `None` when
+    /// neither copy decodes. Devices cut into several emulations (the shards of a
+    /// pool) find where the next one starts from the first.
+    pub fn recorded_extent(inner: &mut D) -> Result<Option<u64>, DeviceError> {
+        let mut block = vec![0u8; META_BLOCK_BYTES as usize];
+        for i in 0..2 {
+            if inner.info().size_bytes < (i + 1) * META_BLOCK_BYTES {
+                break;
+            }
+            inner.read_at(i * META_BLOCK_BYTES, &mut block)?;
+            if let Ok(g) = decode_geometry(&block) {
+                let zones = g.zone_size.checked_mul(u64::from(g.zone_count));
+                return Ok(zones.and_then(|z| g.data_offset.checked_add(z)));
+            }
+        }
+        Ok(None)
+    }
+
     /// Checks the zone emulation metadata at the start of `inner` without opening
     /// it or writing anything: both geometry copies, both zone table slots and their
     /// unused bytes. Returns every problem found; the device opens unless one of them
