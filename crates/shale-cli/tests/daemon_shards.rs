@@ -86,35 +86,7 @@ fn a_sharded_pool_serves_restarts_and_recovers() {
         "{st}"
     );
 
-    // Volumes across the shards: a size that is not a multiple of the shards'
-    // granules still reads back whole; shrink and delete.
-    d.admin(&["volume", "create", "b", "10244KiB"]);
-    assert!(
-        volume_sizes(&d).contains(&("b".to_string(), 10244 << 10)),
-        "{:?}",
-        volume_sizes(&d)
-    );
-    let out = stdout(Command::new("qemu-io").args([
-        "-f",
-        "raw",
-        "-c",
-        "write -P 0x55 10240k 4k",
-        "-c",
-        "read -P 0x55 10240k 4k",
-        &d.uri("b"),
-    ]));
-    assert!(
-        !out.contains("failed") && !out.contains("Pattern verification"),
-        "{out}"
-    );
-    d.admin(&["volume", "resize", "b", "8MiB"]);
-    assert!(
-        volume_sizes(&d).contains(&("b".to_string(), 8 << 20)),
-        "{:?}",
-        volume_sizes(&d)
-    );
-    d.admin(&["volume", "delete", "b", "--force"]);
-    assert!(!volume_sizes(&d).iter().any(|(n, _)| n == "b"));
+    volumes_across_shards(&d);
 
     d.stop();
     // The windows come from what shard 0 recorded: another zone size given at the
@@ -147,6 +119,48 @@ fn a_sharded_pool_serves_restarts_and_recovers() {
     check(&d, &want, "after kill -9");
     d.stop();
 
+    offline_check(&d, size as u64);
+    d.spawn();
+    assert!(d.last_log().contains("shard{index=1}"), "{}", d.last_log());
+    d.stop();
+}
+
+/// `volume create`, `resize` and `delete` on a pool of shards.
+fn volumes_across_shards(d: &Daemon) {
+    // Volumes across the shards: a size that is not a multiple of the shards'
+    // granules still reads back whole; shrink and delete.
+    d.admin(&["volume", "create", "b", "10244KiB"]);
+    assert!(
+        volume_sizes(d).contains(&("b".to_string(), 10244 << 10)),
+        "{:?}",
+        volume_sizes(d)
+    );
+    let out = stdout(Command::new("qemu-io").args([
+        "-f",
+        "raw",
+        "-c",
+        "write -P 0x55 10240k 4k",
+        "-c",
+        "read -P 0x55 10240k 4k",
+        &d.uri("b"),
+    ]));
+    assert!(
+        !out.contains("failed") && !out.contains("Pattern verification"),
+        "{out}"
+    );
+    d.admin(&["volume", "resize", "b", "8MiB"]);
+    assert!(
+        volume_sizes(d).contains(&("b".to_string(), 8 << 20)),
+        "{:?}",
+        volume_sizes(d)
+    );
+    d.admin(&["volume", "delete", "b", "--force"]);
+    assert!(!volume_sizes(d).iter().any(|(n, _)| n == "b"));
+}
+
+/// `shale check` on the stopped daemon's devices: both shards found and checked,
+/// data included; `size` bytes were written.
+fn offline_check(d: &Daemon, size: u64) {
     // The offline checker finds both shards and checks each, data included.
     let out = output(
         shale()
@@ -163,12 +177,9 @@ fn a_sharded_pool_serves_restarts_and_recovers() {
     assert_eq!(report["clean_flag"], true, "{report}");
     // Every block written is mapped in one shard or the other (24 MiB and more).
     assert!(
-        report["counts"]["mapped_blocks"].as_u64().unwrap_or(0) >= (size as u64) / 4096,
+        report["counts"]["mapped_blocks"].as_u64().unwrap_or(0) >= size / 4096,
         "{report}"
     );
-    d.spawn();
-    assert!(d.last_log().contains("shard{index=1}"), "{}", d.last_log());
-    d.stop();
 }
 
 /// A count outside 1..=64 is refused by name; a configuration that cannot be cut

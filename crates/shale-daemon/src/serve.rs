@@ -1071,8 +1071,8 @@ fn shard_strides(
     spec: &DeviceSpec,
     format: bool,
     n: usize,
-    cache: &PathBuf,
-    capacity: &PathBuf,
+    cache: &Path,
+    capacity: &Path,
 ) -> Result<(u64, u64), DaemonError> {
     let mut cap_dev = open_file("capacity device", capacity)?;
     let cache_len = open_file("cache device", cache)?.size_bytes();
@@ -1101,7 +1101,7 @@ fn shard_strides(
         let extent =
             ZoneEmu::recorded_extent(&mut cap_dev).map_err(|error| DaemonError::Device {
                 what: "zone emulation on",
-                path: capacity.clone(),
+                path: capacity.to_path_buf(),
                 error,
             })?;
         let extent = extent.ok_or_else(|| {
