@@ -226,6 +226,12 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> LocalShards<C, Z, K> {
         all
     }
 
+    /// Drops every shard without a shutdown (as a process that died would leave
+    /// them) and returns their devices, in shard order.
+    pub fn abandon(self) -> Vec<(C, Z)> {
+        self.engines.into_iter().map(Engine::abandon).collect()
+    }
+
     /// Shuts every shard down cleanly and returns their devices, in shard order.
     pub fn shutdown(self) -> Result<Vec<(C, Z)>, EngineError> {
         self.engines.into_iter().map(Engine::shutdown).collect()
