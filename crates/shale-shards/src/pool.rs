@@ -41,11 +41,7 @@ pub enum ShardsError {
     },
     #[error("opening shard {shard}: {source}")]
     Open { shard: usize, source: OpenError },
-    #[error(
-        "device set {position} holds shard {} of {} of pool {:#010x} (granule {} blocks), \
-         not shard {position} of {expected} like device set 0's pool",
-        found.index, found.count, found.pool, found.granule_blocks
-    )]
+    #[error("{}", mismatch(*position, *expected, found))]
     Mismatch {
         position: usize,
         expected: usize,
@@ -60,6 +56,29 @@ pub enum ShardsError {
     },
     #[error("shard {shard}: {source}")]
     Engine { shard: usize, source: EngineError },
+}
+
+/// What is wrong with device set `position`, which holds `found`, in a pool given
+/// `expected` device sets.
+fn mismatch(position: usize, expected: usize, found: &ShardTag) -> String {
+    if usize::from(found.count) != expected {
+        format!(
+            "device set {position} belongs to a pool of {} shards, and {expected} device \
+             sets were given",
+            found.count
+        )
+    } else if usize::from(found.index) != position {
+        format!(
+            "device set {position} holds shard {} of its pool: the device sets are out of order",
+            found.index
+        )
+    } else {
+        format!(
+            "device set {position} holds a shard of another pool (tag {:#010x}, granule {} \
+             blocks) than device set 0",
+            found.pool, found.granule_blocks
+        )
+    }
 }
 
 /// N engines on their threads and the deal of volume bytes to them.

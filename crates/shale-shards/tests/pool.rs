@@ -319,10 +319,13 @@ fn shards_of_another_pool_or_order_are_refused() {
         matches!(r, Err(ShardsError::Mismatch { position: 0, .. })),
         "{r:?}"
     );
+    assert!(r.unwrap_err().to_string().contains("out of order"));
     let mut d = pool(3).shutdown().unwrap();
     d.pop();
     let r = Shards::open(d, ManualClock::new, &config(), 64);
     assert!(matches!(r, Err(ShardsError::Mismatch { .. })), "{r:?}");
+    let e = r.unwrap_err().to_string();
+    assert!(e.contains("3 shards") && e.contains("2 device sets"), "{e}");
     let mut a = pool(2).shutdown().unwrap();
     let mut b = pool(2).shutdown().unwrap();
     a[1] = b.pop().unwrap();
