@@ -366,16 +366,7 @@ fn capacity_file(
         }
         _ => Box::new(file),
     };
-    let emu = if format {
-        ZoneEmu::format(inner, &spec.zone_config())
-    } else {
-        ZoneEmu::open(inner)
-    }
-    .map_err(|error| DaemonError::Device {
-        what: "zone emulation on",
-        path: path.to_path_buf(),
-        error,
-    })?;
+    let emu = zone_emulation(spec, inner, format, path)?;
     match &preset {
         Some(p) if zoned_preset => {
             let sim = shale_flashsim::ZnsSim::from_preset(emu, p).map_err(sim_err)?;
@@ -384,6 +375,26 @@ fn capacity_file(
         }
         _ => Ok((Box::new(emu), drive)),
     }
+}
+
+/// Zone emulation on `inner` (part of the device at `path`): formatted anew with the
+/// spec's zones, or opened as recorded.
+fn zone_emulation(
+    spec: &DeviceSpec,
+    inner: Box<dyn BlockDevice + Send>,
+    format: bool,
+    path: &Path,
+) -> Result<ZoneEmu<Box<dyn BlockDevice + Send>>, DaemonError> {
+    if format {
+        ZoneEmu::format(inner, &spec.zone_config())
+    } else {
+        ZoneEmu::open(inner)
+    }
+    .map_err(|error| DaemonError::Device {
+        what: "zone emulation on",
+        path: path.to_path_buf(),
+        error,
+    })
 }
 
 /// A setup error about the whole set of devices (named by the first).
@@ -1171,16 +1182,7 @@ fn shard_devices(
         let c = window("cache device", cache, i, cache_window)?;
         let inner: Box<dyn BlockDevice + Send> =
             Box::new(window("capacity device", capacity, i, cap_window)?);
-        let emu = if format {
-            ZoneEmu::format(inner, &spec.zone_config())
-        } else {
-            ZoneEmu::open(inner)
-        }
-        .map_err(|error| DaemonError::Device {
-            what: "zone emulation on",
-            path: capacity.clone(),
-            error,
-        })?;
+        let emu = zone_emulation(spec, inner, format, capacity)?;
         out.push((Box::new(c), Box::new(emu)));
     }
     Ok(out)

@@ -15,44 +15,19 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use shale_device::{CrashMode, FaultDevice, ZoneEmu, ZoneEmuConfig};
-use shale_engine::{Config, EngineError, ManualClock, Reply, Request, VolumeUid};
+use shale_device::{CrashMode, FaultDevice, ZoneEmu};
+use shale_engine::{EngineError, ManualClock, Reply, Request, VolumeUid};
 use shale_shards::LocalShards;
 use shale_testkit::power::{Phase, PowerRail, Powered, Side, Target, Trigger};
 
 type Cap = ZoneEmu<Powered>;
 type Pool = LocalShards<Powered, Cap, ManualClock>;
 
-const BS: u64 = 4096;
-const ZONE_BLOCKS: u64 = 128;
+mod common;
+
+use common::{tiny_config as config, zone_config, BS, ZONE_BLOCKS};
+
 const ZONES: u32 = 24;
-
-fn config() -> Config {
-    Config {
-        chunk_blocks: 256,
-        volumes_max: 4,
-        spare_factor: 0.05,
-        journal_blocks: 16,
-        compaction_free_chunks_pct: 50,
-        gc_free_zones_min: 8,
-        l2p_cache_bytes_max: Some(16 * 4096),
-        l2p_reserved_pages: 2,
-        md_cache_bytes_max: 8 * 4096,
-        write_buffers_max: 4,
-        request_bytes_max: 64 * 1024,
-        streams_max: 1,
-        requests_per_poll_max: 8,
-        ..Config::default()
-    }
-}
-
-fn zone_config() -> ZoneEmuConfig {
-    let mut zc = ZoneEmuConfig::new(ZONE_BLOCKS * BS);
-    zc.zone_count_max = ZONES;
-    zc.max_open_zones = 8;
-    zc.max_active_zones = 8;
-    zc
-}
 
 /// Block contents: the write's id in the first 8 bytes, a fill derived from it.
 fn block(id: u64) -> Vec<u8> {
@@ -110,7 +85,7 @@ fn devices(rail: &PowerRail, n: usize, seed: u64) -> Vec<(Powered, Cap)> {
             let cap = FaultDevice::new(26 * ZONE_BLOCKS * BS, 4096, seed ^ (i << 8)).unwrap();
             let cap = ZoneEmu::format(
                 Powered::new(cap, Side::Capacity, rail.clone()),
-                &zone_config(),
+                &zone_config(ZONES),
             )
             .unwrap();
             (Powered::new(cache, Side::Cache, rail.clone()), cap)

@@ -13,43 +13,19 @@ use std::collections::BTreeMap;
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config as PtConfig, RngAlgorithm, TestCaseError, TestRng, TestRunner};
-use shale_device::{MemDevice, ZoneEmu, ZoneEmuConfig};
-use shale_engine::{Config, EngineError, ManualClock, Reply, Request, VolumeUid};
+use shale_device::MemDevice;
+use shale_engine::{EngineError, ManualClock, Reply, Request, VolumeUid};
 use shale_shards::{ShardMap, Shards};
 use shale_testkit::pattern;
 
-type Cap = ZoneEmu<MemDevice>;
+mod common;
+
+use common::{mem_devices, tiny_config as config, MemCap as Cap};
+
 type Pool = Shards<MemDevice, Cap>;
 
 fn devices() -> (MemDevice, Cap) {
-    // 4 chunks of 2 groups, 24 zones of one group each (per shard).
-    let cache = MemDevice::new((128 + 4 * 256) * 4096, 4096).unwrap();
-    let inner = MemDevice::new(26 * 128 * 4096, 4096).unwrap();
-    let mut zc = ZoneEmuConfig::new(128 * 4096);
-    zc.zone_count_max = 24;
-    zc.max_open_zones = 8;
-    zc.max_active_zones = 8;
-    (cache, ZoneEmu::format(inner, &zc).unwrap())
-}
-
-fn config() -> Config {
-    Config {
-        chunk_blocks: 256,
-        volumes_max: 4,
-        spare_factor: 0.05,
-        journal_blocks: 16,
-        compaction_free_chunks_pct: 50,
-        gc_free_zones_min: 8,
-        l2p_cache_bytes_max: Some(16 * 4096),
-        l2p_reserved_pages: 2,
-        md_cache_bytes_max: 8 * 4096,
-        write_buffers_max: 4,
-        request_bytes_max: 64 * 1024,
-        streams_max: 1,
-        requests_per_poll_max: 8,
-        background_steps_per_poll_max: 4,
-        ..Config::default()
-    }
+    mem_devices(4, 24)
 }
 
 #[derive(Debug, Clone)]

@@ -4,24 +4,21 @@
 //! the deal says.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use shale_device::{MemDevice, ZoneEmu, ZoneEmuConfig};
+use shale_device::MemDevice;
 use shale_engine::{Config, Engine, EngineError, ManualClock, Reply, Request, VolumeUid};
 use shale_shards::{ShardMap, Shards, ShardsError};
 use shale_testkit::{call, pattern};
 
-type Cap = ZoneEmu<MemDevice>;
+mod common;
+
+use common::{mem_devices, MemCap as Cap};
+
 type Pool = Shards<MemDevice, Cap>;
 
 const GRANULE: u64 = 8192;
 
 fn devices() -> (MemDevice, Cap) {
-    let cache = MemDevice::new((128 + 6 * 256) * 4096, 4096).unwrap();
-    let inner = MemDevice::new(34 * 128 * 4096, 4096).unwrap();
-    let mut zc = ZoneEmuConfig::new(128 * 4096);
-    zc.zone_count_max = 32;
-    zc.max_open_zones = 8;
-    zc.max_active_zones = 8;
-    (cache, ZoneEmu::format(inner, &zc).unwrap())
+    mem_devices(6, 32)
 }
 
 fn config() -> Config {
