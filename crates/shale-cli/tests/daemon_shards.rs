@@ -190,4 +190,36 @@ fn bad_shard_settings_are_refused() {
     std::fs::write(conf.path(), "[engine]\nshards = 65\n").expect("write config");
     let err = serve_refused(&["--config", &conf.path().display().to_string()]);
     assert!(err.contains("engine.shards"), "{err}");
+
+    // Two shards over a capacity array: refused with the reason, nothing left behind.
+    std::fs::write(conf.path(), "[engine]\nshards = 2\n").expect("write config");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut args: Vec<String> = vec![
+        "--config".into(),
+        conf.path().display().to_string(),
+        "--cache".into(),
+        dir.path().join("cache.img").display().to_string(),
+    ];
+    for i in 0..3 {
+        args.push("--capacity".into());
+        args.push(dir.path().join(format!("cap{i}.img")).display().to_string());
+    }
+    args.extend(
+        [
+            "--capacity-redundancy",
+            "2+1",
+            "--cache-size",
+            "48MiB",
+            "--capacity-size",
+            "256MiB",
+            "--chunk-size",
+            "4MiB",
+            "--zone-size",
+            "4MiB",
+        ]
+        .map(String::from),
+    );
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let err = serve_refused(&refs);
+    assert!(err.contains("not sharded yet"), "{err}");
 }
