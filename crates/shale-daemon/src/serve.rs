@@ -960,7 +960,7 @@ fn format_steps(
     let shards = spec.engine.shards as usize;
     let devices = steps.step("capacity: zone emulation, discard", || {
         if shards > 1 {
-            let devices = shard_devices(spec, true, shards)?;
+            let devices = shard_devices(spec, shards, None)?;
             let g = devices[0].1.geometry();
             let detail = format!(
                 "{shards} shards of {} zones of {} MiB, {} discarded",
@@ -1024,12 +1024,9 @@ fn format_steps(
     Ok(created)
 }
 
-/// The newest valid superblock at the start of a single cache device (`None` for a
-/// mirror, an array label, or none that decodes: opening it reports why).
-fn recorded_superblock(spec: &DeviceSpec) -> Option<shale_format::Superblock> {
-    let [path] = spec.cache.as_slice() else {
-        return None;
-    };
+/// The newest valid superblock at the start of a cache device (`None` for an array
+/// label, or none that decodes: opening it reports why).
+fn recorded_superblock(path: &Path) -> Option<shale_format::Superblock> {
     let mut dev = FileDevice::open(path).ok()?;
     let mut b = vec![0u8; 8192];
     if dev.size_bytes() < 8192 || dev.read_at(0, &mut b).is_err() {
@@ -1051,25 +1048,20 @@ pub fn recorded_shard_windows(
     cache: &Path,
     capacity: &Path,
 ) -> Result<Option<(usize, u64, u64)>, DaemonError> {
-    let spec = DeviceSpec {
-        cache: vec![cache.to_path_buf()],
-        capacity: vec![capacity.to_path_buf()],
-        ..DeviceSpec::from_config(&Config::default()).map_err(|e| DaemonError::Setup {
-            path: cache.to_path_buf(),
-            reason: e.to_string(),
-        })?
-    };
-    let n = recorded_shards(&spec);
-    if n < 2 {
+    let Some(sb) = recorded_superblock(cache).filter(|sb| sb.shard.count > 1) else {
         return Ok(None);
-    }
-    let (c, z) = shard_strides(&spec, false, n, &spec.cache[0], &spec.capacity[0])?;
+    };
+    let n = usize::from(sb.shard.count);
+    let (c, z) = shard_strides(cache, capacity, n, Cut::Recorded(&sb))?;
     Ok(Some((n, c, z)))
 }
 
-/// The shard count a pool's cache device records (1 where none is recorded).
-fn recorded_shards(spec: &DeviceSpec) -> usize {
-    recorded_superblock(spec).map_or(1, |sb| usize::from(sb.shard.count))
+/// How a device pair is cut into shards' windows.
+enum Cut<'a> {
+    /// At format: zones of this emulation.
+    Format(&'a ZoneEmuConfig),
+    /// At open: as shard 0's superblock (and zone emulation) recorded.
+    Recorded(&'a shale_format::Superblock),
 }
 
 /// How long each shard's window of the cache and of the capacity is (shard `i`'s
@@ -1079,59 +1071,58 @@ fn recorded_shards(spec: &DeviceSpec) -> usize {
 /// cache size, its emulation's extent), so a changed `--zone-size` or a grown file
 /// does not move the windows.
 fn shard_strides(
-    spec: &DeviceSpec,
-    format: bool,
-    n: usize,
     cache: &Path,
     capacity: &Path,
+    n: usize,
+    cut: Cut<'_>,
 ) -> Result<(u64, u64), DaemonError> {
+    let setup = |path: &Path, reason: String| DaemonError::Setup {
+        path: path.to_path_buf(),
+        reason,
+    };
     let mut cap_dev = open_file("capacity device", capacity)?;
     let cache_len = open_file("cache device", cache)?.size_bytes();
     let cap_len = cap_dev.size_bytes();
     let n64 = n as u64;
-    let (cache_stride, cap_stride) = if format {
-        let zc = spec.zone_config();
-        let per = cap_len / n64;
-        let mut zones = u32::try_from(per / spec.zone_bytes).unwrap_or(u32::MAX);
-        while zones > 0 && zc.device_bytes_for(zones).is_none_or(|b| b > per) {
-            zones -= 1;
+    let (cache_stride, cap_stride) = match cut {
+        Cut::Format(zc) => {
+            let per = cap_len / n64;
+            let mut zones = u32::try_from(per / zc.zone_size).unwrap_or(u32::MAX);
+            while zones > 0 && zc.device_bytes_for(zones).is_none_or(|b| b > per) {
+                zones -= 1;
+            }
+            let cap_stride = if zones == 0 {
+                0
+            } else {
+                zc.device_bytes_for(zones).unwrap_or(0)
+            };
+            (cache_len / n64 / (1 << 20) * (1 << 20), cap_stride)
         }
-        let cap_stride = if zones == 0 {
-            0
-        } else {
-            zc.device_bytes_for(zones).unwrap_or(0)
-        };
-        (cache_len / n64 / (1 << 20) * (1 << 20), cap_stride)
-    } else {
-        let sb = recorded_superblock(spec).ok_or_else(|| {
-            set_error(
-                &spec.cache,
-                "no valid superblock to find the shards by".into(),
-            )
-        })?;
-        let extent =
-            ZoneEmu::recorded_extent(&mut cap_dev).map_err(|error| DaemonError::Device {
-                what: "zone emulation on",
-                path: capacity.to_path_buf(),
-                error,
+        Cut::Recorded(sb) => {
+            let extent =
+                ZoneEmu::recorded_extent(&mut cap_dev).map_err(|error| DaemonError::Device {
+                    what: "zone emulation on",
+                    path: capacity.to_path_buf(),
+                    error,
+                })?;
+            let extent = extent.ok_or_else(|| {
+                setup(
+                    capacity,
+                    "no zone emulation metadata at its start to find the shards by".into(),
+                )
             })?;
-        let extent = extent.ok_or_else(|| {
-            set_error(
-                &spec.capacity,
-                "no zone emulation metadata at its start to find the shards by".into(),
-            )
-        })?;
-        (sb.cache_size_blocks * 4096, extent)
+            (sb.cache_size_blocks * 4096, extent)
+        }
     };
     if cache_stride == 0 || cap_stride == 0 {
-        return Err(set_error(
-            &spec.cache,
+        return Err(setup(
+            cache,
             format!("{n} shards: the devices are too small to cut into {n} windows"),
         ));
     }
     if cache_stride.saturating_mul(n64) > cache_len || cap_stride.saturating_mul(n64) > cap_len {
-        return Err(set_error(
-            &spec.cache,
+        return Err(setup(
+            cache,
             format!(
                 "{n} shards of {cache_stride} cache and {cap_stride} capacity bytes do not fit \
                  devices of {cache_len} and {cap_len} bytes (shrunk since format?)"
@@ -1143,12 +1134,13 @@ fn shard_strides(
 
 /// The devices of `n` shards: the cache file and the capacity file each cut into `n`
 /// windows (`shard_strides`), each opened on its own (its own io_uring), the
-/// capacity windows with zone emulation of their own. Mirrors, arrays, zoned drives and simulated drives are one device the
-/// shards would have to share and are refused for now.
+/// capacity windows with zone emulation of their own. Mirrors, arrays, zoned drives
+/// and simulated drives are one device the shards would have to share and are
+/// refused for now. `recorded` is shard 0's superblock at open, `None` at format.
 fn shard_devices(
     spec: &DeviceSpec,
-    format: bool,
     n: usize,
+    recorded: Option<&shale_format::Superblock>,
 ) -> Result<Vec<(CacheDevice, CapacityDevice)>, DaemonError> {
     let (cache, capacity) = match (spec.cache.as_slice(), spec.capacity.as_slice()) {
         ([c], [z]) if spec.redundancy.is_none() && spec.drive.is_none() => (c, z),
@@ -1168,7 +1160,9 @@ fn shard_devices(
             format!("{n} shards: a zoned drive's zones are not sharded yet"),
         ));
     }
-    let (cache_window, cap_window) = shard_strides(spec, format, n, cache, capacity)?;
+    let zc = spec.zone_config();
+    let cut = recorded.map_or(Cut::Format(&zc), Cut::Recorded);
+    let (cache_window, cap_window) = shard_strides(cache, capacity, n, cut)?;
     let window = |what: &'static str, path: &PathBuf, i: usize, len: u64| {
         let dev = open_file(what, path)?;
         Window::new(dev, i as u64 * len, len).map_err(|error| DaemonError::Device {
@@ -1182,7 +1176,7 @@ fn shard_devices(
         let c = window("cache device", cache, i, cache_window)?;
         let inner: Box<dyn BlockDevice + Send> =
             Box::new(window("capacity device", capacity, i, cap_window)?);
-        let emu = zone_emulation(spec, inner, format, capacity)?;
+        let emu = zone_emulation(spec, inner, recorded.is_none(), capacity)?;
         out.push((Box::new(c), Box::new(emu)));
     }
     Ok(out)
@@ -1198,7 +1192,14 @@ pub fn open(
 ) -> Result<(Engine, String, Option<DriveStats>, Devices), DaemonError> {
     let engine_config = spec.engine_config()?;
     let gc_policy = engine_config.gc_policy;
-    let shards = recorded_shards(spec);
+    // A pool of several shards on one cache device records them in its superblock.
+    let recorded = match spec.cache.as_slice() {
+        [path] => recorded_superblock(path).filter(|sb| sb.shard.count > 1),
+        _ => None,
+    };
+    let shards = recorded
+        .as_ref()
+        .map_or(1, |sb| usize::from(sb.shard.count));
     if shards != spec.engine.shards as usize {
         tracing::info!(
             recorded = shards,
@@ -1207,7 +1208,7 @@ pub fn open(
         );
     }
     let (pairs, drive, devices) = if shards > 1 {
-        let pairs = shard_devices(spec, false, shards)?;
+        let pairs = shard_devices(spec, shards, recorded.as_ref())?;
         (pairs, None, Devices::new(spec.clone(), None, None))
     } else {
         let (cache, cache_handle) = cache_device(spec, false, [0; 16])?;
