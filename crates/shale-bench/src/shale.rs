@@ -303,6 +303,25 @@ pub fn build_shale(cfg: &ShaleConfig) -> Result<Box<dyn SystemUnderTest + Send>,
     }
 }
 
+/// `cfg.shards` shards on the drives `drives` makes, each set its own shard's.
+fn sharded_system<Z: ZonedDevice + Send + 'static>(
+    name: &'static str,
+    cfg: &ShaleConfig,
+    zone_bytes: u64,
+    volume_bytes: u64,
+    drives: impl Fn() -> Result<(Cache, Z, Vec<SimDevice>), SetupError>,
+) -> Result<Box<dyn SystemUnderTest + Send>, SetupError> {
+    let mut pairs = Vec::new();
+    let mut devices = Vec::new();
+    for _ in 0..cfg.shards {
+        let (c, z, d) = drives()?;
+        pairs.push((c, z));
+        devices.extend(d);
+    }
+    let sys = ShaleSystem::sharded(name, cfg, pairs, devices, zone_bytes, Some(volume_bytes))?;
+    Ok(Box::new(sys))
+}
+
 /// `cfg.shards` shards, each on drives of its own: 1/N of the zones plus the reserve
 /// a shard holds back for its streams (N shards hold N reserves), so the volumes are
 /// as large as one shard's and the workload is the same; 1/N of the cache.
@@ -327,42 +346,13 @@ fn build_sharded(
     // beside the chunk being compacted, and the metadata), whatever 1/N comes to.
     let cache = (cache_bytes(cfg) / u64::from(n) / BLOCK_BYTES * BLOCK_BYTES)
         .max(4 * REQUEST_BYTES_MAX + 3 * zone_bytes + (4 << 20));
-    let mut devices = Vec::new();
     match cfg.mode {
-        ShaleMode::Zns => {
-            let mut pairs = Vec::new();
-            for _ in 0..n {
-                let (c, z, d) = zns_drives(cfg, per_shard, cache)?;
-                pairs.push((c, z));
-                devices.extend(d);
-            }
-            let sys = ShaleSystem::sharded(
-                "shale-zns",
-                cfg,
-                pairs,
-                devices,
-                zone_bytes,
-                Some(volume_bytes),
-            )?;
-            Ok(Box::new(sys))
-        }
-        ShaleMode::Blk => {
-            let mut pairs = Vec::new();
-            for _ in 0..n {
-                let (c, z, d) = blk_drives(cfg, per_shard, cache)?;
-                pairs.push((c, z));
-                devices.extend(d);
-            }
-            let sys = ShaleSystem::sharded(
-                "shale-blk",
-                cfg,
-                pairs,
-                devices,
-                zone_bytes,
-                Some(volume_bytes),
-            )?;
-            Ok(Box::new(sys))
-        }
+        ShaleMode::Zns => sharded_system("shale-zns", cfg, zone_bytes, volume_bytes, || {
+            zns_drives(cfg, per_shard, cache)
+        }),
+        ShaleMode::Blk => sharded_system("shale-blk", cfg, zone_bytes, volume_bytes, || {
+            blk_drives(cfg, per_shard, cache)
+        }),
     }
 }
 
