@@ -7,7 +7,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use shale_device::{BlockDevice, ZonedDevice};
 use shale_engine::{
-    Clock, Completion, Config, Engine, EngineError, OpenReport, Reply, Request, Stats,
+    Clock, Completion, Config, Engine, EngineError, Handoff, NoProgress, OpenReport, Reply,
+    Request, SelfCheckError, Stats,
 };
 
 use crate::map::ShardMap;
@@ -101,10 +102,23 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> LocalShards<C, Z, K> {
         clock: impl Fn() -> K,
         config: &Config,
     ) -> Result<(Self, Vec<OpenReport>), ShardsError> {
+        Self::open_with(devices, clock, config, Vec::new())
+    }
+
+    /// [`Self::open`], each shard with its hand-off store (`handoffs[i]` for shard
+    /// `i`; missing ones are none).
+    pub fn open_with(
+        devices: Vec<(C, Z)>,
+        clock: impl Fn() -> K,
+        config: &Config,
+        handoffs: Vec<Option<Box<dyn Handoff>>>,
+    ) -> Result<(Self, Vec<OpenReport>), ShardsError> {
+        let mut handoffs = handoffs;
+        handoffs.resize_with(devices.len(), || None);
         let mut engines = Vec::with_capacity(devices.len());
-        for (i, (c, z)) in devices.into_iter().enumerate() {
+        for (i, ((c, z), h)) in devices.into_iter().zip(handoffs).enumerate() {
             engines.push(
-                Engine::open(c, z, clock(), config.clone())
+                Engine::open_with(c, z, clock(), config.clone(), &mut NoProgress, h)
                     .map_err(|source| ShardsError::Open { shard: i, source })?,
             );
         }
@@ -144,10 +158,15 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> LocalShards<C, Z, K> {
     }
 
     /// Queues a request on the shards owning its bytes. Volume changes, listings and
-    /// statistics run to completion here (polling the shards they call), and `done`
-    /// is called before this returns.
+    /// statistics across several shards run to completion here (polling the shards
+    /// they call), and `done` is called before this returns; a pool of one queues
+    /// every request on its engine, as the engine alone would.
     pub fn submit(&mut self, req: Request, done: Completion) {
         let (map, engines) = (&self.map, &mut self.engines);
+        if let [only] = engines.as_mut_slice() {
+            only.submit(req, done);
+            return;
+        }
         let mut send = |s: usize, r: Request, d: Completion| {
             engines[s].submit(r, d);
             Ok(())
@@ -211,6 +230,22 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> LocalShards<C, Z, K> {
             e.run_until_idle()?;
         }
         Ok(())
+    }
+
+    /// Every shard's self-check, in shard order; the first failure names its shard.
+    pub fn self_check(&mut self) -> Result<(), (usize, SelfCheckError)> {
+        for (i, e) in self.engines.iter_mut().enumerate() {
+            e.self_check().map_err(|err| (i, err))?;
+        }
+        Ok(())
+    }
+
+    /// Why the first failed shard failed, if one has.
+    pub fn failure(&self) -> Option<(usize, &str)> {
+        self.engines
+            .iter()
+            .enumerate()
+            .find_map(|(i, e)| e.failure().map(|f| (i, f)))
     }
 
     /// The shards' counters summed.

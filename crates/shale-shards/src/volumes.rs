@@ -1,6 +1,7 @@
 //! Volumes across shards: every change made in shard 0 first, then the others in
 //! order (undos too), so shard 0's table is the pool's; an open makes the others
-//! agree with it (`reconcile`). Shared by the pool on threads and the pool polled on
+//! agree with it (`reconcile`). A create or grow that fails part-way is undone; a
+//! delete or shrink is finished instead (what it dropped cannot come back). Shared by the pool on threads and the pool polled on
 //! one thread, each lending a way to call one shard and wait.
 
 use shale_engine::{EngineError, Reply, Request, VolumeInfo, VolumeUid};
@@ -177,8 +178,22 @@ impl<'a> Volumes<'a> {
             )
         };
         let first = resize(0, size)?;
+        if size < old {
+            // A shrink drops the tail's blocks in each shard it reaches, and growing
+            // back would not bring them back: it is never undone. Shard 0's table
+            // (the pool's) says the new size; every other shard is shrunk too, and
+            // one that failed is made to agree at the next open.
+            let mut failed = None;
+            for s in 1..slices.len() {
+                if let Err(e) = resize(s, size) {
+                    failed.get_or_insert(e);
+                }
+            }
+            return failed.map_or(Ok(whole(first)), Err);
+        }
         for s in 1..slices.len() {
             if let Err(e) = resize(s, size) {
+                // A grow added nothing yet: undone, shard 0 first.
                 for u in 0..s {
                     let _ = resize(u, old);
                 }

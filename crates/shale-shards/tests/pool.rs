@@ -424,3 +424,81 @@ fn the_pool_on_one_thread_and_on_threads_share_the_format() {
     assert_eq!(got, more);
     local.call(Request::SelfCheck).unwrap();
 }
+
+/// A shrink that fails in one shard is finished, never undone: growing the shards
+/// that had shrunk back would not bring their dropped tail back, so the pool (shard
+/// 0's table) keeps the new size, and the next open shrinks the shard that failed.
+#[test]
+fn a_shrink_failing_in_one_shard_is_finished_not_undone() {
+    use shale_device::{FaultDevice, ZoneEmu};
+    use shale_shards::LocalShards;
+    type Local = LocalShards<FaultDevice, Cap, ManualClock>;
+    let caches: Vec<FaultDevice> = (1..=2)
+        .map(|i| FaultDevice::new((128 + 6 * 256) * 4096, 4096, i).unwrap())
+        .collect();
+    let ctls: Vec<_> = caches.iter().map(FaultDevice::controller).collect();
+    let devs = caches.into_iter().map(|c| (c, devices().1)).collect();
+    let mut p = Local::format(devs, ManualClock::new, &config(), GRANULE).unwrap();
+    let (old, new) = (512 << 10, 256 << 10);
+    let a = match p.call(Request::CreateVolume {
+        name: "a".into(),
+        size_bytes: old,
+    }) {
+        Ok(Reply::Volume(v)) => v.uid,
+        r => panic!("create: {r:?}"),
+    };
+    let data = pattern(5, old as usize);
+    p.call(Request::Write {
+        volume: a,
+        offset: 0,
+        data: data.clone(),
+        fua: true,
+    })
+    .unwrap();
+    // Shard 1 fails persisting its part of the shrink, after shard 0 made it.
+    ctls[1].fail_flushes(0, 1);
+    let r = p.call(Request::ResizeVolume {
+        volume: a,
+        size_bytes: new,
+    });
+    assert!(r.is_err(), "{r:?}");
+    let listed = match p.call(Request::ListVolumes) {
+        Ok(Reply::Volumes(v)) => v,
+        r => panic!("list: {r:?}"),
+    };
+    assert_eq!(listed[0].size_bytes, new, "the pool keeps the shrink");
+    let devices: Vec<_> = p
+        .abandon()
+        .into_iter()
+        .map(|(c, z)| {
+            let (_, c) = c
+                .controller()
+                .crash(&shale_device::CrashMode::KeepAll)
+                .unwrap();
+            (c, ZoneEmu::open(z.into_inner()).unwrap())
+        })
+        .collect();
+    let (mut p, _) = Local::open(devices, ManualClock::new, &config()).unwrap();
+    let read = |p: &mut Local, offset: u64, len: u64| match p.call(Request::Read {
+        volume: a,
+        offset,
+        len,
+    }) {
+        Ok(Reply::Read(d)) => d,
+        r => panic!("read: {r:?}"),
+    };
+    assert_eq!(read(&mut p, 0, new), data[..new as usize]);
+    p.call(Request::ResizeVolume {
+        volume: a,
+        size_bytes: old,
+    })
+    .unwrap();
+    assert!(
+        read(&mut p, new, old - new).iter().all(|&b| b == 0),
+        "the dropped tail stays dropped in every shard"
+    );
+    for (s, e) in p.engines_mut().iter_mut().enumerate() {
+        e.self_check()
+            .unwrap_or_else(|err| panic!("shard {s}: {err}"));
+    }
+}

@@ -103,6 +103,12 @@ pub struct Counts {
     pub checkpoint_switches: u64,
     pub l2p_evictions_as_switches: u64,
     pub scrub_bytes: u64,
+    /// On a pool of several shards: requests whose bytes span shards (split and
+    /// answered once), volume changes made shard by shard, and power cuts by the
+    /// shard whose device the cut fell on.
+    pub requests_split: u64,
+    pub volume_changes_across_shards: u64,
+    pub cuts_by_shard: BTreeMap<usize, u64>,
 }
 
 impl Counts {
@@ -150,6 +156,11 @@ impl Counts {
         self.checkpoint_switches += o.checkpoint_switches;
         self.l2p_evictions_as_switches += o.l2p_evictions_as_switches;
         self.scrub_bytes += o.scrub_bytes;
+        self.requests_split += o.requests_split;
+        self.volume_changes_across_shards += o.volume_changes_across_shards;
+        for (k, v) in &o.cuts_by_shard {
+            *self.cuts_by_shard.entry(*k).or_default() += v;
+        }
     }
 
     pub fn moment(&mut self, key: &str) {
@@ -220,6 +231,13 @@ impl fmt::Display for Counts {
             .map(|(k, v)| format!("{k} {v}"))
             .collect();
         writeln!(f, "crash points: {}", moments.join(", "))?;
+        if !self.cuts_by_shard.is_empty() || self.requests_split > 0 {
+            writeln!(
+                f,
+                "shards: requests split {}  volume changes across shards {}  cuts by shard {:?}",
+                self.requests_split, self.volume_changes_across_shards, self.cuts_by_shard
+            )?;
+        }
         let modes: Vec<String> = self
             .crash_modes
             .iter()
@@ -268,6 +286,8 @@ pub struct Violation {
     pub generations: u32,
     /// The run's crash point filter (`SimConfig::only`), if any.
     pub only: Option<String>,
+    /// Engine shards of the run (`SimConfig::shards`).
+    pub shards: u32,
     /// Crash point (cycle) of the run, 0-based.
     pub cycle: u64,
     /// Format count within the run (a new lineage starts after a refused open).
@@ -283,7 +303,7 @@ impl fmt::Display for Violation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "VIOLATION {:?} (seed {}, mode {}, cycle {}, lineage {}, generation {}, step {}): {}\n  replay: cargo run -p shale-sim --release --bin crashsim -- --seed {} --cycles {} --generations {} --mode {}{}",
+            "VIOLATION {:?} (seed {}, mode {}, cycle {}, lineage {}, generation {}, step {}): {}\n  replay: cargo run -p shale-sim --release --bin crashsim -- --seed {} --cycles {} --generations {} --mode {}{}{}",
             self.kind,
             self.seed,
             self.mode,
@@ -299,7 +319,12 @@ impl fmt::Display for Violation {
             self.only
                 .as_ref()
                 .map(|o| format!(" --only {o}"))
-                .unwrap_or_default()
+                .unwrap_or_default(),
+            if self.shards > 1 {
+                format!(" --shards {}", self.shards)
+            } else {
+                String::new()
+            }
         )
     }
 }

@@ -34,10 +34,11 @@ use shale_device::{
     ZonedDevice,
 };
 use shale_engine::{
-    Config, Engine, EngineError, Handoff, ManualClock, MemHandoff, NoProgress, OpenError, Reply,
-    Request, Stats, VolumeInfo, VolumeUid,
+    Config, Engine, EngineError, Handoff, ManualClock, MemHandoff, OpenError, Reply, Request,
+    Stats, VolumeInfo, VolumeUid,
 };
 use shale_format::{CacheLayout, Superblock};
+use shale_shards::{LocalShards, ShardsError};
 
 use crate::model::{block_hash, BlockRange, FlushCut, Model, OpId, VolModel};
 use crate::plan::{self, Moment, Plan};
@@ -55,8 +56,11 @@ const DEVICE_CALLS_PER_POLL_MAX: u64 = 2_000_000;
 
 /// The capacity device: zone emulation over a fault device on the rail.
 pub type Cap = ZoneEmu<Powered>;
-/// The engine under test.
+/// One engine under test.
 pub type Eng = Engine<Powered, Cap, ManualClock>;
+/// The engines under test: a pool of shards stepped on the simulator's thread (a
+/// pool of one is its engine, every request passed through).
+pub type Pool = LocalShards<Powered, Cap, ManualClock>;
 
 /// What happens at a crash point.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -130,6 +134,10 @@ pub struct SimConfig {
     pub phantom_flushes: bool,
     /// Print every crash point, crash and reopen to stderr (for diagnosing a replay).
     pub log: bool,
+    /// Engine shards (1..=64): each has a cache and a capacity device of the run's
+    /// geometry of its own, all on the one power rail; volumes are dealt over them
+    /// in granules of 1, 2 or 16 blocks (drawn per lineage).
+    pub shards: u32,
 }
 
 /// The devices of a run.
@@ -229,6 +237,7 @@ impl SimConfig {
             lying_flushes: None,
             phantom_flushes: false,
             log: false,
+            shards: 1,
         }
     }
 }
@@ -331,6 +340,17 @@ enum Reached {
 enum OpenFail {
     Zone(shale_device::DeviceError),
     Engine(OpenError),
+    /// The shards opened but are not one pool, or could not be made to agree.
+    Shards(ShardsError),
+}
+
+impl OpenFail {
+    fn from_shards(e: ShardsError) -> OpenFail {
+        match e {
+            ShardsError::Open { source, .. } => OpenFail::Engine(source),
+            other => OpenFail::Shards(other),
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -359,6 +379,20 @@ pub fn caused_by_injection(e: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
+/// Prints a zone emulation's zones as they are at open (for diagnosing a replay).
+fn log_zones(cap: &Cap) {
+    let mut zones = Vec::new();
+    let _ = cap.report_zones(0, cap.geometry().zone_count, &mut zones);
+    let line: Vec<String> = zones
+        .iter()
+        .map(|z| {
+            let wp = (z.write_pointer - z.start) / BS;
+            format!("{}:{:?}@{wp}", z.index, z.state)
+        })
+        .collect();
+    eprintln!("    zones at open: {}", line.join(" "));
+}
+
 /// Reads the layout from the newest valid durable superblock copy.
 fn cache_layout(ctl: &FaultController) -> Option<CacheLayout> {
     let mut b = vec![0u8; 2 * BS as usize];
@@ -380,10 +414,16 @@ struct Sim {
     workload: Workload,
     clock: ManualClock,
     rail: PowerRail,
-    cache_ctl: Option<FaultController>,
-    cap_ctl: Option<FaultController>,
-    engine: Option<Eng>,
+    /// Each shard's cache and capacity fault devices, in shard order.
+    cache_ctl: Vec<FaultController>,
+    cap_ctl: Vec<FaultController>,
+    engine: Option<Pool>,
     engine_config: Config,
+    /// The lineage's granule (bytes) on a pool of several shards.
+    granule: u64,
+    /// A panic inside `submit` (volume changes across shards run there), reported by
+    /// the next step.
+    submit_panic: Option<String>,
     model: Model,
     inbox: Inbox,
     inflight: BTreeMap<OpId, InFlight>,
@@ -407,9 +447,9 @@ struct Sim {
     injection: Option<String>,
     trace: Trace,
     counts: Counts,
-    /// The hand-off store of kill mode (survives the engine, as tmpfs survives a
-    /// killed process).
-    handoff: MemHandoff,
+    /// The hand-off stores of kill mode, one per shard (they survive the engine, as
+    /// tmpfs survives a killed process).
+    handoff: Vec<MemHandoff>,
     cycle: u64,
     lineage: u64,
     generation: u64,
@@ -441,7 +481,10 @@ impl Sim {
             request_bytes_max: cfg.engine.request_bytes_max,
             user_capacity_blocks: 0,
             volumes_max: cfg.engine.volumes_max,
+            charge_blocks: 1,
+            volume_blocks_min: 8,
         };
+        let shards = cfg.shards.max(1) as usize;
         Sim {
             geo,
             workload: Workload::new(wl_rng, cfg.mix.clone(), limits),
@@ -455,9 +498,11 @@ impl Sim {
                 rail.set_calls_max(Some(DEVICE_CALLS_PER_POLL_MAX));
                 rail
             },
-            cache_ctl: None,
-            cap_ctl: None,
+            cache_ctl: Vec::new(),
+            cap_ctl: Vec::new(),
             engine: None,
+            granule: shale_shards::GRANULE_BYTES_DEFAULT,
+            submit_panic: None,
             model: Model::new(),
             inbox: Arc::new(Mutex::new(Vec::new())),
             inflight: BTreeMap::new(),
@@ -476,7 +521,7 @@ impl Sim {
             injection: None,
             trace: Trace::default(),
             counts: Counts::default(),
-            handoff: MemHandoff::new(),
+            handoff: (0..shards).map(|_| MemHandoff::new()).collect(),
             cycle: 0,
             lineage: 0,
             generation: 0,
@@ -491,6 +536,7 @@ impl Sim {
             mode: self.cfg.mode,
             generations: self.cfg.generations,
             only: self.cfg.only.clone(),
+            shards: self.cfg.shards.max(1),
             cycle: self.cycle,
             lineage: self.lineage,
             generation: self.generation,
@@ -591,44 +637,57 @@ impl Sim {
         } else {
             shale_engine::CompactionPolicyKind::CostBenefit
         };
-        let cache = FaultDevice::new(self.geo.cache_blocks * BS, cache_lbs, self.rng.gen())
-            .map_err(|e| self.harness(format!("cache device: {e}")))?;
-        let cap_bytes = self.geo.capacity_bytes();
-        let cap = FaultDevice::new(cap_bytes, cap_lbs, self.rng.gen())
-            .map_err(|e| self.harness(format!("capacity device: {e}")))?;
-        for d in [&cache, &cap] {
-            let max = self.rng.gen_range(0..=self.cfg.latency_polls_max);
-            d.controller().set_latency(Latency::Polls { min: 0, max });
+        let shards = self.cfg.shards.max(1) as usize;
+        if shards > 1 {
+            // Granules of 1, 2 or 16 blocks: the smaller, the more requests split.
+            self.granule = [1, 2, 16][self.rng.gen_range(0..3)] * BS;
+            self.trace.mix(self.granule);
         }
-        self.cache_ctl = Some(cache.controller());
-        self.cap_ctl = Some(cap.controller());
-        let mut zc = ZoneEmuConfig::new(self.geo.zone_blocks * BS);
-        zc.zone_count_max = self.geo.zones;
-        zc.max_open_zones = 8;
-        zc.max_active_zones = 8;
-        let cap = ZoneEmu::format(Powered::new(cap, Side::Capacity, self.rail.clone()), &zc)
-            .map_err(|e| self.harness(format!("zone emulation format: {e}")))?;
-        let capacity = CapacityLayout {
-            data_offset: cap.data_offset(),
-            zone_size: cap.geometry().zone_size,
-            zone_capacity: cap.geometry().zone_capacity,
-        };
-        let cache = Powered::new(cache, Side::Cache, self.rail.clone());
-        let mut engine = Engine::format(cache, cap, self.clock.clone(), config.clone())
+        self.cache_ctl.clear();
+        self.cap_ctl.clear();
+        let mut devices = Vec::with_capacity(shards);
+        let mut capacity = None;
+        for i in 0..shards {
+            let (cache, cap) = self.shard_devices(i, cache_lbs, cap_lbs)?;
+            let layout = CapacityLayout {
+                data_offset: cap.data_offset(),
+                zone_size: cap.geometry().zone_size,
+                zone_capacity: cap.geometry().zone_capacity,
+            };
+            if capacity.is_some_and(|c| c != layout) {
+                return Err(self.harness("the shards' zone layouts differ".into()));
+            }
+            capacity = Some(layout);
+            devices.push((cache, cap));
+        }
+        let clock = self.clock.clone();
+        let mut pool = Pool::format(devices, || clock.clone(), &config, self.granule)
             .map_err(|e| self.harness(format!("engine format: {e}")))?;
         if self.cfg.mode == Mode::Kill {
-            engine
-                .attach_handoff(Box::new(self.handoff.clone()))
-                .map_err(|e| self.harness(format!("hand-off store: {e}")))?;
+            for (e, h) in pool.engines_mut().iter_mut().zip(&self.handoff) {
+                e.attach_handoff(Box::new(h.clone()))
+                    .map_err(|e| self.harness(format!("hand-off store: {e}")))?;
+            }
         }
-        let user_blocks = engine.user_capacity_bytes() / BS;
-        self.engine = Some(engine);
+        let user_blocks = pool.user_capacity_bytes() / BS;
+        self.engine = Some(pool);
         self.engine_config = config;
-        let cache_layout = self.cache_ctl.as_ref().and_then(cache_layout);
+        // One layout per side serves every shard's devices: they are formatted alike.
+        let layouts: Vec<Option<CacheLayout>> = self.cache_ctl.iter().map(cache_layout).collect();
+        if layouts.windows(2).any(|w| w[0] != w[1]) {
+            return Err(self.harness("the shards' cache layouts differ".into()));
+        }
         self.rail.set_layouts(Layouts {
-            cache: cache_layout,
-            capacity: Some(capacity),
+            cache: layouts.first().copied().flatten(),
+            capacity,
         });
+        // A volume on several shards is a whole number of blocks of at least a granule
+        // per shard, and takes up to a granule more than its share in some of them.
+        let unit = if shards > 1 {
+            self.granule / BS * shards as u64
+        } else {
+            1
+        };
         self.workload = Workload::new(
             ChaCha8Rng::seed_from_u64(self.rng.gen()),
             self.cfg.mix.clone(),
@@ -636,6 +695,8 @@ impl Sim {
                 request_bytes_max: self.cfg.engine.request_bytes_max,
                 user_capacity_blocks: user_blocks,
                 volumes_max: self.cfg.engine.volumes_max,
+                charge_blocks: unit,
+                volume_blocks_min: unit.max(8),
             },
         );
         self.trace.mix(0x1111);
@@ -654,7 +715,8 @@ impl Sim {
                 left * self.rng.gen_range(30..=60) / 100
             };
             left -= size;
-            if size >= 8 {
+            let size = size / unit * unit;
+            if size >= unit.max(8) {
                 let name = self.workload.name();
                 self.submit(Op::Create {
                     name,
@@ -710,6 +772,36 @@ impl Sim {
         Ok(())
     }
 
+    /// Shard `i`'s fault devices (their controllers kept), on the rail, the capacity
+    /// one formatted for zone emulation.
+    fn shard_devices(
+        &mut self,
+        i: usize,
+        cache_lbs: u32,
+        cap_lbs: u32,
+    ) -> Result<(Powered, Cap), Violation> {
+        let cache = FaultDevice::new(self.geo.cache_blocks * BS, cache_lbs, self.rng.gen())
+            .map_err(|e| self.harness(format!("cache device: {e}")))?;
+        let cap_bytes = self.geo.capacity_bytes();
+        let cap = FaultDevice::new(cap_bytes, cap_lbs, self.rng.gen())
+            .map_err(|e| self.harness(format!("capacity device: {e}")))?;
+        for d in [&cache, &cap] {
+            let max = self.rng.gen_range(0..=self.cfg.latency_polls_max);
+            d.controller().set_latency(Latency::Polls { min: 0, max });
+        }
+        self.cache_ctl.push(cache.controller());
+        self.cap_ctl.push(cap.controller());
+        let mut zc = ZoneEmuConfig::new(self.geo.zone_blocks * BS);
+        zc.zone_count_max = self.geo.zones;
+        zc.max_open_zones = 8;
+        zc.max_active_zones = 8;
+        let rail = self.rail.clone();
+        let cap = ZoneEmu::format(Powered::numbered(cap, Side::Capacity, i, rail), &zc)
+            .map_err(|e| self.harness(format!("zone emulation format: {e}")))?;
+        let cache = Powered::numbered(cache, Side::Cache, i, self.rail.clone());
+        Ok((cache, cap))
+    }
+
     /// Drops the engine (no shutdown) and adds up its counters.
     fn end_engine(&mut self) {
         if let Some(e) = self.engine.take() {
@@ -750,10 +842,15 @@ impl Sim {
     /// Errors mode: one kind of fault per lineage segment, on one device.
     fn inject_errors(&mut self) {
         let on_cache = self.rng.gen_bool(0.6);
+        // One shard's device (a draw only on a pool of several: seeds of one replay).
+        let shard = match self.cache_ctl.len() {
+            0 | 1 => 0,
+            n => self.rng.gen_range(0..n),
+        };
         let ctl = if on_cache {
-            self.cache_ctl.clone()
+            self.cache_ctl.get(shard).cloned()
         } else {
-            self.cap_ctl.clone()
+            self.cap_ctl.get(shard).cloned()
         };
         let Some(ctl) = ctl else { return };
         let size = if on_cache {
@@ -762,7 +859,12 @@ impl Sim {
             self.geo.capacity_bytes()
         };
         let kind = self.rng.gen_range(0..6);
-        let device = if on_cache { "cache" } else { "capacity" };
+        let device = match (on_cache, self.cache_ctl.len()) {
+            (true, 1) => "cache".to_string(),
+            (false, 1) => "capacity".to_string(),
+            (true, _) => format!("shard {shard} cache"),
+            (false, _) => format!("shard {shard} capacity"),
+        };
         let what = match kind {
             0 => {
                 let ppm = self.rng.gen_range(100..=3000);
@@ -808,7 +910,7 @@ impl Sim {
     }
 
     fn clear_errors(&mut self) {
-        for c in [&self.cache_ctl, &self.cap_ctl].into_iter().flatten() {
+        for c in self.cache_ctl.iter().chain(&self.cap_ctl) {
             c.clear_errors();
         }
         self.errors_on = false;
@@ -998,14 +1100,13 @@ impl Sim {
             self.model.all_durable();
             self.admin_uncertain = None;
             let layouts = self.rail.layouts();
-            for (side, c) in [
-                (Side::Cache, &self.cache_ctl),
-                (Side::Capacity, &self.cap_ctl),
-            ] {
-                let Some(c) = c else { continue };
+            let ctls = (self.cache_ctl.iter().map(|c| (Side::Cache, c)))
+                .chain(self.cap_ctl.iter().map(|c| (Side::Capacity, c)));
+            for (side, c) in ctls {
                 for p in c.pending_writes().iter().filter(|p| !p.durable) {
                     let op = DevOp {
                         side,
+                        device: 0,
                         kind: if p.discard {
                             DevOpKind::Discard
                         } else {
@@ -1038,6 +1139,9 @@ impl Sim {
         let fired = self.rail.take_fired();
         if let Some(f) = &fired {
             self.trace.mix_str(&format!("{f:?}"));
+            if self.cache_ctl.len() > 1 {
+                *self.counts.cuts_by_shard.entry(f.op.device).or_default() += 1;
+            }
         }
         self.end_engine();
         self.note_lost_requests();
@@ -1072,78 +1176,89 @@ impl Sim {
         self.last_injected = None;
     }
 
-    /// Crashes both fault devices; returns the restarted ones.
+    /// Crashes every shard's fault devices, each its own way; returns the restarted
+    /// ones, in shard order.
     fn crash_devices(
         &mut self,
         fired: Option<&Fired>,
-    ) -> Result<(FaultDevice, FaultDevice), Violation> {
-        let mut out = Vec::with_capacity(2);
-        for (side, ctl) in [
-            (Side::Cache, self.cache_ctl.clone()),
-            (Side::Capacity, self.cap_ctl.clone()),
-        ] {
-            let Some(ctl) = ctl else {
-                return Err(self.harness("no device to crash".into()));
-            };
-            let pending = ctl.pending_writes();
-            let write = fired.filter(|f| f.op.side == side).and_then(|f| f.write);
-            let (mode, name) = if self.cfg.mode == Mode::Kill {
-                (CrashMode::KeepAll, "kill")
-            } else {
-                plan::crash_mode(&mut self.rng, &pending, write)
-            };
-            self.log(|| {
-                format!(
-                    "crash {side:?}: {} pending ({} durable), fired {:?}: {mode:?}",
-                    pending.len(),
-                    pending.iter().filter(|p| p.durable).count(),
-                    fired.map(|f| (f.place, f.phase, f.op.offset, f.op.len)),
-                )
-            });
-            let side_name = match side {
-                Side::Cache => "cache",
-                Side::Capacity => "capacity",
-            };
-            self.counts.crash_mode(&format!("{side_name}:{name}"));
-            let (report, dev) = ctl
-                .crash(&mode)
-                .map_err(|e| self.harness(format!("crash {side_name} with {mode:?}: {e}")))?;
-            if self.cfg.log {
-                let desc = |ids: &[shale_device::WriteId]| -> Vec<String> {
-                    ids.iter()
-                        .filter_map(|id| pending.iter().find(|p| p.id == *id))
-                        .map(|p| {
-                            format!(
-                                "{}{}+{}",
-                                if p.discard { "discard " } else { "" },
-                                p.offset,
-                                p.len
-                            )
-                        })
-                        .collect()
-                };
-                eprintln!(
-                    "    {side_name}: kept {:?} dropped {:?} torn {:?}",
-                    desc(&report.applied),
-                    desc(&report.dropped),
-                    report.torn
-                );
-            }
-            self.counts.torn_writes += u64::from(report.torn.is_some());
-            self.counts.pending_kept += report.applied.len() as u64;
-            self.counts.pending_dropped += report.dropped.len() as u64;
-            self.trace.mix(report.applied.len() as u64);
-            self.trace.mix(report.dropped.len() as u64);
-            self.trace
-                .mix(report.torn.map_or(0, |(id, b)| id.0 ^ (b << 40)));
-            out.push(dev);
+    ) -> Result<Vec<(FaultDevice, FaultDevice)>, Violation> {
+        if self.cache_ctl.is_empty() || self.cache_ctl.len() != self.cap_ctl.len() {
+            return Err(self.harness("no devices to crash".into()));
         }
-        let cap = out.pop();
-        let cache = out.pop();
-        match (cache, cap) {
-            (Some(c), Some(z)) => Ok((c, z)),
-            _ => Err(self.harness("crash lost a device".into())),
+        let mut out = Vec::with_capacity(self.cache_ctl.len());
+        for shard in 0..self.cache_ctl.len() {
+            let cache = self.crash_device(fired, Side::Cache, shard)?;
+            let cap = self.crash_device(fired, Side::Capacity, shard)?;
+            out.push((cache, cap));
         }
+        Ok(out)
+    }
+
+    /// Crashes one fault device: keeps, drops or tears its unflushed writes.
+    fn crash_device(
+        &mut self,
+        fired: Option<&Fired>,
+        side: Side,
+        shard: usize,
+    ) -> Result<FaultDevice, Violation> {
+        let ctl = match side {
+            Side::Cache => self.cache_ctl[shard].clone(),
+            Side::Capacity => self.cap_ctl[shard].clone(),
+        };
+        let pending = ctl.pending_writes();
+        let write = fired
+            .filter(|f| f.op.side == side && f.op.device == shard)
+            .and_then(|f| f.write);
+        let (mode, name) = if self.cfg.mode == Mode::Kill {
+            (CrashMode::KeepAll, "kill")
+        } else {
+            plan::crash_mode(&mut self.rng, &pending, write)
+        };
+        self.log(|| {
+            format!(
+                "crash {side:?} {shard}: {} pending ({} durable), fired {:?}: {mode:?}",
+                pending.len(),
+                pending.iter().filter(|p| p.durable).count(),
+                fired.map(|f| (f.place, f.phase, f.op.offset, f.op.len)),
+            )
+        });
+        let side_name = match side {
+            Side::Cache => "cache",
+            Side::Capacity => "capacity",
+        };
+        self.counts.crash_mode(&format!("{side_name}:{name}"));
+        let (report, dev) = ctl
+            .crash(&mode)
+            .map_err(|e| self.harness(format!("crash {side_name} with {mode:?}: {e}")))?;
+        if self.cfg.log {
+            let desc = |ids: &[shale_device::WriteId]| -> Vec<String> {
+                ids.iter()
+                    .filter_map(|id| pending.iter().find(|p| p.id == *id))
+                    .map(|p| {
+                        format!(
+                            "{}{}+{}",
+                            if p.discard { "discard " } else { "" },
+                            p.offset,
+                            p.len
+                        )
+                    })
+                    .collect()
+            };
+            eprintln!(
+                "    {side_name}: kept {:?} dropped {:?} torn {:?}",
+                desc(&report.applied),
+                desc(&report.dropped),
+                report.torn
+            );
+        }
+        self.counts.torn_writes += u64::from(report.torn.is_some());
+        self.counts.pending_kept += report.applied.len() as u64;
+        self.counts.pending_dropped += report.dropped.len() as u64;
+        self.trace.mix(report.applied.len() as u64);
+        self.trace.mix(report.dropped.len() as u64);
+        self.trace
+            .mix(report.torn.map_or(0, |(id, b)| id.0 ^ (b << 40)));
+        Ok(dev)
     }
 
     /// Opens the engine on crashed devices (possibly crashing again during the open),
@@ -1151,11 +1266,11 @@ impl Sim {
     #[allow(clippy::too_many_lines, reason = "predates the limit; to be split")]
     fn recover(
         &mut self,
-        devices: (FaultDevice, FaultDevice),
+        devices: Vec<(FaultDevice, FaultDevice)>,
         crash_open: Option<Trigger>,
         clean: bool,
     ) -> Result<(), Violation> {
-        let (mut cache_dev, mut cap_dev) = devices;
+        let mut devices = devices;
         let mut arm = if self.cfg.mode == Mode::Live {
             None
         } else {
@@ -1174,30 +1289,39 @@ impl Sim {
             if let Some(t) = arm.take() {
                 self.rail.arm(t);
             }
-            let cache = Powered::new(cache_dev, Side::Cache, self.rail.clone());
-            let inner = Powered::new(cap_dev, Side::Capacity, self.rail.clone());
+            let rail = &self.rail;
+            let powered: Vec<(Powered, Powered)> = std::mem::take(&mut devices)
+                .into_iter()
+                .enumerate()
+                .map(|(i, (c, z))| {
+                    (
+                        Powered::numbered(c, Side::Cache, i, rail.clone()),
+                        Powered::numbered(z, Side::Capacity, i, rail.clone()),
+                    )
+                })
+                .collect();
             self.rail.set_log_updates(self.cfg.log);
             let clock = self.clock.clone();
             let config = self.engine_config.clone();
             let log = self.cfg.log;
-            let handoff = (self.cfg.mode == Mode::Kill)
-                .then(|| Box::new(self.handoff.clone()) as Box<dyn Handoff>);
-            let opened = catch_unwind(AssertUnwindSafe(move || -> Result<Eng, OpenFail> {
-                let cap = ZoneEmu::open(inner).map_err(OpenFail::Zone)?;
-                if log {
-                    let mut zones = Vec::new();
-                    let _ = cap.report_zones(0, cap.geometry().zone_count, &mut zones);
-                    let line: Vec<String> = zones
-                        .iter()
-                        .map(|z| {
-                            let wp = (z.write_pointer - z.start) / BS;
-                            format!("{}:{:?}@{wp}", z.index, z.state)
-                        })
-                        .collect();
-                    eprintln!("    zones at open: {}", line.join(" "));
+            let kill = self.cfg.mode == Mode::Kill;
+            let handoffs: Vec<Option<Box<dyn Handoff>>> = self
+                .handoff
+                .iter()
+                .map(|h| kill.then(|| Box::new(h.clone()) as Box<dyn Handoff>))
+                .collect();
+            let opened = catch_unwind(AssertUnwindSafe(move || -> Result<Pool, OpenFail> {
+                let mut opened = Vec::with_capacity(powered.len());
+                for (cache, inner) in powered {
+                    let cap = ZoneEmu::open(inner).map_err(OpenFail::Zone)?;
+                    if log {
+                        log_zones(&cap);
+                    }
+                    opened.push((cache, cap));
                 }
-                Engine::open_with(cache, cap, clock, config, &mut NoProgress, handoff)
-                    .map_err(OpenFail::Engine)
+                Pool::open_with(opened, || clock.clone(), &config, handoffs)
+                    .map(|(pool, _)| pool)
+                    .map_err(OpenFail::from_shards)
             }));
             let opened = match opened {
                 Ok(o) => o,
@@ -1219,6 +1343,7 @@ impl Sim {
                         Ok(_) => "ok".to_string(),
                         Err(OpenFail::Zone(e)) => format!("zone emulation: {e}"),
                         Err(OpenFail::Engine(e)) => format!("{e}"),
+                        Err(OpenFail::Shards(e)) => format!("{e}"),
                     }
                 )
             });
@@ -1231,8 +1356,7 @@ impl Sim {
                     drop(e.abandon());
                 }
                 expect_clean = false;
-                let d = self.crash_devices(fired.as_ref())?;
-                (cache_dev, cap_dev) = d;
+                devices = self.crash_devices(fired.as_ref())?;
                 continue;
             }
             self.rail.restore();
@@ -1261,6 +1385,10 @@ impl Sim {
                 Err(OpenFail::Zone(e)) => Err(self.violation(
                     ViolationKind::ZoneEmulationOpen,
                     format!("zone emulation would not reopen after a crash: {e}"),
+                )),
+                Err(OpenFail::Shards(e)) => Err(self.violation(
+                    ViolationKind::OpenFailed,
+                    format!("the shards would not open as one pool after a crash: {e}"),
                 )),
             };
         }
@@ -1426,9 +1554,13 @@ impl Sim {
                     format!("{when}: the scrub found {n} valid blocks the L2P does not map"),
                 )),
             },
-            Ok(Err(err)) => Err(self.violation(
+            Ok(Err((shard, err))) => Err(self.violation(
                 ViolationKind::SelfCheck,
-                format!("self-check {when}: {err}"),
+                if self.cache_ctl.len() > 1 {
+                    format!("self-check {when}, shard {shard}: {err}")
+                } else {
+                    format!("self-check {when}: {err}")
+                },
             )),
             Err(p) => Err(self.violation(
                 ViolationKind::Panic,
@@ -1517,13 +1649,26 @@ impl Sim {
                 ),
             ));
         }
+        if let Some(p) = self.submit_panic.take() {
+            return Err(self.violation(
+                ViolationKind::Panic,
+                format!("engine panicked in a volume change across shards: {p}"),
+            ));
+        }
         self.clock.advance_ns(STEP_NS);
         self.step += 1;
         self.drain()?;
         if let Some((&op, f)) = self.inflight.iter().next() {
             // A failed engine answers everything it holds at once; what it did not
             // answer it has lost.
-            let failure = self.engine.as_ref().and_then(|e| e.failure());
+            // (Shards that did not fail answer in their own time: only a pool of one
+            // is checked at once.)
+            let failure = self
+                .engine
+                .as_ref()
+                .filter(|e| e.engines().len() == 1)
+                .and_then(|e| e.failure())
+                .map(|(_, reason)| reason);
             if let (Some(reason), true) = (failure, self.rail.is_on()) {
                 return Err(self.violation(
                     ViolationKind::Stuck,
@@ -1534,7 +1679,7 @@ impl Sim {
                 ));
             }
             if self.step - f.step > self.cfg.request_steps_max && self.rail.is_on() {
-                let s = self.engine.as_ref().map(Engine::stats).unwrap_or_default();
+                let s = self.engine.as_ref().map(Pool::stats).unwrap_or_default();
                 return Err(self.violation(
                     ViolationKind::Stuck,
                     format!(
@@ -1773,6 +1918,7 @@ impl Sim {
         let id = self.next_op;
         self.next_op += 1;
         self.counts.requests += 1;
+        self.count_across_shards(&req);
         self.trace.mix(id);
         self.trace.mix_str(request_kind(&req));
         self.inflight.insert(
@@ -1793,7 +1939,39 @@ impl Sim {
             });
         });
         if let Some(e) = self.engine.as_mut() {
-            e.submit(req, done);
+            // Volume changes across shards run to completion inside `submit`.
+            if let Err(p) = catch_unwind(AssertUnwindSafe(|| e.submit(req, done))) {
+                self.submit_panic = Some(panic_message(&*p));
+            }
+        }
+    }
+
+    /// Counts a request that a pool of several shards splits, or a volume change it
+    /// makes shard by shard.
+    fn count_across_shards(&mut self, req: &Request) {
+        let Some(map) = self.engine.as_ref().map(Pool::map) else {
+            return;
+        };
+        if map.shards() == 1 {
+            return;
+        }
+        match *req {
+            Request::Read { offset, len, .. }
+            | Request::Trim { offset, len, .. }
+            | Request::WriteZeroes { offset, len, .. } => {
+                self.counts.requests_split += u64::from(map.single(offset, len).is_none());
+            }
+            Request::Write {
+                offset, ref data, ..
+            } => {
+                let len = data.len() as u64;
+                self.counts.requests_split += u64::from(map.single(offset, len).is_none());
+            }
+            Request::CreateVolume { .. }
+            | Request::ResizeVolume { .. }
+            | Request::DeleteVolume { .. }
+            | Request::SetVolumeLimits { .. } => self.counts.volume_changes_across_shards += 1,
+            _ => {}
         }
     }
 

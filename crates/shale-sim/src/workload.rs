@@ -93,6 +93,20 @@ pub struct Limits {
     pub request_bytes_max: u64,
     pub user_capacity_blocks: u64,
     pub volumes_max: u32,
+    /// Volume sizes are charged in whole units of this many blocks: on a pool of
+    /// shards a volume takes up to a granule more than its share in some shard, so
+    /// it is charged a whole group of granules (one per shard); 1 on one engine.
+    pub charge_blocks: u64,
+    /// The smallest volume the pool takes (a granule per shard; 8 blocks here).
+    pub volume_blocks_min: u64,
+}
+
+impl Limits {
+    /// What a volume of `blocks` takes from the user capacity.
+    pub fn charged(&self, blocks: u64) -> u64 {
+        let unit = self.charge_blocks.max(1);
+        blocks.div_ceil(unit) * unit
+    }
 }
 
 /// Generates requests from its own seeded stream.
@@ -241,11 +255,15 @@ impl Workload {
     /// A volume change that the engine should accept.
     fn admin(&mut self, model: &Model) -> Option<Op> {
         let vols = model.volumes();
-        let used: u64 = vols.values().map(|v| v.size_blocks).sum();
-        let free = self.limits.user_capacity_blocks.saturating_sub(used);
+        let l = self.limits;
+        let used: u64 = vols.values().map(|v| l.charged(v.size_blocks)).sum();
+        // Whole charge units only, so whatever is drawn below fits.
+        let free = l.user_capacity_blocks.saturating_sub(used) / l.charge_blocks.max(1)
+            * l.charge_blocks.max(1);
+        let min = l.volume_blocks_min.max(8);
         let choice = self.rng.gen_range(0..4);
-        if choice == 0 && (vols.len() as u32) < self.limits.volumes_max && free >= 8 {
-            let size_blocks = self.rng.gen_range(8..=free.clamp(8, 512));
+        if choice == 0 && (vols.len() as u32) < l.volumes_max && free >= min {
+            let size_blocks = self.rng.gen_range(min..=free.clamp(min, 512.max(min)));
             let name = self.name();
             return Some(Op::Create { name, size_blocks });
         }
@@ -259,9 +277,9 @@ impl Workload {
                     size_blocks: blocks + grow,
                 })
             }
-            2 if blocks > 8 => Some(Op::Resize {
+            2 if blocks > min => Some(Op::Resize {
                 volume,
-                size_blocks: self.rng.gen_range(blocks * 3 / 4..blocks).max(8),
+                size_blocks: self.rng.gen_range(blocks * 3 / 4..blocks).max(min),
             }),
             3 if vols.len() > 1 => Some(Op::Delete { volume }),
             _ => None,

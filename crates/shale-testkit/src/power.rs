@@ -47,6 +47,9 @@ pub enum DevOpKind {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DevOp {
     pub side: Side,
+    /// Which device of its side (a pool of shards hangs a cache and a capacity
+    /// device per shard off one rail); 0 for the only one.
+    pub device: usize,
     pub kind: DevOpKind,
     pub offset: u64,
     pub len: u64,
@@ -82,7 +85,9 @@ pub enum Place {
     Flush(Side),
 }
 
-/// Where things are on each device; filled in once the devices are formatted.
+/// Where things are on each device; filled in once the devices are formatted. Every
+/// device of a side shares its side's layout (the shards of a pool are formatted
+/// alike), so an operation is classified by its offset alone.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Layouts {
     pub cache: Option<CacheLayout>,
@@ -517,16 +522,24 @@ pub struct Powered {
     inner: FaultDevice,
     ctl: FaultController,
     side: Side,
+    device: usize,
     rail: PowerRail,
 }
 
 impl Powered {
+    /// The only device of its side.
     pub fn new(inner: FaultDevice, side: Side, rail: PowerRail) -> Powered {
+        Self::numbered(inner, side, 0, rail)
+    }
+
+    /// Device `device` of its side (its operations carry the number).
+    pub fn numbered(inner: FaultDevice, side: Side, device: usize, rail: PowerRail) -> Powered {
         let ctl = inner.controller();
         Powered {
             inner,
             ctl,
             side,
+            device,
             rail,
         }
     }
@@ -543,6 +556,7 @@ impl Powered {
     fn op(&self, kind: DevOpKind, offset: u64, len: u64) -> DevOp {
         DevOp {
             side: self.side,
+            device: self.device,
             kind,
             offset,
             len,
@@ -709,6 +723,7 @@ mod tests {
         };
         let w = |side, block: u64, blocks: u64| DevOp {
             side,
+            device: 0,
             kind: DevOpKind::Write,
             offset: block * BS,
             len: blocks * BS,
@@ -731,6 +746,7 @@ mod tests {
         );
         let zone = |rel: u64, blocks: u64| DevOp {
             side: Side::Capacity,
+            device: 0,
             kind: DevOpKind::Write,
             offset: (1 << 20) + 3 * 128 * BS + rel * BS,
             len: blocks * BS,

@@ -54,6 +54,9 @@ struct Args {
     /// Print every crash point, crash and reopen (for diagnosing a replay).
     #[arg(long)]
     log: bool,
+    /// Engine shards (1-64), each with devices of the run's geometry of its own.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    shards: u32,
 }
 
 fn modes(s: &str) -> Result<Vec<Mode>> {
@@ -84,6 +87,7 @@ fn run_mode(args: &Args, mode: Mode) -> (Counts, Vec<RunReport>, f64) {
     }
     cfg.only = args.only.clone();
     cfg.log = args.log;
+    cfg.shards = args.shards;
     if let Some(w) = args.warmup_steps {
         cfg.warmup_steps_max = w;
     }
