@@ -45,7 +45,7 @@ fn main() -> ExitCode {
         }),
         _ => {
             eprintln!(
-                "usage: cargo xtask <task>\n\n  ci    deps + lint + test + smoke runs (the README's test command)\n  deps  install missing system packages the tests need (apt-get, as root)\n  lint  cargo fmt --check and cargo clippy -D warnings\n  test  the whole test suite\n  vm-test [--jobs N] [SCENARIO...]\n        guests under QEMU, N at a time: vhost-user-blk, zns, zoned-nullblk, nbd, ublk (default: all, one at a time)\n  bench-nbd [--size 4GiB] [--runtime 10] [--repeat 3] [--jobs 4] [--iodepth 32] [--dir D] [--shards N] [--baseline qemu-nbd|shale-no-handoff|shale-one-shard]\n        fio over NBD against shale serve and against a baseline: qemu-nbd on a plain file, shale without its hand-off store, or shale on one engine shard"
+                "usage: cargo xtask <task>\n\n  ci    deps + lint + test + smoke runs (the README's test command)\n  deps  install missing system packages the tests need (apt-get, as root)\n  lint  cargo fmt --check and cargo clippy -D warnings\n  test  the whole test suite\n  vm-test [--jobs N] [SCENARIO...]\n        guests under QEMU, N at a time: vhost-user-blk, zns, zoned-nullblk, zoned-nullblk-shards, nbd, ublk (default: all, one at a time)\n  bench-nbd [--size 4GiB] [--runtime 10] [--repeat 3] [--jobs 4] [--iodepth 32] [--dir D] [--shards N] [--baseline qemu-nbd|shale-no-handoff|shale-one-shard]\n        fio over NBD against shale serve and against a baseline: qemu-nbd on a plain file, shale without its hand-off store, or shale on one engine shard"
             );
             return if task == "help" {
                 ExitCode::SUCCESS

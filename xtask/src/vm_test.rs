@@ -26,6 +26,10 @@ pub const SCENARIOS: &[(&str, &str)] = &[
         "Shale in the guest on zoned null_blk with conventional zones; the same steps",
     ),
     (
+        "zoned-nullblk-shards",
+        "the same as two engine shards, each with its run of the drive's zones",
+    ),
+    (
         "nbd",
         "the guest kernel's NBD client on a Shale volume; ext4, kill -9, files read back",
     ),

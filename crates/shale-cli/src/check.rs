@@ -16,6 +16,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde_json::json;
 use shale_array::{MemberState, MirrorDevice, ZoneArray};
+use shale_daemon::serve::ShardWindows;
 use shale_device::{BlockDevice, FileDevice, ZoneEmu, ZonedDevice};
 use shale_engine::{check, CheckOptions, CheckReport, Severity};
 
@@ -162,17 +163,28 @@ fn open_capacity(
 fn check_shards(
     cache: &Path,
     capacity: &Path,
-    (n, cache_window, cap_window): (usize, u64, u64),
+    w: ShardWindows,
     opts: &CheckOptions,
     extra: &mut Findings,
 ) -> Result<CheckReport> {
     let mut all = CheckReport::default();
-    for i in 0..n {
+    for i in 0..w.shards {
         let at = |w: u64| i as u64 * w;
         let c = FileDevice::open(cache)
             .with_context(|| format!("opening the cache device {}", cache.display()))?;
-        let c = shale_device::Window::new(c, at(cache_window), cache_window)
+        let c = shale_device::Window::new(c, at(w.cache), w.cache)
             .with_context(|| format!("shard {i}'s cache window"))?;
+        let Some(cap_window) = w.capacity else {
+            let z = shale_device::open_zoned_drive_shard(
+                capacity,
+                shale_device::DriveOpen::AsIs,
+                i,
+                w.shards,
+            )
+            .with_context(|| format!("opening shard {i}'s zones of {}", capacity.display()))?;
+            add_shard(&mut all, i, check(c, z, opts));
+            continue;
+        };
         let z = FileDevice::open(capacity)
             .with_context(|| format!("opening the capacity device {}", capacity.display()))?;
         let mut z = shale_device::Window::new(z, at(cap_window), cap_window)
@@ -195,30 +207,34 @@ fn check_shards(
                 continue;
             }
         };
-        let r = check(c, z, opts);
-        all.clean = match (all.clean, r.clean) {
-            (_, None) | (None, _) if i > 0 => None,
-            (Some(a), Some(b)) => Some(a && b),
-            (_, b) => b,
-        };
-        if i == 0 {
-            all.open = r.open;
-        }
-        all.findings.extend(r.findings.into_iter().map(|mut f| {
-            f.message = format!("shard {i}: {}", f.message);
-            f
-        }));
-        let (a, b) = (&mut all.counts, &r.counts);
-        a.journal_entries += b.journal_entries;
-        a.l2p_pages += b.l2p_pages;
-        a.md_groups += b.md_groups;
-        a.mapped_blocks += b.mapped_blocks;
-        a.data_blocks_verified += b.data_blocks_verified;
-        a.regions_in_use += b.regions_in_use;
-        a.zones += b.zones;
-        a.unwritten_zone_groups += b.unwritten_zone_groups;
+        add_shard(&mut all, i, check(c, z, opts));
     }
     Ok(all)
+}
+
+/// Adds shard `i`'s report to the pool's: findings named by shard, counts summed.
+fn add_shard(all: &mut CheckReport, i: usize, r: CheckReport) {
+    all.clean = match (all.clean, r.clean) {
+        (_, None) | (None, _) if i > 0 => None,
+        (Some(a), Some(b)) => Some(a && b),
+        (_, b) => b,
+    };
+    if i == 0 {
+        all.open = r.open;
+    }
+    all.findings.extend(r.findings.into_iter().map(|mut f| {
+        f.message = format!("shard {i}: {}", f.message);
+        f
+    }));
+    let (a, b) = (&mut all.counts, &r.counts);
+    a.journal_entries += b.journal_entries;
+    a.l2p_pages += b.l2p_pages;
+    a.md_groups += b.md_groups;
+    a.mapped_blocks += b.mapped_blocks;
+    a.data_blocks_verified += b.data_blocks_verified;
+    a.regions_in_use += b.regions_in_use;
+    a.zones += b.zones;
+    a.unwritten_zone_groups += b.unwritten_zone_groups;
 }
 
 fn names(paths: &[PathBuf]) -> String {
@@ -251,13 +267,7 @@ pub fn main(args: CheckArgs) -> Result<()> {
         _ => None,
     };
     let report = match shards {
-        Some((n, cache_window, cap_window)) => check_shards(
-            &args.cache[0],
-            &args.capacity[0],
-            (n, cache_window, cap_window),
-            &opts,
-            &mut extra,
-        )?,
+        Some(w) => check_shards(&args.cache[0], &args.capacity[0], w, &opts, &mut extra)?,
         None => {
             let cache = open_cache(&args.cache, &mut extra)?;
             match open_capacity(&args.capacity, &mut extra)? {

@@ -961,13 +961,7 @@ fn format_steps(
     let devices = steps.step("capacity: zone emulation, discard", || {
         if shards > 1 {
             let devices = shard_devices(spec, shards, None)?;
-            let g = devices[0].1.geometry();
-            let detail = format!(
-                "{shards} shards of {} zones of {} MiB, {} discarded",
-                g.zone_count,
-                g.zone_size >> 20,
-                gib(shards as u64 * u64::from(g.zone_count) * g.zone_size)
-            );
+            let detail = shard_zones_detail(spec, &devices)?;
             return Ok((devices, detail));
         }
         let (capacity, _, _) = capacity_device(spec, true, pool)?;
@@ -1041,19 +1035,48 @@ fn recorded_superblock(path: &Path) -> Option<shale_format::Superblock> {
     .max_by_key(|sb| sb.generation)
 }
 
-/// A pool of several shards on one cache and one capacity device: how many, and the
-/// length of each shard's cache and capacity window (shard `i`'s at `i` times it),
-/// as shard 0 recorded them; `None` for a pool of one shard (or nothing recorded).
+/// Where the shards of a pool on one cache and one capacity device are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShardWindows {
+    pub shards: usize,
+    /// The length of each shard's cache window (shard `i`'s at `i` times it).
+    pub cache: u64,
+    /// The length of each shard's capacity window, as `cache`; `None` on a zoned
+    /// drive, where each shard has a run of the drive's zones
+    /// (`shale_device::open_zoned_drive_shard`).
+    pub capacity: Option<u64>,
+}
+
+/// A pool of several shards on one cache and one capacity device: how many, and
+/// their windows, as shard 0 recorded them; `None` for a pool of one shard (or
+/// nothing recorded).
 pub fn recorded_shard_windows(
     cache: &Path,
     capacity: &Path,
-) -> Result<Option<(usize, u64, u64)>, DaemonError> {
+) -> Result<Option<ShardWindows>, DaemonError> {
     let Some(sb) = recorded_superblock(cache).filter(|sb| sb.shard.count > 1) else {
         return Ok(None);
     };
     let n = usize::from(sb.shard.count);
     let (c, z) = shard_strides(cache, capacity, n, Cut::Recorded(&sb))?;
-    Ok(Some((n, c, z)))
+    Ok(Some(ShardWindows {
+        shards: n,
+        cache: c,
+        capacity: z,
+    }))
+}
+
+/// Whether `path` is a zoned block device (a drive whose zones the shards divide,
+/// rather than a file cut into windows).
+fn is_zoned_drive(path: &Path) -> Result<bool, DaemonError> {
+    shale_device::is_zoned_block_device(path).map_err(|source| DaemonError::Device {
+        what: "capacity device",
+        path: path.to_path_buf(),
+        error: DeviceError::OpenFailed {
+            path: path.display().to_string(),
+            source,
+        },
+    })
 }
 
 /// How a device pair is cut into shards' windows.
@@ -1069,19 +1092,33 @@ enum Cut<'a> {
 /// to 1 MiB, the capacity into `n` windows of as many whole zones (and their
 /// emulation's metadata) as fit. At open: what shard 0 recorded (its superblock's
 /// cache size, its emulation's extent), so a changed `--zone-size` or a grown file
-/// does not move the windows.
+/// does not move the windows. A zoned drive has no capacity windows (`None`): the
+/// shards divide its zones.
 fn shard_strides(
     cache: &Path,
     capacity: &Path,
     n: usize,
     cut: Cut<'_>,
-) -> Result<(u64, u64), DaemonError> {
+) -> Result<(u64, Option<u64>), DaemonError> {
     let setup = |path: &Path, reason: String| DaemonError::Setup {
         path: path.to_path_buf(),
         reason,
     };
-    let mut cap_dev = open_file("capacity device", capacity)?;
     let cache_len = open_file("cache device", cache)?.size_bytes();
+    if is_zoned_drive(capacity)? {
+        let stride = match cut {
+            Cut::Format(_) => cache_len / n as u64 / (1 << 20) * (1 << 20),
+            Cut::Recorded(sb) => sb.cache_size_blocks * 4096,
+        };
+        if stride == 0 || stride.saturating_mul(n as u64) > cache_len {
+            return Err(setup(
+                cache,
+                format!("{n} shards: the cache of {cache_len} bytes does not fit {n} windows"),
+            ));
+        }
+        return Ok((stride, None));
+    }
+    let mut cap_dev = open_file("capacity device", capacity)?;
     let cap_len = cap_dev.size_bytes();
     let n64 = n as u64;
     let (cache_stride, cap_stride) = match cut {
@@ -1129,14 +1166,14 @@ fn shard_strides(
             ),
         ));
     }
-    Ok((cache_stride, cap_stride))
+    Ok((cache_stride, Some(cap_stride)))
 }
 
 /// The devices of `n` shards: the cache file and the capacity file each cut into `n`
 /// windows (`shard_strides`), each opened on its own (its own io_uring), the
-/// capacity windows with zone emulation of their own. Mirrors, arrays, zoned drives
-/// and simulated drives are one device the shards would have to share and are
-/// refused for now. `recorded` is shard 0's superblock at open, `None` at format.
+/// capacity windows with zone emulation of their own; on a zoned drive, each shard
+/// a run of its zones on a handle of its own. Mirrors, arrays and simulated drives
+/// are one device the shards would have to share and are refused for now. `recorded` is shard 0's superblock at open, `None` at format.
 fn shard_devices(
     spec: &DeviceSpec,
     n: usize,
@@ -1154,12 +1191,6 @@ fn shard_devices(
             ))
         }
     };
-    if spec.zoned_capacity() {
-        return Err(set_error(
-            &spec.capacity,
-            format!("{n} shards: a zoned drive's zones are not sharded yet"),
-        ));
-    }
     let zc = spec.zone_config();
     let cut = recorded.map_or(Cut::Format(&zc), Cut::Recorded);
     let (cache_window, cap_window) = shard_strides(cache, capacity, n, cut)?;
@@ -1172,8 +1203,33 @@ fn shard_devices(
         })
     };
     let mut out: Vec<(CacheDevice, CapacityDevice)> = Vec::with_capacity(n);
+    let how = if recorded.is_none() {
+        shale_device::DriveOpen::Format
+    } else {
+        shale_device::DriveOpen::Open
+    };
     for i in 0..n {
         let c = window("cache device", cache, i, cache_window)?;
+        let Some(cap_window) = cap_window else {
+            // A zoned drive: each shard its run of the zones, on a handle of its own.
+            let z = shale_device::open_zoned_drive_shard(capacity, how, i, n).map_err(|error| {
+                DaemonError::Device {
+                    what: "zoned block device",
+                    path: capacity.clone(),
+                    error,
+                }
+            })?;
+            let g = z.geometry();
+            tracing::info!(
+                shard = i,
+                zones = g.zone_count,
+                max_open = g.max_open_zones,
+                max_active = g.max_active_zones,
+                "capacity: the shard's zones of the zoned drive"
+            );
+            out.push((Box::new(c), z));
+            continue;
+        };
         let inner: Box<dyn BlockDevice + Send> =
             Box::new(window("capacity device", capacity, i, cap_window)?);
         let emu = zone_emulation(spec, inner, recorded.is_none(), capacity)?;
@@ -1248,6 +1304,34 @@ pub fn open(
     );
     let status = crate::notify::open_status(&reports[0], started.elapsed());
     Ok((engine, status, drive, devices))
+}
+
+/// What the format of a pool of shards did to the capacity: the pool's zones, and
+/// each shard's.
+fn shard_zones_detail(
+    spec: &DeviceSpec,
+    devices: &[(CacheDevice, CapacityDevice)],
+) -> Result<String, DaemonError> {
+    let zones: Vec<u32> = devices.iter().map(|d| d.1.geometry().zone_count).collect();
+    let total: u32 = zones.iter().sum();
+    let each: Vec<String> = zones.iter().map(u32::to_string).collect();
+    let (n, each) = (devices.len(), each.join(" + "));
+    let Some(g) = devices.first().map(|d| d.1.geometry()) else {
+        return Ok(String::new());
+    };
+    Ok(if is_zoned_drive(&spec.capacity[0])? {
+        format!(
+            "{total} zones of {} MiB ({} MiB writable) on a zoned drive, {n} shards of {each}",
+            g.zone_size >> 20,
+            g.zone_capacity >> 20,
+        )
+    } else {
+        format!(
+            "{total} zones of {} MiB, {} discarded, {n} shards of {each}",
+            g.zone_size >> 20,
+            gib(u64::from(total) * g.zone_size),
+        )
+    })
 }
 
 /// The hand-off store in `dir` (`off`: none). Without one, a kill of the daemon

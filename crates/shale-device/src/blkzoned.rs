@@ -350,7 +350,66 @@ pub fn open_zoned_drive(
         DriveOpen::AsIs => BlkZoned::open_as_is(path)?,
         DriveOpen::Format | DriveOpen::Open => BlkZoned::open(path)?,
     };
-    let (_, conv_bytes) = seq.conventional_zones();
+    let conv_bytes = seq.conventional_zones().1;
+    with_conventional(path, how, seq, conv_bytes)
+}
+
+/// Shard `shard`'s part of a zoned drive shared by `shards` engine shards, each on a
+/// handle of its own: an equal run of the sequential zones (`shard` times the share
+/// on), with an equal share of the drive's open and active zone limits; shard 0
+/// also has the zone emulation over the conventional zones, if any (as
+/// [`open_zoned_drive`]), before its run. The runs follow from the drive's zone
+/// count alone, so every open finds the same ones.
+pub fn open_zoned_drive_shard(
+    path: impl AsRef<Path>,
+    how: DriveOpen,
+    shard: usize,
+    shards: usize,
+) -> Result<Box<dyn ZonedDevice + Send>, DeviceError> {
+    let path = path.as_ref();
+    let seq = match how {
+        DriveOpen::AsIs => BlkZoned::open_as_is(path)?,
+        DriveOpen::Format | DriveOpen::Open => BlkZoned::open(path)?,
+    };
+    let conv_bytes = seq.conventional_zones().1;
+    let g = seq.geometry().clone();
+    let n = u32::try_from(shards.max(1)).unwrap_or(u32::MAX);
+    let per = g.zone_count / n;
+    let share = |limit: u32, what: &str| match limit {
+        0 => Ok(0),
+        l if l / n >= 2 => Ok(l / n),
+        l => Err(setup_error(
+            path,
+            "too few zones for its shards",
+            format!("{shards} shards share {l} {what} zones (at least 2 each)"),
+        )),
+    };
+    let (open, active) = (
+        share(g.max_open_zones, "open")?,
+        share(g.max_active_zones, "active")?,
+    );
+    if per == 0 || shard >= shards {
+        return Err(setup_error(
+            path,
+            "too few zones for its shards",
+            format!("shard {shard} of {shards} on {} zones", g.zone_count),
+        ));
+    }
+    let range = crate::ZoneRange::new(seq, shard as u32 * per, per, open, active)?;
+    if shard > 0 {
+        return Ok(Box::new(range));
+    }
+    with_conventional(path, how, range, conv_bytes)
+}
+
+/// `seq` after zone emulation over the drive's conventional zones (`conv_bytes` at
+/// its start), if they hold a zone; or `seq` alone.
+fn with_conventional<Z: ZonedDevice + Send + 'static>(
+    path: &Path,
+    how: DriveOpen,
+    seq: Z,
+    conv_bytes: u64,
+) -> Result<Box<dyn ZonedDevice + Send>, DeviceError> {
     let g = seq.geometry().clone();
     let mut cfg = crate::ZoneEmuConfig::new(g.zone_size);
     cfg.zone_capacity = g.zone_capacity;

@@ -38,10 +38,13 @@ mod tags;
 mod window;
 mod zone_emu;
 mod zone_meta;
+mod zone_range;
 mod zone_rules;
 mod zoned;
 
-pub use blkzoned::{is_zoned_block_device, open_zoned_drive, BlkZoned, DriveOpen};
+pub use blkzoned::{
+    is_zoned_block_device, open_zoned_drive, open_zoned_drive_shard, BlkZoned, DriveOpen,
+};
 pub use block::{BlockDevice, DeviceInfo, IoCompletion, IoOp, IoRequest, MAINTAIN_IDLE};
 pub use buf::IoBuf;
 pub use concat::ZonedConcat;
@@ -57,6 +60,7 @@ pub use sparse::{SparseImage, SPARSE_PAGE_BYTES};
 pub use stats::{DeviceStats, StatsDevice, StatsHandle};
 pub use window::Window;
 pub use zone_emu::{MetaProblem, ZoneEmu, ZoneEmuConfig, ZoneFault};
+pub use zone_range::ZoneRange;
 pub use zoned::{
     ZoneAction, ZoneCompletion, ZoneGeometry, ZoneInfo, ZoneOp, ZoneRequest, ZoneState, ZonedDevice,
 };

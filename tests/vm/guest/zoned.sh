@@ -30,9 +30,12 @@ fio_job() {
 }
 stat_of() { $SHALE stats --json --data-dir $d | tr ',{}' '\n\n\n' | grep "\"$1\"" | head -1 | cut -d: -f2 | tr -d ' '; }
 
-$SHALE format --data-dir $d --cache "$CACHE" --capacity "$CAP" --chunk-size 4MiB \
+# SHARDS (set by the scenario): engine shards, each with a run of the drive's zones.
+printf '[engine]\nshards = %s\n' "${SHARDS:-1}" > $d/shale.toml
+$SHALE format --config $d/shale.toml --data-dir $d --cache "$CACHE" --capacity "$CAP" --chunk-size 4MiB \
     > $d/format.log 2>&1 && echo "GUEST format ok" || { echo "GUEST format failed"; tail -5 $d/format.log | sed 's/^/GUEST format.log /'; }
-echo "GUEST zones $(grep -o 'detail=[0-9]* zones' $d/format.log | grep -o '[0-9]*')"
+# The pool's zones (every shard's), and how many shards.
+echo "GUEST zones $(grep -o 'detail=[0-9]* zones' $d/format.log | grep -o '[0-9]*') shards $(grep -o '[0-9]* shards of' $d/format.log | grep -o '^[0-9]*' || echo 1)"
 serve_zoned() {
     serve "$1" --cache "$CACHE" --capacity "$CAP" --unix-socket $sock --scrub-speed 64MiB
 }
@@ -50,4 +53,8 @@ echo "GUEST clean-open $(grep 'opened after a clean' $d/serve.log | tail -1 | gr
 fio_job after-restart 12 --verify_only=1
 echo "GUEST scrub mapping_errors $(stat_of scrub_mapping_errors) check"
 kill $spid; wait $spid
+# The offline checker finds the pool (every shard of it) as the daemon left it.
+$SHALE check --cache "$CACHE" --capacity "$CAP" --data > $d/check.log 2>&1
+echo "GUEST check rc $? $(grep -o 'result: .*' $d/check.log | head -1)"
+[ -s $d/check.log ] && grep -q 'result: no problems' $d/check.log || tail -5 $d/check.log | sed 's/^/GUEST check.log /'
 grep -E 'ERROR|panicked' $d/serve.log | head -3 | sed 's/^/GUEST serve.log /'
