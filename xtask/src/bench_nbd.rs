@@ -116,6 +116,36 @@ struct Target {
     name: &'static str,
     uri: String,
     child: Child,
+    /// A Shale target's data directory (its counters are read from there).
+    data: Option<PathBuf>,
+}
+
+impl Target {
+    /// A Shale target's hand-off stores and their bytes so far (`shale stats`).
+    fn handoff(&self) -> Option<(u64, u64)> {
+        let out = Command::new("target/release/shale")
+            .args(["stats", "--json", "--data-dir"])
+            .arg(self.data.as_ref()?)
+            .output()
+            .ok()?;
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+        let w = &v["work"];
+        Some((w["handoff_stores"].as_u64()?, w["handoff_bytes"].as_u64()?))
+    }
+}
+
+/// Hand-off stores per second and their mean size over a job's runs, from the
+/// counters before and after.
+fn handoff_rate(before: Option<(u64, u64)>, after: Option<(u64, u64)>, secs: f64) -> String {
+    match (before, after) {
+        (Some((s0, b0)), Some((s1, b1))) if s1 > s0 => format!(
+            "{:.0}/s of {:.1} KiB",
+            (s1 - s0) as f64 / secs.max(1e-9),
+            (b1 - b0) as f64 / (s1 - s0) as f64 / 1024.0
+        ),
+        (Some(_), Some(_)) => "none".into(),
+        _ => "-".into(),
+    }
 }
 
 impl Drop for Target {
@@ -190,6 +220,7 @@ fn start_shale(
             data.join("nbd.sock").display()
         ),
         child,
+        data: Some(data),
     })
 }
 
@@ -221,6 +252,7 @@ fn start_qemu_nbd(o: &Options, volume_bytes: u64) -> Result<Target, String> {
         name: "qemu-nbd",
         uri: format!("nbd+unix:///default?socket={}", sock.display()),
         child,
+        data: None,
     })
 }
 
@@ -324,11 +356,12 @@ pub fn run(o: &Options) -> Result<(), String> {
     precondition(&shale, volume_bytes)?;
     precondition(&qemu, volume_bytes)?;
     println!(
-        "{:<14} {:>12} {:>12} {:>10} {:>10} {:>12} {:>12}",
+        "{:<14} {:>12} {:>12} {:>10} {:>10} {:>12} {:>12}  hand-off stores (shale; base)",
         "job", "shale IOPS", "base IOPS", "shale MiB/s", "base MiB/s", "IOPS ratio", "MiB/s ratio"
     );
     for job in JOBS {
         let (mut si, mut sb, mut qi, mut qb) = (vec![], vec![], vec![], vec![]);
+        let (s0, q0) = (shale.handoff(), qemu.handoff());
         for r in 0..o.repeat {
             eprintln!("bench-nbd: {} repetition {}/{}", job.name, r + 1, o.repeat);
             let (i, b) = fio(o, &shale, job, volume_bytes)?;
@@ -338,6 +371,12 @@ pub fn run(o: &Options) -> Result<(), String> {
             qi.push(i);
             qb.push(b);
         }
+        let secs = f64::from(o.repeat) * o.runtime_secs as f64;
+        let stores = format!(
+            "{}; {}",
+            handoff_rate(s0, shale.handoff(), secs),
+            handoff_rate(q0, qemu.handoff(), secs)
+        );
         let (si, sb, qi, qb) = (
             median(&mut si),
             median(&mut sb),
@@ -345,7 +384,7 @@ pub fn run(o: &Options) -> Result<(), String> {
             median(&mut qb),
         );
         println!(
-            "{:<14} {:>12.0} {:>12.0} {:>10.1} {:>10.1} {:>12.2} {:>12.2}",
+            "{:<14} {:>12.0} {:>12.0} {:>10.1} {:>10.1} {:>12.2} {:>12.2}  {stores}",
             job.name,
             si,
             qi,
