@@ -303,16 +303,7 @@ fn capacity_file(
     path: &Path,
     format: bool,
 ) -> Result<(CapacityDevice, Option<DriveStats>), DaemonError> {
-    let zoned =
-        shale_device::is_zoned_block_device(path).map_err(|source| DaemonError::Device {
-            what: "capacity device",
-            path: path.to_path_buf(),
-            error: DeviceError::OpenFailed {
-                path: path.display().to_string(),
-                source,
-            },
-        })?;
-    if zoned {
+    if is_zoned_drive(path)? {
         // The drive keeps its own zones: no emulation, and no simulated drive.
         if spec.drive.is_some() {
             return Err(DaemonError::Setup {

@@ -346,12 +346,17 @@ pub fn open_zoned_drive(
     how: DriveOpen,
 ) -> Result<Box<dyn ZonedDevice + Send>, DeviceError> {
     let path = path.as_ref();
-    let seq = match how {
-        DriveOpen::AsIs => BlkZoned::open_as_is(path)?,
-        DriveOpen::Format | DriveOpen::Open => BlkZoned::open(path)?,
-    };
+    let seq = sequential(path, how)?;
     let conv_bytes = seq.conventional_zones().1;
     with_conventional(path, how, seq, conv_bytes)
+}
+
+/// The drive's sequential zones, opened as `how` says.
+fn sequential(path: &Path, how: DriveOpen) -> Result<BlkZoned, DeviceError> {
+    match how {
+        DriveOpen::AsIs => BlkZoned::open_as_is(path),
+        DriveOpen::Format | DriveOpen::Open => BlkZoned::open(path),
+    }
 }
 
 /// Shard `shard`'s part of a zoned drive shared by `shards` engine shards, each on a
@@ -367,10 +372,7 @@ pub fn open_zoned_drive_shard(
     shards: usize,
 ) -> Result<Box<dyn ZonedDevice + Send>, DeviceError> {
     let path = path.as_ref();
-    let seq = match how {
-        DriveOpen::AsIs => BlkZoned::open_as_is(path)?,
-        DriveOpen::Format | DriveOpen::Open => BlkZoned::open(path)?,
-    };
+    let seq = sequential(path, how)?;
     let conv_bytes = seq.conventional_zones().1;
     let g = seq.geometry().clone();
     let n = u32::try_from(shards.max(1)).unwrap_or(u32::MAX);
