@@ -8,7 +8,9 @@
 //! shutdowns, the power is cut, the devices lose, keep or tear their unflushed writes,
 //! the engine is reopened on what is left, and every block of every volume is checked
 //! against a model of what may legally be read. Then the workload carries on with the
-//! recovered engine, for several generations. A seed replays a run exactly.
+//! recovered engine, for several generations. A seed replays a run exactly. With
+//! `SimConfig::shards` above 1 the engine is a pool of shards stepped on the same
+//! thread, each with devices of its own on the one rail.
 //!
 //! - `power`: the power rail ([`PowerRail`], [`Powered`]) and crash triggers (from
 //!   `shale-testkit`, shared with the engine's crash tests).
