@@ -374,30 +374,8 @@ pub fn open_zoned_drive_shard(
     let path = path.as_ref();
     let seq = sequential(path, how)?;
     let conv_bytes = seq.conventional_zones().1;
-    let g = seq.geometry().clone();
-    let n = u32::try_from(shards.max(1)).unwrap_or(u32::MAX);
-    let per = g.zone_count / n;
-    let share = |limit: u32, what: &str| match limit {
-        0 => Ok(0),
-        l if l / n >= 2 => Ok(l / n),
-        l => Err(setup_error(
-            path,
-            "too few zones for its shards",
-            format!("{shards} shards share {l} {what} zones (at least 2 each)"),
-        )),
-    };
-    let (open, active) = (
-        share(g.max_open_zones, "open")?,
-        share(g.max_active_zones, "active")?,
-    );
-    if per == 0 || shard >= shards {
-        return Err(setup_error(
-            path,
-            "too few zones for its shards",
-            format!("shard {shard} of {shards} on {} zones", g.zone_count),
-        ));
-    }
-    let range = crate::ZoneRange::new(seq, shard as u32 * per, per, open, active)?;
+    let range = crate::ZoneRange::share_of(seq, shard, shards)
+        .map_err(|e| setup_error(path, "too few zones for its shards", e))?;
     if shard > 0 {
         return Ok(Box::new(range));
     }

@@ -74,6 +74,16 @@ impl<Z: ZonedDevice> ZoneRange<Z> {
         })
     }
 
+    /// Shard `shard`'s equal share of `inner` among `shards`: zones `shard × per ..
+    /// (shard + 1) × per` with `per` = zones / shards (the rest unused), and each
+    /// zone limit divided alike (none stays none). Refused with the reason when a
+    /// shard would get no zone or fewer than 2 open or active zones (a compaction and
+    /// a GC zone).
+    pub fn share_of(inner: Z, shard: usize, shards: usize) -> Result<ZoneRange<Z>, String> {
+        let (first, count, open, active) = share(inner.geometry(), shard, shards)?;
+        ZoneRange::new(inner, first, count, open, active).map_err(|e| e.to_string())
+    }
+
     pub fn inner(&self) -> &Z {
         &self.inner
     }
@@ -118,6 +128,36 @@ impl<Z: ZonedDevice> ZoneRange<Z> {
             result: Err(e),
         });
     }
+}
+
+/// `(first zone, zones, open limit, active limit)` of shard `shard` of `shards`
+/// (see [`ZoneRange::share_of`]).
+fn share(g: &ZoneGeometry, shard: usize, shards: usize) -> Result<(u32, u32, u32, u32), String> {
+    let n = u32::try_from(shards)
+        .ok()
+        .filter(|&n| n > 0)
+        .ok_or_else(|| format!("{shards} shards"))?;
+    let index = u32::try_from(shard)
+        .ok()
+        .filter(|&i| i < n)
+        .ok_or_else(|| format!("shard {shard} of {shards}"))?;
+    let per = g.zone_count / n;
+    if per == 0 {
+        return Err(format!("{shards} shards on {} zones", g.zone_count));
+    }
+    let limit = |l: u32, what: &str| match l {
+        0 => Ok(0),
+        l if l / n >= 2 => Ok(l / n),
+        l => Err(format!(
+            "{shards} shards share {l} {what} zones (at least 2 each: a compaction and a GC zone)"
+        )),
+    };
+    Ok((
+        index * per,
+        per,
+        limit(g.max_open_zones, "open")?,
+        limit(g.max_active_zones, "active")?,
+    ))
 }
 
 impl<Z: ZonedDevice> ZonedDevice for ZoneRange<Z> {
@@ -344,6 +384,32 @@ mod tests {
             r.inner().zone_info(3).expect("inner").write_pointer,
             (3 << 20) + 4096
         );
+    }
+
+    #[test]
+    fn shards_get_equal_runs_and_limits() {
+        let g = emu(10).geometry().clone();
+        assert_eq!(
+            share(&g, 0, 3),
+            Ok((0, 3, 2, 2)),
+            "open 6 / 3, active 8 / 3"
+        );
+        assert_eq!(share(&g, 2, 3), Ok((6, 3, 2, 2)), "zone 9 left unused");
+        assert_eq!(share(&g, 1, 2), Ok((5, 5, 3, 4)));
+        assert_eq!(share(&g, 0, 1), Ok((0, 10, 6, 8)));
+        assert!(share(&g, 0, 4).is_err(), "6 open zones for 4 shards");
+        assert!(share(&g, 3, 3).is_err());
+        assert!(share(&g, 0, 0).is_err());
+        let mut unlimited = g.clone();
+        (unlimited.max_open_zones, unlimited.max_active_zones) = (0, 0);
+        assert_eq!(share(&unlimited, 9, 10), Ok((9, 1, 0, 0)));
+        assert!(share(&unlimited, 0, 11).is_err(), "no zone for a shard");
+        let r = ZoneRange::share_of(emu(10), 1, 2).expect("share");
+        assert_eq!(r.zone_info(0).expect("zone").start, 0);
+        assert_eq!(r.inner().zone_info(5).expect("inner").index, 5);
+        assert!(ZoneRange::share_of(emu(10), 0, 4)
+            .expect_err("too few open zones")
+            .contains("at least 2 each"));
     }
 
     #[test]
