@@ -422,6 +422,25 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             .capacity
             .poll(&mut zone_done, zone_min)
             .map_err(EngineError::cache("capacity poll", 0))?;
+        if self.health.fatal.is_some() {
+            // A failed engine answered every request it held (`take_answers`): what
+            // the devices still complete is only released, never acted on (a read's
+            // reply, a write's acknowledgement are gone).
+            any = !cache_done.is_empty() || !zone_done.is_empty();
+            for (tag, buf) in cache_done
+                .drain(..)
+                .map(|c| (c.tag, c.buf))
+                .chain(zone_done.drain(..).map(|c| (c.tag, c.buf)))
+            {
+                self.core.io.take(tag);
+                if let Some(b) = buf {
+                    self.core.bufs.give(b);
+                }
+            }
+            self.completions.cache = cache_done;
+            self.completions.zone = zone_done;
+            return Ok(any);
+        }
         let mut result = Ok(());
         for c in cache_done.drain(..) {
             any = true;

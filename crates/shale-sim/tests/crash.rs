@@ -435,3 +435,15 @@ fn a_shrink_failing_in_one_shard_keeps_the_volume_whole() {
     let r = run(903, &cfg);
     assert!(r.violation.is_none(), "{}", r.violation.unwrap());
 }
+
+/// Regression (found by this simulator with 2 shards): a failed engine's reads were
+/// answered by the failure, yet their device completions, reaped by a later wait
+/// (one shard failed, its neighbour idle), were dispatched to them: a panic.
+#[test]
+fn completions_reaped_after_a_failure_are_only_released() {
+    let mut cfg = SimConfig::fast(Mode::Errors);
+    cfg.generations = 50;
+    cfg.shards = 2;
+    let r = run(18_200_297, &cfg);
+    assert!(r.violation.is_none(), "{}", r.violation.unwrap());
+}

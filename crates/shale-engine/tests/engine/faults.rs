@@ -453,3 +453,74 @@ fn a_slow_device_is_slow_not_stuck() {
     assert!(got.iter().all(|r| r.is_ok()), "a slow device failed writes");
     assert!(e.failure().is_none(), "{:?}", e.failure());
 }
+
+/// A fatal error while user reads are in flight: the failed engine answers them at
+/// once, and their device completions, arriving later, are only released (they were
+/// once dispatched to the reads the failure had already answered: a panic).
+#[test]
+fn completions_after_a_failure_are_released_not_dispatched() {
+    let (mut e, cc, zc) = fault_engine(21);
+    let bytes = e.user_capacity_bytes() / 2 / 4096 * 4096;
+    let v = create_volume(&mut e, bytes);
+    // More than the cache holds, so the first blocks are compacted into zones.
+    let mut off = 0;
+    while off < bytes {
+        let n = (64 << 10).min(bytes - off);
+        call(
+            &mut e,
+            Request::Write {
+                volume: v,
+                offset: off,
+                data: pattern(off, n as usize),
+                fua: false,
+            },
+        )
+        .unwrap();
+        off += n;
+    }
+    call(&mut e, Request::Flush).unwrap();
+    assert!(e.stats().capacity_compaction_write_bytes > 0);
+    // Zone reads take 8 polls; cache writes fail from now on.
+    zc.set_latency(Latency::Polls { min: 8, max: 8 });
+    let answers: Arc<Mutex<Vec<Result<Reply, EngineError>>>> = Arc::default();
+    for i in 0..8u64 {
+        let a = Arc::clone(&answers);
+        e.submit(
+            Request::Read {
+                volume: v,
+                offset: i * 4096,
+                len: 4096,
+            },
+            Box::new(move |r| a.lock().unwrap().push(r)),
+        );
+    }
+    e.poll();
+    assert!(
+        answers.lock().unwrap().is_empty(),
+        "the reads wait for the zones"
+    );
+    fail_all(&cc, false);
+    let a = Arc::clone(&answers);
+    e.submit(
+        Request::Write {
+            volume: v,
+            offset: bytes - 4096,
+            data: pattern(7, 4096),
+            fua: true,
+        },
+        Box::new(move |r| a.lock().unwrap().push(r)),
+    );
+    for _ in 0..10_000 {
+        if e.failure().is_some() && e.is_idle() {
+            break;
+        }
+        if !e.poll() && !e.is_idle() {
+            e.wait_io();
+        }
+    }
+    assert!(e.failure().is_some(), "the write error stopped the engine");
+    assert!(e.is_idle(), "every completion was released");
+    let answers = answers.lock().unwrap();
+    assert_eq!(answers.len(), 9, "every request answered once");
+    assert!(answers[8..].iter().all(Result::is_err));
+}
