@@ -373,6 +373,8 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     }
 
     fn fail_queued(&mut self) {
+        // Its waiters are answered below: no durability point is owed any more.
+        self.durability.requested = false;
         let reason = self.health.fatal.clone().unwrap_or_default();
         for done in self.take_answers() {
             done.send(Err(EngineError::Failed {
@@ -432,26 +434,28 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 .map(|c| (c.tag, c.buf))
                 .chain(zone_done.drain(..).map(|c| (c.tag, c.buf)))
             {
-                self.core.io.take(tag);
-                if let Some(b) = buf {
-                    self.core.bufs.give(b);
-                }
+                self.release(tag, buf);
             }
             self.completions.cache = cache_done;
             self.completions.zone = zone_done;
             return Ok(any);
         }
+        // After an error (which fails the engine) the rest are only released.
         let mut result = Ok(());
         for c in cache_done.drain(..) {
             any = true;
             if result.is_ok() {
                 result = self.on_cache_completion(c);
+            } else {
+                self.release(c.tag, c.buf);
             }
         }
         for c in zone_done.drain(..) {
             any = true;
             if result.is_ok() {
                 result = self.on_zone_completion(c);
+            } else {
+                self.release(c.tag, c.buf);
             }
         }
         self.completions.cache = cache_done;
@@ -544,6 +548,14 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                     .map(|_| ())
             }
             InflightIo::ZonePart { .. } => panic!("zone write completed on the cache device"),
+        }
+    }
+
+    /// A completion nothing waits for any more: its I/O slot and buffer are freed.
+    fn release(&mut self, tag: u64, buf: Option<shale_device::IoBuf>) {
+        self.core.io.take(tag);
+        if let Some(b) = buf {
+            self.core.bufs.give(b);
         }
     }
 

@@ -524,3 +524,39 @@ fn completions_after_a_failure_are_released_not_dispatched() {
     assert_eq!(answers.len(), 9, "every request answered once");
     assert!(answers[8..].iter().all(Result::is_err));
 }
+
+/// A flush waiting when a write error stops the engine: the flush is answered, and
+/// the failed engine goes idle (it owes no durability point and holds no I/O), so
+/// its thread sleeps instead of polling a dead engine.
+#[test]
+fn a_failed_engine_with_a_flush_waiting_goes_idle() {
+    let (mut e, cc, _) = fault_engine(23);
+    let v = create_volume(&mut e, 1 << 20);
+    fail_all(&cc, false);
+    let answers: Arc<Mutex<Vec<Result<Reply, EngineError>>>> = Arc::default();
+    for req in [
+        Request::Write {
+            volume: v,
+            offset: 0,
+            data: pattern(3, 64 << 10),
+            fua: false,
+        },
+        Request::Flush,
+    ] {
+        let a = Arc::clone(&answers);
+        e.submit(req, Box::new(move |r| a.lock().unwrap().push(r)));
+    }
+    for _ in 0..1_000 {
+        if e.failure().is_some() && e.is_idle() {
+            break;
+        }
+        if !e.poll() && !e.is_idle() {
+            e.wait_io();
+        }
+    }
+    assert!(e.failure().is_some(), "the write error stopped the engine");
+    assert!(e.is_idle(), "a failed engine owes nothing and holds no I/O");
+    let answers = answers.lock().unwrap();
+    assert_eq!(answers.len(), 2);
+    assert!(answers.iter().all(Result::is_err), "{answers:?}");
+}
