@@ -13,7 +13,7 @@ use shale_engine::{
 
 use crate::map::ShardMap;
 use crate::pool::{check_shape, check_tags, shard_config};
-use crate::route::{route, Routed};
+use crate::route::{route, Routed, SplitParts};
 use crate::volumes::Volumes;
 use crate::ShardsError;
 
@@ -22,6 +22,7 @@ pub struct LocalShards<C: BlockDevice, Z: ZonedDevice, K: Clock> {
     map: ShardMap,
     engines: Vec<Engine<C, Z, K>>,
     capacities: Vec<u64>,
+    splits: SplitParts,
 }
 
 impl<C: BlockDevice, Z: ZonedDevice, K: Clock> std::fmt::Debug for LocalShards<C, Z, K> {
@@ -137,6 +138,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> LocalShards<C, Z, K> {
             map,
             engines,
             capacities,
+            splits: SplitParts::default(),
         }
     }
 
@@ -162,7 +164,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> LocalShards<C, Z, K> {
     /// they call), and `done` is called before this returns; a pool of one queues
     /// every request on its engine, as the engine alone would.
     pub fn submit(&mut self, req: Request, done: Completion) {
-        let (map, engines) = (&self.map, &mut self.engines);
+        let (map, engines, splits) = (&self.map, &mut self.engines, &self.splits);
         if let [only] = engines.as_mut_slice() {
             only.submit(req, done);
             return;
@@ -171,10 +173,14 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> LocalShards<C, Z, K> {
             engines[s].submit(r, d);
             Ok(())
         };
-        match route(map, req, done, &mut send) {
+        match route(map, splits, req, done, &mut send) {
             Ok(Routed::Sent) => {}
             Ok(Routed::Admin(req, done)) => {
-                let r = Volumes::new(map, &mut |s, r| call_engine(&mut engines[s], r)).request(req);
+                let mut r =
+                    Volumes::new(map, &mut |s, r| call_engine(&mut engines[s], r)).request(req);
+                if let Ok(Reply::Stats(st)) = &mut r {
+                    splits.correct(st);
+                }
                 done(r);
             }
             Err(_) => unreachable!("an engine's submit cannot fail"),
@@ -258,6 +264,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> LocalShards<C, Z, K> {
                 all.absorb(&e.stats());
             }
         }
+        self.splits.correct(&mut all);
         all
     }
 

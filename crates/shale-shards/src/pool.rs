@@ -24,7 +24,7 @@ use shale_engine::{
 use shale_format::{ShardTag, SHARDS_MAX};
 
 use crate::map::ShardMap;
-use crate::route::{route, Routed};
+use crate::route::{route, Routed, SplitParts};
 use crate::volumes::Volumes;
 
 /// Why a pool of shards could not be formatted or opened.
@@ -89,6 +89,7 @@ pub struct Shards<C, Z> {
     capacities: Vec<u64>,
     /// Serialises volume changes (each spans every shard).
     admin: Mutex<()>,
+    splits: SplitParts,
 }
 
 impl<C, Z> std::fmt::Debug for Shards<C, Z> {
@@ -276,6 +277,7 @@ where
             threads,
             capacities,
             admin: Mutex::new(()),
+            splits: SplitParts::default(),
         })
     }
 
@@ -342,7 +344,7 @@ where
             return self.threads[0].submit(req, done);
         }
         let mut send = |shard: usize, r: Request, d: Completion| self.threads[shard].submit(r, d);
-        match route(&self.map, req, done, &mut send)? {
+        match route(&self.map, &self.splits, req, done, &mut send)? {
             Routed::Sent => Ok(()),
             Routed::Admin(req, done) => {
                 done(self.admin(req));
@@ -355,7 +357,11 @@ where
     /// for its shard), one at a time.
     fn admin(&self, req: Request) -> Result<Reply, EngineError> {
         let _g = self.admin.lock().unwrap_or_else(PoisonError::into_inner);
-        Volumes::new(&self.map, &mut |s, r| self.threads[s].call(r)).request(req)
+        let mut r = Volumes::new(&self.map, &mut |s, r| self.threads[s].call(r)).request(req);
+        if let Ok(Reply::Stats(st)) = &mut r {
+            self.splits.correct(st);
+        }
+        r
     }
 
     /// Makes every shard's volumes agree with shard 0's (`Volumes::reconcile`).

@@ -1,9 +1,11 @@
 //! Routing a request to the shards that own its bytes: shared by the pool on
 //! threads (`pool.rs`) and the pool polled on one thread (`local.rs`).
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
 
-use shale_engine::{Completion, EngineError, Request};
+use shale_engine::{Completion, EngineError, Request, Stats};
+use shale_format::VolumeUid;
 
 use crate::join::Join;
 use crate::map::{Piece, ShardMap};
@@ -16,6 +18,39 @@ pub(crate) enum Routed {
     Admin(Request, Completion),
 }
 
+/// Per volume, the engine requests beyond one that split reads, writes and trims
+/// became. Each shard counts its part as a request of the volume, so the pool's
+/// per-volume op counts are the shards' sums less these.
+#[derive(Debug, Default)]
+pub(crate) struct SplitParts(Mutex<HashMap<VolumeUid, [u64; 3]>>);
+
+impl SplitParts {
+    fn note(&self, req: &Request, parts: usize) {
+        let (volume, i) = match req {
+            Request::Read { volume, .. } => (volume, 0),
+            Request::Write { volume, .. } => (volume, 1),
+            Request::Trim { volume, .. } => (volume, 2),
+            _ => return,
+        };
+        let mut m = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        m.entry(*volume).or_default()[i] += parts.saturating_sub(1) as u64;
+    }
+
+    /// Takes the extra parts out of summed statistics (and forgets deleted volumes:
+    /// a uid is never reused).
+    pub fn correct(&self, stats: &mut Stats) {
+        let mut m = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        m.retain(|uid, _| stats.volumes.iter().any(|v| v.uid == *uid));
+        for v in &mut stats.volumes {
+            if let Some([r, w, t]) = m.get(&v.uid) {
+                v.read_ops = v.read_ops.saturating_sub(*r);
+                v.write_ops = v.write_ops.saturating_sub(*w);
+                v.trim_ops = v.trim_ops.saturating_sub(*t);
+            }
+        }
+    }
+}
+
 /// Sends a request's parts with `send(shard, part, completion)`. A request inside one
 /// granule goes whole, with only its offset changed (an error from `send` is then
 /// returned, as a shard's own submit would); a larger one is split and joined, and a
@@ -23,6 +58,7 @@ pub(crate) enum Routed {
 /// refuses is answered with its error through the join).
 pub(crate) fn route(
     map: &ShardMap,
+    splits: &SplitParts,
     req: Request,
     done: Completion,
     send: &mut dyn FnMut(usize, Request, Completion) -> Result<(), EngineError>,
@@ -37,7 +73,7 @@ pub(crate) fn route(
             send(0, req, done)?;
             return Ok(Routed::Sent);
         }
-        split(map, &req, offset, len, done, send);
+        split(map, splits, &req, offset, len, done, send);
         return Ok(Routed::Sent);
     }
     match req {
@@ -61,6 +97,7 @@ pub(crate) fn route(
 
 fn split(
     map: &ShardMap,
+    splits: &SplitParts,
     req: &Request,
     offset: u64,
     len: u64,
@@ -69,6 +106,7 @@ fn split(
 ) {
     let ranges = map.ranges(offset, len);
     let parts = ranges.iter().filter(|r| !r.is_empty()).count();
+    splits.note(req, parts);
     let pieces: Arc<Vec<Piece>> = Arc::new(map.pieces(offset, len).collect());
     let join = match req {
         Request::Read { .. } => Join::read(parts, done, len, Arc::clone(&pieces)),

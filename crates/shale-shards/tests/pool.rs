@@ -371,6 +371,25 @@ fn stats_and_flush_cover_every_shard() {
     assert_eq!(st.volumes.len(), 1);
     assert_eq!(st.volumes[0].user_write_bytes, 1 << 20);
     assert!(p.failure().is_none());
+    // A request split over the shards counts once, like one inside a granule.
+    assert_eq!(read(&p, v, 0, 1 << 20).len(), 1 << 20);
+    assert_eq!(read(&p, v, 4096, 4096).len(), 4096);
+    p.call(Request::Trim {
+        volume: v,
+        offset: 0,
+        len: 3 * GRANULE,
+    })
+    .unwrap();
+    let Ok(Reply::Stats(st)) = p.call(Request::Stats) else {
+        panic!()
+    };
+    let vs = &st.volumes[0];
+    assert_eq!(
+        (vs.write_ops, vs.read_ops, vs.trim_ops),
+        (1, 2, 1),
+        "{vs:?}"
+    );
+    assert_eq!(vs.user_read_bytes, (1 << 20) + 4096);
 }
 
 /// The pool stepped on one thread keeps the same deal and volumes: what it wrote,
