@@ -682,7 +682,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         // them, and running the movers ahead for them would only cost spare space.
         let (pending_chunks, pending_zones) = pending_counts(&self.core.geo, &self.core.regions);
         let free_zones = self.core.regions.free_zones.len() + pending_zones;
-        let threshold = gc_threshold(&self.core.config, self.gc.gc_reserve());
+        let threshold = gc_threshold(&self.core.config, self.gc.gc_reserve(&self.core));
         let gc_steps = steps_for(&self.core.config, free_zones, threshold, blocked);
         let free_chunks = self.core.regions.free_chunks.len() + pending_chunks;
         let threshold = compaction_threshold(&self.core.geo, &self.core.config);
@@ -723,6 +723,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             self.stage_repairs()?;
         }
         self.compaction.zone_blocked = false;
+        self.gc.zone_blocked = false;
         let (gc_steps, steps) = if census_pending {
             (0, 0)
         } else {
@@ -747,9 +748,9 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             &self.core.geo,
             &self.core.config,
             &self.core.regions,
-            self.gc.gc_reserve(),
+            self.gc.gc_reserve(&self.core),
             self.health.user_blocked,
-            blocked || self.compaction.zone_blocked,
+            blocked || self.compaction.zone_blocked || self.gc.zone_blocked,
         );
         if release || self.core.journal.pending_large() {
             self.durability_point()?;
@@ -1053,7 +1054,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         if gc {
             (&mut self.gc, &mut self.core, 0)
         } else {
-            let floor = self.gc.gc_reserve();
+            let floor = self.gc.gc_reserve(&self.core);
             (&mut self.compaction, &mut self.core, floor)
         }
     }
@@ -1083,7 +1084,19 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             &mut self.core,
             &self.writer,
             &mut crate::recovery::Meter::off(),
-        )
+        )?;
+        // GC can always write out what it holds (and so free its victims again).
+        let free = self.core.regions.free_zones.len();
+        let needed = self.gc.zones_to_finish(&self.core, 0);
+        if free < needed {
+            return Err(crate::SelfCheckError::FreeList {
+                reason: format!(
+                    "GC holds {} staged blocks needing {needed} free zones, {free} free",
+                    self.gc.staged_blocks()
+                ),
+            });
+        }
+        Ok(())
     }
 
     /// Slices are for the shards of a pool of several; a pool of one keeps whole

@@ -447,3 +447,14 @@ fn completions_reaped_after_a_failure_are_only_released() {
     let r = run(18_200_297, &cfg);
     assert!(r.violation.is_none(), "{}", r.violation.unwrap());
 }
+
+/// Regression (found by this simulator, one engine, live mode): with two GC streams,
+/// GC kept reading sparse victims while one stream's partial group held blocks of
+/// every victim read, filled the other stream's zones, and ran out of free zones with
+/// all of them victims waiting on the blocks it held: a write never completed.
+#[test]
+fn gc_never_holds_more_than_the_free_zones_can_take() {
+    let cfg = SimConfig::fast(Mode::Live);
+    let r = run(18_900_030, &cfg);
+    assert!(r.violation.is_none(), "{}", r.violation.unwrap());
+}

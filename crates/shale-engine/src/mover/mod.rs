@@ -16,9 +16,10 @@
 //!   fault when the page is not cached (l2p/deferred.rs);
 //! - relocated blocks keep their SID and their original data CRC (a corrupt source
 //!   block stays detectably corrupt);
-//! - compaction never takes a zone while free zones <= the GC reserve (a zone per GC
-//!   stream holding staged blocks without a zone, plus one), so GC can always finish
-//!   what it holds and free zones again.
+//! - GC reads a victim group only while the free zones can take all it would then hold
+//!   (`zones_to_finish`), and compaction never takes a zone while free zones <= the GC
+//!   reserve (that for one more block, plus one), so GC can always write out what it
+//!   holds and free its victims again.
 
 use shale_device::{
     BlockDevice, IoBuf, IoOp, IoRequest, ZoneAction, ZoneOp, ZoneRequest, ZonedDevice,
@@ -60,6 +61,8 @@ pub(crate) struct GroupRead {
     group: u32,
     parts: Vec<(usize, Option<IoBuf>)>,
     left: u32,
+    /// Valid blocks when the read was submitted: at most this many get staged.
+    valid: u32,
 }
 
 /// The block at slot `i` of a group read, if it was read.
@@ -165,17 +168,42 @@ fn stale_md(at: u64) -> shale_format::FormatError {
 }
 
 impl Mover {
-    /// Zones compaction leaves to GC: one for each GC stream that holds staged blocks
-    /// but no open zone (padding those out releases every victim they hold hostage),
-    /// plus one for the victim in progress, whose stream's zone may fill part way.
-    /// GC needs no more than that to free zones again, whatever compaction took, so
-    /// the reserve follows what GC holds instead of one zone per stream.
-    pub fn gc_reserve(&self) -> usize {
+    /// Free zones this mover needs to write out what it has staged and is reading,
+    /// plus `extra` more blocks, when those may land in any one stream: each stream's blocks
+    /// beyond the room left in its open zone, in whole zones (every group full but
+    /// the last, which is padded). Compaction leaves GC this many (its `gc_reserve`),
+    /// and GC reads a victim group only while this many are free, so GC can always
+    /// write out every block it holds and free its victims again.
+    pub fn zones_to_finish(
+        &self,
+        core: &Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+        extra: usize,
+    ) -> usize {
+        let groups = Groups {
+            blocks: core.geo.zone_cap_blocks,
+        };
+        let per_zone = (groups.data_capacity() as usize).max(1);
+        let reading: usize = self.reads.iter().flatten().map(|r| r.valid as usize).sum();
+        let extra = extra + reading;
         self.streams
             .iter()
-            .filter(|s| s.zone.is_none() && !s.is_empty())
-            .count()
-            + 1
+            .map(|s| {
+                let room = s.zone.map_or(0, |z| {
+                    let (g, _) = groups.locate(core.regions.get(z).wp);
+                    (g..groups.count())
+                        .map(|g| groups.data_slots(g) as usize)
+                        .sum()
+                });
+                (s.len() + extra).saturating_sub(room).div_ceil(per_zone)
+            })
+            .sum()
+    }
+
+    /// Zones compaction leaves to GC: what GC needs to finish what it holds and read
+    /// one more victim group (`zones_to_finish`). The reserve follows what GC holds
+    /// instead of a fixed count.
+    pub fn gc_reserve(&self, core: &Core<impl BlockDevice, impl ZonedDevice, impl Clock>) -> usize {
+        self.zones_to_finish(core, 1) + 1
     }
 
     fn open_zone(
@@ -470,6 +498,13 @@ impl Mover {
         if self.streams.iter().any(|s| s.len() > GROUP_DATA_SLOTS) {
             return Ok(progress);
         }
+        // GC reads another victim group only if it could still write out everything
+        // it would then hold (checked here for one block, below for the group).
+        if self.role == RegionRole::Gc
+            && core.regions.free_zones.len() < self.zones_to_finish(core, 1)
+        {
+            return self.gc_wait_for_zones(core, zone_floor, progress);
+        }
         // Bounded read-ahead: a few victim groups in flight per mover.
         if self.reads_in_flight() >= core.config.background_steps_per_poll_max as usize {
             return Ok(progress);
@@ -532,10 +567,17 @@ impl Mover {
                 self.release_hostages(core, zone_floor)?;
                 return Ok(true);
             }
-            self.cursor += 1;
             let start = core.geo.pba(victim, groups.start(g));
             let k = groups.data_slots(g);
-            if core.regions.validity.count_range(start, k) == 0 {
+            let valid = core.regions.validity.count_range(start, k) as usize;
+            if valid > 0
+                && self.role == RegionRole::Gc
+                && core.regions.free_zones.len() < self.zones_to_finish(core, valid)
+            {
+                return self.gc_wait_for_zones(core, zone_floor, progress);
+            }
+            self.cursor += 1;
+            if valid == 0 {
                 continue;
             }
             self.read_victim_group(core, victim, g)?;
@@ -596,6 +638,7 @@ impl Mover {
             group: g,
             parts: ranges.iter().map(|&(lo, _)| (lo, None)).collect(),
             left: ranges.len() as u32,
+            valid: valid as u32,
         };
         let m = &mut *self;
         let slot = match m.reads.iter().position(Option::is_none) {
@@ -941,6 +984,27 @@ impl Mover {
             self.pad_streams(core, zone_floor)?;
         }
         Ok(())
+    }
+
+    /// GC may not read more until zones come free. Its victims wait for the blocks it
+    /// staged: the zone writes in flight and the next durability point free them;
+    /// with neither, the partial groups are padded out so they can.
+    fn gc_wait_for_zones(
+        &mut self,
+        core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+        zone_floor: usize,
+        mut progress: bool,
+    ) -> Result<bool, EngineError> {
+        self.zone_blocked = true;
+        let pending_zones = core
+            .regions
+            .pending_free
+            .iter()
+            .any(|&r| !core.geo.is_chunk(r));
+        if self.zone_writes.iter().all(Option::is_none) && !pending_zones {
+            progress |= self.pad_streams(core, zone_floor)?;
+        }
+        Ok(progress)
     }
 
     pub fn pad_streams(
