@@ -205,26 +205,12 @@ impl SimConfig {
             generations: 50,
             geometries: vec![Geometry::tiny(), Geometry::wide()],
             engine: Config {
-                chunk_blocks: 256,
-                volumes_max: 4,
-                spare_factor: 0.05,
-                journal_blocks: 16,
-                compaction_free_chunks_pct: 50,
-                gc_free_zones_min: 8,
-                l2p_cache_bytes_max: Some(16 * 4096),
-                l2p_reserved_pages: 2,
-                md_cache_bytes_max: 8 * 4096,
-                write_buffers_max: 4,
-                request_bytes_max: 64 * 1024,
-                streams_max: 2,
-                requests_per_poll_max: 8,
-                background_steps_per_poll_max: 4,
                 // The simulated clock moves STEP_NS a poll: 200,000 polls.
                 stuck_after_ms: 4_000,
                 // The scrub runs, so its check of the map from the P2L side (every
                 // valid block's md entry maps back to it) runs at every crash point.
                 scrub_bytes_per_sec: 256 << 20,
-                ..Config::default()
+                ..shale_testkit::tiny_config()
             },
             mix: Mix::default(),
             queue_depth_max: 12,

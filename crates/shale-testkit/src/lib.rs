@@ -2,6 +2,7 @@
 //!
 //! - [`pattern`]: deterministic, incompressible-looking test data;
 //! - [`call`]: one engine request run to completion on the caller's thread;
+//! - [`tiny_config`]: the engine configuration of tiny test devices;
 //! - [`power`]: the power rail both simulated devices hang off, with crash triggers
 //!   (the crash simulator and the engine's crash tests);
 //! - [`tls::Pki`]: a throwaway CA with server and client certificates for TLS tests.
@@ -15,7 +16,30 @@ pub mod tls;
 use std::sync::{Arc, Mutex};
 
 use shale_device::{BlockDevice, ZonedDevice};
-use shale_engine::{Clock, Engine, EngineError, Reply, Request};
+use shale_engine::{Clock, Config, Engine, EngineError, Reply, Request};
+
+/// Tiny chunks, a tiny L2P and md cache, tight thresholds and two streams: on devices
+/// of a few dozen chunks and zones, compaction, GC, checkpoints and L2P write-back run
+/// constantly. Tests override what they are about.
+pub fn tiny_config() -> Config {
+    Config {
+        chunk_blocks: 256,
+        volumes_max: 4,
+        spare_factor: 0.05,
+        journal_blocks: 16,
+        compaction_free_chunks_pct: 50,
+        gc_free_zones_min: 8,
+        l2p_cache_bytes_max: Some(16 * 4096),
+        l2p_reserved_pages: 2,
+        md_cache_bytes_max: 8 * 4096,
+        write_buffers_max: 4,
+        request_bytes_max: 64 * 1024,
+        streams_max: 2,
+        requests_per_poll_max: 8,
+        background_steps_per_poll_max: 4,
+        ..Config::default()
+    }
+}
 
 /// `len` deterministic, incompressible-looking bytes from `seed` (xorshift64): the same
 /// seed gives the same bytes, different seeds different ones, so a test can name a

@@ -28,23 +28,10 @@ pub fn mem_devices(chunks: u64, zones: u32) -> (MemDevice, MemCap) {
     (cache, ZoneEmu::format(inner, &zone_config(zones)).unwrap())
 }
 
-/// Tiny chunks and tight thresholds: compaction and GC run constantly.
+/// Tiny chunks and tight thresholds (compaction and GC run constantly), one stream.
 pub fn tiny_config() -> Config {
     Config {
-        chunk_blocks: 256,
-        volumes_max: 4,
-        spare_factor: 0.05,
-        journal_blocks: 16,
-        compaction_free_chunks_pct: 50,
-        gc_free_zones_min: 8,
-        l2p_cache_bytes_max: Some(16 * 4096),
-        l2p_reserved_pages: 2,
-        md_cache_bytes_max: 8 * 4096,
-        write_buffers_max: 4,
-        request_bytes_max: 64 * 1024,
         streams_max: 1,
-        requests_per_poll_max: 8,
-        background_steps_per_poll_max: 4,
-        ..Config::default()
+        ..shale_testkit::tiny_config()
     }
 }

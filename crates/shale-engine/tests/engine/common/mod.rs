@@ -33,24 +33,14 @@ pub fn devices_with(cache_blocks: u64, zones: u64, zone_blocks: u64) -> (MemDevi
     (cache, cap)
 }
 
-/// Tiny chunks and tight thresholds: compaction and GC run constantly.
+/// Tiny chunks and tight thresholds (compaction and GC run constantly), with more
+/// spare than the crash simulator's so the tests' fill levels leave GC room.
 pub fn tiny_config() -> Config {
     Config {
-        chunk_blocks: 256,
-        volumes_max: 4,
         spare_factor: 0.2,
-        journal_blocks: 16,
         compaction_free_chunks_pct: 40,
         gc_free_zones_min: 4,
-        l2p_cache_bytes_max: Some(16 * 4096),
-        l2p_reserved_pages: 2,
-        md_cache_bytes_max: 8 * 4096,
-        write_buffers_max: 4,
-        request_bytes_max: 64 * 1024,
-        streams_max: 2,
-        requests_per_poll_max: 8,
-        background_steps_per_poll_max: 4,
-        ..Config::default()
+        ..shale_testkit::tiny_config()
     }
 }
 
