@@ -772,7 +772,10 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     fn force_background(&mut self) -> Result<bool, EngineError> {
         let mut progress = self.core.census.is_some();
         crate::census::complete(&mut self.core)?;
-        progress |= self.gc.pad_streams(&mut self.core, 0)?;
+        // GC pads only between victims: a pad wastes room its victim's blocks count on.
+        if self.gc.between_victims() {
+            progress |= self.gc.pad_streams(&mut self.core, 0)?;
+        }
         let (mover, core, floor) = self.mover_with_core(false);
         progress |= mover.pad_streams(core, floor)?;
         self.drain_io()?;
@@ -1087,7 +1090,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         )?;
         // GC can always write out what it holds (and so free its victims again).
         let free = self.core.regions.free_zones.len();
-        let needed = self.gc.zones_to_finish(&self.core, 0);
+        let needed = self.gc.zones_to_finish(&self.core, None);
         if free < needed {
             return Err(crate::SelfCheckError::FreeList {
                 reason: format!(

@@ -184,7 +184,18 @@ impl Groups {
         g < self.count() && i < self.data_slots(g)
     }
     pub fn data_capacity(self) -> u32 {
-        (0..self.count()).map(|g| self.data_slots(g)).sum()
+        self.data_before(self.count())
+    }
+    /// Data slots in the groups before group `g` (every group but the last is whole).
+    pub fn data_before(self, g: u32) -> u32 {
+        let g = g.min(self.count());
+        let whole = g.min(self.blocks / GROUP_BLOCKS);
+        let part = if g > whole {
+            self.blocks % GROUP_BLOCKS - 2
+        } else {
+            0
+        };
+        whole * (GROUP_BLOCKS - 2) + part
     }
 }
 
@@ -321,6 +332,19 @@ fn plan_with(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn data_before_sums_the_groups_data_slots() {
+        for blocks in [
+            0, 1, 2, 3, 4, 127, 128, 129, 130, 131, 255, 256, 1000, 16384,
+        ] {
+            let g = Groups { blocks };
+            for n in 0..=g.count() + 1 {
+                let sum: u32 = (0..n.min(g.count())).map(|i| g.data_slots(i)).sum();
+                assert_eq!(g.data_before(n), sum, "blocks {blocks}, groups {n}");
+            }
+        }
+    }
 
     #[test]
     fn groups_of_odd_regions() {

@@ -185,6 +185,23 @@ impl Placement {
         self.slot(volume, u32::from(!short), streams)
     }
 
+    /// The streams GC may send the blocks of a zone of `stream` to, as `(first,
+    /// count)`: the stream itself, or under `Lifetime` both classes of its volume group
+    /// (each volume's blocks stay in its group). A zone written before a restart with
+    /// other streams may hold blocks placed elsewhere; the mover sends those to `first`.
+    pub fn gc_dests(&self, stream: u16, streams: u32) -> (usize, usize) {
+        let streams = streams.max(1) as usize;
+        match self.kind {
+            PlacementKind::Volume => (usize::from(stream) % streams, 1),
+            PlacementKind::Lifetime if streams < CLASSES as usize => (0, streams),
+            PlacementKind::Lifetime => {
+                let classes = CLASSES as usize;
+                let groups = streams / classes;
+                ((usize::from(stream) / classes % groups) * classes, classes)
+            }
+        }
+    }
+
     /// The stream GC sends a block born at `sid` out of zone `victim` to.
     pub fn gc_stream(
         &self,
@@ -310,6 +327,32 @@ mod tests {
             1
         );
         assert!(p.short.is_empty() && p.birth.is_empty());
+    }
+
+    #[test]
+    fn gc_sends_a_zones_blocks_only_to_its_dests() {
+        let geo = geo();
+        for kind in [PlacementKind::Volume, PlacementKind::Lifetime] {
+            let p = Placement::new(kind, &geo);
+            for streams in 1..10u32 {
+                for v in 0..20 {
+                    for c in 0..CLASSES {
+                        // A zone opened for this volume's blocks (by compaction or GC)...
+                        let zone_stream = p.slot(VolumeId(v), c, streams) as u16;
+                        let (first, count) = p.gc_dests(zone_stream, streams);
+                        assert!(first + count <= streams as usize);
+                        // ...sends them, whatever their class, among its dests.
+                        for c2 in 0..CLASSES {
+                            let to = p.slot(VolumeId(v), c2, streams);
+                            assert!(
+                                (first..first + count).contains(&to),
+                                "{kind:?} streams {streams} volume {v}: {to} not in {first}+{count}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
     }
 
     #[test]

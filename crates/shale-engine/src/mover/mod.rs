@@ -16,10 +16,11 @@
 //!   fault when the page is not cached (l2p/deferred.rs);
 //! - relocated blocks keep their SID and their original data CRC (a corrupt source
 //!   block stays detectably corrupt);
-//! - GC reads a victim group only while the free zones can take all it would then hold
-//!   (`zones_to_finish`), and compaction never takes a zone while free zones <= the GC
-//!   reserve (that for one more block, plus one), so GC can always write out what it
-//!   holds and free its victims again.
+//! - GC takes a victim only while the free zones can take all it would then hold
+//!   (`zones_to_finish`; the victim's blocks go only to the streams counted for them),
+//!   and compaction never takes a zone while free zones <= the GC reserve (what GC's
+//!   staged blocks need, plus a zone per stream the rest of its victim may go to), so
+//!   GC can always write out what it holds and free its victims.
 
 use shale_device::{
     BlockDevice, IoBuf, IoOp, IoRequest, ZoneAction, ZoneOp, ZoneRequest, ZonedDevice,
@@ -52,6 +53,8 @@ pub(crate) struct Mover {
     pub zone_writes: Vec<Option<ZoneWrite>>,
     /// Set when this mover wanted a zone but the GC reserve forbade it.
     pub zone_blocked: bool,
+    /// The streams the victim's blocks are staged into.
+    victim_dests: Dests,
 }
 
 /// One victim group being read: its pieces (first slot, buffer once arrived).
@@ -63,6 +66,38 @@ pub(crate) struct GroupRead {
     left: u32,
     /// Valid blocks when the read was submitted: at most this many get staged.
     valid: u32,
+    /// The streams its blocks may be staged into.
+    dests: Dests,
+}
+
+/// The streams a victim group's blocks may be staged into: `first..first + count`.
+/// GC reads a group only once the free zones can take its blocks in these streams;
+/// a block whose placement names another stream goes to `first` instead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Dests {
+    first: usize,
+    count: usize,
+}
+
+impl Dests {
+    fn all(streams: u32) -> Dests {
+        Dests {
+            first: 0,
+            count: streams as usize,
+        }
+    }
+
+    fn one(s: usize) -> Dests {
+        Dests { first: s, count: 1 }
+    }
+
+    fn contains(self, s: usize) -> bool {
+        s >= self.first && s < self.first + self.count
+    }
+
+    fn range(self) -> std::ops::Range<usize> {
+        self.first..self.first + self.count
+    }
 }
 
 /// The block at slot `i` of a group read, if it was read.
@@ -97,6 +132,7 @@ impl Mover {
             reads: Vec::new(),
             zone_writes: Vec::new(),
             zone_blocked: false,
+            victim_dests: Dests::all(streams),
         }
     }
 
@@ -110,6 +146,11 @@ impl Mover {
 
     fn reads_in_flight_for(&self, victim: RegionId) -> bool {
         self.reads.iter().flatten().any(|r| r.victim == victim)
+    }
+
+    /// No victim in progress and no victim read in flight.
+    pub fn between_victims(&self) -> bool {
+        self.victim.is_none() && self.reads_in_flight() == 0
     }
 
     pub fn role(&self) -> RegionRole {
@@ -168,42 +209,112 @@ fn stale_md(at: u64) -> shale_format::FormatError {
 }
 
 impl Mover {
-    /// Free zones this mover needs to write out what it has staged and is reading,
-    /// plus `extra` more blocks, when those may land in any one stream: each stream's blocks
-    /// beyond the room left in its open zone, in whole zones (every group full but
-    /// the last, which is padded). Compaction leaves GC this many (its `gc_reserve`),
-    /// and GC reads a victim group only while this many are free, so GC can always
-    /// write out every block it holds and free its victims again.
+    /// Free zones this mover needs to write out what it has staged, is reading and has
+    /// yet to read of its victim, plus `add` (`n` more blocks that may land in any of
+    /// the streams named): each stream's blocks beyond the room left in its open zone,
+    /// in whole zones (every group full but the last, which is padded). Blocks that
+    /// may go to several streams count in each.
     pub fn zones_to_finish(
         &self,
         core: &Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
-        extra: usize,
+        add: Option<(Dests, usize)>,
+    ) -> usize {
+        self.zones_needed(core, add, true)
+    }
+
+    /// `zones_to_finish`, with or without the victim's blocks being read and unread.
+    fn zones_needed(
+        &self,
+        core: &Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+        add: Option<(Dests, usize)>,
+        with_victim: bool,
     ) -> usize {
         let groups = Groups {
             blocks: core.geo.zone_cap_blocks,
         };
         let per_zone = (groups.data_capacity() as usize).max(1);
-        let reading: usize = self.reads.iter().flatten().map(|r| r.valid as usize).sum();
-        let extra = extra + reading;
+        // Every read in flight is of the victim (a victim is done once its reads are
+        // staged), so both count as the victim's blocks.
+        let reads: Vec<&GroupRead> = if with_victim {
+            self.reads.iter().flatten().collect()
+        } else {
+            Vec::new()
+        };
+        let unread = self.victim.filter(|_| with_victim).map_or(0, |v| {
+            let vg = Groups {
+                blocks: core.geo.region_blocks(v),
+            };
+            let from = vg.start(self.cursor.min(vg.count()));
+            let start = core.geo.pba(v, from);
+            core.regions.validity.count_range(start, vg.end() - from) as usize
+        });
         self.streams
             .iter()
-            .map(|s| {
+            .enumerate()
+            .map(|(i, s)| {
                 let room = s.zone.map_or(0, |z| {
                     let (g, _) = groups.locate(core.regions.get(z).wp);
-                    (g..groups.count())
-                        .map(|g| groups.data_slots(g) as usize)
-                        .sum()
+                    (groups.data_capacity() - groups.data_before(g)) as usize
                 });
-                (s.len() + extra).saturating_sub(room).div_ceil(per_zone)
+                let reading: usize = reads
+                    .iter()
+                    .filter(|r| r.dests.contains(i))
+                    .map(|r| r.valid as usize)
+                    .sum();
+                let more = add.filter(|(d, _)| d.contains(i)).map_or(0, |(_, n)| n);
+                let victim = if self.victim_dests.contains(i) {
+                    unread
+                } else {
+                    0
+                };
+                (s.len() + reading + victim + more)
+                    .saturating_sub(room)
+                    .div_ceil(per_zone)
             })
             .sum()
     }
 
-    /// Zones compaction leaves to GC: what GC needs to finish what it holds and read
-    /// one more victim group (`zones_to_finish`). The reserve follows what GC holds
-    /// instead of a fixed count.
+    /// Zones compaction leaves to GC: what GC needs to write out what it has staged,
+    /// plus one zone for each stream the rest of its victim may go to (a zone's valid
+    /// blocks fit in one zone), or one for the next victim. So GC can
+    /// always finish its victim and take another (staged into one stream if need be).
+    /// The reserve follows what GC holds instead of one zone per stream.
     pub fn gc_reserve(&self, core: &Core<impl BlockDevice, impl ZonedDevice, impl Clock>) -> usize {
-        self.zones_to_finish(core, 1) + 1
+        let victim = if self.victim.is_some() {
+            self.victim_dests.count
+        } else {
+            1
+        };
+        self.zones_needed(core, None, false) + victim
+    }
+
+    /// The streams GC stages a victim of `n` valid blocks into, if the free zones can
+    /// take them: those its placement may name for the victim's blocks, or, when the
+    /// free zones cannot take the blocks spread over those, the one of them that needs
+    /// the fewest zones, or failing that any one stream that fits them (an open zone
+    /// with the room: placement gives way to progress). `None`: GC must wait for zones.
+    fn gc_dests(
+        &self,
+        core: &Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+        victim: RegionId,
+        n: usize,
+    ) -> Option<Dests> {
+        let free = core.regions.free_zones.len();
+        let (first, count) = core
+            .placement
+            .gc_dests(core.regions.get(victim).stream, core.streams);
+        let natural = Dests { first, count };
+        if free >= self.zones_to_finish(core, Some((natural, n))) {
+            return Some(natural);
+        }
+        let best = |streams: std::ops::Range<usize>| {
+            streams
+                .map(|s| (self.zones_to_finish(core, Some((Dests::one(s), n))), s))
+                .min()
+                .filter(|&(need, _)| need <= free)
+                .map(|(_, s)| Dests::one(s))
+        };
+        best(natural.range()).or_else(|| best(0..core.streams as usize))
     }
 
     fn open_zone(
@@ -498,13 +609,6 @@ impl Mover {
         if self.streams.iter().any(|s| s.len() > GROUP_DATA_SLOTS) {
             return Ok(progress);
         }
-        // GC reads another victim group only if it could still write out everything
-        // it would then hold (checked here for one block, below for the group).
-        if self.role == RegionRole::Gc
-            && core.regions.free_zones.len() < self.zones_to_finish(core, 1)
-        {
-            return self.gc_wait_for_zones(core, zone_floor, progress);
-        }
         // Bounded read-ahead: a few victim groups in flight per mover.
         if self.reads_in_flight() >= core.config.background_steps_per_poll_max as usize {
             return Ok(progress);
@@ -531,7 +635,14 @@ impl Mover {
             self.snapshot = snap;
             let Some(v) = choice else { return Ok(progress) };
             if self.role == RegionRole::Gc {
+                let valid = core.regions.get(v).valid as usize;
+                let Some(dests) = self.gc_dests(core, v, valid) else {
+                    return self.gc_wait_for_zones(core, zone_floor, progress);
+                };
+                self.victim_dests = dests;
                 core.placement.gc_took(&core.regions, v, core.sid_next);
+            } else {
+                self.victim_dests = Dests::all(core.streams);
             }
             core.regions.get_mut(v).draining = true;
             self.victim = Some(v);
@@ -569,18 +680,11 @@ impl Mover {
             }
             let start = core.geo.pba(victim, groups.start(g));
             let k = groups.data_slots(g);
-            let valid = core.regions.validity.count_range(start, k) as usize;
-            if valid > 0
-                && self.role == RegionRole::Gc
-                && core.regions.free_zones.len() < self.zones_to_finish(core, valid)
-            {
-                return self.gc_wait_for_zones(core, zone_floor, progress);
-            }
             self.cursor += 1;
-            if valid == 0 {
+            if core.regions.validity.count_range(start, k) == 0 {
                 continue;
             }
-            self.read_victim_group(core, victim, g)?;
+            self.read_victim_group(core, victim, g, self.victim_dests)?;
             break;
         }
         for s in 0..streams {
@@ -596,6 +700,7 @@ impl Mover {
         core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
         victim: RegionId,
         g: u32,
+        dests: Dests,
     ) -> Result<(), EngineError> {
         let groups = Groups {
             blocks: core.geo.region_blocks(victim),
@@ -639,6 +744,7 @@ impl Mover {
             parts: ranges.iter().map(|&(lo, _)| (lo, None)).collect(),
             left: ranges.len() as u32,
             valid: valid as u32,
+            dests,
         };
         let m = &mut *self;
         let slot = match m.reads.iter().position(Option::is_none) {
@@ -706,7 +812,7 @@ impl Mover {
         // The victim may have been emptied by overwrites while the read was in flight.
         let v = core.regions.get(r.victim);
         if v.state == RegionState::Closed && v.draining && self.victim == Some(r.victim) {
-            self.stage_victim_group(core, r.victim, r.group, &r.parts)?;
+            self.stage_victim_group(core, r.victim, r.group, &r.parts, r.dests)?;
         }
         for (_, b) in r.parts {
             if let Some(b) = b {
@@ -725,6 +831,7 @@ impl Mover {
         victim: RegionId,
         g: u32,
         parts: &[(usize, Option<IoBuf>)],
+        dests: Dests,
     ) -> Result<(), EngineError> {
         let groups = Groups {
             blocks: core.geo.region_blocks(victim),
@@ -817,6 +924,7 @@ impl Mover {
                     }
                 }
                 let s = self.stream_for(core, victim, &e, pba);
+                let s = if dests.contains(s) { s } else { dests.first };
                 let entry = RelocEntry {
                     volume: e.volume,
                     lba: e.lba,
@@ -988,7 +1096,8 @@ impl Mover {
 
     /// GC may not read more until zones come free. Its victims wait for the blocks it
     /// staged: the zone writes in flight and the next durability point free them;
-    /// with neither, the partial groups are padded out so they can.
+    /// with neither (and no read in flight), the partial groups are padded out so
+    /// they can.
     fn gc_wait_for_zones(
         &mut self,
         core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
@@ -1001,7 +1110,9 @@ impl Mover {
             .pending_free
             .iter()
             .any(|&r| !core.geo.is_chunk(r));
-        if self.zone_writes.iter().all(Option::is_none) && !pending_zones {
+        // A pad wastes the rest of its group, room a read may be counting on.
+        if self.zone_writes.iter().all(Option::is_none) && self.between_victims() && !pending_zones
+        {
             progress |= self.pad_streams(core, zone_floor)?;
         }
         Ok(progress)
