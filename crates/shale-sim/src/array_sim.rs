@@ -130,26 +130,15 @@ fn emu_config(k: u8) -> ZoneEmuConfig {
 
 fn config() -> Config {
     Config {
-        chunk_blocks: 256,
-        volumes_max: 4,
         spare_factor: 0.2,
-        journal_blocks: 16,
         compaction_free_chunks_pct: 40,
         gc_free_zones_min: 4,
-        l2p_cache_bytes_max: Some(16 * 4096),
-        l2p_reserved_pages: 2,
-        md_cache_bytes_max: 8 * 4096,
-        write_buffers_max: 4,
-        request_bytes_max: 64 * 1024,
-        streams_max: 2,
-        requests_per_poll_max: 8,
-        background_steps_per_poll_max: 4,
         // The scrub runs too (on the simulated clock, 20 µs a poll).
         scrub_bytes_per_sec: 512 << 20,
         // As the daemon sets it over a mirrored cache: compaction checks what it moves,
         // so a mirror's garbage is not carried into the stripes.
         verify_compaction_reads: true,
-        ..Config::default()
+        ..shale_testkit::tiny_config()
     }
 }
 
