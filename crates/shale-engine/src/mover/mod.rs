@@ -70,9 +70,9 @@ pub(crate) struct GroupRead {
     dests: Dests,
 }
 
-/// The streams a victim group's blocks may be staged into: `first..first + count`.
-/// GC reads a group only once the free zones can take its blocks in these streams;
-/// a block whose placement names another stream goes to `first` instead.
+/// The streams a victim's blocks may be staged into: `first..first + count`. GC takes
+/// a victim only once the free zones can take its blocks in these streams; a block
+/// whose placement names another stream goes to `first` instead.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Dests {
     first: usize,
@@ -276,9 +276,9 @@ impl Mover {
 
     /// Zones compaction leaves to GC: what GC needs to write out what it has staged,
     /// plus one zone for each stream the rest of its victim may go to (a zone's valid
-    /// blocks fit in one zone), or one for the next victim. So GC can
-    /// always finish its victim and take another (staged into one stream if need be).
-    /// The reserve follows what GC holds instead of one zone per stream.
+    /// blocks fit in one zone), or one for the next victim. So GC can always finish its
+    /// victim and take another (staged into one stream if need be). The reserve
+    /// follows what GC holds instead of one zone per stream.
     pub fn gc_reserve(&self, core: &Core<impl BlockDevice, impl ZonedDevice, impl Clock>) -> usize {
         let victim = if self.victim.is_some() {
             self.victim_dests.count
@@ -1094,9 +1094,9 @@ impl Mover {
         Ok(())
     }
 
-    /// GC may not read more until zones come free. Its victims wait for the blocks it
-    /// staged: the zone writes in flight and the next durability point free them;
-    /// with neither (and no read in flight), the partial groups are padded out so
+    /// GC may not take another victim until zones come free. Its victims wait for the
+    /// blocks it staged: the zone writes in flight and the next durability point free
+    /// them; with neither (and between victims), the partial groups are padded out so
     /// they can.
     fn gc_wait_for_zones(
         &mut self,
