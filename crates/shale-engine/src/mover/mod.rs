@@ -235,11 +235,7 @@ impl Mover {
         let per_zone = (groups.data_capacity() as usize).max(1);
         // Every read in flight is of the victim (a victim is done once its reads are
         // staged), so both count as the victim's blocks.
-        let reads: Vec<&GroupRead> = if with_victim {
-            self.reads.iter().flatten().collect()
-        } else {
-            Vec::new()
-        };
+        let reads = self.reads.iter().flatten().filter(|_| with_victim);
         let unread = self.victim.filter(|_| with_victim).map_or(0, |v| {
             let vg = Groups {
                 blocks: core.geo.region_blocks(v),
@@ -257,7 +253,7 @@ impl Mover {
                     (groups.data_capacity() - groups.data_before(g)) as usize
                 });
                 let reading: usize = reads
-                    .iter()
+                    .clone()
                     .filter(|r| r.dests.contains(i))
                     .map(|r| r.valid as usize)
                     .sum();

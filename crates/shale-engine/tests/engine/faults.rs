@@ -510,7 +510,18 @@ fn completions_after_a_failure_are_released_not_dispatched() {
         },
         Box::new(move |r| a.lock().unwrap().push(r)),
     );
-    for _ in 0..10_000 {
+    poll_until_failed_and_idle(&mut e, 10_000);
+    assert!(e.failure().is_some(), "the write error stopped the engine");
+    assert!(e.is_idle(), "every completion was released");
+    let answers = answers.lock().unwrap();
+    assert_eq!(answers.len(), 9, "every request answered once");
+    assert!(answers[8..].iter().all(Result::is_err));
+}
+
+/// Polls (waiting for device I/O when nothing moved) until the engine has failed and
+/// gone idle, at most `polls` times.
+fn poll_until_failed_and_idle(e: &mut FEng, polls: usize) {
+    for _ in 0..polls {
         if e.failure().is_some() && e.is_idle() {
             break;
         }
@@ -518,11 +529,6 @@ fn completions_after_a_failure_are_released_not_dispatched() {
             e.wait_io();
         }
     }
-    assert!(e.failure().is_some(), "the write error stopped the engine");
-    assert!(e.is_idle(), "every completion was released");
-    let answers = answers.lock().unwrap();
-    assert_eq!(answers.len(), 9, "every request answered once");
-    assert!(answers[8..].iter().all(Result::is_err));
 }
 
 /// A flush waiting when a write error stops the engine: the flush is answered, and
@@ -546,14 +552,7 @@ fn a_failed_engine_with_a_flush_waiting_goes_idle() {
         let a = Arc::clone(&answers);
         e.submit(req, Box::new(move |r| a.lock().unwrap().push(r)));
     }
-    for _ in 0..1_000 {
-        if e.failure().is_some() && e.is_idle() {
-            break;
-        }
-        if !e.poll() && !e.is_idle() {
-            e.wait_io();
-        }
-    }
+    poll_until_failed_and_idle(&mut e, 1_000);
     assert!(e.failure().is_some(), "the write error stopped the engine");
     assert!(e.is_idle(), "a failed engine owes nothing and holds no I/O");
     let answers = answers.lock().unwrap();
