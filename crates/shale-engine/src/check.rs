@@ -25,8 +25,8 @@ use shale_device::{
 };
 use shale_format::{
     decode_md_entry, decode_md_header, journal_ring_entries, CapacityLabel, CheckpointHeader,
-    EntryKind, JournalBlock, MdRegionKind, Pba, RegionId, RegionState, Superblock, VolumeTable,
-    BLOCK_SIZE, LABEL_COPIES,
+    JournalBlock, MdRegionKind, Pba, RegionId, RegionState, Superblock, VolumeTable, BLOCK_SIZE,
+    LABEL_COPIES,
 };
 
 use crate::layout::{Groups, BS};
@@ -670,10 +670,7 @@ fn check_mapping<C: BlockDevice, Z: ZonedDevice>(
         .map_err(|x| format!("{v} {lba} at {pba}: md unreadable: {x}"))?;
     let idx = (slot % shale_format::GROUP_BLOCKS) as usize;
     let ent = decode_md_entry(&md[..], idx, 0).map_err(|x| format!("{v} {lba} at {pba}: {x}"))?;
-    if !matches!(ent.kind, EntryKind::Data | EntryKind::Relocated)
-        || ent.volume != v
-        || ent.lba != lba
-    {
+    if !ent.kind.holds_data() || ent.volume != v || ent.lba != lba {
         return Err(format!(
             "{v} {lba} maps to {pba} in {r}, whose md entry says {:?} {} {}",
             ent.kind, ent.volume, ent.lba

@@ -97,6 +97,13 @@ pub struct Config {
     /// Pace of the background scrub over the capacity zones in use, bytes per
     /// second of engine-clock time; 0 turns it off (`scrub.rs`).
     pub scrub_bytes_per_sec: u64,
+    /// Writes of at least this many bytes (whole blocks) go straight to a zone
+    /// instead of through the cache (`write/direct.rs`); 0 sends every write through
+    /// the cache.
+    pub direct_write_min_bytes: u64,
+    /// How long (engine clock, microseconds) a direct write's blocks wait for a zone
+    /// group to fill before they go to the cache instead.
+    pub direct_linger_us: u64,
 }
 
 impl Default for Config {
@@ -132,6 +139,8 @@ impl Default for Config {
             verify_compaction_reads: false,
             stuck_after_ms: 60_000,
             scrub_bytes_per_sec: 0,
+            direct_write_min_bytes: 0,
+            direct_linger_us: 2_000,
         }
     }
 }
@@ -213,6 +222,18 @@ impl Config {
         }
         if self.streams_max == 0 {
             return bad("streams_max", "0".into());
+        }
+        if self.direct_write_min_bytes != 0
+            && (self.direct_write_min_bytes < 4096
+                || !self.direct_write_min_bytes.is_multiple_of(4096))
+        {
+            return bad(
+                "direct_write_min_bytes",
+                format!(
+                    "{} is neither 0 (off) nor a positive multiple of 4096",
+                    self.direct_write_min_bytes
+                ),
+            );
         }
         if self.requests_per_poll_max == 0 || self.background_steps_per_poll_max == 0 {
             return bad(

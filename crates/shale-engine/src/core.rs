@@ -52,6 +52,8 @@ pub(crate) struct Core<C: BlockDevice, Z: ZonedDevice, K: Clock> {
     pub repairs: Vec<(shale_format::Pba, Box<[u8; crate::layout::BS as usize]>)>,
     /// The validity bits' rebuild after a clean open, while it runs (`census.rs`).
     pub census: Option<crate::census::Census>,
+    /// Direct writes in progress (`write/direct.rs`).
+    pub directs: crate::write::direct::Directs,
 }
 
 impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Core<C, Z, K> {

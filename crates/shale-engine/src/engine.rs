@@ -183,6 +183,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             && self.writer.ready.is_empty()
             && self.durability.waiters.is_empty()
             && !self.durability.requested
+            && self.core.directs.is_empty()
     }
 
     /// One engine loop iteration. Returns true if anything moved.
@@ -288,7 +289,9 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 });
             }
         }
+        progress |= self.linger_directs()?;
         self.writer.submit_runs(&mut self.core)?;
+        self.settle_directs();
         if self.durability.requested {
             self.durability_point()?;
             progress = true;
@@ -392,6 +395,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         out.extend(self.writer.pending.drain(..).map(|w| w.done));
         out.append(&mut self.writer.ready);
         out.append(&mut self.durability.waiters);
+        out.extend(self.core.directs.take_all());
         out.extend(
             self.reader
                 .ops
@@ -657,13 +661,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             let Ok(e) = shale_format::decode_md_entry(&md[..], idx, 0) else {
                 continue;
             };
-            let entry = crate::mover::RelocEntry {
-                volume: e.volume,
-                lba: e.lba,
-                sid: e.sid,
-                crc: e.data_crc,
-                source: pba,
-            };
+            let entry = crate::mover::RelocEntry::moving(&e, pba);
             self.compaction
                 .stage_repair(&mut self.core, entry, &data[..]);
         }
@@ -873,6 +871,28 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         r
     }
 
+    /// A write: straight to a zone when large (`write/direct.rs`), else into the cache.
+    /// Gives the data back if it must wait (for space, or for a direct write of a
+    /// block it merges with).
+    fn dispatch_write(
+        &mut self,
+        slot: shale_format::VolumeId,
+        offset: u64,
+        data: Vec<u8>,
+        fua: bool,
+        done: Answer,
+    ) -> Result<Option<(Vec<u8>, Answer)>, EngineError> {
+        let len = data.len() as u64;
+        if self.takes_direct(offset, len) {
+            return self.start_direct(slot, offset, data, done);
+        }
+        if self.edges_wait_for_directs(slot, offset, len) {
+            return Ok(Some((data, done)));
+        }
+        self.writer
+            .start_write(&mut self.core, slot, offset, data, fua, done)
+    }
+
     #[allow(clippy::type_complexity)]
     fn dispatch_request(
         &mut self,
@@ -896,6 +916,13 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             },
             _ => shale_format::VolumeId::NONE,
         };
+        // Requests are served in order: a read (or block status) of blocks a direct
+        // write is still carrying waits until they are mapped.
+        if let Request::Read { offset, len, .. } | Request::Allocation { offset, len, .. } = &req {
+            if self.range_waits_for_directs(slot, *offset, *len) {
+                return Ok(Some((req, done)));
+            }
+        }
         match req {
             Request::Read { offset, len, .. } => {
                 self.reader
@@ -907,20 +934,18 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 data,
                 fua,
             } => {
-                return Ok(self
-                    .writer
-                    .start_write(&mut self.core, slot, offset, data, fua, done)?
-                    .map(|(data, done)| {
-                        (
-                            Request::Write {
-                                volume,
-                                offset,
-                                data,
-                                fua,
-                            },
-                            done,
-                        )
-                    }));
+                let back = self.dispatch_write(slot, offset, data, fua, done)?;
+                return Ok(back.map(|(data, done)| {
+                    (
+                        Request::Write {
+                            volume,
+                            offset,
+                            data,
+                            fua,
+                        },
+                        done,
+                    )
+                }));
             }
             Request::Trim { offset, len, .. } => {
                 let r = self.writer.trim(&mut self.core, slot, offset, len, false);
@@ -931,7 +956,9 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 offset,
                 len,
             } => {
-                if !self.writer.can_write_zeroes(&self.core, slot, offset, len) {
+                if !self.writer.can_write_zeroes(&self.core, slot, offset, len)
+                    || self.edges_wait_for_directs(slot, offset, len)
+                {
                     return Ok(Some((
                         Request::WriteZeroes {
                             volume,

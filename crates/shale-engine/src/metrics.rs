@@ -15,12 +15,22 @@ pub struct Stats {
     pub cache_md_write_bytes: u64,
     pub cache_read_bytes: u64,
 
-    /// Capacity writes by compaction, including md blocks and padding.
+    /// Capacity writes by compaction, including md blocks, padding and direct
+    /// writes' blocks (which leave in compaction's groups).
     pub capacity_compaction_write_bytes: u64,
     /// Capacity writes by GC, including md blocks and padding.
     pub capacity_gc_write_bytes: u64,
     /// Padding inside the two figures above.
     pub capacity_pad_bytes: u64,
+    /// Direct writes' blocks inside compaction's figure (`write/direct.rs`).
+    pub capacity_direct_write_bytes: u64,
+    /// User bytes of writes that went straight to a zone, and of those, blocks
+    /// mapped in their zone, superseded before (by a newer write, trim or volume
+    /// change), and written to the cache after waiting too long for a full group.
+    pub direct_write_bytes: u64,
+    pub direct_blocks_mapped: u64,
+    pub direct_blocks_superseded: u64,
+    pub direct_blocks_to_cache: u64,
     pub capacity_read_bytes: u64,
 
     pub zone_resets: u64,
@@ -204,6 +214,11 @@ impl Stats {
             capacity_compaction_write_bytes,
             capacity_gc_write_bytes,
             capacity_pad_bytes,
+            capacity_direct_write_bytes,
+            direct_write_bytes,
+            direct_blocks_mapped,
+            direct_blocks_superseded,
+            direct_blocks_to_cache,
             capacity_read_bytes,
             zone_resets,
             chunk_frees,
@@ -270,6 +285,11 @@ impl Stats {
         self.capacity_compaction_write_bytes += capacity_compaction_write_bytes;
         self.capacity_gc_write_bytes += capacity_gc_write_bytes;
         self.capacity_pad_bytes += capacity_pad_bytes;
+        self.capacity_direct_write_bytes += capacity_direct_write_bytes;
+        self.direct_write_bytes += direct_write_bytes;
+        self.direct_blocks_mapped += direct_blocks_mapped;
+        self.direct_blocks_superseded += direct_blocks_superseded;
+        self.direct_blocks_to_cache += direct_blocks_to_cache;
         self.capacity_read_bytes += capacity_read_bytes;
         self.zone_resets += zone_resets;
         self.chunk_frees += chunk_frees;

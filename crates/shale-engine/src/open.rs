@@ -153,6 +153,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 device_wake_ns: shale_device::MAINTAIN_IDLE,
                 repairs: Vec::new(),
                 census: None,
+                directs: Default::default(),
             },
             queue: VecDeque::new(),
             throttle,

@@ -17,7 +17,7 @@
 
 use shale_device::{BlockDevice, ZonedDevice};
 use shale_format::{
-    decode_md_entry, EntryKind, Lba, Pba, RegionId, RegionRole, RegionState, VolumeId, BLOCK_SIZE,
+    decode_md_entry, Lba, Pba, RegionId, RegionRole, RegionState, VolumeId, BLOCK_SIZE,
 };
 
 use crate::core::Core;
@@ -168,7 +168,7 @@ fn scrub_group(
         let Ok(e) = decode_md_entry(&md[..], i, 0) else {
             continue;
         };
-        if !matches!(e.kind, EntryKind::Data | EntryKind::Relocated) {
+        if !e.kind.holds_data() {
             continue;
         }
         let mapped = map.lookup(core, e.volume, e.lba.0)?;

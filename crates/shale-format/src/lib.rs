@@ -54,7 +54,7 @@ pub use label::{CapacityLabel, LABEL_COPIES, LABEL_MAGIC, LABEL_VERSION};
 pub use md::{
     decode_md, decode_md_entry, decode_md_header, encode_md, md_claimed_generation, seal_md,
     write_md_entry, EntryKind, MdEntry, MdHeader, MdRegionKind, MD_ENTRY_LEN, MD_HEADER_LEN,
-    MD_MAGIC, MD_VERSION,
+    MD_MAGIC, MD_VERSION, MD_VERSION_DIRECT,
 };
 pub use region_table::{
     decode_region_table, encode_region_table, RegionEntry, RegionRole, RegionState,

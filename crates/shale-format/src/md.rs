@@ -14,6 +14,10 @@ pub const MD_MAGIC: u32 = u32::from_le_bytes(*b"SHMD");
 /// Version 2 widened `source` to 40 bits (its high byte was padding in version 1, whose
 /// blocks still decode).
 pub const MD_VERSION: u16 = 2;
+/// The version of a block holding [`EntryKind::Direct`] entries, so a Shale that does
+/// not know them refuses the block instead of skipping the entries. Blocks without
+/// such entries keep [`MD_VERSION`].
+pub const MD_VERSION_DIRECT: u16 = 3;
 pub const MD_HEADER_LEN: usize = 64;
 pub const MD_ENTRY_LEN: usize = 32;
 
@@ -30,15 +34,28 @@ pub enum EntryKind {
     Relocated = 2,
     /// Filler written to close a batch early.
     Pad = 3,
+    /// A user write that went straight to a zone (a large write bypassing the cache).
+    /// It ranks in the order of user writes at `(sid, pos)`: the slot `pos` its write
+    /// took in the user chunk with SID `sid`; a copy GC makes keeps both.
+    Direct = 4,
 }
 
 impl EntryKind {
+    /// A slot holding a block of user data (a user write, direct or not, or a copy).
+    pub fn holds_data(self) -> bool {
+        matches!(
+            self,
+            EntryKind::Data | EntryKind::Relocated | EntryKind::Direct
+        )
+    }
+
     fn from_u8(v: u8) -> Option<EntryKind> {
         Some(match v {
             0 => EntryKind::Empty,
             1 => EntryKind::Data,
             2 => EntryKind::Relocated,
             3 => EntryKind::Pad,
+            4 => EntryKind::Direct,
             _ => return None,
         })
     }
@@ -51,7 +68,11 @@ pub struct MdEntry {
     pub lba: Lba,
     pub sid: Sid,
     pub data_crc: u32,
+    /// Where a `Relocated` block came from (on media); `NONE` for other kinds.
     pub source: Pba,
+    /// A `Direct` block's position in its user chunk (0 for other kinds). Stored where
+    /// `source` is, which a direct block has none of on media.
+    pub pos: u32,
 }
 
 impl MdEntry {
@@ -62,12 +83,17 @@ impl MdEntry {
         sid: Sid(0),
         data_crc: 0,
         source: Pba::NONE,
+        pos: 0,
     };
 
     fn write(&self, w: &mut Writer<'_>) {
         // `source` as 40 bits: the high byte in what version 1 left as padding, all
         // ones for none.
-        let source = self.source.0.min(SOURCE_NONE);
+        let source = if self.kind == EntryKind::Direct {
+            u64::from(self.pos)
+        } else {
+            self.source.0.min(SOURCE_NONE)
+        };
         w.u32(self.volume.0);
         w.u8(self.kind as u8);
         w.u8((source >> 32) as u8);
@@ -107,9 +133,14 @@ pub fn encode_md(out: &mut [u8], h: &MdHeader, entries: &[MdEntry]) {
     debug_assert!(entries.len() <= GROUP_DATA_SLOTS);
     debug_assert_eq!(out.len(), BLOCK_SIZE);
     out.fill(0);
+    let direct = entries.iter().any(|e| e.kind == EntryKind::Direct);
     let mut w = Writer::new(out);
     w.u32(MD_MAGIC);
-    w.u16(MD_VERSION);
+    w.u16(if direct {
+        MD_VERSION_DIRECT
+    } else {
+        MD_VERSION
+    });
     w.u16(h.region_kind as u16);
     w.u32(0);
     w.u32(h.region.0); // 12
@@ -128,9 +159,15 @@ pub fn encode_md(out: &mut [u8], h: &MdHeader, entries: &[MdEntry]) {
 /// Encodes only the header of an md block whose entries were filled in place with
 /// [`write_md_entry`], then seals it. Avoids copying entries on the write path.
 pub fn seal_md(out: &mut [u8], h: &MdHeader) {
+    let direct = (0..GROUP_DATA_SLOTS)
+        .any(|i| out.get(MD_HEADER_LEN + i * MD_ENTRY_LEN + 4) == Some(&(EntryKind::Direct as u8)));
     let mut w = Writer::new(out);
     w.u32(MD_MAGIC);
-    w.u16(MD_VERSION);
+    w.u16(if direct {
+        MD_VERSION_DIRECT
+    } else {
+        MD_VERSION
+    });
     w.u16(h.region_kind as u16);
     w.u32(0);
     w.u32(h.region.0);
@@ -151,8 +188,12 @@ pub fn write_md_entry(out: &mut [u8], index: usize, e: &MdEntry) {
 /// Decodes and verifies an md block header (and its CRC over the whole block).
 pub fn decode_md_header(buf: &[u8], at: u64) -> Result<MdHeader, FormatError> {
     let s = Structure::MdBlock;
-    // Version 1 blocks still decode (their `source` is 32 bits).
-    let version = if md_version(buf) == 1 { 1 } else { MD_VERSION };
+    // Version 1 blocks still decode (their `source` is 32 bits); version 3 holds
+    // direct entries.
+    let version = match md_version(buf) {
+        v @ (1 | MD_VERSION_DIRECT) => v,
+        _ => MD_VERSION,
+    };
     check_header(buf, s, at, MD_MAGIC, version, BLOCK_SIZE)?;
     let buf = &buf[..BLOCK_SIZE];
     check_crc(buf, s, at)?;
@@ -202,18 +243,36 @@ pub fn decode_md_entry(buf: &[u8], index: usize, at: u64) -> Result<MdEntry, For
             reason: format!("{index} >= {GROUP_DATA_SLOTS}"),
         });
     }
-    let v1 = md_version(buf) == 1;
+    let version = md_version(buf);
+    let v1 = version == 1;
     let mut r = Reader::at(buf, MD_HEADER_LEN + index * MD_ENTRY_LEN, s, at);
     let volume = VolumeId(r.u32()?);
     let kind_byte = r.u8()?;
     let kind = EntryKind::from_u8(kind_byte)
-        .ok_or_else(|| r.invalid("entry kind", format!("{kind_byte}")))?;
+        .filter(|k| *k != EntryKind::Direct || version == MD_VERSION_DIRECT)
+        .ok_or_else(|| {
+            r.invalid(
+                "entry kind",
+                format!("{kind_byte} in a version {version} block"),
+            )
+        })?;
     let source_high = if v1 { 0 } else { u64::from(r.u8()?) };
     r.skip(if v1 { 3 } else { 2 })?;
     let lba = Lba(r.u64()?);
     let sid = Sid(r.u64()?);
     let data_crc = r.u32()?;
     let low = r.u32()?;
+    if kind == EntryKind::Direct {
+        return Ok(MdEntry {
+            kind,
+            volume,
+            lba,
+            sid,
+            data_crc,
+            source: Pba::NONE,
+            pos: low,
+        });
+    }
     let source = if v1 {
         if low == u32::MAX {
             Pba::NONE
@@ -233,6 +292,7 @@ pub fn decode_md_entry(buf: &[u8], index: usize, at: u64) -> Result<MdEntry, For
         sid,
         data_crc,
         source,
+        pos: 0,
     })
 }
 
@@ -277,20 +337,26 @@ mod tests {
 
     fn entry() -> impl Strategy<Value = MdEntry> {
         (
-            0u8..4,
+            0u8..5,
             any::<u32>(),
             any::<u64>(),
             any::<u64>(),
             any::<u32>(),
             prop_oneof![Just(Pba::NONE), (0..SOURCE_NONE).prop_map(Pba)],
+            any::<u32>(),
         )
-            .prop_map(|(k, v, l, s, c, p)| MdEntry {
-                kind: EntryKind::from_u8(k).unwrap_or_default(),
-                volume: VolumeId(v),
-                lba: Lba(l),
-                sid: Sid(s),
-                data_crc: c,
-                source: p,
+            .prop_map(|(k, v, l, s, c, p, pos)| {
+                let kind = EntryKind::from_u8(k).unwrap_or_default();
+                let direct = kind == EntryKind::Direct;
+                MdEntry {
+                    kind,
+                    volume: VolumeId(v),
+                    lba: Lba(l),
+                    sid: Sid(s),
+                    data_crc: c,
+                    source: if direct { Pba::NONE } else { p },
+                    pos: if direct { pos } else { 0 },
+                }
             })
     }
 
@@ -340,6 +406,48 @@ mod tests {
         };
         encode_md(&mut b, &h, &[e]);
         assert_eq!(decode_md(&b, 0).unwrap().1[0], e);
+    }
+
+    /// A block with a direct entry is version 3 (a Shale that knows only version 2
+    /// refuses it rather than skip the entry); one without stays version 2, and a
+    /// direct entry in a version 2 block is an error.
+    #[test]
+    fn direct_entries_make_a_version_3_block() {
+        let h = MdHeader {
+            region_kind: MdRegionKind::Zone,
+            region: RegionId(3),
+            group: 1,
+            entry_count: 2,
+            region_sid: Sid(9),
+            generation: 1,
+        };
+        let d = MdEntry {
+            kind: EntryKind::Direct,
+            volume: VolumeId(2),
+            lba: Lba(77),
+            sid: Sid(40),
+            data_crc: 5,
+            source: Pba::NONE,
+            pos: 0xfedc_ba98,
+        };
+        let r = MdEntry {
+            kind: EntryKind::Relocated,
+            source: Pba(12),
+            ..MdEntry::EMPTY
+        };
+        let mut b = vec![0u8; BLOCK_SIZE];
+        encode_md(&mut b, &h, &[r, d]);
+        assert_eq!(md_version(&b), MD_VERSION_DIRECT);
+        assert_eq!(decode_md(&b, 0).unwrap().1[..2], [r, d]);
+        encode_md(&mut b, &h, &[r]);
+        assert_eq!(md_version(&b), MD_VERSION);
+        // A version 2 block claiming a direct entry.
+        let at = MD_HEADER_LEN + MD_ENTRY_LEN;
+        b[at + 4] = EntryKind::Direct as u8;
+        seal(&mut b, BLOCK_SIZE);
+        decode_md_header(&b, 0).unwrap();
+        let err = decode_md_entry(&b, 1, 0).unwrap_err().to_string();
+        assert!(err.contains("version 2"), "{err}");
     }
 
     proptest! {

@@ -240,6 +240,7 @@ fn md_entries(n: usize) -> Vec<MdEntry> {
                 } else {
                     Pba::NONE
                 },
+                pos: 0,
             }
         })
         .collect()
@@ -533,6 +534,19 @@ fn write_md_seeds() {
             e
         })
         .collect();
+    // Direct writes' blocks (a version 3 block): relocations become direct entries.
+    let direct: Vec<MdEntry> = md_entries(30)
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut e)| {
+            if e.kind == EntryKind::Relocated {
+                e.kind = EntryKind::Direct;
+                e.source = Pba::NONE;
+                e.pos = 17 + i as u32;
+            }
+            e
+        })
+        .collect();
     standin::write_seeds(
         "md_block",
         vec![
@@ -551,6 +565,7 @@ fn write_md_seeds() {
                 "zone-wide-sources",
                 resealed(&md(MdRegionKind::Zone, &wide, 3)),
             ),
+            ("zone-direct", resealed(&md(MdRegionKind::Zone, &direct, 1))),
         ],
     );
 }

@@ -138,6 +138,10 @@ pub struct SimConfig {
     /// geometry of its own, all on the one power rail; volumes are dealt over them
     /// in granules of 1, 2 or 16 blocks (drawn per lineage).
     pub shards: u32,
+    /// Direct writes (`Config::direct_write_min_bytes`: two blocks and more go
+    /// straight to zones) in about a third of the runs. Off by default while kill
+    /// mode finds a violation with them (docs/engine.md, "Direct writes").
+    pub direct_writes: bool,
 }
 
 /// The devices of a run.
@@ -224,6 +228,7 @@ impl SimConfig {
             phantom_flushes: false,
             log: false,
             shards: 1,
+            direct_writes: false,
         }
     }
 }
@@ -623,6 +628,14 @@ impl Sim {
         } else {
             shale_engine::CompactionPolicyKind::CostBenefit
         };
+        // Direct writes (two blocks and more straight to zones) in about a third of
+        // the runs, again from the draws above.
+        config.direct_write_min_bytes =
+            if self.cfg.direct_writes && config.checkpoint_pages_per_poll != 1 && k % 2 == 1 {
+                2 * BS
+            } else {
+                0
+            };
         let shards = self.cfg.shards.max(1) as usize;
         if shards > 1 {
             // Granules of 1, 2 or 16 blocks: the smaller, the more requests split.

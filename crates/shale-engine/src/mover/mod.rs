@@ -37,7 +37,7 @@ use crate::core::Core;
 use crate::engine::InflightIo;
 use crate::layout::{Groups, BS};
 use crate::{Clock, EngineError};
-pub(crate) use stream::{RelocEntry, Stream};
+pub(crate) use stream::{RelocEntry, Stream, RELOCATED_POS};
 
 #[derive(Debug)]
 pub(crate) struct Mover {
@@ -168,13 +168,21 @@ fn zone_group_md(
     entries: &[RelocEntry],
 ) -> Box<[u8; BLOCK_SIZE]> {
     let mut md_entries = Vec::with_capacity(k);
-    md_entries.extend(entries.iter().map(|e| MdEntry {
-        kind: EntryKind::Relocated,
-        volume: e.volume,
-        lba: e.lba,
-        sid: e.sid,
-        data_crc: e.crc,
-        source: e.source,
+    md_entries.extend(entries.iter().map(|e| {
+        let direct = e.pos != RELOCATED_POS;
+        MdEntry {
+            kind: if direct {
+                EntryKind::Direct
+            } else {
+                EntryKind::Relocated
+            },
+            volume: e.volume,
+            lba: e.lba,
+            sid: e.sid,
+            data_crc: e.crc,
+            source: if direct { Pba::NONE } else { e.source },
+            pos: if direct { e.pos } else { 0 },
+        }
     }));
     md_entries.resize(
         k,
@@ -375,6 +383,7 @@ impl Mover {
         let m = n.min(k);
         let sid = core.regions.get(zone).sid;
         let (mut buf, entries) = self.take_group(core, s, m, k, len);
+        let direct = entries.iter().filter(|e| e.is_fresh_direct()).count();
         core.placement
             .staged(&core.geo, zone, entries.iter().map(|e| e.sid));
         let md = zone_group_md(zone, g, sid, k, &entries);
@@ -406,6 +415,7 @@ impl Mover {
             core.stats.capacity_compaction_write_bytes += bytes;
         }
         core.stats.capacity_pad_bytes += ((k - m) * BLOCK_SIZE) as u64;
+        core.stats.capacity_direct_write_bytes += direct as u64 * BS;
         core.capacity_dirty = true;
         Ok(true)
     }
@@ -515,6 +525,10 @@ impl Mover {
         };
         for (i, e) in zw.entries.iter().enumerate() {
             let new = core.geo.pba(zw.zone, zw.first_slot + i as u32);
+            if e.is_fresh_direct() {
+                Self::map_direct(core, e, new)?;
+                continue;
+            }
             let Some((src, _)) = core.geo.region_slot(e.source) else {
                 panic!("relocation source {} outside the data regions", e.source);
             };
@@ -561,6 +575,82 @@ impl Mover {
         Ok(())
     }
 
+    /// A direct write's block reached its zone at `new`: it is mapped if it is still
+    /// the newest version of its LBA (else it is born invalid).
+    fn map_direct(
+        core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+        e: &RelocEntry,
+        new: Pba,
+    ) -> Result<(), EngineError> {
+        if core.directs.is_latest(e.direct, e.volume, e.lba) {
+            // The page may have to be read in: the old mapping's region loses a block.
+            let old = core.l2p.set(&mut core.cache, e.volume, e.lba, new)?;
+            core.regions.mark_valid(&core.geo, new, e.volume);
+            if !old.is_none() {
+                core.regions.mark_invalid(&core.geo, old, e.volume);
+            }
+            core.stats.direct_blocks_mapped += 1;
+        } else {
+            core.stats.direct_blocks_superseded += 1;
+        }
+        core.directs.settle(e.direct, e.volume, e.lba);
+        Ok(())
+    }
+
+    /// Stages block `data` of a direct write (`entry.direct`) in stream `s`.
+    pub fn stage_direct(
+        &mut self,
+        core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+        s: usize,
+        entry: RelocEntry,
+        data: &[u8],
+    ) {
+        debug_assert!(entry.is_fresh_direct());
+        self.streams[s].push(entry, data, &mut core.bufs);
+    }
+
+    /// Whether stream `s` holds direct blocks that cannot leave in a full group now:
+    /// fewer than a group staged, and one of them staged before `deadline`, or any
+    /// when `deadline` is `None` (nothing else will come to fill the group).
+    pub fn directs_lingering(
+        &self,
+        core: &Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+        s: usize,
+        deadline: Option<u64>,
+    ) -> bool {
+        let st = &self.streams[s];
+        st.len() < GROUP_DATA_SLOTS
+            && st.entries.iter().any(|e| {
+                e.is_fresh_direct()
+                    && deadline.is_none_or(|d| core.directs.staged_before(e.direct, d))
+            })
+    }
+
+    /// Takes stream `s`'s fresh direct blocks out (to be written to the cache instead):
+    /// those still the newest version of their LBA go to `take` with their data; the
+    /// others settle here.
+    pub fn take_directs(
+        &mut self,
+        core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+        s: usize,
+        mut take: impl FnMut(RelocEntry, &[u8]),
+    ) {
+        let directs = &mut core.directs;
+        let stats = &mut core.stats;
+        self.streams[s].retain_with(
+            &mut core.bufs,
+            |e| !e.is_fresh_direct(),
+            |e, data| {
+                if directs.is_latest(e.direct, e.volume, e.lba) {
+                    take(e, data);
+                } else {
+                    stats.direct_blocks_superseded += 1;
+                    directs.settle(e.direct, e.volume, e.lba);
+                }
+            },
+        );
+    }
+
     /// Candidates for a mover: closed, not already being drained.
     fn snapshot(
         &mut self,
@@ -575,7 +665,12 @@ impl Mover {
         };
         for r in range.map(RegionId) {
             let reg = core.regions.get(r);
-            if reg.state == RegionState::Closed && !reg.draining {
+            // A chunk holding a direct write's slot waits until the write's blocks
+            // are mapped (write/direct.rs: a copy would outrank them).
+            if reg.state == RegionState::Closed
+                && !reg.draining
+                && !(self.role == RegionRole::Compaction && core.directs.chunk_busy(r))
+            {
                 snap.push(RegionSnapshot {
                     region: r,
                     valid: reg.valid,
@@ -882,7 +977,7 @@ impl Mover {
                 let Ok(e) = decode_md_entry(md, i, 0) else {
                     continue;
                 };
-                if !matches!(e.kind, EntryKind::Data | EntryKind::Relocated) {
+                if !e.kind.holds_data() {
                     core.stats.crc_errors += 1;
                     continue;
                 }
@@ -921,13 +1016,7 @@ impl Mover {
                 }
                 let s = self.stream_for(core, victim, &e, pba);
                 let s = if dests.contains(s) { s } else { dests.first };
-                let entry = RelocEntry {
-                    volume: e.volume,
-                    lba: e.lba,
-                    sid: e.sid,
-                    crc: e.data_crc,
-                    source: pba,
-                };
+                let entry = RelocEntry::moving(&e, pba);
                 let st = &mut self.streams[s];
                 st.push(entry, data, &mut core.bufs);
                 core.regions.get_mut(victim).relocations += 1;
@@ -1052,11 +1141,26 @@ impl Mover {
     ) {
         let st = &mut self.streams[s];
         let validity = &core.regions.validity;
-        if st.entries.iter().all(|e| validity.get(e.source)) {
+        let directs = &core.directs;
+        // A direct block is wanted while it is the newest version of its LBA, a
+        // relocation while its source is still the mapped copy.
+        let wanted = |e: &RelocEntry| {
+            if e.is_fresh_direct() {
+                directs.is_latest(e.direct, e.volume, e.lba)
+            } else {
+                validity.get(e.source)
+            }
+        };
+        if st.entries.iter().all(wanted) {
             return;
         }
-        let dropped = st.retain(&mut core.bufs, |e| validity.get(e.source));
+        let dropped = st.retain(&mut core.bufs, wanted);
         for e in dropped {
+            if e.is_fresh_direct() {
+                core.stats.direct_blocks_superseded += 1;
+                core.directs.settle(e.direct, e.volume, e.lba);
+                continue;
+            }
             if let Some((src, _)) = core.geo.region_slot(e.source) {
                 core.regions.get_mut(src).relocations -= 1;
                 core.regions.maybe_pending_free(src);

@@ -19,7 +19,43 @@ pub(crate) struct RelocEntry {
     pub lba: Lba,
     pub sid: Sid,
     pub crc: u32,
+    /// Where the block is now (`NONE` for a direct write's block, which is nowhere
+    /// else).
     pub source: Pba,
+    /// The block's position among user writes of chunk `sid` if it is a direct
+    /// write's (kept when GC moves it), else [`RELOCATED_POS`].
+    pub pos: u32,
+    /// The direct write whose block this is, while it is written the first time;
+    /// else [`crate::write::direct::NO_DIRECT`].
+    pub direct: u32,
+}
+
+/// `RelocEntry::pos` of a relocated block: it ranks above every write of its chunk.
+pub(crate) const RELOCATED_POS: u32 = u32::MAX;
+
+impl RelocEntry {
+    /// The relocation of the block at `source` its md entry `e` describes: it keeps
+    /// its SID and CRC, and a direct block its position.
+    pub fn moving(e: &shale_format::MdEntry, source: Pba) -> RelocEntry {
+        RelocEntry {
+            volume: e.volume,
+            lba: e.lba,
+            sid: e.sid,
+            crc: e.data_crc,
+            source,
+            pos: if e.kind == shale_format::EntryKind::Direct {
+                e.pos
+            } else {
+                RELOCATED_POS
+            },
+            direct: crate::write::direct::NO_DIRECT,
+        }
+    }
+
+    /// A direct write's block on its way to its first zone.
+    pub fn is_fresh_direct(&self) -> bool {
+        self.direct != crate::write::direct::NO_DIRECT
+    }
 }
 
 #[derive(Debug, Default)]
@@ -98,15 +134,26 @@ impl Stream {
     pub fn retain(
         &mut self,
         pool: &mut BufPool,
-        mut keep: impl FnMut(&RelocEntry) -> bool,
+        keep: impl FnMut(&RelocEntry) -> bool,
     ) -> Vec<RelocEntry> {
         let mut dropped = Vec::new();
+        self.retain_with(pool, keep, |e, _| dropped.push(e));
+        dropped
+    }
+
+    /// `retain`, handing each dropped entry to `dropped` with its block.
+    pub fn retain_with(
+        &mut self,
+        pool: &mut BufPool,
+        mut keep: impl FnMut(&RelocEntry) -> bool,
+        mut dropped: impl FnMut(RelocEntry, &[u8]),
+    ) {
         let mut w = 0;
         let mut tmp = [0u8; BLOCK_SIZE];
         for r in 0..self.entries.len() {
             let e = self.entries[r];
             if !keep(&e) {
-                dropped.push(e);
+                dropped(e, self.block(r));
                 continue;
             }
             if w != r {
@@ -128,7 +175,6 @@ impl Stream {
         if w == 0 {
             self.head = 0;
         }
-        dropped
     }
 
     /// Forgets everything staged; returns the entries.
@@ -153,6 +199,8 @@ mod tests {
             sid: Sid(1),
             crc: 0,
             source: Pba(i),
+            pos: RELOCATED_POS,
+            direct: crate::write::direct::NO_DIRECT,
         }
     }
 

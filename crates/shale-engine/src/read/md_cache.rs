@@ -11,7 +11,7 @@
 //! reused, so a check never outlives its md.
 
 use crate::hash::U64Map;
-use shale_format::{decode_md_entry, EntryKind, Lba, VolumeId, BLOCK_SIZE, GROUP_DATA_SLOTS};
+use shale_format::{decode_md_entry, Lba, VolumeId, BLOCK_SIZE, GROUP_DATA_SLOTS};
 
 const NONE: u32 = u32::MAX;
 
@@ -44,7 +44,7 @@ impl GroupChecks {
         };
         for i in 0..GROUP_DATA_SLOTS {
             if let Ok(e) = decode_md_entry(block, i, 0) {
-                if matches!(e.kind, EntryKind::Data | EntryKind::Relocated) {
+                if e.kind.holds_data() {
                     g.data |= 1 << i;
                     g.check[i] = md_check(e.volume, e.lba, e.data_crc);
                 }
@@ -271,7 +271,7 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use shale_format::{
-        seal_md, write_md_entry, MdEntry, MdHeader, MdRegionKind, Pba, RegionId, Sid,
+        seal_md, write_md_entry, EntryKind, MdEntry, MdHeader, MdRegionKind, RegionId, Sid,
     };
 
     fn md_block(entries: &[(usize, MdEntry)]) -> [u8; BLOCK_SIZE] {
@@ -303,7 +303,7 @@ mod tests {
             lba: Lba(lba),
             sid: Sid(1),
             data_crc: crc,
-            source: Pba::NONE,
+            ..MdEntry::EMPTY
         }
     }
 

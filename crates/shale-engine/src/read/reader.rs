@@ -3,8 +3,8 @@
 
 use shale_device::{BlockDevice, IoBuf, IoOp, IoRequest, ZoneOp, ZoneRequest, ZonedDevice};
 use shale_format::{
-    decode_md_entry, decode_md_header, md_claimed_generation, EntryKind, Lba, Pba, RegionId,
-    VolumeId, BLOCK_SIZE,
+    decode_md_entry, decode_md_header, md_claimed_generation, Lba, Pba, RegionId, VolumeId,
+    BLOCK_SIZE,
 };
 
 use crate::core::Core;
@@ -491,11 +491,8 @@ pub(crate) fn verify_block(
     let md = md_block(core, writer, pba)?;
     let mut e = decode_md_entry(&md[..], idx, 0)
         .map_err(|source| EngineError::MdCorrupt { pba, source })?;
-    let names = |e: &shale_format::MdEntry| {
-        matches!(e.kind, EntryKind::Data | EntryKind::Relocated)
-            && e.volume == volume
-            && e.lba == lba
-    };
+    let names =
+        |e: &shale_format::MdEntry| e.kind.holds_data() && e.volume == volume && e.lba == lba;
     if !names(&e) {
         if let Some(other) = md_naming(core, writer, pba, idx, &names) {
             e = other;

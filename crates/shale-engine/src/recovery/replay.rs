@@ -10,7 +10,9 @@
 //!   write of chunk `s` and below every later one. Two copies with the same SID hold
 //!   the same data;
 //! - a trim: the user write position when it ran, `(open chunk SID, write pointer)`;
-//!   writes at or after that position win over it.
+//!   writes at or after that position win over it;
+//! - a direct write's block in a zone (or a GC copy of it): `(s, p)`, the slot `p` its
+//!   write took in user chunk `s` (write/direct.rs), as if written there.
 //!
 //! Rules: for each LBA the replayed version with the highest key wins (a trim wins
 //! by unmapping); the checkpoint's L2P entry is kept only when nothing was replayed
@@ -388,6 +390,9 @@ fn scan_region(
             let key = match (e.kind, chunk) {
                 (EntryKind::Data, true) if e.sid == p.sid => (e.sid.0, slot),
                 (EntryKind::Relocated, false) => (e.sid.0, RELOCATED_POS),
+                // A direct write's block (or a GC copy of one) ranks at the chunk slot
+                // its write took.
+                (EntryKind::Direct, false) if e.pos != RELOCATED_POS => (e.sid.0, e.pos),
                 (EntryKind::Empty | EntryKind::Pad, _) => continue,
                 _ => {
                     counts.entries_ignored += 1;

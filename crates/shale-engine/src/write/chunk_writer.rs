@@ -147,6 +147,28 @@ impl ChunkWriter {
         block: &[u8],
     ) -> Pba {
         core.volume_counters(volume).cache_write_bytes += BLOCK_SIZE as u64;
+        core.stats.user_blocks_appended += 1;
+        self.append(core, EntryKind::Data, volume, lba, block)
+    }
+
+    /// Appends a pad block: a slot of the user write order for a direct write
+    /// (`write/direct.rs`). The caller checked `can_append`.
+    pub fn append_pad(
+        &mut self,
+        core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+    ) -> Pba {
+        const ZEROS: [u8; BLOCK_SIZE] = [0; BLOCK_SIZE];
+        self.append(core, EntryKind::Pad, VolumeId::NONE, Lba(0), &ZEROS)
+    }
+
+    fn append(
+        &mut self,
+        core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+        kind: EntryKind,
+        volume: VolumeId,
+        lba: Lba,
+        block: &[u8],
+    ) -> Pba {
         let region = match self.open {
             Some(r) => r,
             None => {
@@ -197,12 +219,12 @@ impl ChunkWriter {
             unreachable!("group just ensured")
         };
         let entry = MdEntry {
-            kind: EntryKind::Data,
+            kind,
             volume,
             lba,
             sid: gb.sid,
             data_crc: shale_format::block_crc(block),
-            source: Pba::NONE,
+            ..MdEntry::EMPTY
         };
         let i = gb.append(block, &entry);
         debug_assert_eq!(i, idx);
@@ -225,7 +247,6 @@ impl ChunkWriter {
                 self.open_remaining = 0;
             }
         }
-        core.stats.user_blocks_appended += 1;
         core.geo.pba(region, groups.start(g) + i)
     }
 

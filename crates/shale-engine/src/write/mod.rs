@@ -12,6 +12,7 @@
 //!   valid one, with a higher generation.
 
 pub(crate) mod chunk_writer;
+pub(crate) mod direct;
 pub(crate) mod group;
 pub(crate) mod runs;
 pub(crate) mod user_write;

@@ -112,7 +112,7 @@ impl ChunkWriter {
         result
     }
 
-    fn map_new_block(
+    pub(crate) fn map_new_block(
         &mut self,
         core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
         volume: VolumeId,
@@ -122,6 +122,7 @@ impl ChunkWriter {
         // Fault the page in before appending so a failing fault leaves nothing behind
         // (the request fails; the engine carries on).
         core.l2p.get(&mut core.cache, volume, lba)?;
+        core.directs.supersede(volume, lba);
         let pba = self.append_block(core, volume, lba, src);
         core.regions.mark_valid(&core.geo, pba, volume);
         // The page is cached now (appending touches no page); an error here would leave
@@ -266,6 +267,7 @@ impl ChunkWriter {
     ) -> Result<(), EngineError> {
         let mut lba = first;
         let end = first + count;
+        core.directs.supersede_range(volume, first, end);
         while lba < end {
             let epp = core.l2p.format().entries_per_page();
             let page = (lba / epp) as usize;

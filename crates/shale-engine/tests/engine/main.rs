@@ -8,6 +8,7 @@ mod common;
 mod array;
 mod basic;
 mod corruption;
+mod direct;
 mod faults;
 mod golden;
 mod handoff;

@@ -88,6 +88,9 @@ fn model_config(streams_max: u32) -> Config {
         streams_max,
         // The two-stream runs take the wide (5-byte) L2P entries of pools past 16 TiB.
         l2p_entry_bytes: Some(if streams_max == 2 { 5 } else { 4 }),
+        // Writes of 4 blocks and more go straight to zones (alone, each falls back
+        // to the cache at once; the crash tests queue them together).
+        direct_write_min_bytes: 16 * 1024,
         // ... and lifetime placement (two streams: one per class).
         placement: if streams_max == 2 {
             shale_engine::PlacementKind::Lifetime

@@ -552,7 +552,7 @@ fn scrubbed(c: MemDevice, z: MemDevice) -> Eng {
 /// leave them) are found before any read meets them.
 #[test]
 fn the_scrub_finds_md_entries_the_l2p_does_not_map_back() {
-    use shale_format::{decode_md, encode_md, EntryKind, GROUP_BLOCKS};
+    use shale_format::{decode_md, encode_md, GROUP_BLOCKS};
     let mut e = tiny_engine();
     let v = create(&mut e, "a", 14 << 20);
     let blocks = 3000u64;
@@ -581,7 +581,7 @@ fn the_scrub_finds_md_entries_the_l2p_does_not_map_back() {
     z.read_at(md_at, &mut md).unwrap();
     let (h, mut entries) = decode_md(&md, 0).unwrap();
     let data: Vec<usize> = (0..entries.len())
-        .filter(|&i| matches!(entries[i].kind, EntryKind::Data | EntryKind::Relocated))
+        .filter(|&i| entries[i].kind.holds_data())
         .collect();
     assert!(data.len() >= 2, "a group of the capacity holds data");
     let (i, j) = (data[0], data[1]);
