@@ -26,6 +26,11 @@
 //! - Requests are served in order: a read or block-status query of a block a direct
 //!   write still carries waits until it is mapped (or moved to the cache), as does a
 //!   write that would read it to merge a partial block.
+//! - A direct write whose block a newer direct write superseded before it was mapped
+//!   waits for that write to be done too: its own block never reached the media, and
+//!   the newer one is still in DRAM, so answering it early could leave a crash with
+//!   neither (a newer user write or trim needs no wait: the durability point that
+//!   answers covers them).
 //! - A direct write is answered after its blocks are mapped (or superseded) and then
 //!   a durability point: its blocks are claimed by the journal only there, so until
 //!   then a kill of the process would lose them (the hand-off image claims chunks
@@ -67,6 +72,12 @@ struct DirectWrite {
     /// Engine clock when it was staged.
     staged_at: u64,
     done: Option<Answer>,
+    /// Newer direct writes that superseded a block of this one before it was
+    /// written or mapped, and are not done yet: this one waits for them, since its
+    /// own block never reached the media.
+    blockers: u32,
+    /// Older writes waiting for this one (see `blockers`).
+    dependents: Vec<u32>,
 }
 
 type Latest = HashMap<u64, u32, BuildHasherDefault<crate::hash::U64Hasher>>;
@@ -104,6 +115,8 @@ impl Directs {
             asn_end: 0,
             staged_at: now,
             done: Some(done),
+            blockers: 0,
+            dependents: Vec::new(),
         };
         self.blocks += n as usize;
         *self.busy.entry(chunk.0).or_default() += 1;
@@ -121,7 +134,20 @@ impl Directs {
 
     /// Block `lba` of write `id` is now the newest version of its LBA.
     pub fn claim(&mut self, id: u32, volume: VolumeId, lba: Lba) {
-        self.latest.insert(key(volume, lba), id);
+        let Some(old) = self.latest.insert(key(volume, lba), id) else {
+            return;
+        };
+        // The older write's block of this LBA will not be mapped, and this one's is
+        // still in DRAM: the older write is answered only once this one is done, so
+        // an answered write never depends on data a crash can take.
+        if old != id {
+            if let Some(w) = self.writes.get_mut(old as usize).and_then(Option::as_mut) {
+                w.blockers += 1;
+            }
+            if let Some(w) = self.writes.get_mut(id as usize).and_then(Option::as_mut) {
+                w.dependents.push(old);
+            }
+        }
     }
 
     /// Whether a direct block of `lba` is staged or being written and the newest.
@@ -175,14 +201,39 @@ impl Directs {
         if w.left > 0 {
             return false;
         }
-        self.settled.push(id);
-        if let Some(n) = self.busy.get_mut(&w.chunk.0) {
+        let chunk = w.chunk.0;
+        if let Some(n) = self.busy.get_mut(&chunk) {
             *n -= 1;
             if *n == 0 {
-                self.busy.remove(&w.chunk.0);
+                self.busy.remove(&chunk);
             }
         }
+        self.maybe_ready(id);
         true
+    }
+
+    /// A write whose blocks all settled and that waits for no newer write is ready
+    /// for the durability point that answers it; the writes waiting for it may then
+    /// be too.
+    fn maybe_ready(&mut self, id: u32) {
+        let mut work = vec![id];
+        while let Some(id) = work.pop() {
+            let Some(w) = self.writes.get_mut(id as usize).and_then(Option::as_mut) else {
+                continue;
+            };
+            if w.left > 0 || w.blockers > 0 {
+                continue;
+            }
+            self.settled.push(id);
+            for d in std::mem::take(&mut w.dependents) {
+                if let Some(dw) = self.writes.get_mut(d as usize).and_then(Option::as_mut) {
+                    dw.blockers -= 1;
+                    if dw.blockers == 0 {
+                        work.push(d);
+                    }
+                }
+            }
+        }
     }
 
     /// Write `id` waits for cache appends up to `asn_end`.
@@ -443,6 +494,27 @@ mod tests {
         assert!(d.take_done(6).is_empty());
         assert_eq!(d.take_done(7).len(), 1);
         assert!(d.is_empty() && d.blocks == 0);
+    }
+
+    /// A write whose block a newer direct write superseded before it reached a zone
+    /// is answered only after the newer one is done: its own data never reached the
+    /// media, so a crash before the newer write lands would leave neither.
+    #[test]
+    fn a_write_superseded_by_a_newer_direct_waits_for_it() {
+        let mut d = Directs::default();
+        let (a, _ra) = answer();
+        let (b, _rb) = answer();
+        let old = d.begin(RegionId(0), 2, 0, a);
+        d.claim(old, VolumeId(1), Lba(5));
+        d.claim(old, VolumeId(1), Lba(6));
+        let new = d.begin(RegionId(0), 1, 0, b);
+        d.claim(new, VolumeId(1), Lba(6));
+        d.settle(old, VolumeId(1), Lba(5));
+        d.settle(old, VolumeId(1), Lba(6));
+        assert!(d.take_done(u64::MAX).is_empty(), "the older write waits");
+        d.settle(new, VolumeId(1), Lba(6));
+        assert_eq!(d.take_done(u64::MAX).len(), 2);
+        assert!(d.is_empty());
     }
 
     #[test]
