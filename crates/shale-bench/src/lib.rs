@@ -150,6 +150,8 @@ pub struct SystemOptions {
     pub placement: shale_engine::PlacementKind,
     /// Shale: engine shards, each with drives of its own (`ShaleConfig::shards`).
     pub shards: u32,
+    /// Shale: writes this large go straight to a zone (0: none).
+    pub direct_write_min_bytes: u64,
 }
 
 impl Default for SystemOptions {
@@ -166,6 +168,7 @@ impl Default for SystemOptions {
             compaction_policy: shale_engine::CompactionPolicyKind::default(),
             placement: shale_engine::PlacementKind::default(),
             shards: 1,
+            direct_write_min_bytes: 0,
         }
     }
 }
@@ -231,6 +234,7 @@ pub fn build_system(
                 compaction_policy: opts.compaction_policy,
                 placement: opts.placement,
                 shards: opts.shards.max(1),
+                direct_write_min_bytes: opts.direct_write_min_bytes,
                 ..ShaleConfig::standard(mode, cfg.capacity_bytes, cfg.tenants)
             })
         }

@@ -81,6 +81,8 @@ pub struct ShaleConfig {
     /// has its own drives with 1/N of the zones (plus its own reserve, so the volumes
     /// and the workload are those of one shard) and 1/N of the cache.
     pub shards: u32,
+    /// Writes this large go straight to a zone (`Config::direct_write_min_bytes`).
+    pub direct_write_min_bytes: u64,
 }
 
 impl ShaleConfig {
@@ -101,6 +103,7 @@ impl ShaleConfig {
             compaction_policy: shale_engine::CompactionPolicyKind::default(),
             placement: shale_engine::PlacementKind::default(),
             shards: 1,
+            direct_write_min_bytes: 0,
         }
     }
 
@@ -178,6 +181,7 @@ pub(crate) fn engine_config(cfg: &ShaleConfig, zone_bytes: u64) -> EngineConfig 
         gc_policy: cfg.gc_policy,
         compaction_policy: cfg.compaction_policy,
         placement: cfg.placement,
+        direct_write_min_bytes: cfg.direct_write_min_bytes,
         ..EngineConfig::default()
     }
 }

@@ -125,6 +125,10 @@ struct RunArgs {
     /// zones (plus its reserve, so the volumes are one shard's) and of the cache.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
     shards: u32,
+    /// Shale: writes of at least this size (e.g. 256k) go straight to a zone instead
+    /// of through the cache; 0 sends every write through the cache.
+    #[arg(long, default_value = "0", value_parser = parse_capacity)]
+    direct_write_min: u64,
     /// Override the configuration's capacity (same shape, other size; for tests).
     #[arg(long, value_parser = parse_capacity, hide = true)]
     capacity: Option<u64>,
@@ -346,6 +350,7 @@ fn run_cmd(args: RunArgs) -> anyhow::Result<()> {
         placement: args.placement,
         streams: args.streams,
         shards: args.shards,
+        direct_write_min_bytes: args.direct_write_min,
         ..SystemOptions::default()
     };
     let mut sut = build_system(args.system, &cfg, &opts).with_context(|| {

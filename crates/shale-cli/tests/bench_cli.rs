@@ -384,3 +384,55 @@ fn trace_workloads_replay_and_bad_traces_are_refused() {
         "{stderr}"
     );
 }
+
+/// `--direct-write-min`: large sequential writes skip the cache (most of their bytes
+/// are never written to it), and the run reports the same user bytes.
+#[test]
+fn direct_writes_skip_the_cache() {
+    let run = |min: &str| {
+        run_json(&[
+            "bench",
+            "run",
+            "--system",
+            "shale-zns",
+            "--config",
+            "tiny",
+            "--workload",
+            "seq",
+            "--bs",
+            "1m",
+            "--direct-write-min",
+            min,
+            "--json",
+        ])
+    };
+    let (off, on) = (run("0"), run("256k"));
+    assert_eq!(
+        num(&off, "/bytes/user_written"),
+        num(&on, "/bytes/user_written")
+    );
+    let (c_off, c_on) = (
+        num(&off, "/bytes/cache_written"),
+        num(&on, "/bytes/cache_written"),
+    );
+    assert!(
+        c_on < c_off / 2.0,
+        "cache written {c_on} with, {c_off} without"
+    );
+    let out = shale(&[
+        "bench",
+        "run",
+        "--system",
+        "shale-zns",
+        "--config",
+        "tiny",
+        "--workload",
+        "seq",
+        "--bs",
+        "1m",
+        "--direct-write-min",
+        "6k",
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("direct_write_min_bytes"));
+}

@@ -173,6 +173,12 @@ pub struct EngineKnobs {
     /// Where the engine leaves, before it acknowledges writes, what recovers them
     /// after a kill of the daemon: a directory on tmpfs, or `off`.
     pub handoff_dir: String,
+    /// Writes at least this large (whole 4 KiB blocks) go straight to a capacity
+    /// zone instead of through the cache, answered at the next durability point;
+    /// `off` sends every write through the cache. Saves the cache's writes and
+    /// reads on large cold data; costs write amplification on data overwritten
+    /// soon, which the cache would have absorbed (docs/engine.md, "Direct writes").
+    pub direct_write_min: Size,
 }
 
 impl Default for EngineKnobs {
@@ -195,6 +201,7 @@ impl Default for EngineKnobs {
             shards: 1,
             checkpoint_interval: Size("auto".into()),
             handoff_dir: "/dev/shm".into(),
+            direct_write_min: Size("off".into()),
         }
     }
 }
@@ -253,6 +260,7 @@ impl EngineKnobs {
                 "give a directory on tmpfs, or off".into(),
             );
         }
+        self.direct_write_min_bytes()?;
         let interval = self
             .checkpoint_interval
             .bytes_or_auto("engine.checkpoint_interval")?;
@@ -266,6 +274,24 @@ impl EngineKnobs {
             );
         }
         Ok(interval)
+    }
+}
+
+impl EngineKnobs {
+    /// `direct_write_min` in bytes, 0 for `off`.
+    pub fn direct_write_min_bytes(&self) -> Result<u64, ConfigError> {
+        let field = "engine.direct_write_min";
+        if self.direct_write_min.0.trim().eq_ignore_ascii_case("off") {
+            return Ok(0);
+        }
+        let b = self.direct_write_min.bytes(field)?;
+        if b == 0 || !b.is_multiple_of(4096) {
+            return Err(ConfigError::Invalid {
+                field,
+                reason: format!("{b} bytes is not a positive multiple of 4 KiB (or off)"),
+            });
+        }
+        Ok(b)
     }
 }
 
@@ -1351,6 +1377,22 @@ mod tests {
     }
 
     #[test]
+    fn direct_write_min_reaches_the_engine() {
+        for (text, bytes) in [
+            ("", 0),
+            ("[engine]\ndirect_write_min = \"off\"\n", 0),
+            ("[engine]\ndirect_write_min = \"256KiB\"\n", 256 << 10),
+        ] {
+            let c = Config::from_toml(text, Path::new("t.toml")).expect("parses");
+            let e = crate::serve::DeviceSpec::from_config(&c)
+                .expect("valid")
+                .engine_config()
+                .expect("engine config");
+            assert_eq!(e.direct_write_min_bytes, bytes, "{text}");
+        }
+    }
+
+    #[test]
     fn engine_section_refuses_bad_values_by_name() {
         for (text, field) in [
             ("gc_policy = \"lru\"", None),
@@ -1381,6 +1423,15 @@ mod tests {
             ),
             ("handoff_dir = \"\"", Some("engine.handoff_dir")),
             ("handoff_dir = 3", None),
+            (
+                "direct_write_min = \"6KiB\"",
+                Some("engine.direct_write_min"),
+            ),
+            ("direct_write_min = \"0\"", Some("engine.direct_write_min")),
+            (
+                "direct_write_min = \"big\"",
+                Some("engine.direct_write_min"),
+            ),
         ] {
             let parsed = Config::from_toml(&format!("[engine]\n{text}\n"), Path::new("t.toml"));
             match (parsed, field) {

@@ -256,6 +256,7 @@ impl DeviceSpec {
             gc_free_zones_min: self.engine.gc_free_zones_min,
             streams_max: self.engine.streams,
             checkpoint_interval_bytes: self.engine.validate()?,
+            direct_write_min_bytes: self.engine.direct_write_min_bytes()?,
             ..EngineConfig::default()
         };
         c.validate().map_err(|e| ConfigError::Invalid {

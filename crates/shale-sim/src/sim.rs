@@ -139,8 +139,7 @@ pub struct SimConfig {
     /// in granules of 1, 2 or 16 blocks (drawn per lineage).
     pub shards: u32,
     /// Direct writes (`Config::direct_write_min_bytes`: two blocks and more go
-    /// straight to zones) in about a third of the runs. Off by default while kill
-    /// mode finds a violation with them (docs/engine.md, "Direct writes").
+    /// straight to zones) in about a third of the runs.
     pub direct_writes: bool,
 }
 
@@ -228,7 +227,7 @@ impl SimConfig {
             phantom_flushes: false,
             log: false,
             shards: 1,
-            direct_writes: false,
+            direct_writes: true,
         }
     }
 }
