@@ -3,7 +3,9 @@
 //! default), or with `--baseline shale-no-handoff` a second Shale without its
 //! hand-off store (what storing the image before each acknowledgement costs), or with
 //! `--baseline shale-one-shard` a second Shale on one engine shard while the first
-//! runs `--shards N` (what the shards buy through the whole daemon). Prints
+//! runs `--shards N` (what the shards buy through the whole daemon), or with
+//! `--baseline shale-no-direct` a second Shale without direct writes while the first
+//! runs `--direct-write-min SIZE` (`[engine] direct_write_min`). Prints
 //! each job's median IOPS and bandwidth over the repetitions, and Shale's ratio to
 //! the baseline.
 //!
@@ -58,6 +60,8 @@ pub struct Options {
     pub baseline: String,
     /// Engine shards of the Shale under test (`[engine] shards`).
     pub shards: u32,
+    /// `[engine] direct_write_min` of the Shale under test (`off` by default).
+    pub direct_write_min: String,
 }
 
 impl Options {
@@ -71,6 +75,7 @@ impl Options {
             iodepth: 32,
             baseline: "qemu-nbd".into(),
             shards: 1,
+            direct_write_min: "off".into(),
         };
         let mut it = args.iter();
         while let Some(a) = it.next() {
@@ -85,13 +90,14 @@ impl Options {
                 "--jobs" => o.jobs = val()?.parse().map_err(|e| format!("--jobs: {e}"))?,
                 "--iodepth" => o.iodepth = val()?.parse().map_err(|e| format!("--iodepth: {e}"))?,
                 "--shards" => o.shards = val()?.parse().map_err(|e| format!("--shards: {e}"))?,
+                "--direct-write-min" => o.direct_write_min = val()?,
                 "--baseline" => {
                     o.baseline = val()?;
-                    if !["qemu-nbd", "shale-no-handoff", "shale-one-shard"]
+                    if !["qemu-nbd", "shale-no-handoff", "shale-one-shard", "shale-no-direct"]
                         .contains(&o.baseline.as_str())
                     {
                         return Err(format!(
-                            "--baseline {}: qemu-nbd, shale-no-handoff or shale-one-shard",
+                            "--baseline {}: qemu-nbd, shale-no-handoff, shale-one-shard or shale-no-direct",
                             o.baseline
                         ));
                     }
@@ -331,9 +337,19 @@ pub fn run(o: &Options) -> Result<(), String> {
     std::fs::create_dir_all(&o.dir).map_err(|e| format!("{}: {e}", o.dir.display()))?;
     // The engine's shards come from a config file (`[engine] shards`).
     let conf = o.dir.join("shards.toml");
-    std::fs::write(&conf, format!("[engine]\nshards = {}\n", o.shards))
-        .map_err(|e| format!("{}: {e}", conf.display()))?;
+    std::fs::write(
+        &conf,
+        format!(
+            "[engine]\nshards = {}\ndirect_write_min = \"{}\"\n",
+            o.shards, o.direct_write_min
+        ),
+    )
+    .map_err(|e| format!("{}: {e}", conf.display()))?;
     let conf = conf.display().to_string();
+    let plain = o.dir.join("no-direct.toml");
+    std::fs::write(&plain, format!("[engine]\nshards = {}\n", o.shards))
+        .map_err(|e| format!("{}: {e}", plain.display()))?;
+    let plain = plain.display().to_string();
     let shale = start_shale(o, volume_bytes, "shale", "shale-data", &["--config", &conf])?;
     let qemu = match o.baseline.as_str() {
         "shale-no-handoff" => start_shale(
@@ -342,6 +358,13 @@ pub fn run(o: &Options) -> Result<(), String> {
             "shale-no-handoff",
             "shale-data-no-handoff",
             &["--config", &conf, "--handoff-dir", "off"],
+        )?,
+        "shale-no-direct" => start_shale(
+            o,
+            volume_bytes,
+            "shale-no-direct",
+            "shale-data-no-direct",
+            &["--config", &plain],
         )?,
         "shale-one-shard" => start_shale(
             o,
