@@ -93,8 +93,13 @@ impl Options {
                 "--direct-write-min" => o.direct_write_min = val()?,
                 "--baseline" => {
                     o.baseline = val()?;
-                    if !["qemu-nbd", "shale-no-handoff", "shale-one-shard", "shale-no-direct"]
-                        .contains(&o.baseline.as_str())
+                    if ![
+                        "qemu-nbd",
+                        "shale-no-handoff",
+                        "shale-one-shard",
+                        "shale-no-direct",
+                    ]
+                    .contains(&o.baseline.as_str())
                     {
                         return Err(format!(
                             "--baseline {}: qemu-nbd, shale-no-handoff, shale-one-shard or shale-no-direct",

@@ -386,11 +386,12 @@ fn trace_workloads_replay_and_bad_traces_are_refused() {
 }
 
 /// `--direct-write-min`: large sequential writes skip the cache (most of their bytes
-/// are never written to it), and the run reports the same user bytes.
+/// are never written to it), and the run reports the same user bytes; a size that is
+/// not whole blocks is refused.
 #[test]
 fn direct_writes_skip_the_cache() {
-    let run = |min: &str| {
-        run_json(&[
+    let args = |min: &'static str| {
+        [
             "bench",
             "run",
             "--system",
@@ -404,9 +405,9 @@ fn direct_writes_skip_the_cache() {
             "--direct-write-min",
             min,
             "--json",
-        ])
+        ]
     };
-    let (off, on) = (run("0"), run("256k"));
+    let (off, on) = (run_json(&args("0")), run_json(&args("256k")));
     assert_eq!(
         num(&off, "/bytes/user_written"),
         num(&on, "/bytes/user_written")
@@ -419,20 +420,7 @@ fn direct_writes_skip_the_cache() {
         c_on < c_off / 2.0,
         "cache written {c_on} with, {c_off} without"
     );
-    let out = shale(&[
-        "bench",
-        "run",
-        "--system",
-        "shale-zns",
-        "--config",
-        "tiny",
-        "--workload",
-        "seq",
-        "--bs",
-        "1m",
-        "--direct-write-min",
-        "6k",
-    ]);
+    let out = shale(&args("6k"));
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("direct_write_min_bytes"));
 }
