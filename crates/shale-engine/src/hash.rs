@@ -25,3 +25,29 @@ impl Hasher for U64Hasher {
 
 /// A map keyed by such `u64`s.
 pub(crate) type U64Map<V> = HashMap<u64, V, BuildHasherDefault<U64Hasher>>;
+
+/// A (volume, LBA) as one `u64` key: LBAs are below 2^58, volume ids below 64.
+pub(crate) fn pack(v: shale_format::VolumeId, lba: u64) -> u64 {
+    (u64::from(v.0) << 58) | lba
+}
+
+/// The (volume, LBA) of a key made by [`pack`].
+pub(crate) fn unpack(k: u64) -> (shale_format::VolumeId, u64) {
+    (
+        shale_format::VolumeId((k >> 58) as u32),
+        k & ((1 << 58) - 1),
+    )
+}
+
+#[cfg(test)]
+mod pack_tests {
+    use super::*;
+    use shale_format::VolumeId;
+
+    #[test]
+    fn packed_keys_roundtrip() {
+        for (v, l) in [(0u32, 0u64), (62, (1 << 58) - 1), (7, 123_456_789)] {
+            assert_eq!(unpack(pack(VolumeId(v), l)), (VolumeId(v), l));
+        }
+    }
+}

@@ -42,12 +42,12 @@
 //!   padded: compaction, which would make room, may be waiting for them.
 
 use std::collections::HashMap;
-use std::hash::BuildHasherDefault;
 
 use shale_device::{BlockDevice, ZonedDevice};
 use shale_format::{Lba, Pba, RegionId, VolumeId, BLOCK_SIZE};
 
 use crate::engine::Engine;
+use crate::hash::{pack, unpack, U64Map};
 use crate::layout::BS;
 use crate::mover::{RelocEntry, RELOCATED_POS};
 use crate::request::Answer;
@@ -80,13 +80,11 @@ struct DirectWrite {
     dependents: Vec<u32>,
 }
 
-type Latest = HashMap<u64, u32, BuildHasherDefault<crate::hash::U64Hasher>>;
-
 #[derive(Debug, Default)]
 pub(crate) struct Directs {
     writes: Vec<Option<DirectWrite>>,
     free: Vec<u32>,
-    latest: Latest,
+    latest: U64Map<u32>,
     /// Direct blocks staged or being written (the entries of `latest` and the
     /// superseded ones still staged).
     pub blocks: usize,
@@ -98,7 +96,7 @@ pub(crate) struct Directs {
 }
 
 fn key(volume: VolumeId, lba: Lba) -> u64 {
-    (u64::from(volume.0) << 58) | lba.0
+    pack(volume, lba.0)
 }
 
 impl Directs {
@@ -178,8 +176,8 @@ impl Directs {
             }
         } else {
             self.latest.retain(|&k, _| {
-                let lba = k & ((1 << 58) - 1);
-                !(k >> 58 == u64::from(volume.0) && lba >= first && lba < end)
+                let (v, lba) = unpack(k);
+                !(v == volume && lba >= first && lba < end)
             });
         }
     }
