@@ -5,7 +5,8 @@
 //! `--baseline shale-one-shard` a second Shale on one engine shard while the first
 //! runs `--shards N` (what the shards buy through the whole daemon), or with
 //! `--baseline shale-no-direct` a second Shale without direct writes while the first
-//! runs `--direct-write-min SIZE` (`[engine] direct_write_min`). Prints
+//! runs `--direct-write-min SIZE` and `--direct-write-policy P` (`[engine]
+//! direct_write_min`, `direct_write_policy`; the daemon's defaults otherwise). Prints
 //! each job's median IOPS and bandwidth over the repetitions, and Shale's ratio to
 //! the baseline.
 //!
@@ -40,6 +41,10 @@ const JOBS: &[Job] = &[
         ],
     },
     Job {
+        name: "write-1m",
+        args: &["--rw=write", "--bs=1m"],
+    },
+    Job {
         name: "randread-4k",
         args: &["--rw=randread", "--bs=4k"],
     },
@@ -60,8 +65,11 @@ pub struct Options {
     pub baseline: String,
     /// Engine shards of the Shale under test (`[engine] shards`).
     pub shards: u32,
-    /// `[engine] direct_write_min` of the Shale under test (`off` by default).
-    pub direct_write_min: String,
+    /// `[engine] direct_write_min` of the Shale under test (the daemon's default
+    /// when not given).
+    pub direct_write_min: Option<String>,
+    /// `[engine] direct_write_policy` of the Shale under test.
+    pub direct_write_policy: Option<String>,
 }
 
 impl Options {
@@ -75,7 +83,8 @@ impl Options {
             iodepth: 32,
             baseline: "qemu-nbd".into(),
             shards: 1,
-            direct_write_min: "off".into(),
+            direct_write_min: None,
+            direct_write_policy: None,
         };
         let mut it = args.iter();
         while let Some(a) = it.next() {
@@ -90,7 +99,8 @@ impl Options {
                 "--jobs" => o.jobs = val()?.parse().map_err(|e| format!("--jobs: {e}"))?,
                 "--iodepth" => o.iodepth = val()?.parse().map_err(|e| format!("--iodepth: {e}"))?,
                 "--shards" => o.shards = val()?.parse().map_err(|e| format!("--shards: {e}"))?,
-                "--direct-write-min" => o.direct_write_min = val()?,
+                "--direct-write-min" => o.direct_write_min = Some(val()?),
+                "--direct-write-policy" => o.direct_write_policy = Some(val()?),
                 "--baseline" => {
                     o.baseline = val()?;
                     if ![
@@ -342,18 +352,26 @@ pub fn run(o: &Options) -> Result<(), String> {
     std::fs::create_dir_all(&o.dir).map_err(|e| format!("{}: {e}", o.dir.display()))?;
     // The engine's shards come from a config file (`[engine] shards`).
     let conf = o.dir.join("shards.toml");
-    std::fs::write(
-        &conf,
-        format!(
-            "[engine]\nshards = {}\ndirect_write_min = \"{}\"\n",
-            o.shards, o.direct_write_min
-        ),
-    )
-    .map_err(|e| format!("{}: {e}", conf.display()))?;
+    let mut text = format!("[engine]\nshards = {}\n", o.shards);
+    for (key, value) in [
+        ("direct_write_min", &o.direct_write_min),
+        ("direct_write_policy", &o.direct_write_policy),
+    ] {
+        if let Some(v) = value {
+            text += &format!("{key} = \"{v}\"\n");
+        }
+    }
+    std::fs::write(&conf, text).map_err(|e| format!("{}: {e}", conf.display()))?;
     let conf = conf.display().to_string();
     let plain = o.dir.join("no-direct.toml");
-    std::fs::write(&plain, format!("[engine]\nshards = {}\n", o.shards))
-        .map_err(|e| format!("{}: {e}", plain.display()))?;
+    std::fs::write(
+        &plain,
+        format!(
+            "[engine]\nshards = {}\ndirect_write_min = \"off\"\n",
+            o.shards
+        ),
+    )
+    .map_err(|e| format!("{}: {e}", plain.display()))?;
     let plain = plain.display().to_string();
     let shale = start_shale(o, volume_bytes, "shale", "shale-data", &["--config", &conf])?;
     let qemu = match o.baseline.as_str() {

@@ -150,8 +150,10 @@ pub struct SystemOptions {
     pub placement: shale_engine::PlacementKind,
     /// Shale: engine shards, each with drives of its own (`ShaleConfig::shards`).
     pub shards: u32,
-    /// Shale: writes this large go straight to a zone (0: none).
+    /// Shale: writes this large go straight to a zone (0: none)...
     pub direct_write_min_bytes: u64,
+    /// ... all of them, or those that continue a sequential run.
+    pub direct_write_policy: shale_engine::DirectWritePolicy,
 }
 
 impl Default for SystemOptions {
@@ -169,6 +171,7 @@ impl Default for SystemOptions {
             placement: shale_engine::PlacementKind::default(),
             shards: 1,
             direct_write_min_bytes: 0,
+            direct_write_policy: shale_engine::DirectWritePolicy::default(),
         }
     }
 }
@@ -235,6 +238,7 @@ pub fn build_system(
                 placement: opts.placement,
                 shards: opts.shards.max(1),
                 direct_write_min_bytes: opts.direct_write_min_bytes,
+                direct_write_policy: opts.direct_write_policy,
                 ..ShaleConfig::standard(mode, cfg.capacity_bytes, cfg.tenants)
             })
         }

@@ -83,6 +83,8 @@ pub struct ShaleConfig {
     pub shards: u32,
     /// Writes this large go straight to a zone (`Config::direct_write_min_bytes`).
     pub direct_write_min_bytes: u64,
+    /// Which of them (`Config::direct_write_policy`).
+    pub direct_write_policy: shale_engine::DirectWritePolicy,
 }
 
 impl ShaleConfig {
@@ -104,6 +106,7 @@ impl ShaleConfig {
             placement: shale_engine::PlacementKind::default(),
             shards: 1,
             direct_write_min_bytes: 0,
+            direct_write_policy: shale_engine::DirectWritePolicy::default(),
         }
     }
 
@@ -182,6 +185,7 @@ pub(crate) fn engine_config(cfg: &ShaleConfig, zone_bytes: u64) -> EngineConfig 
         compaction_policy: cfg.compaction_policy,
         placement: cfg.placement,
         direct_write_min_bytes: cfg.direct_write_min_bytes,
+        direct_write_policy: cfg.direct_write_policy,
         ..EngineConfig::default()
     }
 }

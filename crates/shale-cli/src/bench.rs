@@ -129,6 +129,10 @@ struct RunArgs {
     /// of through the cache; 0 sends every write through the cache.
     #[arg(long, default_value = "0", value_parser = parse_capacity)]
     direct_write_min: u64,
+    /// Shale: which of those writes go to a zone: sequential (those that start where
+    /// a large write of their volume ended) or any.
+    #[arg(long, default_value = "sequential")]
+    direct_write_policy: shale_engine::DirectWritePolicy,
     /// Override the configuration's capacity (same shape, other size; for tests).
     #[arg(long, value_parser = parse_capacity, hide = true)]
     capacity: Option<u64>,
@@ -351,6 +355,7 @@ fn run_cmd(args: RunArgs) -> anyhow::Result<()> {
         streams: args.streams,
         shards: args.shards,
         direct_write_min_bytes: args.direct_write_min,
+        direct_write_policy: args.direct_write_policy,
         ..SystemOptions::default()
     };
     let mut sut = build_system(args.system, &cfg, &opts).with_context(|| {

@@ -424,3 +424,40 @@ fn direct_writes_skip_the_cache() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("direct_write_min_bytes"));
 }
+
+/// `--direct-write-policy`: under `sequential` (the default) large writes at random
+/// places go through the cache as without direct writes, under `any` most skip it.
+#[test]
+fn the_sequential_policy_leaves_random_writes_to_the_cache() {
+    let args = |min: &'static str, policy: &'static str| {
+        [
+            "bench",
+            "run",
+            "--system",
+            "shale-zns",
+            "--config",
+            "tiny",
+            "--workload",
+            "uniform",
+            "--bs",
+            "256k",
+            "--direct-write-min",
+            min,
+            "--direct-write-policy",
+            policy,
+            "--json",
+        ]
+    };
+    let cache = |v: &serde_json::Value| num(v, "/bytes/cache_written");
+    let off = cache(&run_json(&args("0", "sequential")));
+    let sequential = cache(&run_json(&args("256k", "sequential")));
+    let any = cache(&run_json(&args("256k", "any")));
+    assert!(
+        sequential > off * 0.8,
+        "sequential: cache written {sequential}, {off} without direct writes"
+    );
+    assert!(any < off / 2.0, "any: cache written {any}, {off} without");
+    let out = shale(&args("256k", "sometimes"));
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("sometimes"));
+}

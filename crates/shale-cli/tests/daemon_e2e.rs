@@ -502,7 +502,9 @@ fn a_second_daemon_or_format_on_devices_in_use_is_refused() {
 
 /// `[engine]` in the config file reaches the engine: with compaction asked to keep
 /// 90% of the cache free, 64 MiB written to a 256 MiB cache is moved to the
-/// capacity device; with the default 20% it stays in the cache.
+/// capacity device; with the default 20% it stays in the cache, but for the
+/// sequential run past its first MiB, which goes straight to zones (direct writes,
+/// on by default); with them off, all of it stays.
 #[test]
 fn engine_section_of_the_config_file_sets_the_policies() {
     require("qemu-io", "qemu-utils");
@@ -517,23 +519,42 @@ fn engine_section_of_the_config_file_sets_the_policies() {
             &d.uri("default"),
         ]));
     };
+    // Bytes compaction wrote to zones (with direct writes' blocks, whose groups it
+    // shares), chunks it emptied, and bytes of writes that went straight to zones.
     let moved = |d: &Daemon| {
-        d.stats()["bytes"]["capacity_compaction_written"]
-            .as_u64()
-            .unwrap_or(0)
+        let s = d.stats();
+        let n = |v: &serde_json::Value| v.as_u64().unwrap_or(0);
+        (
+            n(&s["bytes"]["capacity_compaction_written"]),
+            n(&s["work"]["compaction_victims"]),
+            n(&s["bytes"]["user_direct_written"]),
+        )
     };
     let mut plain = Daemon::start();
     // Zones emulated on a file: GC's `auto` policy resets them in the order written.
     assert!(plain.log().contains("gc_policy=Fifo"), "{}", plain.log());
     write_64m(&plain);
     std::thread::sleep(Duration::from_millis(500));
-    assert_eq!(moved(&plain), 0, "compaction ran at the default threshold");
+    let (_, victims, direct) = moved(&plain);
+    assert_eq!(victims, 0, "compaction ran at the default threshold");
+    assert!(direct >= 32 << 20, "direct writes: {direct} bytes");
     plain.stop();
+
+    let off = tempfile::NamedTempFile::new().expect("config file");
+    std::fs::write(off.path(), "[engine]\ndirect_write_min = \"off\"\n").expect("write config");
+    let mut args = vec!["--config".to_string(), off.path().display().to_string()];
+    args.extend(SMALL_DEVICES.iter().map(|s| s.to_string()));
+    let mut d = Daemon::start_with(args);
+    write_64m(&d);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(moved(&d), (0, 0, 0), "direct writes off");
+    d.stop();
 
     let conf = tempfile::NamedTempFile::new().expect("config file");
     std::fs::write(
         conf.path(),
-        "[engine]\ngc_policy = \"cost-benefit\"\ncompaction_free_chunks_pct = 90\n",
+        "[engine]\ngc_policy = \"cost-benefit\"\ncompaction_free_chunks_pct = 90\n\
+         direct_write_min = \"off\"\n",
     )
     .expect("write config");
     let mut args = vec!["--config".to_string(), conf.path().display().to_string()];
@@ -547,7 +568,7 @@ fn engine_section_of_the_config_file_sets_the_policies() {
     );
     write_64m(&eager);
     let deadline = Instant::now() + Duration::from_secs(20);
-    while moved(&eager) < 32 << 20 {
+    while moved(&eager).0 < 32 << 20 {
         assert!(
             Instant::now() < deadline,
             "compaction did not run at 90%: {}",

@@ -233,6 +233,8 @@ pub fn stats_json(s: &Stats) -> Value {
             "capacity_written": s.capacity_write_bytes(),
             "capacity_pad": s.capacity_pad_bytes,
             "capacity_read": s.capacity_read_bytes,
+            "user_direct_written": s.direct_write_bytes,
+            "capacity_direct_written": s.capacity_direct_write_bytes,
         },
         "waf": { "layer": s.layer_waf(), "cache": s.cache_waf() },
         "l2p": {
@@ -272,6 +274,9 @@ pub fn stats_json(s: &Stats) -> Value {
             "scrub_bytes": s.scrub_bytes,
             "scrub_errors": s.scrub_errors,
             "scrub_mapping_errors": s.scrub_mapping_errors,
+            "direct_blocks_mapped": s.direct_blocks_mapped,
+            "direct_blocks_superseded": s.direct_blocks_superseded,
+            "direct_blocks_to_cache": s.direct_blocks_to_cache,
         },
     })
 }
@@ -462,6 +467,16 @@ pub fn metrics(b: &EngineBackend, drive: Option<&DriveStats>) -> Vec<Metric> {
             "shale_capacity_compaction_written_bytes_total",
             "Bytes written to capacity zones by compaction.",
             s.capacity_compaction_write_bytes,
+        ),
+        c(
+            "shale_user_direct_written_bytes_total",
+            "Bytes of client writes sent straight to capacity zones (direct writes).",
+            s.direct_write_bytes,
+        ),
+        c(
+            "shale_capacity_direct_written_bytes_total",
+            "Bytes direct writes put in capacity zones (inside compaction's figure).",
+            s.capacity_direct_write_bytes,
         ),
         c(
             "shale_capacity_gc_written_bytes_total",

@@ -21,7 +21,8 @@ use shale_shards::ShardsError;
 use crate::admin::{AdminError, AdminServer};
 use crate::backend::{CacheDevice, CapacityDevice, Engine, EngineBackend};
 use crate::config::{
-    CapacityMode, CompactionPolicy, Config, ConfigError, EngineKnobs, GcPolicy, Paths, Placement,
+    CapacityMode, CompactionPolicy, Config, ConfigError, DirectWritePolicy, EngineKnobs, GcPolicy,
+    Paths, Placement,
 };
 use crate::devices::{CacheMember, CapacityMember, Devices};
 use crate::drive::DriveStats;
@@ -257,6 +258,10 @@ impl DeviceSpec {
             streams_max: self.engine.streams,
             checkpoint_interval_bytes: self.engine.validate()?,
             direct_write_min_bytes: self.engine.direct_write_min_bytes()?,
+            direct_write_policy: match self.engine.direct_write_policy {
+                DirectWritePolicy::Sequential => shale_engine::DirectWritePolicy::Sequential,
+                DirectWritePolicy::Any => shale_engine::DirectWritePolicy::Any,
+            },
             ..EngineConfig::default()
         };
         c.validate().map_err(|e| ConfigError::Invalid {

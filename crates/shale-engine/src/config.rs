@@ -7,6 +7,40 @@ use crate::placement::PlacementKind;
 use crate::ConfigError;
 use shale_format::{ShardTag, GROUP_BLOCKS, SHARDS_MAX, VOLUMES_MAX};
 
+/// Which large writes go straight to a zone (`write/direct.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DirectWritePolicy {
+    /// Only a write that starts where an earlier large write of its volume ended
+    /// (`write/sequential.rs`): sequential runs are cold, large random writes often
+    /// hot, and the cache absorbs their overwrites.
+    #[default]
+    Sequential,
+    /// Every large write.
+    Any,
+}
+
+impl std::str::FromStr for DirectWritePolicy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "sequential" => Ok(DirectWritePolicy::Sequential),
+            "any" => Ok(DirectWritePolicy::Any),
+            other => Err(format!(
+                "unknown direct write policy {other:?} (expected sequential or any)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for DirectWritePolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            DirectWritePolicy::Sequential => "sequential",
+            DirectWritePolicy::Any => "any",
+        })
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     // ---- recorded at format time ----
@@ -101,6 +135,8 @@ pub struct Config {
     /// instead of through the cache (`write/direct.rs`); 0 sends every write through
     /// the cache.
     pub direct_write_min_bytes: u64,
+    /// Which writes of at least `direct_write_min_bytes` go straight to a zone.
+    pub direct_write_policy: DirectWritePolicy,
     /// How long (engine clock, microseconds) a direct write's blocks wait for a zone
     /// group to fill before they go to the cache instead.
     pub direct_linger_us: u64,
@@ -140,6 +176,7 @@ impl Default for Config {
             stuck_after_ms: 60_000,
             scrub_bytes_per_sec: 0,
             direct_write_min_bytes: 0,
+            direct_write_policy: DirectWritePolicy::Sequential,
             direct_linger_us: 2_000,
         }
     }

@@ -883,14 +883,18 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         done: Answer,
     ) -> Result<Option<(Vec<u8>, Answer)>, EngineError> {
         let len = data.len() as u64;
-        if self.takes_direct(offset, len) {
-            return self.start_direct(slot, offset, data, done);
+        let back = if self.takes_direct(slot, offset, len) {
+            self.start_direct(slot, offset, data, done)?
+        } else if self.edges_wait_for_directs(slot, offset, len) {
+            Some((data, done))
+        } else {
+            self.writer
+                .start_write(&mut self.core, slot, offset, data, fua, done)?
+        };
+        if back.is_none() {
+            self.note_write(slot, offset, len);
         }
-        if self.edges_wait_for_directs(slot, offset, len) {
-            return Ok(Some((data, done)));
-        }
-        self.writer
-            .start_write(&mut self.core, slot, offset, data, fua, done)
+        Ok(back)
     }
 
     #[allow(clippy::type_complexity)]

@@ -67,7 +67,7 @@ mod write;
 pub use check::{check, CheckCounts, CheckOptions, CheckReport, Finding, Severity};
 pub use clock::{Clock, ManualClock, MonotonicClock};
 pub use compaction::policy::{CompactionPolicyKind, RegionSnapshot, VictimPolicy};
-pub use config::Config;
+pub use config::{Config, DirectWritePolicy};
 pub use engine::{Engine, Location, Tier};
 pub use error::{
     ConfigError, EngineError, FormatDeviceError, OpenError, RecoveryError, SelfCheckError,

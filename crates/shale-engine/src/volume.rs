@@ -294,6 +294,7 @@ pub(crate) fn delete(
         unreachable!("resolved above");
     };
     writer.unmap_range(core, id, 0, size)?;
+    core.directs.sequential.forget(id);
     core.l2p.remove_volume(id);
     core.volumes.table.entries.retain(|e| e.id != id);
     Ok(VolumeChange {

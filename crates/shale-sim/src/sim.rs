@@ -635,6 +635,7 @@ impl Sim {
             } else {
                 0
             };
+        config.direct_write_policy = shale_engine::DirectWritePolicy::Any;
         let shards = self.cfg.shards.max(1) as usize;
         if shards > 1 {
             // Granules of 1, 2 or 16 blocks: the smaller, the more requests split.

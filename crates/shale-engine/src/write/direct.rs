@@ -51,6 +51,8 @@ use crate::hash::{pack, unpack, U64Map};
 use crate::layout::BS;
 use crate::mover::{RelocEntry, RELOCATED_POS};
 use crate::request::Answer;
+use crate::write::sequential::SequentialStreams;
+use crate::DirectWritePolicy;
 use crate::{Clock, EngineError};
 
 /// A staged entry that is no direct write's block.
@@ -93,6 +95,8 @@ pub(crate) struct Directs {
     pub settled: Vec<u32>,
     /// Per user chunk, the writes with a slot in it and blocks not yet settled.
     busy: HashMap<u32, u32>,
+    /// Where large writes ended (`DirectWritePolicy::Sequential`).
+    pub sequential: SequentialStreams,
 }
 
 fn key(volume: VolumeId, lba: Lba) -> u64 {
@@ -300,13 +304,34 @@ impl Directs {
 impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     /// Whether a write of `len` bytes at `offset` goes straight to a zone: large
     /// enough, whole blocks, and room to stage it.
-    pub(crate) fn takes_direct(&self, offset: u64, len: u64) -> bool {
+    pub(crate) fn takes_direct(&self, volume: VolumeId, offset: u64, len: u64) -> bool {
         let min = self.core.config.direct_write_min_bytes;
         min != 0
             && len >= min
             && offset.is_multiple_of(BS)
             && len.is_multiple_of(BS)
             && self.core.directs.blocks + (len / BS) as usize <= DIRECT_STAGED_MAX
+            && match self.core.config.direct_write_policy {
+                DirectWritePolicy::Any => true,
+                DirectWritePolicy::Sequential => {
+                    self.core.directs.sequential.continues(volume, offset / BS)
+                }
+            }
+    }
+
+    /// A write of `offset..offset + len` was taken (into the cache or straight to a
+    /// zone): a large one extends its volume's sequential stream.
+    pub(crate) fn note_write(&mut self, volume: VolumeId, offset: u64, len: u64) {
+        let min = self.core.config.direct_write_min_bytes;
+        if min != 0
+            && len >= min
+            && self.core.config.direct_write_policy == DirectWritePolicy::Sequential
+        {
+            self.core
+                .directs
+                .sequential
+                .note(volume, offset / BS, (offset + len).div_ceil(BS));
+        }
     }
 
     /// A write whose partial edge blocks would be read and merged while a direct

@@ -15,4 +15,5 @@ pub(crate) mod chunk_writer;
 pub(crate) mod direct;
 pub(crate) mod group;
 pub(crate) mod runs;
+pub(crate) mod sequential;
 pub(crate) mod user_write;

@@ -7,11 +7,12 @@ use std::sync::{Arc, Mutex};
 use crate::common::rig::*;
 use crate::common::*;
 use shale_device::CrashMode;
-use shale_engine::{Config, Engine, ManualClock, Reply, Request, VolumeUid};
+use shale_engine::{Config, DirectWritePolicy, Engine, ManualClock, Reply, Request, VolumeUid};
 
 fn direct_config() -> Config {
     Config {
         direct_write_min_bytes: 16 * 1024,
+        direct_write_policy: DirectWritePolicy::Any,
         request_bytes_max: 1 << 20,
         write_buffers_max: 8,
         ..tiny_config()
@@ -76,6 +77,58 @@ fn small_writes_and_directs_off_use_the_cache() {
     write(&mut e, v, 0, &pattern(1, 12 * 1024)).unwrap();
     write(&mut e, v, 512, &pattern(2, 64 * 1024)).unwrap();
     assert_eq!(e.stats().direct_write_bytes, 0);
+}
+
+/// Under the sequential policy a large write goes to a zone only once its volume
+/// has written a run of 1 MiB in order before it; large writes elsewhere, another
+/// volume's, and a run broken by a jump go through the cache.
+#[test]
+fn the_sequential_policy_sends_only_runs_to_zones() {
+    let (c, z) = devices(128 + 8 * 256, 28);
+    let config = Config {
+        direct_write_policy: DirectWritePolicy::Sequential,
+        direct_write_min_bytes: 64 * 1024,
+        ..direct_config()
+    };
+    let mut e = Engine::format(c, z, ManualClock::new(), config.clone()).unwrap();
+    let a = create(&mut e, "a", 4 << 20);
+    let b = create(&mut e, "b", 4 << 20);
+    let mut model = vec![0u8; 4 << 20];
+    let mut put = |e: &mut Eng, v, off: u64, seed: u64| {
+        let data = pattern(seed, 65536);
+        write(e, v, off, &data).unwrap();
+        if v == a {
+            model[off as usize..off as usize + 65536].copy_from_slice(&data);
+        }
+    };
+    // 16 writes of 64 KiB in order (1 MiB) go through the cache; the 17th on is a
+    // run, except in volume b, which never wrote the blocks before.
+    for i in 0..16 {
+        put(&mut e, a, i * 65536, i);
+    }
+    assert_eq!(e.stats().direct_write_bytes, 0);
+    put(&mut e, b, 16 * 65536, 99);
+    assert_eq!(e.stats().direct_write_bytes, 0, "another volume's run");
+    for i in 16..24 {
+        put(&mut e, a, i * 65536, i);
+    }
+    assert_eq!(e.stats().direct_write_bytes, 8 * 65536);
+    // A jump starts a new run; a write at random is no run either.
+    put(&mut e, a, 40 * 65536, 40);
+    put(&mut e, a, 3 * 65536, 41);
+    assert_eq!(e.stats().direct_write_bytes, 8 * 65536);
+    // The run goes on where it stopped.
+    put(&mut e, a, 24 * 65536, 24);
+    assert_eq!(e.stats().direct_write_bytes, 9 * 65536);
+    let all = |e: &mut Eng| -> Vec<u8> {
+        (0..4u64)
+            .flat_map(|m| read(e, a, m << 20, 1 << 20).unwrap())
+            .collect()
+    };
+    assert!(all(&mut e) == model);
+    e.self_check().unwrap();
+    let mut e = reopen(e, config);
+    assert!(all(&mut e) == model);
 }
 
 /// Writes queued together share zone groups; later cache writes, trims and

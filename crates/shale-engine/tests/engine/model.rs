@@ -22,6 +22,14 @@ enum Op {
         seed: u64,
         fua: bool,
     },
+    /// A write where the volume's last append ended (from its start past the end):
+    /// sequential runs among the random writes, which direct writes under the
+    /// sequential policy follow.
+    Append {
+        vol: u8,
+        len: u32,
+        seed: u64,
+    },
     Read {
         vol: u8,
         at: u32,
@@ -67,6 +75,7 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         100 => (any::<u8>(), any::<u32>(), len.clone(), any::<u64>(), prop::bool::weighted(0.05))
             .prop_map(|(vol, at, len, seed, fua)| Op::Write { vol, at, len, seed, fua }),
+        30 => (any::<u8>(), len.clone(), any::<u64>()).prop_map(|(vol, len, seed)| Op::Append { vol, len, seed }),
         25 => (any::<u8>(), any::<u32>(), 1u32..40_000).prop_map(|(vol, at, len)| Op::Read { vol, at, len }),
         4 => (any::<u8>(), any::<u32>(), 1u32..60_000).prop_map(|(vol, at, len)| Op::Trim { vol, at, len }),
         3 => (any::<u8>(), any::<u32>(), 1u32..30_000).prop_map(|(vol, at, len)| Op::Zeroes { vol, at, len }),
@@ -91,6 +100,13 @@ fn model_config(streams_max: u32) -> Config {
         // Writes of 4 blocks and more go straight to zones (alone, each falls back
         // to the cache at once; the crash tests queue them together).
         direct_write_min_bytes: 16 * 1024,
+        // Every such write with two streams; with more, only those that continue a
+        // sequential run (the model's writes land at random: a few do).
+        direct_write_policy: if streams_max == 2 {
+            shale_engine::DirectWritePolicy::Any
+        } else {
+            shale_engine::DirectWritePolicy::Sequential
+        },
         // ... and lifetime placement (two streams: one per class).
         placement: if streams_max == 2 {
             shale_engine::PlacementKind::Lifetime
@@ -114,6 +130,8 @@ struct World {
     /// Uids of deleted volumes.
     deleted: Vec<VolumeUid>,
     names: u32,
+    /// Where each volume's last append ended.
+    ends: BTreeMap<VolumeUid, u64>,
 }
 
 impl World {
@@ -133,6 +151,29 @@ impl World {
         (off, u64::from(len).min(size - off).max(1))
     }
 
+    fn write(
+        &mut self,
+        v: VolumeUid,
+        off: u64,
+        len: u64,
+        seed: u64,
+        fua: bool,
+    ) -> Result<(), TestCaseError> {
+        let data = pattern(seed, len as usize);
+        let r = call(
+            self.e(),
+            Request::Write {
+                volume: v,
+                offset: off,
+                data: data.clone(),
+                fua,
+            },
+        );
+        prop_assert!(r.is_ok(), "write {v} {off}+{len}: {r:?}");
+        self.model.get_mut(&v).unwrap()[off as usize..(off + len) as usize].copy_from_slice(&data);
+        Ok(())
+    }
+
     fn step(&mut self, op: &Op) -> Result<(), TestCaseError> {
         match *op {
             Op::Write {
@@ -146,19 +187,22 @@ impl World {
                     return Ok(());
                 };
                 let (off, len) = self.range(v, at, len);
-                let data = pattern(seed, len as usize);
-                let r = call(
-                    self.e(),
-                    Request::Write {
-                        volume: v,
-                        offset: off,
-                        data: data.clone(),
-                        fua,
-                    },
-                );
-                prop_assert!(r.is_ok(), "write {v} {off}+{len}: {r:?}");
-                self.model.get_mut(&v).unwrap()[off as usize..(off + len) as usize]
-                    .copy_from_slice(&data);
+                self.write(v, off, len, seed, fua)?;
+            }
+            Op::Append { vol, len, seed } => {
+                let Some(v) = self.pick(vol) else {
+                    return Ok(());
+                };
+                let size = self.model[&v].len() as u64;
+                let at = self
+                    .ends
+                    .get(&v)
+                    .copied()
+                    .filter(|&e| e < size)
+                    .unwrap_or(0);
+                let (off, len) = self.range(v, at as u32, len);
+                self.write(v, off, len, seed, false)?;
+                self.ends.insert(v, off + len);
             }
             Op::Read { vol, at, len } => self.read_and_compare(vol, at, len)?,
             Op::Trim { vol, at, len } | Op::Zeroes { vol, at, len } => {
@@ -383,6 +427,7 @@ fn run_case(ops: &[Op], streams: u32) -> Result<(), TestCaseError> {
         model: BTreeMap::new(),
         deleted: Vec::new(),
         names: 0,
+        ends: BTreeMap::new(),
     };
     // Start with two volumes so most sequences do I/O.
     let cap_blocks = w.e().user_capacity_bytes() / 4096;
@@ -456,6 +501,7 @@ struct Totals {
     checkpoints: u64,
     pad_bytes: u64,
     superseded: u64,
+    direct_bytes: u64,
 }
 
 impl Totals {
@@ -469,6 +515,7 @@ impl Totals {
         self.checkpoints += s.checkpoints;
         self.pad_bytes += s.capacity_pad_bytes;
         self.superseded += s.relocations_superseded;
+        self.direct_bytes += s.direct_write_bytes;
     }
 }
 
@@ -482,6 +529,7 @@ const ZERO: Totals = Totals {
     checkpoints: 0,
     pad_bytes: 0,
     superseded: 0,
+    direct_bytes: 0,
 };
 static TOTALS: [std::sync::Mutex<Totals>; 3] = [
     std::sync::Mutex::new(ZERO),
@@ -526,6 +574,7 @@ fn run_model(cases: u32, max_ops: usize, streams: u32, require_gc: bool) {
         t.compaction_victims > 0 && t.zone_resets > 0 && (t.gc_victims > 0 || !require_gc),
         "background work never ran: {t:?}"
     );
+    assert!(t.direct_bytes > 0, "no direct write ran: {t:?}");
 }
 
 #[test]
