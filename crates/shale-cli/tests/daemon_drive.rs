@@ -183,7 +183,7 @@ fn qlc_drive_counters_in_stats_and_metrics() {
 }
 
 #[test]
-fn drive_section_absent_without_a_drive_and_present_for_zns() {
+fn drive_section_absent_without_a_drive_and_present_for_zns_and_smr() {
     let mut plain = Daemon::start_with(small_args(&[]));
     let s = plain.stats();
     assert!(s.get("drive").is_none(), "{s}");
@@ -195,5 +195,14 @@ fn drive_section_absent_without_a_drive_and_present_for_zns() {
     let s = zns.stats();
     assert_eq!(s["drive"]["preset"], "zns-qlc", "{s}");
     assert!(num(&s["drive"], &["bytes", "host_read"]) > 0.0, "{s}");
+    assert!(num(&s["drive"], &["head_moves"]) > 0.0, "{s}");
     zns.stop();
+
+    // A host-managed SMR disk, zoned too: the same reads cost it seeks (5.9 ms each).
+    let mut smr = Daemon::start_with(small_args(&["--drive", "smr-hm"]));
+    let s = smr.stats();
+    assert_eq!(s["drive"]["preset"], "smr-hm", "{s}");
+    assert!(num(&s["drive"], &["head_moves"]) > 0.0, "{s}");
+    assert!(num(&s["drive"], &["busy_s"]) > 0.005, "{s}");
+    smr.stop();
 }

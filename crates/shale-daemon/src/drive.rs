@@ -76,6 +76,7 @@ pub fn drive_json(preset: &str, f: &FlashStats, user_written: u64) -> Value {
             "nand_erased": f.nand_bytes_erased,
         },
         "erases": f.erases,
+        "head_moves": f.head_moves,
         "waf": {
             "device": ratio(f.nand_bytes_written, f.host_bytes_written),
             "gc": ratio(f.nand_bytes_written, host_programs),
@@ -131,6 +132,11 @@ pub fn drive_metrics(preset: &str, f: &FlashStats, user_written: u64) -> Vec<Met
             "shale_drive_erases_total",
             "Erase operations of the simulated drive.",
             f.erases,
+        ),
+        c(
+            "shale_drive_head_moves_total",
+            "Commands that did not continue the one before (a simulated disk seeks).",
+            f.head_moves,
         ),
         sample(
             "shale_drive_busy_seconds_total",
@@ -197,7 +203,15 @@ mod tests {
         keys.sort_unstable();
         assert_eq!(
             keys,
-            ["busy_s", "bytes", "erases", "preset", "since", "waf"],
+            [
+                "busy_s",
+                "bytes",
+                "erases",
+                "head_moves",
+                "preset",
+                "since",
+                "waf"
+            ],
             "{v}"
         );
     }

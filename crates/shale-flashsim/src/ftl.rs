@@ -618,6 +618,7 @@ mod tests {
             program_bytes_per_sec: 2.5e9,
             read_bytes_per_sec: 6e9,
             erase_bytes_per_sec: 250e9,
+            positioning_secs: 0.0,
         }
     }
 

@@ -59,7 +59,21 @@ pub struct Preset {
 }
 
 /// Every preset name, in the order `preset` documents them.
-pub const PRESET_NAMES: [&str; 4] = ["qlc-p5316", "tlc", "optane", "zns-qlc"];
+pub const PRESET_NAMES: [&str; 6] = ["qlc-p5316", "tlc", "optane", "zns-qlc", "hdd", "smr-hm"];
+
+/// A 7,200 rpm enterprise disk of the 20-26 TB generation: ~270 MB/s on the outer
+/// tracks, ~170 random 4 KiB reads a second with command queueing (a seek and half a
+/// turn, reordered). Vendors state random IOPS for reads only; writes to a disk cost
+/// the same positioning.
+const DISK_DATASHEET: Datasheet = Datasheet {
+    seq_read_mb_s: 270.0,
+    seq_write_mb_s: 270.0,
+    rand_read_4k_iops: 170.0,
+    rand_write_4k_iops: 170.0,
+    rand_write_64k_iops: None,
+    read_latency_us: Some(4_170.0),
+    write_latency_us: None,
+};
 
 /// The P5316 as the CSAL paper (seed 000 §6.1) states it when throttling the ZN540s to
 /// match it: 6 GB/s read, 2.5 GB/s write; random IOPS from its Table 1 (QLC column,
@@ -164,14 +178,49 @@ pub fn preset(name: &str) -> Result<Preset, FlashSimError> {
             source: "seed 000 §6.1 (ZN540s throttled to 6 GB/s read, 2.5 GB/s write); \
                      P5316 figures as for qlc-p5316",
         },
-        _ => {
-            return Err(FlashSimError::UnknownPreset {
-                name: name.to_string(),
-                valid: PRESET_NAMES.join(", "),
-            })
-        }
+        _ => match disk_preset(name) {
+            Some(p) => p,
+            None => {
+                return Err(FlashSimError::UnknownPreset {
+                    name: name.to_string(),
+                    valid: PRESET_NAMES.join(", "),
+                })
+            }
+        },
     };
     Ok(p)
+}
+
+/// The disk presets (the slow tier of a hybrid pool).
+fn disk_preset(name: &str) -> Option<Preset> {
+    Some(match name {
+        "hdd" => Preset {
+            name: "hdd",
+            drive: "a 7,200 rpm enterprise disk (CMR), e.g. Seagate Exos X20 or WD \
+                    Ultrastar DC HC560",
+            // A conventional disk writes sectors in place: no FTL, no garbage collection.
+            kind: PresetKind::InPlace,
+            datasheet: DISK_DATASHEET,
+            timing: TimingModel::from_disk_datasheet(&DISK_DATASHEET),
+            source: "vendor datasheets of 20 TB 7,200 rpm disks (sustained transfer \
+                     ~270-285 MB/s, random reads ~170 IOPS at queue depth 16)",
+        },
+        "smr-hm" => Preset {
+            name: "smr-hm",
+            drive: "a host-managed SMR disk, e.g. WD Ultrastar DC HC670 (26 TB, 256 MiB \
+                    zones)",
+            // Zones written sequentially; a reset rewrites nothing (shingled tracks are
+            // simply written over later), so it erases no media.
+            kind: PresetKind::Zoned {
+                erase_unit_bytes: None,
+            },
+            datasheet: DISK_DATASHEET,
+            timing: TimingModel::from_disk_datasheet(&DISK_DATASHEET),
+            source: "vendor datasheets of host-managed SMR disks (ZBC/ZAC, 256 MiB \
+                     zones, sustained transfer ~260 MB/s); positioning as for hdd",
+        },
+        _ => return None,
+    })
 }
 
 impl Preset {
@@ -221,5 +270,18 @@ mod tests {
         // 65536 IUs / 228 = 287.4 -> 287 IUs, 18.8 MB.
         assert_eq!(g.ius_per_superblock, 287);
         assert!(preset("zns-qlc").and_then(|p| p.ftl_config()).is_err());
+    }
+
+    #[test]
+    fn disks_pay_for_positioning_and_flash_does_not() {
+        for name in PRESET_NAMES {
+            let p = preset(name).expect("listed");
+            let disk = matches!(name, "hdd" | "smr-hm");
+            assert_eq!(p.timing.positions(), disk, "{name}");
+        }
+        // About 170 random reads a second.
+        let t = preset("hdd").expect("hdd").timing;
+        let iops = 1.0 / (t.positioning_secs + 4096.0 / t.read_bytes_per_sec);
+        assert!((165.0..171.0).contains(&iops), "{iops}");
     }
 }

@@ -68,6 +68,8 @@ counters! {
     discard_partial_ius,
     /// Interface busy time in picoseconds (per-command cost, see `timing.rs`).
     interface_busy_ps,
+    /// Commands that did not start where the one before ended (a disk's seeks).
+    head_moves,
 }
 
 impl Counters {
@@ -105,9 +107,12 @@ pub struct FlashStats {
     pub nand_bytes_erased: u64,
     pub zone_resets: u64,
     pub discard_partial_ius: u64,
+    /// Commands that did not continue the one before (on a disk, each costs a seek).
+    pub head_moves: u64,
     /// Time the host interface / command processing was busy.
     pub interface_busy_ns: u64,
-    /// Time the NAND was busy programming, reading and erasing.
+    /// Time the NAND was busy programming, reading and erasing (a disk's media:
+    /// transfers and seeks).
     pub nand_busy_ns: u64,
     /// The device's busy time: the larger of the two (they work in parallel).
     pub busy_ns: u64,
@@ -119,8 +124,12 @@ impl FlashStats {
             c.nand_bytes_written_host + c.nand_bytes_written_gc + c.nand_bytes_written_rmw;
         let nand_bytes_read = c.nand_bytes_read_host + c.nand_bytes_read_gc + c.nand_bytes_read_rmw;
         let interface_busy_ns = c.interface_busy_ps / 1000;
-        let nand_busy_ns =
-            timing.nand_busy_ns(nand_bytes_written, nand_bytes_read, c.nand_bytes_erased);
+        let nand_busy_ns = timing.nand_busy_ns(
+            nand_bytes_written,
+            nand_bytes_read,
+            c.nand_bytes_erased,
+            c.head_moves,
+        );
         FlashStats {
             host_bytes_written: c.host_bytes_written,
             host_bytes_read: c.host_bytes_read,
@@ -141,6 +150,7 @@ impl FlashStats {
             nand_bytes_erased: c.nand_bytes_erased,
             zone_resets: c.zone_resets,
             discard_partial_ius: c.discard_partial_ius,
+            head_moves: c.head_moves,
             interface_busy_ns,
             nand_busy_ns,
             busy_ns: interface_busy_ns.max(nand_busy_ns),
@@ -194,6 +204,7 @@ impl FlashStats {
             nand_bytes_erased: d(self.nand_bytes_erased, earlier.nand_bytes_erased),
             zone_resets: d(self.zone_resets, earlier.zone_resets),
             discard_partial_ius: d(self.discard_partial_ius, earlier.discard_partial_ius),
+            head_moves: d(self.head_moves, earlier.head_moves),
             interface_busy_ns,
             nand_busy_ns,
             busy_ns: interface_busy_ns.max(nand_busy_ns),
@@ -302,6 +313,7 @@ mod tests {
             program_bytes_per_sec: 1e9,
             read_bytes_per_sec: 2e9,
             erase_bytes_per_sec: 1e11,
+            positioning_secs: 0.0,
         }
     }
 
