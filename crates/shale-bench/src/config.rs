@@ -183,6 +183,12 @@ pub enum SetupError {
     CacheDevices { got: u32, max: u32 },
     #[error("capacity redundancy {redundancy} needs more than one capacity device")]
     RedundancyNeedsDevices { redundancy: String },
+    #[error("{system} takes {wanted} as its capacity drive, not {preset}")]
+    CapacityDrive {
+        system: &'static str,
+        preset: &'static str,
+        wanted: &'static str,
+    },
     #[error("arrays of capacity devices and mirrored caches run with --system shale-zns (or the raid models)")]
     ArrayNeedsZns,
     #[error("capacity redundancy {redundancy}: {reason}")]

@@ -126,8 +126,9 @@ impl FromStr for SystemKind {
 /// What a system needs to be built, beyond the configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SystemOptions {
-    /// Preset of the capacity drive.
-    pub drive: String,
+    /// Preset of the capacity drive; `None` is the system's own (`qlc-p5316` for the
+    /// baselines and `shale-blk`, `zns-qlc` for `shale-zns`).
+    pub drive: Option<String>,
     /// Baselines: percentage of the drive left out of the volumes.
     pub host_spare_pct: u8,
     /// Shale: placement streams (8 isolates tenants, 1 mixes them).
@@ -159,7 +160,7 @@ pub struct SystemOptions {
 impl Default for SystemOptions {
     fn default() -> SystemOptions {
         SystemOptions {
-            drive: "qlc-p5316".into(),
+            drive: None,
             host_spare_pct: DEFAULT_HOST_SPARE_PCT,
             streams: 8,
             l2p_cache_bytes: None,
@@ -204,13 +205,13 @@ pub fn build_system(
     match kind {
         SystemKind::RaidModel | SystemKind::Raid5fModel => Err(SetupError::ArrayNeedsZns),
         SystemKind::Raw => Ok(Box::new(RawSystem::new(&RawConfig {
-            preset: opts.drive.clone(),
+            preset: baseline_drive(opts),
             capacity_bytes: cfg.capacity_bytes,
             tenants: cfg.tenants,
             host_spare_pct: opts.host_spare_pct,
         })?)),
         SystemKind::OpenCasModel => Ok(Box::new(OpenCasModel::new(&OpenCasConfig {
-            core_preset: opts.drive.clone(),
+            core_preset: baseline_drive(opts),
             host_spare_pct: opts.host_spare_pct,
             ..OpenCasConfig::standard(cfg.capacity_bytes, cfg.tenants)
         })?)),
@@ -229,6 +230,7 @@ pub fn build_system(
                 streams: opts.streams,
                 l2p_cache_bytes: opts.l2p_cache_bytes,
                 capacity_devices: opts.capacity_devices,
+                capacity_preset: opts.drive.clone(),
                 capacity_redundancy: opts.capacity_redundancy,
                 cache_devices: opts.cache_devices,
                 gc_policy: opts.gc_policy.unwrap_or_else(|| {
@@ -243,6 +245,11 @@ pub fn build_system(
             })
         }
     }
+}
+
+/// The baselines' capacity drive: the one asked for, or the P5316.
+fn baseline_drive(opts: &SystemOptions) -> String {
+    opts.drive.clone().unwrap_or_else(|| "qlc-p5316".into())
 }
 
 /// Size of a block device that holds `zone_count` zones of `zone_bytes` under

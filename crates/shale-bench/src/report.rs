@@ -73,6 +73,8 @@ pub struct DeviceLine {
     /// This device's own WAF: NAND bytes / bytes it received.
     pub waf: Option<f64>,
     pub busy_s: f64,
+    /// Commands that did not continue the one before (a disk's seeks).
+    pub head_moves: u64,
 }
 
 /// One group of tenants of the measured workload.
@@ -183,6 +185,7 @@ fn device_lines(o: &RunOutcome) -> Vec<DeviceLine> {
                 nand_written: d.stats.nand_bytes_written,
                 waf: ratio(d.stats.nand_bytes_written, d.stats.host_bytes_written),
                 busy_s: d.stats.busy_secs(),
+                head_moves: d.stats.head_moves,
             }
         })
         .collect()

@@ -67,6 +67,10 @@ pub struct ShaleConfig {
     /// Capacity drives: 1 is one drive; more make a [`shale_array::ZoneArray`] of
     /// them (`shale-zns` only) with the same data capacity.
     pub capacity_devices: u32,
+    /// The capacity drive's preset (one drive): zoned for `shale-zns` (`zns-qlc`, or
+    /// the SMR disk `smr-hm`), conventional for `shale-blk` (`qlc-p5316`, `tlc`, the
+    /// disk `hdd`); `None` is the first of each.
+    pub capacity_preset: Option<String>,
     /// How the capacity array keeps its data (ignored for one drive).
     pub capacity_redundancy: shale_array::Redundancy,
     /// Cache drives: 1, or 2 and more mirrors of one another.
@@ -99,6 +103,7 @@ impl ShaleConfig {
             streams: 8,
             l2p_cache_bytes: None,
             capacity_devices: 1,
+            capacity_preset: None,
             capacity_redundancy: shale_array::Redundancy::None,
             cache_devices: 1,
             gc_policy: shale_engine::GcPolicyKind::default(),
@@ -208,8 +213,33 @@ pub(crate) fn cache_drive(bytes: u64, name: &str) -> Result<Cache, SetupError> {
     )?)
 }
 
-/// A `shale-zns` shard's drives: a `zns-qlc` drive of `zones` zones and an `optane`
-/// cache of `cache_bytes`, and their counters (capacity first).
+/// The capacity drive's preset: the one asked for, if it suits the mode (a zoned drive
+/// for `shale-zns`, a block device for `shale-blk`), or the mode's default.
+fn capacity_preset(cfg: &ShaleConfig) -> Result<shale_flashsim::Preset, SetupError> {
+    let zns = cfg.mode == ShaleMode::Zns;
+    let name = match &cfg.capacity_preset {
+        Some(n) => n.as_str(),
+        None if zns => "zns-qlc",
+        None => "qlc-p5316",
+    };
+    let p = shale_flashsim::preset(name)?;
+    let zoned = matches!(p.kind, shale_flashsim::PresetKind::Zoned { .. });
+    if zoned != zns {
+        return Err(SetupError::CapacityDrive {
+            system: if zns { "shale-zns" } else { "shale-blk" },
+            preset: p.name,
+            wanted: if zns {
+                "a zoned drive (zns-qlc, smr-hm)"
+            } else {
+                "a block device (qlc-p5316, tlc, optane, hdd)"
+            },
+        });
+    }
+    Ok(p)
+}
+
+/// A `shale-zns` shard's drives: a zoned drive (`zns-qlc` unless asked) of `zones`
+/// zones and an `optane` cache of `cache_bytes`, and their counters (capacity first).
 fn zns_drives(
     cfg: &ShaleConfig,
     zones: u32,
@@ -223,11 +253,12 @@ fn zns_drives(
     )?
     .with_name("zns");
     let emu = crate::zoned_over(inner, zone_bytes, zones)?;
-    let zns: ZnsCap = ZnsSim::from_preset(emu, &shale_flashsim::preset("zns-qlc")?)?;
+    let preset = capacity_preset(cfg)?;
+    let zns: ZnsCap = ZnsSim::from_preset(emu, &preset)?;
     let devices = vec![
         SimDevice {
             role: DeviceRole::Capacity,
-            preset: "zns-qlc",
+            preset: preset.name,
             stats: zns.stats_handle(),
         },
         SimDevice {
@@ -239,8 +270,8 @@ fn zns_drives(
     Ok((cache, zns, devices))
 }
 
-/// A `shale-blk` shard's drives: a conventional `qlc-p5316` drive under zone
-/// emulation of `zones` zones and an `optane` cache (capacity first).
+/// A `shale-blk` shard's drives: a conventional drive (`qlc-p5316` unless asked) under
+/// zone emulation of `zones` zones and an `optane` cache (capacity first).
 fn blk_drives(
     cfg: &ShaleConfig,
     zones: u32,
@@ -248,7 +279,7 @@ fn blk_drives(
 ) -> Result<(Cache, BlkCap, Vec<SimDevice>), SetupError> {
     let zone_bytes = cfg.zone_bytes();
     let cache = cache_drive(cache_bytes, "cache")?;
-    let preset = shale_flashsim::preset("qlc-p5316")?;
+    let preset = capacity_preset(cfg)?;
     let drive = FlashSim::from_preset(
         MemDevice::new(
             crate::zone_emu_inner_bytes(zone_bytes, zones),
@@ -260,7 +291,7 @@ fn blk_drives(
     let devices = vec![
         SimDevice {
             role: DeviceRole::Capacity,
-            preset: "qlc-p5316",
+            preset: preset.name,
             stats: drive.stats_handle(),
         },
         SimDevice {
@@ -276,6 +307,12 @@ fn blk_drives(
 /// Builds `shale-zns` or `shale-blk`.
 pub fn build_shale(cfg: &ShaleConfig) -> Result<Box<dyn SystemUnderTest + Send>, SetupError> {
     if cfg.capacity_devices > 1 || cfg.cache_devices > 1 {
+        if cfg.capacity_preset.is_some() {
+            return Err(SetupError::EngineAdmin {
+                step: "setup",
+                reason: "arrays are of zns-qlc drives; --drive chooses a single drive".into(),
+            });
+        }
         if cfg.shards > 1 {
             return Err(SetupError::EngineAdmin {
                 step: "setup",

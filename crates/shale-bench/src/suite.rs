@@ -330,7 +330,7 @@ pub const SERIES_POINTS: [&str; 2] = ["uniform-4k", "uniform-64k"];
 
 fn options_for(s: &SuiteSystem, variant: Variant, cfg: &BenchConfig) -> SystemOptions {
     let mut o = SystemOptions {
-        drive: s.drive.to_string(),
+        drive: Some(s.drive.to_string()),
         ..SystemOptions::default()
     };
     match variant {

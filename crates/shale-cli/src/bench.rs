@@ -65,9 +65,11 @@ struct RunArgs {
     /// raid5f-model (full-stripe-only array under a write-back cache).
     #[arg(long, value_parser = parse_system)]
     system: SystemKind,
-    /// Flash preset of the capacity drive (qlc-p5316, tlc, optane).
-    #[arg(long, default_value = "qlc-p5316")]
-    drive: String,
+    /// Preset of the capacity drive: qlc-p5316 (the default, but for shale-zns), tlc,
+    /// optane or the disk hdd; for shale-zns a zoned one: zns-qlc (its default) or the
+    /// host-managed SMR disk smr-hm.
+    #[arg(long)]
+    drive: Option<String>,
     /// Standard configuration: paper (4 GiB, 8 tenants) or quick (1/8 of it).
     #[arg(long, default_value = "quick", value_parser = parse_scale)]
     config: Scale,
@@ -361,7 +363,9 @@ fn run_cmd(args: RunArgs) -> anyhow::Result<()> {
     let mut sut = build_system(args.system, &cfg, &opts).with_context(|| {
         format!(
             "setting up system {} on drive {} ({} configuration)",
-            args.system, args.drive, cfg.name
+            args.system,
+            args.drive.as_deref().unwrap_or("(its default)"),
+            cfg.name
         )
     })?;
     let spec = RunSpec {

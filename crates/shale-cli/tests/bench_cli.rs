@@ -461,3 +461,49 @@ fn the_sequential_policy_leaves_random_writes_to_the_cache() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("sometimes"));
 }
+
+/// `--drive` picks Shale's capacity drive: the SMR disk under `shale-zns` reports its
+/// preset and its seeks and runs far slower than the flash it replaces; a drive of
+/// the wrong kind is refused by name.
+#[test]
+fn shale_runs_on_the_drive_asked_for() {
+    let args = |system: &'static str, drive: &'static str| {
+        [
+            "bench",
+            "run",
+            "--system",
+            system,
+            "--config",
+            "tiny",
+            "--workload",
+            "uniform",
+            "--bs",
+            "4k",
+            "--drive",
+            drive,
+            "--json",
+        ]
+    };
+    let flash = run_json(&args("shale-zns", "zns-qlc"));
+    let disk = run_json(&args("shale-zns", "smr-hm"));
+    assert_eq!(disk["drive"], "smr-hm", "{disk}");
+    assert_eq!(disk["devices"][0]["role"], "capacity");
+    assert!(num(&disk, "/devices/0/head_moves") > 0.0, "{disk}");
+    // The same engine, so the same bytes; the disk takes them far slower.
+    assert_eq!(
+        num(&flash, "/bytes/capacity_written"),
+        num(&disk, "/bytes/capacity_written")
+    );
+    assert!(num(&disk, "/emulated_mib_s") * 10.0 < num(&flash, "/emulated_mib_s"));
+    let blk = run_json(&args("shale-blk", "hdd"));
+    assert_eq!(blk["drive"], "hdd", "{blk}");
+    for (system, drive) in [("shale-zns", "qlc-p5316"), ("shale-blk", "smr-hm")] {
+        let out = shale(&args(system, drive));
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(drive) && err.contains("capacity drive"),
+            "{err}"
+        );
+    }
+}
