@@ -137,6 +137,9 @@ pub struct Config {
     pub direct_write_min_bytes: u64,
     /// Which writes of at least `direct_write_min_bytes` go straight to a zone.
     pub direct_write_policy: DirectWritePolicy,
+    /// Under `Sequential`: how long a run of such writes, each where the one before
+    /// ended, must be before the writes continuing it go straight to a zone.
+    pub direct_run_min_bytes: u64,
     /// How long (engine clock, microseconds) a direct write's blocks wait for a zone
     /// group to fill before they go to the cache instead.
     pub direct_linger_us: u64,
@@ -177,6 +180,7 @@ impl Default for Config {
             scrub_bytes_per_sec: 0,
             direct_write_min_bytes: 0,
             direct_write_policy: DirectWritePolicy::Sequential,
+            direct_run_min_bytes: 1 << 20,
             direct_linger_us: 2_000,
         }
     }
@@ -271,6 +275,9 @@ impl Config {
                     self.direct_write_min_bytes
                 ),
             );
+        }
+        if self.direct_run_min_bytes == 0 {
+            return bad("direct_run_min_bytes", "must be positive".into());
         }
         if self.requests_per_poll_max == 0 || self.background_steps_per_poll_max == 0 {
             return bad(

@@ -12,7 +12,7 @@ use shale_engine::{
 };
 
 use crate::map::ShardMap;
-use crate::pool::{check_shape, check_tags, shard_config};
+use crate::pool::{check_shape, check_tags, shard_config, shard_share};
 use crate::route::{route, Routed, SplitParts};
 use crate::volumes::Volumes;
 use crate::ShardsError;
@@ -116,10 +116,11 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> LocalShards<C, Z, K> {
     ) -> Result<(Self, Vec<OpenReport>), ShardsError> {
         let mut handoffs = handoffs;
         handoffs.resize_with(devices.len(), || None);
-        let mut engines = Vec::with_capacity(devices.len());
+        let n = devices.len();
+        let mut engines = Vec::with_capacity(n);
         for (i, ((c, z), h)) in devices.into_iter().zip(handoffs).enumerate() {
             engines.push(
-                Engine::open_with(c, z, clock(), config.clone(), &mut NoProgress, h)
+                Engine::open_with(c, z, clock(), shard_share(config, n), &mut NoProgress, h)
                     .map_err(|source| ShardsError::Open { shard: i, source })?,
             );
         }

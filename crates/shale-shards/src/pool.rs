@@ -118,9 +118,25 @@ pub(crate) fn check_shape(n: usize, granule: u64) -> Result<ShardMap, ShardsErro
     ShardMap::new(n, granule).ok_or(ShardsError::Granule { granule })
 }
 
+/// What one of `n` shards runs with: sizes that describe a client's request, not a
+/// shard's part of it, shrink to the part. A large write is cut into one part per
+/// shard (granules are dealt in turn), so a 256 KiB write or a 1 MiB run is, on each
+/// of 4 shards, 64 KiB or 256 KiB: direct writes keep choosing the same writes.
+pub(crate) fn shard_share(config: &Config, n: usize) -> Config {
+    let mut cfg = config.clone();
+    let part = |bytes: u64| bytes.div_ceil(n as u64).div_ceil(4096) * 4096;
+    if n > 1 {
+        if cfg.direct_write_min_bytes != 0 {
+            cfg.direct_write_min_bytes = part(cfg.direct_write_min_bytes);
+        }
+        cfg.direct_run_min_bytes = part(cfg.direct_run_min_bytes);
+    }
+    cfg
+}
+
 /// Shard `i` of `n`'s format-time configuration.
 pub(crate) fn shard_config(config: &Config, i: usize, n: usize, granule: u64, pool: u32) -> Config {
-    let mut cfg = config.clone();
+    let mut cfg = shard_share(config, n);
     cfg.shard = if n == 1 {
         ShardTag::ONE
     } else {
@@ -225,7 +241,7 @@ where
         let open = |i: usize, (c, z): (C, Z), h, p: &mut dyn OpenProgress| {
             // Each shard's open logs its steps under its index.
             let _span = (n > 1).then(|| tracing::info_span!("shard", index = i).entered());
-            Engine::open_with(c, z, clock(), config.clone(), p, h)
+            Engine::open_with(c, z, clock(), shard_share(config, n), p, h)
                 .map_err(|source| ShardsError::Open { shard: i, source })
         };
         let mut items: Vec<_> = devices.into_iter().zip(handoffs).collect();

@@ -521,3 +521,56 @@ fn a_shrink_failing_in_one_shard_is_finished_not_undone() {
             .unwrap_or_else(|err| panic!("shard {s}: {err}"));
     }
 }
+
+/// Direct writes choose by the client's request, not by a shard's part of it: each
+/// shard takes its share of `direct_write_min_bytes` and of the sequential run, so a
+/// run of 1 MiB in 128 KiB writes (64 KiB per shard) sends what follows to zones.
+#[test]
+fn direct_writes_choose_by_the_whole_request() {
+    let cfg = Config {
+        direct_write_min_bytes: 128 << 10,
+        direct_write_policy: shale_engine::DirectWritePolicy::Sequential,
+        ..config()
+    };
+    let p = Shards::format(
+        (0..2).map(|_| devices()).collect(),
+        ManualClock::new,
+        &cfg,
+        GRANULE,
+        64,
+    )
+    .unwrap();
+    let v = create(&p, "a", 2 << 20);
+    let data = pattern(9, 2 << 20);
+    let direct = |p: &Pool| match p.call(Request::Stats) {
+        Ok(Reply::Stats(st)) => st.direct_write_bytes,
+        r => panic!("{r:?}"),
+    };
+    for (i, part) in data.chunks(128 << 10).enumerate() {
+        p.call(Request::Write {
+            volume: v,
+            offset: i as u64 * (128 << 10),
+            data: part.to_vec(),
+            fua: false,
+        })
+        .unwrap();
+        // The first MiB is the run; every write after it is direct.
+        let want = (i as u64 + 1).saturating_sub(8) * (128 << 10);
+        assert_eq!(direct(&p), want, "after write {i}");
+    }
+    assert!(read(&p, v, 0, 2 << 20) == data);
+    p.call(Request::SelfCheck).unwrap();
+    // Reopened, the shards take their shares again.
+    let p = Shards::open(p.shutdown().unwrap(), ManualClock::new, &cfg, 64)
+        .unwrap()
+        .0;
+    assert!(read(&p, v, 0, 2 << 20) == data);
+    p.call(Request::Write {
+        volume: v,
+        offset: 0,
+        data: data[..128 << 10].to_vec(),
+        fua: false,
+    })
+    .unwrap();
+    assert_eq!(direct(&p), 0, "a new run after the reopen");
+}

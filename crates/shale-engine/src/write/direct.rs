@@ -313,9 +313,11 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             && self.core.directs.blocks + (len / BS) as usize <= DIRECT_STAGED_MAX
             && match self.core.config.direct_write_policy {
                 DirectWritePolicy::Any => true,
-                DirectWritePolicy::Sequential => {
-                    self.core.directs.sequential.continues(volume, offset / BS)
-                }
+                DirectWritePolicy::Sequential => self.core.directs.sequential.continues(
+                    volume,
+                    offset / BS,
+                    self.core.config.direct_run_min_bytes.div_ceil(BS),
+                ),
             }
     }
 

@@ -7,7 +7,8 @@
 //! overwrites, and sending them to zones costs write amplification
 //! (docs/engine.md, "Direct writes"). So under this policy a large write goes
 //! direct only when it continues a run of large writes of its volume, each starting
-//! where the one before ended, already `RUN_MIN_BLOCKS` long: a random write lands
+//! where the one before ended, already `Config::direct_run_min_bytes` long (1 MiB by
+//! default; a shard's share of that in a pool of shards): a random write lands
 //! at the end of a recent one now and then (often, inside a small hot set), a run
 //! of several in order is what sequential clients write.
 //!
@@ -19,10 +20,6 @@ use shale_format::VolumeId;
 
 /// Sequential streams followed at once.
 const STREAMS: usize = 32;
-
-/// How long a run must be (4 KiB blocks, 1 MiB) before the writes continuing it go
-/// straight to a zone.
-pub(crate) const RUN_MIN_BLOCKS: u64 = 256;
 
 #[derive(Debug, Clone, Copy)]
 struct Stream {
@@ -43,9 +40,9 @@ pub(crate) struct SequentialStreams {
 
 impl SequentialStreams {
     /// Whether a write of `volume` starting at block `start` continues a run at
-    /// least `RUN_MIN_BLOCKS` long.
-    pub fn continues(&self, volume: VolumeId, start: u64) -> bool {
-        self.run_before(volume, start) >= RUN_MIN_BLOCKS
+    /// least `run_min` blocks long.
+    pub fn continues(&self, volume: VolumeId, start: u64, run_min: u64) -> bool {
+        self.run_before(volume, start) >= run_min
     }
 
     /// The length of the run a write at `start` would continue (0: none).
@@ -99,30 +96,39 @@ mod tests {
     use proptest::prelude::*;
     use std::collections::HashMap;
 
+    /// 1 MiB of blocks, the default.
+    const RUN: u64 = 256;
+
     #[test]
     fn a_run_continues_and_a_jump_does_not() {
         let mut t = SequentialStreams::default();
         let v = VolumeId(1);
-        assert!(!t.continues(v, 0));
+        assert!(!t.continues(v, 0, RUN));
         t.note(v, 0, 64);
         assert!(
-            !t.continues(v, 64),
+            !t.continues(v, 64, RUN),
             "a run of one write is not yet sequential"
         );
         t.note(v, 64, 128);
         t.note(v, 128, 192);
-        assert!(!t.continues(v, 192));
+        assert!(!t.continues(v, 192, RUN));
         t.note(v, 192, 256);
-        assert!(t.continues(v, 256), "1 MiB in order");
-        assert!(!t.continues(VolumeId(2), 256), "another volume's stream");
-        assert!(!t.continues(v, 257));
+        assert!(t.continues(v, 256, RUN), "1 MiB in order");
+        assert!(
+            !t.continues(VolumeId(2), 256, RUN),
+            "another volume's stream"
+        );
+        assert!(!t.continues(v, 257, RUN));
         t.note(v, 256, 300);
-        assert!(t.continues(v, 300));
-        assert!(!t.continues(v, 256), "the stream moved on");
+        assert!(t.continues(v, 300, RUN));
+        assert!(!t.continues(v, 256, RUN), "the stream moved on");
         t.note(v, 1000, 1300);
-        assert!(t.continues(v, 1300), "one write as long as a run is one");
+        assert!(
+            t.continues(v, 1300, RUN),
+            "one write as long as a run is one"
+        );
         t.forget(v);
-        assert!(!t.continues(v, 300));
+        assert!(!t.continues(v, 300, RUN));
     }
 
     proptest! {
@@ -158,7 +164,7 @@ mod tests {
                 // A stream the table dropped is not continued.
                 let kept = recent(&model, t.streams.len());
                 let before = kept.iter().find(|(k, _)| *k == (v, start)).map_or(0, |x| x.1);
-                prop_assert_eq!(t.continues(VolumeId(v), start), before >= RUN_MIN_BLOCKS);
+                prop_assert_eq!(t.continues(VolumeId(v), start, RUN), before >= RUN);
                 t.note(VolumeId(v), start, start + len);
                 model.remove(&(v, start));
                 model.insert((v, start + len), (i as u64, before + len));
