@@ -332,7 +332,9 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             self.core
                 .directs
                 .sequential
-                .note(volume, offset / BS, (offset + len).div_ceil(BS));
+                // Saturating: a write out of the volume's range was answered with
+                // an error but is still noted, whatever its offset.
+                .note(volume, offset / BS, offset.saturating_add(len).div_ceil(BS));
         }
     }
 

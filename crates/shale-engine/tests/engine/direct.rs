@@ -271,3 +271,24 @@ fn directs_survive_crashes_in_write_order() {
         "{mapped} direct blocks mapped, {superseded} superseded"
     );
 }
+
+/// A large write past the volume's end, even at the last offsets there are, is
+/// refused like any other and leaves the sequential streams sound.
+#[test]
+fn a_large_write_out_of_range_is_refused() {
+    let (c, z) = devices(128 + 8 * 256, 28);
+    let config = Config {
+        direct_write_policy: DirectWritePolicy::Sequential,
+        ..direct_config()
+    };
+    let mut e = Engine::format(c, z, ManualClock::new(), config).unwrap();
+    let v = create(&mut e, "a", 2 << 20);
+    for offset in [2 << 20, u64::MAX - 65535, u64::MAX - 4095] {
+        assert!(
+            write(&mut e, v, offset, &pattern(1, 64 * 1024)).is_err(),
+            "{offset}"
+        );
+    }
+    write(&mut e, v, 0, &pattern(2, 64 * 1024)).unwrap();
+    e.self_check().unwrap();
+}
