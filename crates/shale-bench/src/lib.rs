@@ -155,6 +155,8 @@ pub struct SystemOptions {
     pub direct_write_min_bytes: u64,
     /// ... all of them, or those that continue a sequential run.
     pub direct_write_policy: shale_engine::DirectWritePolicy,
+    /// Shale: how the tenants' volumes are mapped (their mapping unit).
+    pub volume_layout: shale_engine::VolumeLayout,
 }
 
 impl Default for SystemOptions {
@@ -173,6 +175,7 @@ impl Default for SystemOptions {
             shards: 1,
             direct_write_min_bytes: 0,
             direct_write_policy: shale_engine::DirectWritePolicy::default(),
+            volume_layout: shale_engine::VolumeLayout::default(),
         }
     }
 }
@@ -241,6 +244,7 @@ pub fn build_system(
                 shards: opts.shards.max(1),
                 direct_write_min_bytes: opts.direct_write_min_bytes,
                 direct_write_policy: opts.direct_write_policy,
+                volume_layout: opts.volume_layout,
                 ..ShaleConfig::standard(mode, cfg.capacity_bytes, cfg.tenants)
             })
         }

@@ -103,6 +103,8 @@ pub struct L2pLine {
     pub page_reads: u64,
     pub page_writes: u64,
     pub cache_pages_max: u64,
+    /// Bytes of the volumes' L2P tables.
+    pub table_bytes: u64,
 }
 
 /// Everything `shale bench run` reports. Field names are the JSON keys.
@@ -276,6 +278,7 @@ impl BenchReport {
                 page_reads: l.page_reads,
                 page_writes: l.page_writes,
                 cache_pages_max: l.cache_pages_max,
+                table_bytes: l.table_bytes,
             }),
             devices,
             precondition_wall_s: o.precondition_wall.as_secs_f64(),

@@ -89,6 +89,8 @@ pub struct ShaleConfig {
     pub direct_write_min_bytes: u64,
     /// Which of them (`Config::direct_write_policy`).
     pub direct_write_policy: shale_engine::DirectWritePolicy,
+    /// How the tenants' volumes are mapped (`--map-unit`).
+    pub volume_layout: shale_engine::VolumeLayout,
 }
 
 impl ShaleConfig {
@@ -112,6 +114,7 @@ impl ShaleConfig {
             shards: 1,
             direct_write_min_bytes: 0,
             direct_write_policy: shale_engine::DirectWritePolicy::default(),
+            volume_layout: shale_engine::VolumeLayout::default(),
         }
     }
 
@@ -468,9 +471,10 @@ impl<C: BlockDevice, Z: ZonedDevice> ShaleSystem<C, Z> {
             stamp: 0,
         };
         for t in 0..tenants {
-            let reply = sys.call(Request::CreateVolume {
+            let reply = sys.call(Request::CreateVolumeWith {
                 name: format!("tenant{t}"),
                 size_bytes: volume_bytes,
+                layout: cfg.volume_layout,
             });
             match reply {
                 Ok(Reply::Volume(v)) => sys.volumes.push(v.uid),
@@ -539,6 +543,7 @@ impl<C: BlockDevice, Z: ZonedDevice> ShaleSystem<C, Z> {
                 page_reads: now.l2p_page_reads - b.l2p_page_reads,
                 page_writes: now.l2p_page_writes - b.l2p_page_writes,
                 cache_pages_max: now.l2p_cache_pages_max,
+                table_bytes: now.volumes.iter().map(|v| v.l2p_table_bytes).sum(),
             },
         }
     }

@@ -98,6 +98,8 @@ pub struct L2pStats {
     pub page_writes: u64,
     /// Pages the DRAM budget holds.
     pub cache_pages_max: u64,
+    /// Bytes of the volumes' L2P tables (smaller with mapping units).
+    pub table_bytes: u64,
 }
 
 /// A failure while running a benchmark.

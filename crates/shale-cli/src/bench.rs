@@ -135,9 +135,18 @@ struct RunArgs {
     /// a large write of their volume ended) or any.
     #[arg(long, default_value = "sequential")]
     direct_write_policy: shale_engine::DirectWritePolicy,
+    /// Shale: the tenants' volumes' mapping unit, 4k (the default) to 64k: their L2P
+    /// is that many times smaller, and smaller writes rewrite a whole unit.
+    #[arg(long, default_value = "4k", value_parser = parse_map_unit)]
+    map_unit: shale_engine::VolumeLayout,
     /// Override the configuration's capacity (same shape, other size; for tests).
     #[arg(long, value_parser = parse_capacity, hide = true)]
     capacity: Option<u64>,
+}
+
+fn parse_map_unit(s: &str) -> Result<shale_engine::VolumeLayout, String> {
+    let bytes = parse_capacity(s)?;
+    shale_engine::VolumeLayout::with_map_unit(bytes)
 }
 
 fn parse_placement(s: &str) -> Result<shale_engine::PlacementKind, String> {
@@ -358,6 +367,7 @@ fn run_cmd(args: RunArgs) -> anyhow::Result<()> {
         shards: args.shards,
         direct_write_min_bytes: args.direct_write_min,
         direct_write_policy: args.direct_write_policy,
+        volume_layout: args.map_unit,
         ..SystemOptions::default()
     };
     let mut sut = build_system(args.system, &cfg, &opts).with_context(|| {

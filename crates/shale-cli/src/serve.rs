@@ -306,7 +306,8 @@ pub struct FormatArgs {
     #[command(flatten)]
     pub devices: DeviceArgs,
     /// Volume to create, NAME[:SIZE][,key=value…] (repeatable; one without a size takes
-    /// what the ones before it left; keys: iops-max, mibps-max, cache-share, gc)
+    /// what the ones before it left; keys: iops-max, mibps-max, cache-share, gc,
+    /// map-unit)
     /// [default: one volume named default]
     #[arg(long = "volume")]
     pub volumes: Vec<String>,
@@ -359,6 +360,7 @@ pub fn format(args: FormatArgs) -> Result<()> {
                     "mibps_max": limit(v.limits.bytes_per_sec_max >> 20),
                     "cache_share_pct": limit(u64::from(v.limits.cache_share_pct)),
                     "gc": shale_daemon::serve::volume_gc_name(v.limits.gc),
+                    "map_unit_bytes": v.layout.map_unit_bytes(),
                 })
             })
             .collect();

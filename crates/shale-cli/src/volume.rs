@@ -60,6 +60,11 @@ pub enum VolumeCommand {
         size: String,
         #[command(flatten)]
         limits: LimitArgs,
+        /// Mapping unit, 4KiB (the default) to 64KiB: the volume's map is that many
+        /// times smaller, and smaller writes are read-modify-write of a whole unit
+        /// (fixed for the volume's life)
+        #[arg(long, value_name = "SIZE", value_parser = parse_map_unit)]
+        map_unit: Option<u64>,
     },
     /// List volumes
     List,
@@ -115,6 +120,10 @@ fn parse_share(s: &str) -> Result<u8, String> {
     }
 }
 
+fn parse_map_unit(s: &str) -> Result<u64, String> {
+    shale_daemon::serve::parse_map_unit(s).map(|l| l.map_unit_bytes())
+}
+
 fn parse_limit(s: &str) -> Result<u64, String> {
     if s == "none" {
         return Ok(0);
@@ -138,6 +147,7 @@ pub fn volume(args: VolumeArgs) -> Result<()> {
             name,
             size: s,
             limits,
+            map_unit,
         } => AdminRequest::VolumeCreate {
             name: name.clone(),
             size_bytes: size(s)?,
@@ -145,6 +155,7 @@ pub fn volume(args: VolumeArgs) -> Result<()> {
             mibps_max: limits.mibps_max,
             cache_share_pct: limits.cache_share,
             gc: limits.gc.clone(),
+            map_unit_bytes: *map_unit,
         },
         VolumeCommand::List => AdminRequest::VolumeList,
         VolumeCommand::Set { name, limits } => {
@@ -216,6 +227,9 @@ fn limits_text(v: &serde_json::Value) -> String {
     if let Some(g) = v["gc"].as_str() {
         text.push_str(&format!(", {g} GC"));
     }
+    if let Some(u) = v["map_unit_bytes"].as_u64().filter(|&u| u != 4096) {
+        text.push_str(&format!(", mapped in units of {}", format_size(u)));
+    }
     text
 }
 
@@ -231,8 +245,9 @@ fn volume_table(v: &serde_json::Value) -> String {
         "MAX-MIB/S",
         "CACHE-SHARE",
         "GC",
+        "MAP-UNIT",
     ];
-    let mut rows: Vec<[String; 9]> = vec![header.map(String::from)];
+    let mut rows: Vec<[String; 10]> = vec![header.map(String::from)];
     for vol in v.as_array().into_iter().flatten() {
         let num = |k: &str| vol[k].as_u64().map_or("?".into(), |n| n.to_string());
         let limit = |k: &str| vol[k].as_u64().map_or("-".into(), |n| n.to_string());
@@ -248,9 +263,12 @@ fn volume_table(v: &serde_json::Value) -> String {
                 .as_u64()
                 .map_or("-".into(), |n| format!("{n}%")),
             vol["gc"].as_str().unwrap_or("-").to_string(),
+            vol["map_unit_bytes"]
+                .as_u64()
+                .map_or("-".into(), format_size),
         ]);
     }
-    let mut width = [0usize; 9];
+    let mut width = [0usize; 10];
     for r in &rows {
         for (w, cell) in width.iter_mut().zip(r) {
             *w = (*w).max(cell.chars().count());

@@ -462,6 +462,48 @@ fn the_sequential_policy_leaves_random_writes_to_the_cache() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("sometimes"));
 }
 
+/// `--map-unit`: whole-unit writes on volumes mapped in 16 KiB units take at most half
+/// the map (whole pages at this size) and write the same bytes to the cache; a unit
+/// that is not one is refused by name.
+#[test]
+fn mapping_units_shrink_the_map() {
+    let args = |unit: &'static str| {
+        [
+            "bench",
+            "run",
+            "--system",
+            "shale-zns",
+            "--config",
+            "tiny",
+            "--workload",
+            "uniform",
+            "--bs",
+            "256k",
+            "--map-unit",
+            unit,
+            "--json",
+        ]
+    };
+    let table = |v: &serde_json::Value| num(v, "/l2p/table_bytes");
+    let cache = |v: &serde_json::Value| num(v, "/bytes/cache_written");
+    let (blocks, units) = (run_json(&args("4k")), run_json(&args("16k")));
+    assert!(
+        table(&units) > 0.0 && table(&units) <= table(&blocks) / 2.0,
+        "map {} with 16 KiB units, {} with 4 KiB",
+        table(&units),
+        table(&blocks)
+    );
+    assert!(
+        cache(&units) < cache(&blocks) * 1.1,
+        "whole units: cache {} vs {}",
+        cache(&units),
+        cache(&blocks)
+    );
+    let out = shale(&args("24k"));
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("power of two"));
+}
+
 /// `--drive` picks Shale's capacity drive: the SMR disk under `shale-zns` reports its
 /// preset and its seeks and runs far slower than the flash it replaces; a drive of
 /// the wrong kind is refused by name.

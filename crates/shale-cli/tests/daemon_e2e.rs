@@ -425,7 +425,7 @@ fn format_logs_its_steps_and_refuses_to_overwrite_without_force() {
     assert!(!bad.status.success());
     assert!(
         String::from_utf8_lossy(&bad.stderr)
-            .contains("known: iops-max, mibps-max, cache-share, gc"),
+            .contains("known: iops-max, mibps-max, cache-share, gc, map-unit"),
         "{bad:?}"
     );
     let forced = format(&["--force"]);

@@ -51,6 +51,9 @@ pub enum AdminRequest {
         /// `greedy`, `cost-benefit` or `pool`.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         gc: Option<String>,
+        /// The mapping unit in bytes, 4096 (the default) to 65536.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        map_unit_bytes: Option<u64>,
     },
     VolumeList,
     /// Changes a volume's rate limits, cache share and GC policy: each given one is
@@ -389,6 +392,7 @@ mod tests {
             mibps_max: None,
             cache_share_pct: None,
             gc: None,
+            map_unit_bytes: None,
         };
         call(&path, &create).expect("create");
         assert!(matches!(call(&path, &create), Err(AdminError::Remote(_))));

@@ -151,11 +151,12 @@ impl EngineBackend {
                 multi_conn: true,
             },
             // Any byte offset and length works: the engine does read-modify-write of
-            // partial 4 KiB blocks. A larger minimum would make strict clients
-            // (libnbd) refuse byte-granular I/O the engine handles.
+            // partial 4 KiB blocks (of partial units, on a volume mapped in units,
+            // whose unit is what it prefers). A larger minimum would make strict
+            // clients (libnbd) refuse byte-granular I/O the engine handles.
             block_sizes: BlockSizes {
                 minimum: 1,
-                preferred: 4096,
+                preferred: v.layout.map_unit_bytes() as u32,
                 payload_max: self.payload_bytes_max,
             },
         }

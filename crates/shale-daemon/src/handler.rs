@@ -137,6 +137,7 @@ fn volume_json(v: &VolumeInfo, clients: usize) -> Value {
         "mibps_max": limit(v.limits.bytes_per_sec_max >> 20),
         "cache_share_pct": limit(u64::from(v.limits.cache_share_pct)),
         "gc": crate::serve::volume_gc_name(v.limits.gc),
+        "map_unit_bytes": v.layout.map_unit_bytes(),
     })
 }
 
@@ -204,6 +205,7 @@ pub fn volumes_json(s: &Stats, list: &[VolumeInfo], b: &EngineBackend) -> Value 
             },
             "waf": { "layer": waf },
             "cache_valid_bytes": v.cache_valid_bytes,
+            "l2p_table_bytes": v.l2p_table_bytes,
             "throttle": {
                 "waiting": v.throttle_waiting,
                 "delayed": v.throttle_delayed,
@@ -293,6 +295,7 @@ impl DaemonAdmin {
                 mibps_max,
                 cache_share_pct,
                 gc,
+                map_unit_bytes,
             } => {
                 let limits = limits_of(
                     VolumeLimits::NONE,
@@ -301,7 +304,17 @@ impl DaemonAdmin {
                     cache_share_pct,
                     gc.as_deref(),
                 )?;
-                let r = crate::serve::create_volume(|r| engine.call(r), name, size_bytes, limits);
+                let layout = match map_unit_bytes {
+                    Some(b) => shale_engine::VolumeLayout::with_map_unit(b)?,
+                    None => shale_engine::VolumeLayout::default(),
+                };
+                let r = crate::serve::create_volume(
+                    |r| engine.call(r),
+                    name,
+                    size_bytes,
+                    limits,
+                    layout,
+                );
                 r.map_err(|e| e.to_string())
             }
             AdminRequest::VolumeSet {

@@ -733,10 +733,18 @@ pub struct VolumePlan {
     /// `None`: what the volumes before it leave of the user capacity.
     pub size_bytes: Option<u64>,
     pub limits: shale_engine::VolumeLimits,
+    /// How it is mapped (`map-unit`), fixed at creation.
+    pub layout: shale_engine::VolumeLayout,
 }
 
 /// Option keys `VolumePlan::parse` takes after the name and size.
-pub const VOLUME_PLAN_KEYS: &[&str] = &["iops-max", "mibps-max", "cache-share", "gc"];
+pub const VOLUME_PLAN_KEYS: &[&str] = &["iops-max", "mibps-max", "cache-share", "gc", "map-unit"];
+
+/// A mapping unit by size (`4KiB` to `64KiB`, a power of two).
+pub fn parse_map_unit(s: &str) -> Result<shale_engine::VolumeLayout, String> {
+    let bytes = shale_workload::parse_size(s).map_err(|e| format!("map unit {s:?}: {e}"))?;
+    shale_engine::VolumeLayout::with_map_unit(bytes)
+}
 
 /// A volume's GC policy by name: `greedy`, `cost-benefit`, or `pool` (the pool's).
 pub fn parse_volume_gc(s: &str) -> Result<shale_engine::VolumeGc, String> {
@@ -766,6 +774,7 @@ impl VolumePlan {
             name: name.to_string(),
             size_bytes: None,
             limits: shale_engine::VolumeLimits::NONE,
+            layout: shale_engine::VolumeLayout::default(),
         }
     }
 
@@ -820,6 +829,10 @@ impl VolumePlan {
             };
             match key {
                 "iops-max" => plan.limits.iops_max = num(value)?,
+                "map-unit" => {
+                    plan.layout =
+                        parse_map_unit(value).map_err(|e| format!("volume {name:?}: {e}"))?;
+                }
                 "gc" => {
                     plan.limits.gc =
                         parse_volume_gc(value).map_err(|e| format!("volume {name:?}: {e}"))?;
@@ -852,15 +865,26 @@ impl VolumePlan {
     }
 }
 
-/// Creates a volume with `limits` through `call`; if they cannot be set the volume is
-/// deleted again (a volume without the limits asked for is not what was asked for).
+/// Creates a volume laid out as `layout` with `limits` through `call`; if the limits
+/// cannot be set the volume is deleted again (a volume without the limits asked for
+/// is not what was asked for).
 pub fn create_volume(
     mut call: impl FnMut(Request) -> Result<Reply, EngineError>,
     name: String,
     size_bytes: u64,
     limits: shale_engine::VolumeLimits,
+    layout: shale_engine::VolumeLayout,
 ) -> Result<Reply, EngineError> {
-    let v = match call(Request::CreateVolume { name, size_bytes }) {
+    let create = if layout == shale_engine::VolumeLayout::default() {
+        Request::CreateVolume { name, size_bytes }
+    } else {
+        Request::CreateVolumeWith {
+            name,
+            size_bytes,
+            layout,
+        }
+    };
+    let v = match call(create) {
         Ok(Reply::Volume(v)) if !limits.is_none() => v,
         other => return other,
     };
@@ -996,11 +1020,19 @@ fn format_steps(
     let created = steps.step("volumes", || {
         let mut created = Vec::new();
         for plan in volumes {
+            // Whole units (what is left may not be).
+            let unit = plan.layout.map_unit_bytes();
             let bytes = match plan.size_bytes {
                 Some(b) => b / 4096 * 4096,
-                None => engine.available_bytes()?,
+                None => engine.available_bytes()? / unit * unit,
             };
-            let reply = create_volume(|r| engine.call(r), plan.name.clone(), bytes, plan.limits)?;
+            let reply = create_volume(
+                |r| engine.call(r),
+                plan.name.clone(),
+                bytes,
+                plan.limits,
+                plan.layout,
+            )?;
             if let Reply::Volume(info) = reply {
                 created.push(info);
             }
@@ -1815,6 +1847,9 @@ mod tests {
         );
         let p = VolumePlan::parse("rest,iops-max=none").expect("parses");
         assert_eq!((p.size_bytes, p.limits), (None, VolumeLimits::NONE));
+        let p = VolumePlan::parse("media:8GiB,map-unit=64KiB").expect("parses");
+        assert_eq!(p.layout.map_unit_bytes(), 64 << 10);
+        assert_eq!(p.layout.map_unit_shift, 4);
         assert_eq!(
             VolumePlan::parse("a").expect("parses"),
             VolumePlan::named("a")
@@ -1825,8 +1860,14 @@ mod tests {
             ("a:lots", "size"),
             ("a,iops-max", "key=value"),
             ("a,iops-max=fast", "iops-max"),
-            ("a,fast=yes", "known: iops-max, mibps-max, cache-share, gc"),
+            (
+                "a,fast=yes",
+                "known: iops-max, mibps-max, cache-share, gc, map-unit",
+            ),
             ("a,gc=lru", "unknown GC policy"),
+            ("a,map-unit=128KiB", "power of two from 4096 to 65536"),
+            ("a,map-unit=12KiB", "power of two"),
+            ("a,map-unit=big", "map unit"),
             ("a,cache-share=101", "past 100"),
             ("a,cache-share=half", "cache-share"),
             ("a,mibps-max=18446744073709551615", "too large"),

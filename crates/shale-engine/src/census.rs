@@ -163,27 +163,38 @@ pub(crate) fn step(
     let mut pages = 0u64;
     let mut last_page = None;
     let epp = core.l2p.format().entries_per_page();
+    let shifts = core.volumes.shifts();
     let next = core.l2p.for_each_mapped_from(
         census.next,
         max_pages,
         &mut core.cache,
         &mut Meter::off(),
-        |volume, lba, pba| {
-            if last_page != Some((volume, lba.0 / epp)) {
-                last_page = Some((volume, lba.0 / epp));
+        |volume, entry, base| {
+            if last_page != Some((volume, entry.0 / epp)) {
+                last_page = Some((volume, entry.0 / epp));
                 pages += 1;
             }
-            if bad.is_some() {
-                return;
-            }
-            match check_mapping(&geo, &regions.regions, zone_wps, (volume, lba, pba)) {
-                // Already set: mapped since the open, or mapped twice (the full
-                // self-check finds the latter).
-                Ok(r) => {
-                    regions.census_set(r, pba, volume);
+            let shift = shifts.get(volume.0 as usize).copied().unwrap_or(0);
+            // An entry maps a block, or the blocks of a unit from `base` on.
+            crate::volume::entry_blocks(&geo, shift, entry, base, |lba, pba| {
+                if bad.is_some() {
+                    return;
                 }
-                Err(e) => bad = Some(e.to_string()),
-            }
+                let Some(pba) = pba else {
+                    bad = Some(format!(
+                        "{volume} {lba}: its unit at {base} leaves its region"
+                    ));
+                    return;
+                };
+                match check_mapping(&geo, &regions.regions, zone_wps, (volume, lba, pba)) {
+                    // Already set: mapped since the open, or mapped twice (the full
+                    // self-check finds the latter).
+                    Ok(r) => {
+                        regions.census_set(r, pba, volume);
+                    }
+                    Err(e) => bad = Some(e.to_string()),
+                }
+            })
         },
     );
     census.pages += pages;

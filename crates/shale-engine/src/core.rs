@@ -5,7 +5,7 @@
 //! (`engine.rs`) holds both.
 
 use shale_device::{BlockDevice, ZonedDevice};
-use shale_format::{Superblock, VolumeId};
+use shale_format::{Lba, Pba, Superblock, VolumeId};
 
 use crate::buffers::BufPool;
 use crate::engine::InflightIo;
@@ -100,6 +100,30 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Core<C, Z, K> {
         c
     }
 
+    /// Where block `lba` of `volume` is (`Pba::NONE`: unmapped). The L2P entry is the
+    /// block's, or its mapping unit's first block, which the unit's other blocks
+    /// follow in the region's data slots.
+    pub fn lookup(&mut self, volume: VolumeId, lba: Lba) -> Result<Pba, EngineError> {
+        let shift = self.volumes.shift(volume);
+        let entry = self
+            .l2p
+            .get(&mut self.cache, volume, Lba(lba.0 >> shift))?
+            .unwrap_or(Pba::NONE);
+        let j = lba.0 & ((1u64 << shift) - 1);
+        if entry.is_none() || j == 0 {
+            return Ok(entry);
+        }
+        Ok(self.unit_block(entry, j))
+    }
+
+    /// Block `j` of the mapping unit whose first block is at `base`.
+    pub fn unit_block(&self, base: Pba, j: u64) -> Pba {
+        match self.geo.data_advance(base, j) {
+            Some(p) => p,
+            None => panic!("a mapping unit at {base} runs past its region (block {j})"),
+        }
+    }
+
     /// Checks range and size limits of a data request to a live volume (resolved from
     /// its uid).
     pub fn validate_range(
@@ -109,9 +133,10 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Core<C, Z, K> {
         len: u64,
         data: bool,
     ) -> Result<(), EngineError> {
-        let Some(size_blocks) = self.l2p.volume_size(volume) else {
+        let Some(entries) = self.l2p.volume_size(volume) else {
             panic!("{volume}: a resolved volume has no L2P");
         };
+        let size_blocks = entries << self.volumes.shift(volume);
         if len == 0 {
             return Err(EngineError::ZeroLength { volume, offset });
         }

@@ -23,7 +23,7 @@ use crate::read::reader::Reader;
 use crate::request::Answer;
 use crate::scrub::Scrubber;
 use crate::write::chunk_writer::ChunkWriter;
-use crate::{Clock, Completion, Config, EngineError, Reply, Request};
+use crate::{Clock, Completion, Config, EngineError, Reply, Request, VolumeLayout};
 
 /// How many times its usual batch the census walks a loop iteration once space runs
 /// short (256 pages a batch: 16 MiB of L2P pages, some milliseconds).
@@ -980,6 +980,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 self.durability.requested = true;
             }
             req @ (Request::CreateVolume { .. }
+            | Request::CreateVolumeWith { .. }
             | Request::CreateSlice { .. }
             | Request::ResizeVolume { .. }
             | Request::ResizeSlice { .. }
@@ -1002,19 +1003,28 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     }
 
     /// Volume changes: each is made in memory, then persisted (`volume_changed`).
+    fn create_volume(&mut self, name: &str, size_bytes: u64, layout: VolumeLayout, done: Answer) {
+        let r = crate::volume::create(&mut self.core, &self.writer, name, size_bytes, None, layout)
+            .and_then(|(info, change)| self.volume_changed(&change).map(|_| info));
+        done.send(r.map(Reply::Volume));
+    }
+
     fn volume_request(&mut self, req: Request, done: Answer) {
         match req {
             Request::CreateVolume { name, size_bytes } => {
-                let r =
-                    crate::volume::create(&mut self.core, &self.writer, &name, size_bytes, None)
-                        .and_then(|(info, change)| self.volume_changed(&change).map(|_| info));
-                done.send(r.map(Reply::Volume));
+                self.create_volume(&name, size_bytes, VolumeLayout::default(), done)
             }
+            Request::CreateVolumeWith {
+                name,
+                size_bytes,
+                layout,
+            } => self.create_volume(&name, size_bytes, layout, done),
             Request::CreateSlice {
                 name,
                 uid,
                 size_bytes,
                 whole_size_bytes,
+                layout,
             } => {
                 let slice = crate::volume::Slice {
                     uid,
@@ -1027,6 +1037,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                         &name,
                         size_bytes,
                         Some(slice),
+                        layout,
                     )
                 });
                 let r = r.and_then(|(info, change)| self.volume_changed(&change).map(|_| info));
@@ -1159,8 +1170,14 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         );
         s.throttle_waiting = self.throttle.waiting() as u64;
         s.throttle_waits = self.throttle.delayed;
+        let fmt = self.core.l2p.format();
         for v in &mut s.volumes {
             v.cache_valid_bytes = self.core.regions.shares.blocks(v.id) * crate::layout::BS;
+            v.l2p_table_bytes = self
+                .core
+                .l2p
+                .volume_size(v.id)
+                .map_or(0, |n| fmt.pages_for(n) * crate::layout::BS);
         }
         for (uid, waiting, waited) in self.throttle.per_volume() {
             if let Some(v) = s.volumes.iter_mut().find(|v| v.uid == uid) {
@@ -1222,9 +1239,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         let Some(volume) = self.core.volumes.resolve(volume) else {
             return Ok(None);
         };
-        let Some(pba) = self.core.l2p.get(&mut self.core.cache, volume, lba)? else {
-            return Ok(None);
-        };
+        let pba = self.core.lookup(volume, lba)?;
         if pba.is_none() {
             return Ok(None);
         }

@@ -131,6 +131,32 @@ impl Geometry {
             * BS
     }
 
+    /// The PBA `j` data slots after `pba` (a data slot) in the same region, skipping md
+    /// slots: where block `j` of a mapping unit starting at `pba` lies. `None` when
+    /// the region ends first.
+    pub fn data_advance(&self, pba: Pba, j: u64) -> Option<Pba> {
+        let (r, slot) = self.region_slot(pba)?;
+        let groups = Groups {
+            blocks: self.region_blocks(r),
+        };
+        let d = u64::from(groups.data_index(slot)?) + j;
+        let d = u32::try_from(d)
+            .ok()
+            .filter(|&d| d < groups.data_capacity())?;
+        Some(self.pba(r, groups.data_slot(d)))
+    }
+
+    /// The PBA `j` data slots before `pba` (a data slot) in the same region: the first
+    /// block of the unit whose block `j` is at `pba`. `None` past the region's start.
+    pub fn data_retreat(&self, pba: Pba, j: u64) -> Option<Pba> {
+        let (r, slot) = self.region_slot(pba)?;
+        let groups = Groups {
+            blocks: self.region_blocks(r),
+        };
+        let d = u64::from(groups.data_index(slot)?).checked_sub(j)?;
+        Some(self.pba(r, groups.data_slot(d as u32)))
+    }
+
     /// Byte offset of a PBA on its device, and whether it is on the cache.
     pub fn device_offset(&self, pba: Pba) -> Option<(bool, u64)> {
         let (r, s) = self.region_slot(pba)?;
@@ -185,6 +211,20 @@ impl Groups {
     }
     pub fn data_capacity(self) -> u32 {
         self.data_before(self.count())
+    }
+    /// The data slot's index among the region's data slots (`None` for an md slot or
+    /// a slot past the groups).
+    pub fn data_index(self, slot: u32) -> Option<u32> {
+        self.is_data_slot(slot).then(|| {
+            let (g, i) = self.locate(slot);
+            g * (GROUP_BLOCKS - 2) + i
+        })
+    }
+    /// The slot of the region's `d`-th data slot (`d < data_capacity()`); every group
+    /// but the last is whole, so the last one's data slots start where a whole
+    /// group's would.
+    pub fn data_slot(self, d: u32) -> u32 {
+        (d / (GROUP_BLOCKS - 2)) * GROUP_BLOCKS + d % (GROUP_BLOCKS - 2)
     }
     /// Data slots in the groups before group `g` (every group but the last is whole).
     pub fn data_before(self, g: u32) -> u32 {
@@ -344,6 +384,55 @@ mod tests {
                 assert_eq!(g.data_before(n), sum, "blocks {blocks}, groups {n}");
             }
         }
+    }
+
+    #[test]
+    fn data_slots_are_numbered_in_order_skipping_md() {
+        for blocks in [0, 3, 4, 127, 128, 131, 256, 300, 1000] {
+            let g = Groups { blocks };
+            let slots: Vec<u32> = (0..blocks).filter(|&s| g.is_data_slot(s)).collect();
+            assert_eq!(slots.len() as u32, g.data_capacity(), "blocks {blocks}");
+            for (d, &s) in slots.iter().enumerate() {
+                assert_eq!(g.data_index(s), Some(d as u32));
+                assert_eq!(g.data_slot(d as u32), s);
+            }
+            assert!((0..blocks).all(|s| g.is_data_slot(s) || g.data_index(s).is_none()));
+        }
+    }
+
+    #[test]
+    fn data_advance_stays_in_the_region() {
+        let geo = Geometry {
+            chunk_blocks: 300,
+            chunk_count: 2,
+            data_start: 8,
+            zone_size_blocks: 512,
+            zone_cap_blocks: 500,
+            zone_count: 3,
+            cache_data_blocks: 600,
+        };
+        for r in [RegionId(0), RegionId(1), RegionId(3), RegionId(4)] {
+            let g = Groups {
+                blocks: geo.region_blocks(r),
+            };
+            let cap = u64::from(g.data_capacity());
+            for d in [0u32, 1, 125, 126, 200] {
+                let from = geo.pba(r, g.data_slot(d));
+                for j in [0u64, 1, 2, 15, 127, cap] {
+                    let to = geo.data_advance(from, j);
+                    if u64::from(d) + j < cap {
+                        let want = geo.pba(r, g.data_slot(d + j as u32));
+                        assert_eq!(to, Some(want), "{r} d {d} j {j}");
+                        assert_eq!(geo.data_retreat(want, j), Some(from), "{r} d {d} j {j}");
+                    } else {
+                        assert_eq!(to, None, "{r} d {d} j {j}");
+                    }
+                }
+            }
+        }
+        // md slots and the label zone are not data slots.
+        assert_eq!(geo.data_advance(geo.pba(RegionId(0), 126), 0), None);
+        assert_eq!(geo.data_advance(Pba(600), 0), None);
     }
 
     #[test]

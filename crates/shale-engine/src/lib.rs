@@ -62,6 +62,7 @@ mod space;
 mod thread;
 mod throttle;
 mod volume;
+pub use volume::max_unit_shift as max_map_unit_shift;
 mod write;
 
 pub use check::{check, CheckCounts, CheckOptions, CheckReport, Finding, Severity};
@@ -77,7 +78,9 @@ pub use handoff::{Handoff, MemHandoff};
 pub use metrics::{Stats, VolumeStats};
 pub use placement::PlacementKind;
 pub use recovery::{NoProgress, OpenEvent, OpenProgress, OpenReport, ReplayCounts, StepReport};
-pub use request::{Completion, Extent, Reply, Request, VolumeInfo, ALLOCATION_QUERY_BYTES_MAX};
+pub use request::{
+    Completion, Extent, Reply, Request, VolumeInfo, VolumeLayout, ALLOCATION_QUERY_BYTES_MAX,
+};
 pub use thread::EngineThread;
 
 pub use shale_format::{Lba, Pba, Sid, VolumeGc, VolumeId, VolumeLimits, VolumeUid};

@@ -31,6 +31,9 @@ pub struct Stats {
     pub direct_blocks_mapped: u64,
     pub direct_blocks_superseded: u64,
     pub direct_blocks_to_cache: u64,
+    /// Pad blocks that keep a mapping unit in one region: in the cache before user
+    /// units, in zones before moved ones.
+    pub unit_pad_blocks: u64,
     pub capacity_read_bytes: u64,
 
     pub zone_resets: u64,
@@ -157,6 +160,9 @@ pub struct VolumeStats {
     pub throttle_wait_ns: u64,
     /// Its valid blocks in the cache now, in bytes (what a cache share bounds).
     pub cache_valid_bytes: u64,
+    /// The size of its L2P table (pages of entries, one per block or per mapping
+    /// unit), in bytes: what it takes of the L2P area, and of memory when cached.
+    pub l2p_table_bytes: u64,
 }
 
 impl VolumeStats {
@@ -219,6 +225,7 @@ impl Stats {
             direct_blocks_mapped,
             direct_blocks_superseded,
             direct_blocks_to_cache,
+            unit_pad_blocks,
             capacity_read_bytes,
             zone_resets,
             chunk_frees,
@@ -290,6 +297,7 @@ impl Stats {
         self.direct_blocks_mapped += direct_blocks_mapped;
         self.direct_blocks_superseded += direct_blocks_superseded;
         self.direct_blocks_to_cache += direct_blocks_to_cache;
+        self.unit_pad_blocks += unit_pad_blocks;
         self.capacity_read_bytes += capacity_read_bytes;
         self.zone_resets += zone_resets;
         self.chunk_frees += chunk_frees;
@@ -373,6 +381,7 @@ impl VolumeStats {
             throttle_delayed,
             throttle_wait_ns,
             cache_valid_bytes,
+            l2p_table_bytes,
         } = other;
         self.read_ops += read_ops;
         self.write_ops += write_ops;
@@ -387,6 +396,7 @@ impl VolumeStats {
         self.throttle_delayed += throttle_delayed;
         self.throttle_wait_ns += throttle_wait_ns;
         self.cache_valid_bytes += cache_valid_bytes;
+        self.l2p_table_bytes += l2p_table_bytes;
     }
 }
 

@@ -200,11 +200,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             frames,
             sb.layout.l2p_area_start,
         );
-        let volumes = Volumes {
-            table: vt,
-            user_capacity_blocks: sb.user_capacity_blocks,
-            volumes_max: config.volumes_max,
-        };
+        let volumes = Volumes::new(vt, sb.user_capacity_blocks, config.volumes_max);
         let journal = Journal::new(sb.layout.journal_start, sb.layout.journal_blocks, 0, 0, 0);
         let mut e = Self::assemble(
             cache, capacity, clock, config, sb, regions, l2p, volumes, journal, 1, streams,
@@ -370,32 +366,44 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             let validity = &mut self.core.regions.validity;
             let shares = &mut self.core.regions.shares;
             let regions = &self.core.regions.regions;
+            let shifts = self.core.volumes.shifts();
             self.core
                 .l2p
-                .for_each_mapped_metered(&mut self.core.cache, meter, |volume, lba, pba| {
-                    if err.is_some() {
-                        return;
-                    }
-                    let r = match crate::census::check_mapping(
-                        &geo,
-                        regions,
-                        zone_wps,
-                        (volume, lba, pba),
-                    ) {
-                        Ok(r) => r,
-                        Err(e) => {
-                            err = Some(e);
+                .for_each_mapped_metered(&mut self.core.cache, meter, |volume, entry, base| {
+                    let shift = shifts.get(volume.0 as usize).copied().unwrap_or(0);
+                    crate::volume::entry_blocks(&geo, shift, entry, base, |lba, pba| {
+                        if err.is_some() {
                             return;
                         }
-                    };
-                    if validity.set(pba) {
-                        err = Some(OpenError::InconsistentCheckpoint {
-                            reason: format!("{pba} mapped twice ({volume} {lba})"),
-                        });
-                        return;
-                    }
-                    shares.add(volume, r);
-                    counted[r.0 as usize] += 1;
+                        let Some(pba) = pba else {
+                            err = Some(OpenError::InconsistentCheckpoint {
+                                reason: format!(
+                                    "{volume} {lba}: its unit at {base} leaves its region"
+                                ),
+                            });
+                            return;
+                        };
+                        let r = match crate::census::check_mapping(
+                            &geo,
+                            regions,
+                            zone_wps,
+                            (volume, lba, pba),
+                        ) {
+                            Ok(r) => r,
+                            Err(e) => {
+                                err = Some(e);
+                                return;
+                            }
+                        };
+                        if validity.set(pba) {
+                            err = Some(OpenError::InconsistentCheckpoint {
+                                reason: format!("{pba} mapped twice ({volume} {lba})"),
+                            });
+                            return;
+                        }
+                        shares.add(volume, r);
+                        counted[r.0 as usize] += 1;
+                    })
                 })
                 .map_err(OpenError::Engine)?;
         }
@@ -1107,7 +1115,8 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Loading<C, Z, K> {
             let Some(v) = ck.volumes.entries.iter().find(|e| e.id == d.volume) else {
                 return Err(inconsistent(format!("directory for unknown {}", d.volume)));
             };
-            let pages = sb.l2p.pages_for(v.size_blocks) as usize;
+            let entries = v.size_blocks >> v.map_unit_shift;
+            let pages = sb.l2p.pages_for(entries) as usize;
             if d.volume.0 >= sb.volumes_max || pages != d.pages.len() {
                 return Err(inconsistent(format!(
                     "{}: {} directory pages for {} blocks",
@@ -1119,7 +1128,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Loading<C, Z, K> {
             // Moved, not copied: the directories are megabytes per TiB (and the
             // checkpoint's copy is not needed past this step).
             let pages = std::mem::take(&mut d.pages);
-            l2p.vols[d.volume.0 as usize] = Some(VolumeMap::from_dir(pages, v.size_blocks));
+            l2p.vols[d.volume.0 as usize] = Some(VolumeMap::from_dir(pages, entries));
         }
         if ck
             .volumes
@@ -1168,11 +1177,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Loading<C, Z, K> {
             }
         }
         l2p.load_switches(&std::mem::take(&mut ck.switches));
-        let volumes = Volumes {
-            table: ck.volumes.clone(),
-            user_capacity_blocks: sb.user_capacity_blocks,
-            volumes_max: sb.volumes_max,
-        };
+        let volumes = Volumes::new(ck.volumes.clone(), sb.user_capacity_blocks, sb.volumes_max);
         let generation = ck.header.generation;
         // After a crash the new checkpoint's generation must exceed every epoch the
         // crashed run could have written (at most generation + 1).

@@ -64,7 +64,7 @@ fn request_pages(volumes: &Volumes, fmt: L2pFormat, req: &Request) -> Option<(Vo
     }
     // A request for a volume gone fails when dispatched; it needs no pages.
     let volume = volumes.resolve(volume)?;
-    let per_page = fmt.entries_per_page() * BS;
+    let per_page = (fmt.entries_per_page() * BS) << volumes.shift(volume);
     let first = offset / per_page;
     let last = offset.checked_add(len - 1)? / per_page;
     Some((

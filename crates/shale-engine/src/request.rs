@@ -40,6 +40,13 @@ pub enum Request {
         name: String,
         size_bytes: u64,
     },
+    /// `CreateVolume` with a layout other than the default (a mapping unit above one
+    /// block). Pools formatted before volume limits existed refuse it.
+    CreateVolumeWith {
+        name: String,
+        size_bytes: u64,
+        layout: VolumeLayout,
+    },
     /// Creates a shard's slice of a volume (`shale-shards`; refused by a pool of one
     /// shard): `size_bytes` of the volume's `whole_size_bytes` live here. `uid` is
     /// the one another shard issued (`None`: issue one); refused when this engine has
@@ -49,6 +56,7 @@ pub enum Request {
         uid: Option<VolumeUid>,
         size_bytes: u64,
         whole_size_bytes: u64,
+        layout: VolumeLayout,
     },
     /// Resizes a shard's slice of a volume (as `ResizeVolume`).
     ResizeSlice {
@@ -97,6 +105,39 @@ pub struct VolumeInfo {
     pub whole_size_bytes: u64,
     /// Rate limits (none by default).
     pub limits: VolumeLimits,
+    /// How the volume is mapped (fixed at creation).
+    pub layout: VolumeLayout,
+}
+
+/// How a volume's blocks are mapped, chosen when it is created.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct VolumeLayout {
+    /// The mapping unit is `1 << map_unit_shift` blocks (0: 4 KiB, the default; up to
+    /// `shale_format::MAP_UNIT_SHIFT_MAX`, 64 KiB). The volume's L2P holds one entry
+    /// per unit, so it is that many times smaller; writes of less than a unit are
+    /// read-modify-write of the whole unit.
+    pub map_unit_shift: u8,
+}
+
+impl VolumeLayout {
+    /// The mapping unit in bytes.
+    pub fn map_unit_bytes(self) -> u64 {
+        4096 << self.map_unit_shift
+    }
+
+    /// The layout whose mapping unit is `bytes` (a power of two from 4 KiB to
+    /// 64 KiB), or why not.
+    pub fn with_map_unit(bytes: u64) -> Result<VolumeLayout, String> {
+        let max = 4096u64 << shale_format::MAP_UNIT_SHIFT_MAX;
+        if !bytes.is_power_of_two() || !(4096..=max).contains(&bytes) {
+            return Err(format!(
+                "a mapping unit of {bytes} bytes: it must be a power of two from 4096 to {max}"
+            ));
+        }
+        Ok(VolumeLayout {
+            map_unit_shift: (bytes / 4096).trailing_zeros() as u8,
+        })
+    }
 }
 
 #[derive(Debug)]

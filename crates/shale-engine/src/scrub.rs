@@ -55,6 +55,9 @@ impl PeekedPage {
         volume: VolumeId,
         lba: u64,
     ) -> Result<Option<Pba>, EngineError> {
+        // The entry is the block's, or its unit's first block's.
+        let shift = core.volumes.shift(volume);
+        let (lba, j) = (lba >> shift, lba & ((1u64 << shift) - 1));
         if core.l2p.volume_size(volume).is_none_or(|size| lba >= size) {
             return Ok(None);
         }
@@ -69,7 +72,11 @@ impl PeekedPage {
                 .peek_page(&mut core.cache, volume, p as usize, entries)?;
             self.page = Some((volume, p));
         }
-        Ok(Some(if self.empty { Pba::NONE } else { entries[i] }))
+        let base = if self.empty { Pba::NONE } else { entries[i] };
+        if base.is_none() || j == 0 {
+            return Ok(Some(base));
+        }
+        Ok(core.geo.data_advance(base, j))
     }
 }
 

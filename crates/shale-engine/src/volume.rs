@@ -9,13 +9,34 @@
 
 use shale_device::{BlockDevice, ZonedDevice};
 use shale_format::{
-    JournalRecord, VolumeEntry, VolumeId, VolumeLimits, VolumeTable, VolumeUid, VOLUME_NAME_MAX,
+    JournalRecord, VolumeEntry, VolumeId, VolumeLimits, VolumeTable, VolumeUid, MAP_UNIT_SHIFT_MAX,
+    VOLUMES_MAX, VOLUME_NAME_MAX,
 };
 
 use crate::core::Core;
 use crate::layout::BS;
 use crate::write::chunk_writer::ChunkWriter;
-use crate::{Clock, EngineError, VolumeInfo};
+use crate::{Clock, EngineError, VolumeInfo, VolumeLayout};
+
+/// Calls `f` for each block an L2P entry maps: `entry` of a volume whose mapping
+/// unit shift is `shift`, mapped to `base`. The blocks are `(lba, pba)`, `pba`
+/// `None` where the unit would leave `base`'s region (a corrupt map).
+pub(crate) fn entry_blocks(
+    geo: &crate::layout::Geometry,
+    shift: u8,
+    entry: shale_format::Lba,
+    base: shale_format::Pba,
+    mut f: impl FnMut(shale_format::Lba, Option<shale_format::Pba>),
+) {
+    for j in 0..1u64 << shift {
+        let pba = if j == 0 {
+            Some(base)
+        } else {
+            geo.data_advance(base, j)
+        };
+        f(shale_format::Lba((entry.0 << shift) + j), pba);
+    }
+}
 
 /// A shard's slice of a volume (`shale-shards`): the uid to create it under (`None`:
 /// issue one, as the first shard does) and the whole volume's size.
@@ -38,9 +59,43 @@ pub(crate) struct Volumes {
     pub table: VolumeTable,
     pub user_capacity_blocks: u64,
     pub volumes_max: u32,
+    /// Each slot's mapping unit shift (0 for a free slot), kept with the table: the
+    /// data path asks for every request and every moved block.
+    shifts: [u8; VOLUMES_MAX as usize],
 }
 
 impl Volumes {
+    pub fn new(table: VolumeTable, user_capacity_blocks: u64, volumes_max: u32) -> Volumes {
+        let mut v = Volumes {
+            table,
+            user_capacity_blocks,
+            volumes_max,
+            shifts: [0; VOLUMES_MAX as usize],
+        };
+        for e in &v.table.entries {
+            if let Some(s) = v.shifts.get_mut(e.id.0 as usize) {
+                *s = e.map_unit_shift;
+            }
+        }
+        v
+    }
+
+    /// Every slot's mapping unit shift (for walks that cannot borrow the volumes).
+    pub fn shifts(&self) -> [u8; VOLUMES_MAX as usize] {
+        self.shifts
+    }
+
+    /// The largest mapping unit of any volume, in blocks.
+    pub fn max_unit_blocks(&self) -> u64 {
+        1 << self.shifts.iter().copied().max().unwrap_or(0)
+    }
+
+    /// Volume `id`'s mapping unit shift: its L2P entry for block `lba` is
+    /// `lba >> shift`, and the block is `lba & ((1 << shift) - 1)` data slots past it.
+    pub fn shift(&self, id: VolumeId) -> u32 {
+        self.shifts.get(id.0 as usize).map_or(0, |&s| u32::from(s))
+    }
+
     pub fn allocated_blocks(&self) -> u64 {
         self.table.entries.iter().map(|e| e.size_blocks).sum()
     }
@@ -71,6 +126,9 @@ impl Volumes {
                 e.whole_size_blocks * BS
             },
             limits: e.limits,
+            layout: VolumeLayout {
+                map_unit_shift: e.map_unit_shift,
+            },
         }
     }
 }
@@ -120,6 +178,32 @@ pub(crate) fn shard_limits(l: VolumeLimits, shards: u8) -> VolumeLimits {
     }
 }
 
+/// A unit's worst pads (one block short of a unit) are at most this fraction of a zone's
+/// data slots: `(unit - 1) * UNIT_PAD_SHARE_MAX <= zone data slots`.
+pub(crate) const UNIT_PAD_SHARE_MAX: u64 = 32;
+
+/// The largest mapping unit shift zones of `zone_slots` data slots take.
+pub fn max_unit_shift(zone_slots: u64) -> u8 {
+    (0..=MAP_UNIT_SHIFT_MAX)
+        .rev()
+        .find(|&s| ((1u64 << s) - 1) * UNIT_PAD_SHARE_MAX <= zone_slots)
+        .unwrap_or(0)
+}
+
+/// Refuses a size that is not whole units of `layout`.
+fn whole_units(blocks: u64, layout: VolumeLayout) -> Result<(), EngineError> {
+    if !blocks.is_multiple_of(1u64 << layout.map_unit_shift) {
+        return Err(EngineError::InvalidVolume {
+            reason: format!(
+                "size {} is not a multiple of the volume's mapping unit ({})",
+                blocks * BS,
+                layout.map_unit_bytes()
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// Makes a volume in memory; the caller persists the change.
 pub(crate) fn create(
     core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
@@ -127,8 +211,44 @@ pub(crate) fn create(
     name: &str,
     size_bytes: u64,
     slice: Option<Slice>,
+    layout: VolumeLayout,
 ) -> Result<(VolumeInfo, VolumeChange), EngineError> {
     let blocks = size_blocks(size_bytes)?;
+    if layout.map_unit_shift > MAP_UNIT_SHIFT_MAX {
+        return Err(EngineError::InvalidVolume {
+            reason: format!(
+                "a mapping unit of {} bytes is past the largest, {}",
+                layout.map_unit_bytes(),
+                BS << MAP_UNIT_SHIFT_MAX
+            ),
+        });
+    }
+    if layout.map_unit_shift > 0 && core.sb.layout.volume_table_blocks < 2 {
+        return Err(EngineError::InvalidVolume {
+            reason: "this pool was formatted before mapping units existed (its volume table has no room for them); a pool formatted by this version stores them".into(),
+        });
+    }
+    whole_units(blocks, layout)?;
+    // A zone may end in pads before a unit that does not fit (fewer than a unit):
+    // where zones are small that costs too much of the capacity (and of GC's room),
+    // so a unit is at most a 32nd of a zone's data slots, plus one block.
+    let zone_slots = u64::from(
+        crate::layout::Groups {
+            blocks: core.geo.zone_cap_blocks,
+        }
+        .data_capacity(),
+    );
+    let unit_blocks = 1u64 << layout.map_unit_shift;
+    if (unit_blocks - 1) * UNIT_PAD_SHARE_MAX > zone_slots {
+        return Err(EngineError::InvalidVolume {
+            reason: format!(
+                "a mapping unit of {} bytes on zones of {} data blocks: zones end in up to a unit of pads, so units are limited to {} bytes here",
+                layout.map_unit_bytes(),
+                zone_slots,
+                BS << max_unit_shift(zone_slots)
+            ),
+        });
+    }
     let whole_size_blocks = whole_blocks(blocks, slice.map(|s| s.whole_size_bytes))?;
     if name.is_empty() || name.len() > VOLUME_NAME_MAX {
         return Err(EngineError::InvalidVolume {
@@ -175,10 +295,12 @@ pub(crate) fn create(
         created_pos,
         limits: VolumeLimits::NONE,
         whole_size_blocks,
+        map_unit_shift: layout.map_unit_shift,
     };
     let info = Volumes::info(&e);
     core.volumes.table.entries.push(e);
-    core.l2p.add_volume(id, blocks);
+    core.volumes.shifts[id.0 as usize] = layout.map_unit_shift;
+    core.l2p.add_volume(id, blocks >> layout.map_unit_shift);
     Ok((
         info,
         VolumeChange {
@@ -206,6 +328,13 @@ pub(crate) fn resize(
     let Some(old) = core.volumes.get(id).map(|e| e.size_blocks) else {
         unreachable!("resolved above");
     };
+    let shift = core.volumes.shift(id);
+    whole_units(
+        blocks,
+        VolumeLayout {
+            map_unit_shift: shift as u8,
+        },
+    )?;
     if blocks > old {
         let available = core.volumes.user_capacity_blocks - core.volumes.allocated_blocks();
         if blocks - old > available {
@@ -218,7 +347,7 @@ pub(crate) fn resize(
     } else if blocks < old {
         writer.unmap_range(core, id, blocks, old - blocks)?;
     }
-    core.l2p.resize_volume(id, blocks);
+    core.l2p.resize_volume(id, blocks >> shift);
     let Some(e) = core.volumes.table.entries.iter_mut().find(|e| e.id == id) else {
         unreachable!("volume checked above");
     };
@@ -297,6 +426,7 @@ pub(crate) fn delete(
     core.directs.sequential.forget(id);
     core.l2p.remove_volume(id);
     core.volumes.table.entries.retain(|e| e.id != id);
+    core.volumes.shifts[id.0 as usize] = 0;
     Ok(VolumeChange {
         volume: id,
         size_blocks: 0,

@@ -402,7 +402,7 @@ mod tests {
                      dirs in proptest::collection::vec(proptest::collection::vec((any::<u32>(), any::<u32>()), 0..30), 0..5),
                      raw_switches in proptest::collection::btree_map((0u32..5, 0u64..100_000), any::<u64>(), 0..40)) {
             let volumes = VolumeTable { generation: 4, uid_next: VolumeUid(100), entries: dirs.iter().enumerate().map(|(i, d)| VolumeEntry {
-                id: VolumeId(i as u32), uid: VolumeUid(i as u64 + 1), name: format!("v{i}"), size_blocks: d.len() as u64 * 1024, created_sid: Sid(1), created_pos: 0, limits: crate::VolumeLimits { iops_max: i as u64 % 2 * 100, bytes_per_sec_max: 0, ..crate::VolumeLimits::NONE }, whole_size_blocks: 0,
+                id: VolumeId(i as u32), uid: VolumeUid(i as u64 + 1), name: format!("v{i}"), size_blocks: d.len() as u64 * 1024, created_sid: Sid(1), created_pos: 0, limits: crate::VolumeLimits { iops_max: i as u64 % 2 * 100, bytes_per_sec_max: 0, ..crate::VolumeLimits::NONE }, whole_size_blocks: 0, map_unit_shift: 0,
             }).collect() };
             let directories: Vec<L2pDirectory> = dirs.iter().enumerate().map(|(i, d)| L2pDirectory {
                 volume: VolumeId(i as u32), pages: d.iter().map(|&(slot, crc32c)| PageDesc { slot, crc32c }).collect(),
@@ -476,6 +476,7 @@ mod tests {
                         created_pos: 0,
                         limits: crate::VolumeLimits::NONE,
                         whole_size_blocks: 0,
+                        map_unit_shift: 0,
                     })
                     .collect(),
             },

@@ -65,8 +65,9 @@ pub use superblock::{
     SUPERBLOCK_VERSION, SUPERBLOCK_VERSION_2, SUPERBLOCK_VERSION_3,
 };
 pub use volume_table::{
-    VolumeEntry, VolumeGc, VolumeLimits, VolumeTable, VOLUMES_MAX, VOLUME_NAME_MAX,
-    VOLUME_TABLE_MAGIC, VOLUME_TABLE_VERSION, VOLUME_TABLE_VERSION_3,
+    VolumeEntry, VolumeGc, VolumeLimits, VolumeTable, MAP_UNIT_SHIFT_MAX, VOLUMES_MAX,
+    VOLUME_NAME_MAX, VOLUME_TABLE_MAGIC, VOLUME_TABLE_VERSION, VOLUME_TABLE_VERSION_3,
+    VOLUME_TABLE_VERSION_4,
 };
 
 /// The unit of mapping.

@@ -26,6 +26,12 @@ pub const VOLUME_TABLE_MAGIC: u32 = u32::from_le_bytes(*b"SHVT");
 pub const VOLUME_TABLE_VERSION: u16 = 2;
 /// Two blocks: the entries as in version 2, then each entry's limits.
 pub const VOLUME_TABLE_VERSION_3: u16 = 3;
+/// As version 3, with each entry's mapping unit in the second block. Written only
+/// while a volume has a unit above one block, so binaries that predate units refuse
+/// exactly the pools whose L2P they would misread.
+pub const VOLUME_TABLE_VERSION_4: u16 = 4;
+/// Largest mapping unit: 16 blocks (64 KiB), a granule of the shards' deal.
+pub const MAP_UNIT_SHIFT_MAX: u8 = 4;
 pub const VOLUME_LIMITS_MAGIC: u32 = u32::from_le_bytes(*b"SHVL");
 /// Bytes of one entry's limits in the second block (the rest reserved, zero).
 pub const VOLUME_LIMITS_LEN: usize = 64;
@@ -114,6 +120,11 @@ pub struct VolumeEntry {
     /// `size_blocks` is this shard's slice; 0 where the volume is whole here. Stored
     /// only by version 3 tables, in the limits block.
     pub whole_size_blocks: u64,
+    /// The volume's mapping unit is `1 << map_unit_shift` blocks (0: 4 KiB, up to
+    /// [`MAP_UNIT_SHIFT_MAX`]): its L2P holds one entry per unit, and a unit's blocks
+    /// lie in consecutive data slots of one region. Stored only by version 4 tables,
+    /// in the second block; fixed for the volume's life.
+    pub map_unit_shift: u8,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -166,12 +177,17 @@ impl VolumeTable {
         if blocks < 2 {
             return self.encode().to_vec();
         }
+        let version = if self.entries.iter().any(|e| e.map_unit_shift > 0) {
+            VOLUME_TABLE_VERSION_4
+        } else {
+            VOLUME_TABLE_VERSION_3
+        };
         let mut out = Vec::with_capacity(2 * BLOCK_SIZE);
-        out.extend_from_slice(&self.encode_entries(VOLUME_TABLE_VERSION_3));
+        out.extend_from_slice(&self.encode_entries(version));
         let mut b = [0u8; BLOCK_SIZE];
         let mut w = Writer::new(&mut b);
         w.u32(VOLUME_LIMITS_MAGIC);
-        w.u16(VOLUME_TABLE_VERSION_3);
+        w.u16(version);
         w.u16(self.entries.len() as u16);
         w.u32(0); // crc
         w.u32(0);
@@ -185,19 +201,21 @@ impl VolumeTable {
             w.u8(e.limits.cache_share_pct);
             w.u8(e.limits.gc.to_u8());
             w.u64(e.whole_size_blocks);
-            w.skip(VOLUME_LIMITS_LEN - 34);
+            w.u8(e.map_unit_shift);
+            w.skip(VOLUME_LIMITS_LEN - 35);
         }
         seal(&mut b, BLOCK_SIZE);
         out.extend_from_slice(&b);
         out
     }
 
-    /// Blocks the table needs: 2 once a volume has limits or is a slice, else 1.
+    /// Blocks the table needs: 2 once a volume has limits, a mapping unit or is a
+    /// slice, else 1.
     pub fn blocks_needed(&self) -> u32 {
         if self
             .entries
             .iter()
-            .all(|e| e.limits.is_none() && e.whole_size_blocks == 0)
+            .all(|e| e.limits.is_none() && e.whole_size_blocks == 0 && e.map_unit_shift == 0)
         {
             1
         } else {
@@ -206,10 +224,15 @@ impl VolumeTable {
     }
 
     /// The bytes a table of this version starts with says it takes: 2 blocks for
-    /// version 3, else 1 (a block too short to tell is 1).
+    /// versions 3 and 4, else 1 (a block too short to tell is 1).
     pub fn encoded_len(first_block: &[u8]) -> usize {
         match first_block.get(4..6) {
-            Some(&[a, b]) if u16::from_le_bytes([a, b]) == VOLUME_TABLE_VERSION_3 => 2 * BLOCK_SIZE,
+            Some(&[a, b])
+                if [VOLUME_TABLE_VERSION_3, VOLUME_TABLE_VERSION_4]
+                    .contains(&u16::from_le_bytes([a, b])) =>
+            {
+                2 * BLOCK_SIZE
+            }
             _ => BLOCK_SIZE,
         }
     }
@@ -246,8 +269,12 @@ impl VolumeTable {
         let s = Structure::VolumeTable;
         let version = match buf.get(4..6) {
             Some(&[a, b])
-                if [VOLUME_TABLE_VERSION_1, VOLUME_TABLE_VERSION_3]
-                    .contains(&u16::from_le_bytes([a, b])) =>
+                if [
+                    VOLUME_TABLE_VERSION_1,
+                    VOLUME_TABLE_VERSION_3,
+                    VOLUME_TABLE_VERSION_4,
+                ]
+                .contains(&u16::from_le_bytes([a, b])) =>
             {
                 u16::from_le_bytes([a, b])
             }
@@ -295,10 +322,11 @@ impl VolumeTable {
             }
             entries.push(e);
         }
-        if version == VOLUME_TABLE_VERSION_3 {
+        if version >= VOLUME_TABLE_VERSION_3 {
             decode_limits(
                 limits_block,
                 at + BLOCK_SIZE as u64,
+                version,
                 generation,
                 &mut entries,
             )?;
@@ -311,22 +339,17 @@ impl VolumeTable {
     }
 }
 
-/// The second block of a version-3 table: each entry's limits, in entry order.
+/// The second block of a version-3 or 4 table: each entry's limits (and, in
+/// version 4, its mapping unit), in entry order.
 fn decode_limits(
     buf: &[u8],
     at: u64,
+    version: u16,
     generation: u64,
     entries: &mut [VolumeEntry],
 ) -> Result<(), FormatError> {
     let s = Structure::VolumeTable;
-    check_header(
-        buf,
-        s,
-        at,
-        VOLUME_LIMITS_MAGIC,
-        VOLUME_TABLE_VERSION_3,
-        BLOCK_SIZE,
-    )?;
+    check_header(buf, s, at, VOLUME_LIMITS_MAGIC, version, BLOCK_SIZE)?;
     let buf = &buf[..BLOCK_SIZE];
     check_crc(buf, s, at)?;
     let mut r = Reader::at(buf, 6, s, at);
@@ -373,7 +396,22 @@ fn decode_limits(
                 ),
             ));
         }
-        r.skip(VOLUME_LIMITS_LEN - 34)?;
+        let shift = r.u8()?;
+        // Version 3 left the byte reserved (zero); a unit there would be misread.
+        if shift > MAP_UNIT_SHIFT_MAX || (version < VOLUME_TABLE_VERSION_4 && shift != 0) {
+            return Err(r.invalid("map_unit_shift", format!("{shift}")));
+        }
+        if e.size_blocks % (1u64 << shift) != 0 {
+            return Err(r.invalid(
+                "map_unit_shift",
+                format!(
+                    "size {} blocks is not a whole number of units",
+                    e.size_blocks
+                ),
+            ));
+        }
+        e.map_unit_shift = shift;
+        r.skip(VOLUME_LIMITS_LEN - 35)?;
     }
     Ok(())
 }
@@ -414,6 +452,7 @@ fn decode_entry(r: &mut Reader<'_>) -> Result<VolumeEntry, FormatError> {
         created_pos,
         limits: VolumeLimits::NONE,
         whole_size_blocks: 0,
+        map_unit_shift: 0,
     })
 }
 
@@ -440,6 +479,7 @@ fn decode_entry_v1(r: &mut Reader<'_>) -> Result<VolumeEntry, FormatError> {
         created_pos,
         limits: VolumeLimits::NONE,
         whole_size_blocks: 0,
+        map_unit_shift: 0,
     })
 }
 
@@ -458,6 +498,7 @@ mod tests {
             created_pos: 7,
             limits: VolumeLimits::NONE,
             whole_size_blocks: 0,
+            map_unit_shift: 0,
         }
     }
 
@@ -507,6 +548,7 @@ mod tests {
                     created_pos: 5,
                     limits: VolumeLimits::NONE,
                     whole_size_blocks: 0,
+                    map_unit_shift: 0,
                 },
                 VolumeEntry {
                     id: VolumeId(3),
@@ -517,6 +559,7 @@ mod tests {
                     created_pos: 0,
                     limits: VolumeLimits::NONE,
                     whole_size_blocks: 0,
+                    map_unit_shift: 0,
                 },
             ]
         );
@@ -524,6 +567,47 @@ mod tests {
         let again = t.encode();
         assert_eq!(u16::from_le_bytes([again[4], again[5]]), 2);
         assert_eq!(VolumeTable::decode(&again, 0).unwrap(), t);
+    }
+
+    /// Rewrites the map-unit byte of entry 0 in the second block and reseals it.
+    fn with_unit_byte(mut b: Vec<u8>, version: u16, shift: u8) -> Vec<u8> {
+        let second = &mut b[BLOCK_SIZE..];
+        second[4..6].copy_from_slice(&version.to_le_bytes());
+        second[32 + 34] = shift;
+        seal(second, BLOCK_SIZE);
+        b
+    }
+
+    #[test]
+    fn mapping_units_are_checked() {
+        let mut t = VolumeTable {
+            generation: 1,
+            uid_next: VolumeUid(9),
+            entries: vec![VolumeEntry {
+                size_blocks: 48,
+                map_unit_shift: 2,
+                ..entry(0, 1, "big")
+            }],
+        };
+        let b = t.encode_in(2);
+        assert_eq!(
+            VolumeTable::decode(&b, 0).unwrap().entries[0].map_unit_shift,
+            2
+        );
+        // A unit above the largest, a version-3 copy claiming a unit, and a size that
+        // is not whole units are refused by name.
+        let e = VolumeTable::decode(&with_unit_byte(b.clone(), 4, 5), 0).unwrap_err();
+        assert!(e.to_string().contains("map_unit_shift"), "{e}");
+        let mut v3 = b.clone();
+        v3[4..6].copy_from_slice(&VOLUME_TABLE_VERSION_3.to_le_bytes());
+        seal(&mut v3[..BLOCK_SIZE], BLOCK_SIZE);
+        let e = VolumeTable::decode(&with_unit_byte(v3, 3, 2), 0).unwrap_err();
+        assert!(e.to_string().contains("map_unit_shift"), "{e}");
+        t.entries[0].size_blocks = 50;
+        let e = VolumeTable::decode(&t.encode_in(2), 0).unwrap_err();
+        assert!(e.to_string().contains("whole number of units"), "{e}");
+        // A reader that predates version 4 refuses the table instead of misreading it.
+        assert_eq!(u16::from_le_bytes([b[4], b[5]]), VOLUME_TABLE_VERSION_4);
     }
 
     #[test]
@@ -570,6 +654,7 @@ mod tests {
                     created_sid: Sid(sid), created_pos: pos,
                     limits: VolumeLimits { iops_max: iops, bytes_per_sec_max: bps, cache_share_pct: share, gc: VolumeGc::from_u8(gc).unwrap() },
                     whole_size_blocks: if iops % 2 == 0 { 0 } else { size_blocks.saturating_add(bps % 1000) },
+                    map_unit_shift: 0,
                 }).collect();
             let mut t = VolumeTable { generation: gen, uid_next: VolumeUid(5000), entries };
             let b = t.encode_in(2);
@@ -581,6 +666,23 @@ mod tests {
                 e.whole_size_blocks = 0;
             }
             let b = t.encode_in(1);
+            prop_assert_eq!(b.len(), VolumeTable::encoded_len(&b));
+            prop_assert_eq!(VolumeTable::decode(&b, 0), Ok(t));
+        }
+
+        #[test]
+        fn mapping_units_roundtrip_in_version_4(shifts in proptest::collection::vec(0u8..=MAP_UNIT_SHIFT_MAX, 1..10)) {
+            let entries: Vec<VolumeEntry> = shifts.iter().enumerate().map(|(i, &sh)| VolumeEntry {
+                size_blocks: 64 << sh,
+                map_unit_shift: sh,
+                ..entry(i as u32, 1 + i as u64, &format!("v{i}"))
+            }).collect();
+            let t = VolumeTable { generation: 3, uid_next: VolumeUid(100), entries };
+            let b = t.encode_in(2);
+            let version = u16::from_le_bytes([b[4], b[5]]);
+            let any_unit = shifts.iter().any(|&s| s > 0);
+            prop_assert_eq!(version, if any_unit { VOLUME_TABLE_VERSION_4 } else { VOLUME_TABLE_VERSION_3 });
+            prop_assert_eq!(t.blocks_needed(), if any_unit { 2 } else { 1 });
             prop_assert_eq!(b.len(), VolumeTable::encoded_len(&b));
             prop_assert_eq!(VolumeTable::decode(&b, 0), Ok(t));
         }

@@ -139,6 +139,7 @@ fn volumes(n: u32) -> VolumeTable {
                 created_pos: i * 3,
                 limits: shale_format::VolumeLimits::NONE,
                 whole_size_blocks: 0,
+                map_unit_shift: 0,
             })
             .collect(),
     }

@@ -4,7 +4,7 @@
 //! delete or shrink is finished instead (what it dropped cannot come back). Shared by the pool on threads and the pool polled on
 //! one thread, each lending a way to call one shard and wait.
 
-use shale_engine::{EngineError, Reply, Request, VolumeInfo, VolumeUid};
+use shale_engine::{EngineError, Reply, Request, VolumeInfo, VolumeLayout, VolumeUid};
 
 use crate::map::ShardMap;
 use crate::ShardsError;
@@ -59,7 +59,14 @@ impl<'a> Volumes<'a> {
             return self.call_shard(0, req);
         }
         match req {
-            Request::CreateVolume { name, size_bytes } => self.create(name, size_bytes),
+            Request::CreateVolume { name, size_bytes } => {
+                self.create(name, size_bytes, VolumeLayout::default())
+            }
+            Request::CreateVolumeWith {
+                name,
+                size_bytes,
+                layout,
+            } => self.create(name, size_bytes, layout),
             Request::ResizeVolume { volume, size_bytes } => self.resize(volume, size_bytes),
             Request::DeleteVolume { volume } => {
                 self.call_shard(0, Request::DeleteVolume { volume })?;
@@ -122,7 +129,23 @@ impl<'a> Volumes<'a> {
             .collect())
     }
 
-    fn create(&mut self, name: String, size: u64) -> Result<Reply, EngineError> {
+    fn create(
+        &mut self,
+        name: String,
+        size: u64,
+        layout: VolumeLayout,
+    ) -> Result<Reply, EngineError> {
+        // Each shard's slice is whole granules but for the volume's last one, so it
+        // is whole units when the granule and the size are.
+        if !self.map.granule().is_multiple_of(layout.map_unit_bytes()) {
+            return Err(EngineError::InvalidVolume {
+                reason: format!(
+                    "a mapping unit of {} bytes is larger than this pool's granule ({})",
+                    layout.map_unit_bytes(),
+                    self.map.granule()
+                ),
+            });
+        }
         let slices = self.slices(size)?;
         let first = self.call_shard(
             0,
@@ -131,6 +154,7 @@ impl<'a> Volumes<'a> {
                 uid: None,
                 size_bytes: slices[0],
                 whole_size_bytes: size,
+                layout,
             },
         )?;
         let Reply::Volume(info) = first else {
@@ -144,6 +168,7 @@ impl<'a> Volumes<'a> {
                     uid: Some(info.uid),
                     size_bytes: slice,
                     whole_size_bytes: size,
+                    layout,
                 },
             );
             if let Err(e) = r {
@@ -246,6 +271,7 @@ impl<'a> Volumes<'a> {
                                 uid: Some(t.uid),
                                 size_bytes: slice,
                                 whole_size_bytes: t.whole_size_bytes,
+                                layout: t.layout,
                             },
                         )
                         .map_err(|e| ShardsError::Volumes {

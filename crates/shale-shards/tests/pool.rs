@@ -185,6 +185,7 @@ fn small_or_unaligned_volumes_are_refused_with_the_reason() {
         uid: None,
         size_bytes: 4096,
         whole_size_bytes: 4096,
+        layout: Default::default(),
     });
     assert!(matches!(r, Err(EngineError::InvalidVolume { .. })), "{r:?}");
 }
@@ -206,6 +207,7 @@ fn a_create_cut_short_is_finished() {
                 uid: None,
                 size_bytes: map.local_size(0, size),
                 whole_size_bytes: size,
+                layout: Default::default(),
             },
         )
         .unwrap();

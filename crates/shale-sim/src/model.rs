@@ -132,6 +132,8 @@ impl Hist {
 pub struct VolModel {
     pub name: String,
     pub size_blocks: u64,
+    /// The volume's mapping unit in blocks: a trim drops whole units only.
+    pub unit_blocks: u64,
     /// Distinguishes a volume from an earlier one that had the same id.
     pub incarnation: u64,
     image: Vec<u8>,
@@ -251,6 +253,14 @@ impl Model {
     }
 
     pub fn create(&mut self, id: VolumeUid, name: &str, size_blocks: u64) {
+        self.create_mapped(id, name, size_blocks, 1);
+    }
+
+    /// A volume mapped in units of `unit_blocks` blocks. A write of part of a unit
+    /// rewrites the whole unit in the engine, but with the other blocks' newest
+    /// contents, so each block still reads as one of its own versions: the rules
+    /// above hold per block, but for trims, which drop whole units only.
+    pub fn create_mapped(&mut self, id: VolumeUid, name: &str, size_blocks: u64, unit_blocks: u64) {
         self.incarnations += 1;
         let zero = self.zero;
         self.vols.insert(
@@ -258,6 +268,7 @@ impl Model {
             VolModel {
                 name: name.to_string(),
                 size_blocks,
+                unit_blocks,
                 incarnation: self.incarnations,
                 image: vec![0; size_blocks as usize * BS],
                 hist: vec![Hist::zeros(zero); size_blocks as usize],

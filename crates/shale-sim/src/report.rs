@@ -61,6 +61,8 @@ pub struct Counts {
     pub live_checks: u64,
     /// Fresh formats (the first of a run, and one after every refused open).
     pub lineages: u64,
+    /// Volumes created mapped in units larger than a block.
+    pub unit_volumes: u64,
     /// Crash points by kind (`step`, `when:gc`, `trip:checkpoint`, ...), and how
     /// many armed ones never happened before their deadline (`...:missed`).
     pub moments: BTreeMap<String, u64>,
@@ -122,6 +124,7 @@ impl Counts {
         self.crashes_in_open += o.crashes_in_open;
         self.live_checks += o.live_checks;
         self.lineages += o.lineages;
+        self.unit_volumes += o.unit_volumes;
         for (k, v) in &o.moments {
             *self.moments.entry(k.clone()).or_default() += v;
         }
@@ -186,10 +189,11 @@ impl fmt::Display for Counts {
         )?;
         writeln!(
             f,
-            "crashes in shutdown {}  crashes in open {}  formats {}  torn writes {}  pending kept/dropped {}/{}  left pending after shutdown {:?}",
+            "crashes in shutdown {}  crashes in open {}  formats {}  volumes in units {}  torn writes {}  pending kept/dropped {}/{}  left pending after shutdown {:?}",
             self.crashes_in_shutdown,
             self.crashes_in_open,
             self.lineages,
+            self.unit_volumes,
             self.torn_writes,
             self.pending_kept,
             self.pending_dropped,

@@ -473,6 +473,7 @@ impl Sim {
             volumes_max: cfg.engine.volumes_max,
             charge_blocks: 1,
             volume_blocks_min: 8,
+            unit_shift_max: 0,
         };
         let shards = cfg.shards.max(1) as usize;
         Sim {
@@ -696,6 +697,7 @@ impl Sim {
                 volumes_max: self.cfg.engine.volumes_max,
                 charge_blocks: unit,
                 volume_blocks_min: unit.max(8),
+                unit_shift_max: self.unit_shift_max(shards),
             },
         );
         self.trace.mix(0x1111);
@@ -717,9 +719,11 @@ impl Sim {
             let size = size / unit * unit;
             if size >= unit.max(8) {
                 let name = self.workload.name();
+                let shift = self.workload.limits().draw_shift(&mut self.rng, size);
                 self.submit(Op::Create {
                     name,
                     size_blocks: size,
+                    shift,
                 });
                 self.settle()?;
                 // A cache share and a GC policy of its own in the third of the runs
@@ -1480,9 +1484,13 @@ impl Sim {
             let mut m = self.model.clone();
             if !u.applied {
                 match &u.op {
-                    Op::Create { name, size_blocks } => {
+                    Op::Create {
+                        name,
+                        size_blocks,
+                        shift,
+                    } => {
                         if let Some(i) = listed.iter().find(|i| &i.name == name) {
-                            m.create(i.uid, name, *size_blocks);
+                            m.create_mapped(i.uid, name, *size_blocks, 1 << shift);
                         }
                     }
                     Op::Resize {
@@ -1820,9 +1828,10 @@ impl Sim {
                 offset,
                 len,
             } => {
-                // Advisory for partial blocks: only whole blocks inside are unmapped.
-                let lo = offset.div_ceil(BS) * BS;
-                let hi = (offset + len) / BS * BS;
+                // Advisory for partial blocks (units): only whole ones are unmapped.
+                let unit = self.model.volume(volume).map_or(1, |v| v.unit_blocks) * BS;
+                let lo = offset.div_ceil(unit) * unit;
+                let hi = (offset + len) / unit * unit;
                 if lo < hi {
                     self.model.zero(id, volume, lo, hi - lo);
                 } else {
@@ -1866,10 +1875,14 @@ impl Sim {
             Op::Create {
                 ref name,
                 size_blocks,
+                shift,
             } => (
-                Request::CreateVolume {
+                Request::CreateVolumeWith {
                     name: name.clone(),
                     size_bytes: size_blocks * BS,
+                    layout: shale_engine::VolumeLayout {
+                        map_unit_shift: shift,
+                    },
                 },
                 Pending::Admin(op),
             ),
@@ -1886,6 +1899,19 @@ impl Sim {
             Op::Delete { volume } => (Request::DeleteVolume { volume }, Pending::Admin(op)),
         };
         self.submit_request(req, pending);
+    }
+
+    /// The largest mapping unit shift volumes may take: 64 KiB, or a pool's granule
+    /// (a unit never spans shards).
+    fn unit_shift_max(&self, shards: usize) -> u8 {
+        // And what the zones take: 126 data slots in each group of 128 blocks.
+        let zone_slots = self.geo.zone_blocks / 128 * 126;
+        let max = shale_engine::max_map_unit_shift(zone_slots);
+        if shards > 1 {
+            ((self.granule / BS).trailing_zeros() as u8).min(max)
+        } else {
+            max
+        }
     }
 
     /// Gives the volume created last a cache share (10-40%) and a GC policy, both
@@ -2084,9 +2110,18 @@ impl Sim {
                 self.log(|| format!("volume change done: {a:?}"));
                 self.admin_inflight = false;
                 match (&a, reply) {
-                    (Op::Create { name, size_blocks }, Reply::Volume(info)) => {
+                    (
+                        Op::Create {
+                            name,
+                            size_blocks,
+                            shift,
+                        },
+                        Reply::Volume(info),
+                    ) => {
                         self.trace.mix(u64::from(info.id.0));
-                        self.model.create(info.uid, name, *size_blocks);
+                        self.model
+                            .create_mapped(info.uid, name, *size_blocks, 1 << shift);
+                        self.counts.unit_volumes += u64::from(*shift > 0);
                     }
                     (
                         Op::Resize {
@@ -2210,7 +2245,9 @@ fn request_kind(r: &Request) -> &'static str {
         Request::Trim { .. } => "trim",
         Request::WriteZeroes { .. } => "zeroes",
         Request::Flush => "flush",
-        Request::CreateVolume { .. } | Request::CreateSlice { .. } => "create",
+        Request::CreateVolume { .. }
+        | Request::CreateVolumeWith { .. }
+        | Request::CreateSlice { .. } => "create",
         Request::ResizeVolume { .. } | Request::ResizeSlice { .. } => "resize",
         Request::DeleteVolume { .. } => "delete",
         Request::SetVolumeLimits { .. } => "limits",

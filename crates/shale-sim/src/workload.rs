@@ -40,6 +40,8 @@ pub enum Op {
     Create {
         name: String,
         size_blocks: u64,
+        /// Mapped in units of `1 << shift` blocks.
+        shift: u8,
     },
     Resize {
         volume: VolumeUid,
@@ -99,6 +101,24 @@ pub struct Limits {
     pub charge_blocks: u64,
     /// The smallest volume the pool takes (a granule per shard; 8 blocks here).
     pub volume_blocks_min: u64,
+    /// Volumes created may be mapped in units of up to `1 << unit_shift_max` blocks
+    /// (0: blocks only).
+    pub unit_shift_max: u8,
+}
+
+impl Limits {
+    /// A mapping unit shift for a volume of `blocks` blocks: 0 in most draws, else a
+    /// unit the size is a multiple of.
+    pub fn draw_shift(&self, rng: &mut impl Rng, blocks: u64) -> u8 {
+        if self.unit_shift_max == 0 || !rng.gen_bool(0.4) {
+            return 0;
+        }
+        let shift = rng.gen_range(1..=self.unit_shift_max);
+        (0..=shift)
+            .rev()
+            .find(|&s| blocks.is_multiple_of(1 << s))
+            .unwrap_or(0)
+    }
 }
 
 impl Limits {
@@ -120,6 +140,10 @@ pub struct Workload {
 }
 
 impl Workload {
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
     pub fn new(rng: ChaCha8Rng, mix: Mix, limits: Limits) -> Workload {
         Workload {
             rng,
@@ -265,21 +289,29 @@ impl Workload {
         if choice == 0 && (vols.len() as u32) < l.volumes_max && free >= min {
             let size_blocks = self.rng.gen_range(min..=free.clamp(min, 512.max(min)));
             let name = self.name();
-            return Some(Op::Create { name, size_blocks });
+            let shift = l.draw_shift(&mut self.rng, size_blocks);
+            return Some(Op::Create {
+                name,
+                size_blocks,
+                shift,
+            });
         }
         let (volume, size) = self.pick_volume(model)?;
         let blocks = size / BS;
+        // Sizes of a volume mapped in units are whole units.
+        let unit = model.volume(volume).map_or(1, |v| v.unit_blocks);
+        let whole = |b: u64| b / unit * unit;
         match choice {
-            1 if free >= 1 => {
-                let grow = self.rng.gen_range(1..=free.min(blocks.max(8)));
+            1 if free >= unit => {
+                let grow = whole(self.rng.gen_range(unit..=free.min(blocks.max(8)).max(unit)));
                 Some(Op::Resize {
                     volume,
-                    size_blocks: blocks + grow,
+                    size_blocks: blocks + grow.max(unit),
                 })
             }
-            2 if blocks > min => Some(Op::Resize {
+            2 if blocks > min.max(unit) => Some(Op::Resize {
                 volume,
-                size_blocks: self.rng.gen_range(blocks * 3 / 4..blocks).max(min),
+                size_blocks: whole(self.rng.gen_range(blocks * 3 / 4..blocks).max(min)).max(unit),
             }),
             3 if vols.len() > 1 => Some(Op::Delete { volume }),
             _ => None,

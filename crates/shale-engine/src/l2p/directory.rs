@@ -16,27 +16,28 @@ pub(crate) struct VolumeMap {
     /// Cache frame holding each page, or `DEFERRED_BIT` | the head of its deferred
     /// switches, or FRAME_NONE.
     pub frame: Vec<u32>,
-    pub size_blocks: u64,
+    /// Entries of the volume's map: one per block, or per mapping unit.
+    pub entries: u64,
 }
 
 impl VolumeMap {
-    pub fn new(fmt: L2pFormat, size_blocks: u64) -> VolumeMap {
-        let pages = fmt.pages_for(size_blocks) as usize;
+    pub fn new(fmt: L2pFormat, entries: u64) -> VolumeMap {
+        let pages = fmt.pages_for(entries) as usize;
         VolumeMap {
             dir: vec![PageDesc::NONE; pages],
             ckpt_slot: vec![L2P_SLOT_NONE; pages],
             frame: vec![FRAME_NONE; pages],
-            size_blocks,
+            entries,
         }
     }
 
-    pub fn from_dir(dir: Vec<PageDesc>, size_blocks: u64) -> VolumeMap {
+    pub fn from_dir(dir: Vec<PageDesc>, entries: u64) -> VolumeMap {
         let n = dir.len();
         VolumeMap {
             ckpt_slot: dir.iter().map(|d| d.slot).collect(),
             dir,
             frame: vec![FRAME_NONE; n],
-            size_blocks,
+            entries,
         }
     }
 }

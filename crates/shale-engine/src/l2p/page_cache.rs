@@ -305,8 +305,8 @@ impl L2p {
         Ok(())
     }
 
-    pub fn add_volume(&mut self, v: VolumeId, size_blocks: u64) {
-        self.vols[v.0 as usize] = Some(VolumeMap::new(self.fmt, size_blocks));
+    pub fn add_volume(&mut self, v: VolumeId, entries: u64) {
+        self.vols[v.0 as usize] = Some(VolumeMap::new(self.fmt, entries));
     }
 
     /// The pool's L2P entry width.
@@ -314,8 +314,10 @@ impl L2p {
         self.fmt
     }
 
+    /// Volume `v`'s entries: its blocks, or its mapping units where a unit is
+    /// larger than a block.
     pub fn volume_size(&self, v: VolumeId) -> Option<u64> {
-        self.vols.get(v.0 as usize)?.as_ref().map(|m| m.size_blocks)
+        self.vols.get(v.0 as usize)?.as_ref().map(|m| m.entries)
     }
 
     fn unlink(&mut self, f: u32) {
@@ -1078,11 +1080,11 @@ impl L2p {
     }
 
     /// Changes a volume's size (entries past a shrink must already be unmapped).
-    pub fn resize_volume(&mut self, v: VolumeId, size_blocks: u64) {
+    pub fn resize_volume(&mut self, v: VolumeId, entries: u64) {
         let Some(mut m) = self.vols[v.0 as usize].take() else {
             return;
         };
-        let pages = self.fmt.pages_for(size_blocks) as usize;
+        let pages = self.fmt.pages_for(entries) as usize;
         if pages < m.dir.len() {
             let dir = m.dir.split_off(pages);
             let ck = m.ckpt_slot.split_off(pages);
@@ -1093,7 +1095,7 @@ impl L2p {
             m.ckpt_slot.resize(pages, L2P_SLOT_NONE);
             m.frame.resize(pages, FRAME_NONE);
         }
-        m.size_blocks = size_blocks;
+        m.entries = entries;
         self.vols[v.0 as usize] = Some(m);
     }
 
@@ -1168,7 +1170,7 @@ impl L2p {
                     Slot::Frame(fr) => {
                         self.fmt
                             .decode(&self.frames[fr as usize].data[..], &mut buf);
-                        emit(VolumeId(v as u32), p, m.size_blocks, &buf, &mut f);
+                        emit(VolumeId(v as u32), p, m.entries, &buf, &mut f);
                         meter.add(1);
                     }
                     _ if m.dir[p].slot != L2P_SLOT_NONE => {
@@ -1179,7 +1181,7 @@ impl L2p {
                         // relocated entry was mapped, so its page was written).
                         buf.fill(Pba::NONE);
                         self.deferred.for_each(head, |i, pba| buf[i as usize] = pba);
-                        emit(VolumeId(v as u32), p, m.size_blocks, &buf, &mut f);
+                        emit(VolumeId(v as u32), p, m.entries, &buf, &mut f);
                         meter.add(1);
                     }
                     Slot::Empty => {}
@@ -1252,7 +1254,7 @@ impl L2p {
         buf: &mut [Pba],
         f: &mut impl FnMut(VolumeId, Lba, Pba),
     ) {
-        let size = self.vols[v].as_ref().map_or(0, |m| m.size_blocks);
+        let size = self.vols[v].as_ref().map_or(0, |m| m.entries);
         if let Some(Slot::Deferred(head)) = self.vols[v].as_ref().map(|m| slot_of(m.frame[p])) {
             self.fmt.decode(page, buf);
             self.deferred.for_each(head, |i, pba| buf[i as usize] = pba);
@@ -1707,7 +1709,7 @@ mod tests {
                         let mut opened = L2p::new(fmt, 2, 30, 3, 0);
                         for (v, m) in l2p.vols.iter().enumerate() {
                             let m = m.as_ref().unwrap();
-                            opened.vols[v] = Some(VolumeMap::from_dir(m.dir.clone(), m.size_blocks));
+                            opened.vols[v] = Some(VolumeMap::from_dir(m.dir.clone(), m.entries));
                         }
                         opened.rebuild_pool(30).unwrap();
                         opened.load_switches(&switches);

@@ -21,13 +21,21 @@
 //!   and compaction never takes a zone while free zones <= the GC reserve (what GC's
 //!   staged blocks need, plus a zone per stream the rest of its victim may go to), so
 //!   GC can always write out what it holds and free its victims.
+//! - the blocks of a mapping unit (a volume mapped in units, `Volumes::shift`) are
+//!   staged together, in order, once all have been read (`units_partial`), so they
+//!   take consecutive data slots of one zone: a group write may end inside a unit
+//!   only where the zone goes on (never in its last group); the unit switches as one
+//!   once every block is written (`units_moving`), if its first block's source is
+//!   still valid (a unit's blocks are valid or not together).
 
 use shale_device::{
     BlockDevice, IoBuf, IoOp, IoRequest, ZoneAction, ZoneOp, ZoneRequest, ZonedDevice,
 };
+use std::collections::HashMap;
+
 use shale_format::{
-    decode_md_entry, decode_md_header, encode_md, EntryKind, JournalRecord, MdEntry, MdHeader,
-    MdRegionKind, Pba, RegionId, RegionRole, RegionState, BLOCK_SIZE, GROUP_DATA_SLOTS,
+    decode_md_entry, decode_md_header, encode_md, EntryKind, JournalRecord, Lba, MdEntry, MdHeader,
+    MdRegionKind, Pba, RegionId, RegionRole, RegionState, VolumeId, BLOCK_SIZE, GROUP_DATA_SLOTS,
 };
 
 use crate::compaction::policy::{RegionSnapshot, VictimPolicy};
@@ -55,6 +63,30 @@ pub(crate) struct Mover {
     pub zone_blocked: bool,
     /// The streams the victim's blocks are staged into.
     victim_dests: Dests,
+    /// Blocks of mapping units read before the rest of their unit (a unit may span
+    /// two victim groups, whose reads complete in any order), by (volume, unit).
+    units_partial: HashMap<(VolumeId, u64), PartialUnit>,
+    /// Units with blocks written or dropped but not all of them, by (volume, unit,
+    /// first block's source).
+    units_moving: HashMap<(VolumeId, u64, Pba), UnitMove>,
+}
+
+/// A mapping unit being staged: the stream it goes to and the blocks read so far.
+#[derive(Debug)]
+struct PartialUnit {
+    stream: usize,
+    blocks: Vec<Option<(RelocEntry, Box<[u8; BLOCK_SIZE]>)>>,
+    have: u64,
+}
+
+/// A mapping unit whose blocks are being written: how many settled (written or
+/// dropped), and where its first block landed.
+#[derive(Debug)]
+struct UnitMove {
+    settled: u64,
+    new_base: Option<Pba>,
+    /// Every written block is where the first one's unit needs it.
+    contiguous: bool,
 }
 
 /// One victim group being read: its pieces (first slot, buffer once arrived).
@@ -133,6 +165,8 @@ impl Mover {
             zone_writes: Vec::new(),
             zone_blocked: false,
             victim_dests: Dests::all(streams),
+            units_partial: HashMap::new(),
+            units_moving: HashMap::new(),
         }
     }
 
@@ -240,7 +274,11 @@ impl Mover {
         let groups = Groups {
             blocks: core.geo.zone_cap_blocks,
         };
-        let per_zone = (groups.data_capacity() as usize).max(1);
+        // A zone may end with fewer pads than a unit (never a unit split over zones).
+        let slack = core.volumes.max_unit_blocks() as usize - 1;
+        let per_zone = (groups.data_capacity() as usize)
+            .saturating_sub(slack)
+            .max(1);
         // Every read in flight is of the victim (a victim is done once its reads are
         // staged), so both count as the victim's blocks.
         let reads = self.reads.iter().flatten().filter(|_| with_victim);
@@ -258,7 +296,8 @@ impl Mover {
             .map(|(i, s)| {
                 let room = s.zone.map_or(0, |z| {
                     let (g, _) = groups.locate(core.regions.get(z).wp);
-                    (groups.data_capacity() - groups.data_before(g)) as usize
+                    ((groups.data_capacity() - groups.data_before(g)) as usize)
+                        .saturating_sub(slack)
                 });
                 let reading: usize = reads
                     .clone()
@@ -289,7 +328,14 @@ impl Mover {
         } else {
             1
         };
-        self.zones_needed(core, None, false) + victim
+        // With mapping units a zone's valid blocks may need a second zone: the first
+        // can end in pads before a unit that does not fit.
+        let per_victim = if core.volumes.max_unit_blocks() > 1 {
+            2
+        } else {
+            1
+        };
+        self.zones_needed(core, None, false) + victim * per_victim
     }
 
     /// The streams GC stages a victim of `n` valid blocks into, if the free zones can
@@ -380,7 +426,16 @@ impl Mover {
         if n == 0 || (n < k && !force) {
             return Ok(false);
         }
-        let m = n.min(k);
+        let mut m = n.min(k);
+        if m < n && g + 1 == groups.count() {
+            // The zone's last group: a unit it cannot hold whole waits for the next
+            // zone, and pads take its place.
+            let next = &self.streams[s].entries[m];
+            if next.shift > 0 {
+                m -= next.unit_index() as usize;
+                core.stats.unit_pad_blocks += (k - m) as u64;
+            }
+        }
         let sid = core.regions.get(zone).sid;
         let (mut buf, entries) = self.take_group(core, s, m, k, len);
         let direct = entries.iter().filter(|e| e.is_fresh_direct()).count();
@@ -533,6 +588,10 @@ impl Mover {
                 panic!("relocation source {} outside the data regions", e.source);
             };
             core.regions.get_mut(src).relocations -= 1;
+            if e.shift > 0 {
+                self.unit_block_settled(core, e, Some(new))?;
+                continue;
+            }
             // The source's validity bit says whether the entry still points at it
             // (a PBA is valid exactly when one L2P entry maps it), so the switch needs
             // no page: it is deferred if the page is not cached.
@@ -573,6 +632,121 @@ impl Mover {
             }
         }
         Ok(())
+    }
+
+    /// Block `e` of a mapping unit was written at `new` (or dropped: `None`, its
+    /// source no longer valid). Once all the unit's blocks have settled, the unit
+    /// switches to its new place if its source is still the mapped copy and every
+    /// block landed where the unit needs it.
+    fn unit_block_settled(
+        &mut self,
+        core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+        e: &RelocEntry,
+        new: Option<Pba>,
+    ) -> Result<(), EngineError> {
+        let k = 1u64 << e.shift;
+        let j = e.unit_index();
+        let Some(src_base) = core.geo.data_retreat(e.source, j) else {
+            panic!("unit block {j} at {} starts before its region", e.source);
+        };
+        let unit = e.lba.0 >> e.shift;
+        let key = (e.volume, unit, src_base);
+        let mv = self.units_moving.entry(key).or_insert(UnitMove {
+            settled: 0,
+            new_base: None,
+            contiguous: true,
+        });
+        mv.settled += 1;
+        if let Some(new) = new {
+            let base = core.geo.data_retreat(new, j);
+            match (mv.new_base, base) {
+                (_, None) => mv.contiguous = false,
+                (None, Some(b)) => mv.new_base = Some(b),
+                (Some(a), Some(b)) => mv.contiguous &= a == b,
+            }
+        }
+        if mv.settled < k {
+            return Ok(());
+        }
+        let Some(mv) = self.units_moving.remove(&key) else {
+            unreachable!("inserted above")
+        };
+        let Some((src, _)) = core.geo.region_slot(src_base) else {
+            unreachable!("a block's region")
+        };
+        match mv.new_base {
+            Some(new_base) if mv.contiguous && core.regions.validity.get(src_base) => {
+                for j in 0..k {
+                    core.regions
+                        .mark_valid(&core.geo, core.unit_block(new_base, j), e.volume);
+                }
+                core.l2p
+                    .relocate(&mut core.cache, e.volume, Lba(unit), new_base)?;
+                for j in 0..k {
+                    core.regions
+                        .mark_invalid(&core.geo, core.unit_block(src_base, j), e.volume);
+                }
+                core.stats.relocated_blocks += k;
+                let c = core.volume_counters(e.volume);
+                if self.role == RegionRole::Gc {
+                    c.capacity_gc_write_bytes += k * BS;
+                } else {
+                    c.capacity_compaction_write_bytes += k * BS;
+                }
+            }
+            _ => {
+                if !mv.contiguous && core.regions.validity.get(src_base) {
+                    // Never meant to happen (units are staged whole and cut only where
+                    // their zone goes on); the unit stays where it is, and its region
+                    // may be taken as a victim again.
+                    tracing::error!(volume = %e.volume, unit, "a moved unit's blocks are not consecutive; left in place");
+                    core.regions.get_mut(src).draining = false;
+                }
+                core.stats.relocations_superseded += k;
+                core.regions.maybe_pending_free(src);
+            }
+        }
+        Ok(())
+    }
+
+    /// Stages block `j` of a mapping unit read from a victim; the unit goes to stream
+    /// `s` (its first block's) once all its blocks are read.
+    fn stage_unit_block(
+        &mut self,
+        core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+        s: usize,
+        entry: RelocEntry,
+        data: &[u8],
+    ) {
+        let k = 1u64 << entry.shift;
+        let j = entry.unit_index() as usize;
+        let key = (entry.volume, entry.lba.0 >> entry.shift);
+        let p = self
+            .units_partial
+            .entry(key)
+            .or_insert_with(|| PartialUnit {
+                stream: s,
+                blocks: (0..k).map(|_| None).collect(),
+                have: 0,
+            });
+        let mut block = Box::new([0u8; BLOCK_SIZE]);
+        block.copy_from_slice(data);
+        if p.blocks[j].replace((entry, block)).is_none() {
+            p.have += 1;
+        }
+        if p.have < k {
+            return;
+        }
+        let Some(p) = self.units_partial.remove(&key) else {
+            unreachable!("inserted above")
+        };
+        for (e, b) in p.blocks.into_iter().flatten() {
+            let Some((src, _)) = core.geo.region_slot(e.source) else {
+                unreachable!("a victim's block")
+            };
+            self.streams[p.stream].push(e, &b[..], &mut core.bufs);
+            core.regions.get_mut(src).relocations += 1;
+        }
     }
 
     /// A direct write's block reached its zone at `new`: it is mapped if it is still
@@ -736,6 +910,8 @@ impl Mover {
                 self.victim_dests = Dests::all(core.streams);
             }
             core.regions.get_mut(v).draining = true;
+            // Units left partial belonged to a victim emptied while it was read.
+            self.units_partial.clear();
             self.victim = Some(v);
             self.cursor = 0;
         }
@@ -1016,7 +1192,15 @@ impl Mover {
                 }
                 let s = self.stream_for(core, victim, &e, pba);
                 let s = if dests.contains(s) { s } else { dests.first };
-                let entry = RelocEntry::moving(&e, pba);
+                let entry = RelocEntry {
+                    // Valid, so mapped by the volume now in its slot: that one's unit.
+                    shift: core.volumes.shift(e.volume) as u8,
+                    ..RelocEntry::moving(&e, pba)
+                };
+                if entry.shift > 0 {
+                    self.stage_unit_block(core, s, entry, data);
+                    continue;
+                }
                 let st = &mut self.streams[s];
                 st.push(entry, data, &mut core.bufs);
                 core.regions.get_mut(victim).relocations += 1;
@@ -1105,6 +1289,11 @@ impl Mover {
         let Some((region, _)) = core.geo.region_slot(entry.source) else {
             return false;
         };
+        // A unit's block moves only with its unit: compaction or GC will, checking
+        // (and, with redundancy, rebuilding) every block as it goes.
+        if core.volumes.shift(entry.volume) > 0 {
+            return false;
+        }
         let staged = self
             .streams
             .iter()
@@ -1164,6 +1353,13 @@ impl Mover {
             if let Some((src, _)) = core.geo.region_slot(e.source) {
                 core.regions.get_mut(src).relocations -= 1;
                 core.regions.maybe_pending_free(src);
+            }
+            if e.shift > 0 {
+                // Its unit may be part written: the blocks settle together.
+                if let Err(err) = self.unit_block_settled(core, &e, None) {
+                    unreachable!("a superseded unit switches nothing: {err}")
+                }
+                continue;
             }
             core.stats.relocations_superseded += 1;
         }

@@ -28,6 +28,9 @@ pub(crate) struct RelocEntry {
     /// The direct write whose block this is, while it is written the first time;
     /// else [`crate::write::direct::NO_DIRECT`].
     pub direct: u32,
+    /// The mapping unit shift of the block's volume when it was staged: above 0 the
+    /// block is one of a unit's, which move together and switch as one.
+    pub shift: u8,
 }
 
 /// `RelocEntry::pos` of a relocated block: it ranks above every write of its chunk.
@@ -49,7 +52,13 @@ impl RelocEntry {
                 RELOCATED_POS
             },
             direct: crate::write::direct::NO_DIRECT,
+            shift: 0,
         }
+    }
+
+    /// Which block of its unit this is (0 where the volume maps blocks).
+    pub fn unit_index(&self) -> u64 {
+        self.lba.0 & ((1u64 << self.shift) - 1)
     }
 
     /// A direct write's block on its way to its first zone.
@@ -201,6 +210,7 @@ mod tests {
             source: Pba(i),
             pos: RELOCATED_POS,
             direct: crate::write::direct::NO_DIRECT,
+            shift: 0,
         }
     }
 

@@ -47,13 +47,15 @@ pub(crate) fn block_status(
         });
     }
     let end = offset + len;
-    // Bytes of blocks [a, b) that lie inside the request.
-    let bytes = |a: u64, b: u64| (b * BS).min(end) - (a * BS).max(offset);
+    // An L2P entry maps a block, or a unit of a volume mapped in units.
+    let unit = BS << core.volumes.shift(volume);
+    // Bytes of entries [a, b) that lie inside the request.
+    let bytes = |a: u64, b: u64| (b * unit).min(end) - (a * unit).max(offset);
     let mut out = Vec::new();
     let mut page = Box::new([Pba::NONE; crate::l2p::MAX_EPP]);
     let epp = core.l2p.format().entries_per_page();
-    let first = offset / BS;
-    let last = (end - 1) / BS;
+    let first = offset / unit;
+    let last = (end - 1) / unit;
     let mut lba = first;
     while lba <= last {
         let p = lba / epp;

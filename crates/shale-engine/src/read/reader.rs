@@ -118,9 +118,8 @@ impl Reader {
         };
         for lba in first..=last {
             let i = (lba - first) as u32;
-            let pba = match core.l2p.get(&mut core.cache, volume, Lba(lba)) {
-                Ok(Some(p)) => p,
-                Ok(None) => Pba::NONE,
+            let pba = match core.lookup(volume, Lba(lba)) {
+                Ok(p) => p,
                 Err(e) => {
                     op.error.get_or_insert(e);
                     break;
@@ -378,10 +377,7 @@ pub(crate) fn read_block_sync(
     lba: Lba,
     out: &mut [u8; BLOCK_SIZE],
 ) -> Result<(), EngineError> {
-    let pba = core
-        .l2p
-        .get(&mut core.cache, volume, lba)?
-        .unwrap_or(Pba::NONE);
+    let pba = core.lookup(volume, lba)?;
     if pba.is_none() {
         out.fill(0);
         return Ok(());

@@ -238,30 +238,46 @@ pub(crate) fn scan_md(
         scans.push((id, end, n));
     }
     meter.start(scans.iter().map(|s| s.2).sum());
-    let mut found: Vec<(u64, Key, Pba)> = Vec::new();
+    let mut scanned = Scanned::default();
     for (id, end, groups) in scans {
         let r = RegionId(id);
         let Some(mut p) = rp.plans.get(&id).cloned() else {
             continue;
         };
-        found.clear();
+        scanned.found.clear();
+        scanned.context.clear();
+        scanned.context_groups = 0;
         let read0 = rp.counts.md_groups_read;
         bytes += scan_region(
             core,
             r,
             &mut p,
             end,
-            &mut found,
+            &mut scanned,
             &mut rp.counts,
             warnings,
             meter,
         )?;
-        // A reused region's scan stops early: the groups it skipped are done too.
-        meter.add(groups.saturating_sub(rp.counts.md_groups_read - read0));
+        let Scanned {
+            found,
+            context,
+            context_groups,
+        } = &mut scanned;
+        // A reused region's scan stops early: the groups it skipped are done too (the
+        // scan's reads before its start, for units, are not in its count).
+        meter.add(groups.saturating_sub(rp.counts.md_groups_read - read0 - *context_groups));
+        // Every SID seen counts, whole unit or not.
+        rp.max_sid = found
+            .iter()
+            .fold(rp.max_sid, |m, &(_, key, _)| m.max(key.0));
+        let seen = found.len();
+        whole_units(core, found, context);
+        // The other blocks of each unit found count as ignored.
+        rp.counts.entries_ignored += (seen - found.len()) as u64;
         if p.reused {
             rp.counts.entries_ignored += found.len() as u64;
         } else {
-            for &(k, key, pba) in &found {
+            for &(k, key, pba) in found.iter() {
                 rp.max_sid = rp.max_sid.max(key.0);
                 match rp.overlay.get(&k) {
                     Some(&(old, _)) if old >= key => {}
@@ -274,6 +290,75 @@ pub(crate) fn scan_md(
         rp.plans.insert(id, p);
     }
     Ok(bytes)
+}
+
+/// Folds the blocks of mapping units found in one region into their units: a unit's
+/// version is its first block's entry, keyed by (volume, unit) and ranked by the
+/// first block's key, and counts only whole: each of its other blocks in the data
+/// slots that follow, of the same SID (one write or one move; a unit never spans
+/// regions). A unit cut short by the crash is a write never acknowledged, or a move
+/// whose source still holds it. Blocks of volumes mapped in blocks are kept as
+/// they are.
+///
+/// `context` holds the entries of the data slots just before the scan's start: a
+/// unit whose first blocks are there and whose others were found is a version too.
+fn whole_units(
+    core: &Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+    found: &mut Vec<(u64, Key, Pba)>,
+    context: &[(u64, Key, Pba)],
+) {
+    let shift_of = |k: u64| core.volumes.shift(unpack(k).0);
+    if found.iter().all(|&(k, ..)| shift_of(k) == 0) {
+        return;
+    }
+    let at: HashMap<Pba, (u64, Key), BuildHasherDefault<crate::hash::U64Hasher>> = context
+        .iter()
+        .chain(found.iter())
+        .filter(|&&(k, ..)| shift_of(k) > 0)
+        .map(|&(k, key, pba)| (pba, (k, key)))
+        .collect();
+    // Units begun in the context are versions here only with a block past it: one
+    // wholly before the scan's start is older than the checkpoint, whose map may
+    // hold a newer version from another region.
+    let past: std::collections::HashSet<Pba, BuildHasherDefault<crate::hash::U64Hasher>> = found
+        .iter()
+        .filter(|&&(k, ..)| shift_of(k) > 0)
+        .map(|&(.., pba)| pba)
+        .collect();
+    let heads: Vec<(u64, Key, Pba)> = context
+        .iter()
+        .filter(|&&(k, _, pba)| {
+            let shift = shift_of(k);
+            shift > 0
+                && unpack(k).1.is_multiple_of(1 << shift)
+                && (1..1u64 << shift).any(|j| {
+                    core.geo
+                        .data_advance(pba, j)
+                        .is_some_and(|p| past.contains(&p))
+                })
+        })
+        .copied()
+        .collect();
+    found.extend(heads);
+    found.retain_mut(|(k, key, pba)| {
+        let shift = shift_of(*k);
+        if shift == 0 {
+            return true;
+        }
+        let (v, lba) = unpack(*k);
+        let units = 1u64 << shift;
+        if lba % units != 0 {
+            return false;
+        }
+        let whole = (1..units).all(|j| {
+            core.geo
+                .data_advance(*pba, j)
+                .and_then(|p| at.get(&p))
+                .is_some_and(|&(kj, keyj)| kj == pack(v, lba + j) && keyj.0 == key.0)
+        });
+        *k = pack(v, lba >> shift);
+        whole
+    });
 }
 
 /// Where the scan of region `r` ends: its claimed end, for a zone also the
@@ -304,6 +389,35 @@ fn scan_end(
     Ok(end)
 }
 
+/// What one region's scan found: the versions since the checkpoint, and the entries
+/// of the data slots just before the scan's start with the md groups read for them.
+#[derive(Debug, Default)]
+struct Scanned {
+    found: Vec<(u64, Key, Pba)>,
+    context: Vec<(u64, Key, Pba)>,
+    context_groups: u64,
+}
+
+/// Where a scan from `start` reads from. A unit moved into a zone may have its first
+/// blocks written before the checkpoint and the rest after (it switches once all are
+/// written): the data slots just before the scan's start are read too, as context for
+/// such units (`whole_units`).
+fn context_start(
+    core: &Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+    groups: Groups,
+    start: u32,
+) -> u32 {
+    let context_slots = core.volumes.max_unit_blocks() as u32 - 1;
+    if context_slots == 0 || start == 0 {
+        return start;
+    }
+    // A write pointer rests on a data slot or at the region's end.
+    let d = groups
+        .data_index(start)
+        .unwrap_or_else(|| groups.data_capacity());
+    groups.data_slot(d.saturating_sub(context_slots)).min(start)
+}
+
 /// Scans one region's md from the plan's start to `end` ([`Self::scan_end`]),
 /// counting the md groups read on `meter`.
 #[allow(clippy::too_many_arguments)]
@@ -312,7 +426,7 @@ fn scan_region(
     r: RegionId,
     p: &mut RegionPlan,
     end: u32,
-    found: &mut Vec<(u64, Key, Pba)>,
+    scanned: &mut Scanned,
     counts: &mut ReplayCounts,
     warnings: &mut Vec<String>,
     meter: &mut Meter<'_>,
@@ -325,27 +439,30 @@ fn scan_region(
         return Ok(0);
     }
     counts.regions_scanned += 1;
-    let kind = if chunk {
-        MdRegionKind::Chunk
-    } else {
-        MdRegionKind::Zone
-    };
+    let kind = [MdRegionKind::Zone, MdRegionKind::Chunk][usize::from(chunk)];
     let mut bytes = 0;
     let mut two = vec![0u8; 2 * BLOCK_SIZE];
-    let (g0, _) = groups.locate(p.start);
+    let from = context_start(core, groups, p.start);
+    let (g0, _) = groups.locate(from);
     for g in g0..groups.count() {
         let gstart = groups.start(g);
         if gstart >= end {
             break;
         }
         let k = groups.data_slots(g);
+        // Data slots of this group the journal says are durable (a group read for
+        // context only proves nothing new).
+        let context_only = gstart + k <= p.start;
+        let proven_n = end.saturating_sub(gstart).min(k) * u32::from(!context_only);
         let md_slot = groups.md_slot(g);
-        // Data slots of this group the journal says are durable.
-        let proven_n = end.saturating_sub(gstart).min(k);
         let at = read_group_md(core, r, g, md_slot, kind, p.sid, proven_n, &mut two)?;
         bytes += 2 * BS;
         counts.md_groups_read += 1;
-        meter.add(1);
+        if context_only {
+            scanned.context_groups += 1;
+        } else {
+            meter.add(1);
+        }
         let copies = [
             md_copy(&two[..BLOCK_SIZE], at, r, g, kind),
             md_copy(&two[BLOCK_SIZE..], at + BS, r, g, kind),
@@ -374,20 +491,16 @@ fn scan_region(
         let n = u32::from(h.entry_count).min(k);
         for i in 0..n {
             let slot = gstart + i;
-            if slot < p.start || slot >= end {
+            if slot < from || slot >= end {
                 continue;
             }
             let Ok(e) = decode_md_entry(md, i as usize, at + (c as u64) * BS) else {
                 continue;
             };
-            let key = match (e.kind, chunk) {
-                (EntryKind::Data, true) if e.sid == p.sid => (e.sid.0, slot),
-                (EntryKind::Relocated, false) => (e.sid.0, RELOCATED_POS),
-                // A direct write's block (or a GC copy of one) ranks at the chunk slot
-                // its write took.
-                (EntryKind::Direct, false) if e.pos != RELOCATED_POS => (e.sid.0, e.pos),
-                (EntryKind::Empty | EntryKind::Pad, _) => continue,
-                _ => {
+            let key = match entry_key(&e, chunk, p.sid, slot) {
+                Ok(Some(key)) => key,
+                Ok(None) => continue,
+                Err(()) => {
                     counts.entries_ignored += 1;
                     warnings.push(format!(
                         "{r} slot {slot}: md entry of kind {:?} with {} does not belong in this region; ignored",
@@ -396,15 +509,42 @@ fn scan_region(
                     continue;
                 }
             };
+            let version = (pack(e.volume, e.lba.0), key, core.geo.pba(r, slot));
+            if slot < p.start {
+                if mappable(core, e.volume, e.lba, key) {
+                    scanned.context.push(version);
+                }
+                continue;
+            }
             counts.entries_seen += 1;
             if !mappable(core, e.volume, e.lba, key) {
                 counts.entries_ignored += 1;
                 continue;
             }
-            found.push((pack(e.volume, e.lba.0), key, core.geo.pba(r, slot)));
+            scanned.found.push(version);
         }
     }
     Ok(bytes)
+}
+
+/// The key of md entry `e` at `slot` of a region (a chunk when `chunk`) whose logged
+/// life has SID `sid`: `None` for an empty or pad slot, an error for an entry that
+/// does not belong in such a region.
+fn entry_key(
+    e: &shale_format::MdEntry,
+    chunk: bool,
+    sid: Sid,
+    slot: u32,
+) -> Result<Option<Key>, ()> {
+    Ok(Some(match (e.kind, chunk) {
+        (EntryKind::Data, true) if e.sid == sid => (e.sid.0, slot),
+        (EntryKind::Relocated, false) => (e.sid.0, RELOCATED_POS),
+        // A direct write's block (or a GC copy of one) ranks at the chunk slot its
+        // write took.
+        (EntryKind::Direct, false) if e.pos != RELOCATED_POS => (e.sid.0, e.pos),
+        (EntryKind::Empty | EntryKind::Pad, _) => return Ok(None),
+        _ => return Err(()),
+    }))
 }
 
 /// Which md copy of group `g` to replay: the one of the logged life (`p.sid`) with the
@@ -554,8 +694,10 @@ pub(crate) fn apply_replay(
         let Some(size) = core.l2p.volume_size(t.volume) else {
             continue;
         };
-        let lo = t.lba.min(size);
-        let hi = t.lba.saturating_add(t.count).min(size);
+        // In L2P entries: a volume mapped in units trims whole units.
+        let shift = core.volumes.shift(t.volume);
+        let lo = t.lba.div_ceil(1 << shift).min(size);
+        let hi = (t.lba.saturating_add(t.count) >> shift).min(size);
         if lo >= hi {
             continue;
         }

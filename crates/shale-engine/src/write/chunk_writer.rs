@@ -49,6 +49,8 @@ pub(crate) struct ChunkWriter {
     pub pending: VecDeque<PendingWrite>,
     /// Read-modify-write's block, lent out while a write runs.
     pub block_scratch: Option<Box<[u8; BLOCK_SIZE]>>,
+    /// A mapping unit being assembled by a write to a volume mapped in units.
+    pub unit_scratch: Vec<u8>,
     /// A failure that must stop the engine (a block appended but not mapped, an unmap
     /// cut short), for the event loop to act on before anything else happens.
     pub failure: Option<EngineError>,
@@ -71,6 +73,7 @@ impl ChunkWriter {
             asn_next: 0,
             pending: VecDeque::new(),
             block_scratch: Some(Box::new([0; BLOCK_SIZE])),
+            unit_scratch: Vec::new(),
             failure: None,
             hold_acks: false,
             ready: Vec::new(),
@@ -125,6 +128,27 @@ impl ChunkWriter {
         match r {
             Ok(Reply::Done) if self.hold_acks => self.ready.push(done),
             r => done.send(r),
+        }
+    }
+
+    /// The most pads `blocks` blocks written in units of `k` may need: fewer than a
+    /// unit where the open chunk ends, and again at each further chunk they reach.
+    pub fn unit_pads_max(&self, blocks: u64, k: u64) -> u64 {
+        (k - 1) * (2 + blocks / self.chunk_data_capacity.max(1))
+    }
+
+    /// Pads the open chunk to its end if a unit of `k` blocks no longer fits in it,
+    /// so the unit's blocks take consecutive data slots of one chunk.
+    pub fn pad_for_unit(
+        &mut self,
+        core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+        k: u64,
+    ) {
+        if self.open.is_some() && self.open_remaining < k {
+            while self.open.is_some() {
+                self.append_pad(core);
+                core.stats.unit_pad_blocks += 1;
+            }
         }
     }
 

@@ -306,8 +306,12 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     /// enough, whole blocks, and room to stage it.
     pub(crate) fn takes_direct(&self, volume: VolumeId, offset: u64, len: u64) -> bool {
         let min = self.core.config.direct_write_min_bytes;
+        // A volume mapped in units keeps each unit's blocks together, which the
+        // direct path (a block per slot of any zone group) does not: its writes take
+        // the cache.
         min != 0
             && len >= min
+            && self.core.volumes.shift(volume) == 0
             && offset.is_multiple_of(BS)
             && len.is_multiple_of(BS)
             && self.core.directs.blocks + (len / BS) as usize <= DIRECT_STAGED_MAX
@@ -401,6 +405,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 source: Pba::NONE,
                 pos,
                 direct: id,
+                shift: 0,
             };
             self.compaction.stage_direct(core, s, entry, b);
         }

@@ -28,9 +28,8 @@ impl ChunkWriter {
             done.send(Err(e));
             return Ok(None);
         }
-        let first = offset / BS;
-        let last = (offset + len - 1) / BS;
-        if !self.can_append(last - first + 1, core.regions.free_chunks.len()) {
+        let blocks = self.blocks_to_write(core, volume, offset, len);
+        if !self.can_append(blocks, core.regions.free_chunks.len()) {
             return Ok(Some((data, done)));
         }
         if let Err(e) = self.write_range(core, volume, offset, &data, false) {
@@ -61,6 +60,26 @@ impl ChunkWriter {
         Ok(None)
     }
 
+    /// Cache slots a write of `len` bytes at `offset` may take: its blocks, or on a
+    /// volume mapped in units every unit it touches, plus the pads that keep each
+    /// unit in one chunk (fewer than a unit at each chunk it reaches).
+    fn blocks_to_write(
+        &self,
+        core: &Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+        volume: VolumeId,
+        offset: u64,
+        len: u64,
+    ) -> u64 {
+        let shift = core.volumes.shift(volume);
+        let unit = BS << shift;
+        let units = (offset + len - 1) / unit - offset / unit + 1;
+        let blocks = units << shift;
+        if shift == 0 {
+            return blocks;
+        }
+        blocks + self.unit_pads_max(blocks, 1 << shift)
+    }
+
     /// Writes `len` bytes at `offset`: `data` bytes, or zeros when `zeros` (then `data`
     /// is ignored and `len` comes from the caller's range).
     fn write_range(
@@ -71,6 +90,10 @@ impl ChunkWriter {
         data: &[u8],
         zeros: bool,
     ) -> Result<(), EngineError> {
+        let shift = core.volumes.shift(volume);
+        if shift > 0 {
+            return self.write_units(core, volume, shift, offset, data, zeros);
+        }
         let len = data.len() as u64;
         let first = offset / BS;
         let last = (offset + len - 1) / BS;
@@ -110,6 +133,109 @@ impl ChunkWriter {
         }
         self.block_scratch = Some(block);
         result
+    }
+
+    /// `write_range` on a volume mapped in units of `1 << shift` blocks: each unit the
+    /// range touches is written whole, the blocks it does not cover read first.
+    fn write_units(
+        &mut self,
+        core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+        volume: VolumeId,
+        shift: u32,
+        offset: u64,
+        data: &[u8],
+        zeros: bool,
+    ) -> Result<(), EngineError> {
+        let len = data.len() as u64;
+        let k = 1u64 << shift;
+        let unit_bytes = k * BS;
+        let mut unit = std::mem::take(&mut self.unit_scratch);
+        unit.resize(unit_bytes as usize, 0);
+        let mut result = Ok(());
+        'units: for u in offset / unit_bytes..=(offset + len - 1) / unit_bytes {
+            let start = u * unit_bytes;
+            let (lo, hi) = (offset.max(start), (offset + len).min(start + unit_bytes));
+            for j in 0..k {
+                let (b0, b1) = (start + j * BS, start + (j + 1) * BS);
+                let Ok(block) = <&mut [u8; BLOCK_SIZE]>::try_from(
+                    &mut unit[(j * BS) as usize..(b1 - start) as usize],
+                ) else {
+                    unreachable!("a unit is whole blocks")
+                };
+                if lo > b0 || hi < b1 {
+                    if let Err(e) = read_block_sync(core, self, volume, Lba(u * k + j), block) {
+                        result = Err(e);
+                        break 'units;
+                    }
+                }
+                let (a, b) = (lo.max(b0), hi.min(b1));
+                if a < b {
+                    let dst = &mut block[(a - b0) as usize..(b - b0) as usize];
+                    if zeros {
+                        dst.fill(0);
+                    } else {
+                        dst.copy_from_slice(&data[(a - offset) as usize..(b - offset) as usize]);
+                    }
+                }
+            }
+            if let Err(e) = self.map_new_unit(core, volume, shift, u, &unit) {
+                result = Err(e);
+                break;
+            }
+        }
+        self.unit_scratch = unit;
+        result
+    }
+
+    /// Appends the `1 << shift` blocks of unit `u` of `volume` in consecutive data
+    /// slots of one chunk and maps the unit to them.
+    fn map_new_unit(
+        &mut self,
+        core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+        volume: VolumeId,
+        shift: u32,
+        u: u64,
+        data: &[u8],
+    ) -> Result<(), EngineError> {
+        let k = 1u64 << shift;
+        // Fault the page in first, as for a block.
+        core.l2p.get(&mut core.cache, volume, Lba(u))?;
+        for j in 0..k {
+            core.directs.supersede(volume, Lba(u * k + j));
+        }
+        self.pad_for_unit(core, k);
+        let mut base = Pba::NONE;
+        for (j, block) in data.chunks_exact(BLOCK_SIZE).enumerate() {
+            let pba = self.append_block(core, volume, Lba(u * k + j as u64), block);
+            if j == 0 {
+                base = pba;
+            } else {
+                debug_assert_eq!(pba, core.unit_block(base, j as u64), "unit split");
+            }
+            core.regions.mark_valid(&core.geo, pba, volume);
+        }
+        let old = core
+            .l2p
+            .set(&mut core.cache, volume, Lba(u), base)
+            .inspect_err(|e| {
+                self.fail(EngineError::Failed {
+                    reason: format!("mapping {volume} unit {u} to {base}: {e}"),
+                })
+            })?;
+        for j in 0..k {
+            let old_j = if old.is_none() {
+                old
+            } else {
+                core.unit_block(old, j)
+            };
+            let new_j = core.unit_block(base, j);
+            core.placement
+                .user_write(&core.geo, &core.regions, core.sid_next, new_j, old_j);
+            if !old_j.is_none() {
+                core.regions.mark_invalid(&core.geo, old_j, volume);
+            }
+        }
+        Ok(())
     }
 
     pub(crate) fn map_new_block(
@@ -154,9 +280,17 @@ impl ChunkWriter {
         if core.validate_range(volume, offset, len, false).is_err() {
             return true; // fails at once
         }
-        let edges =
-            u64::from(!offset.is_multiple_of(BS)) + u64::from(!(offset + len).is_multiple_of(BS));
-        self.can_append(edges, core.regions.free_chunks.len())
+        let shift = core.volumes.shift(volume);
+        let unit = BS << shift;
+        let edges = u64::from(!offset.is_multiple_of(unit))
+            + u64::from(!(offset + len).is_multiple_of(unit));
+        let blocks = edges << shift;
+        let pads = if shift == 0 {
+            0
+        } else {
+            self.unit_pads_max(blocks, 1 << shift)
+        };
+        self.can_append(blocks + pads, core.regions.free_chunks.len())
     }
 
     /// Write-zeroes: whole blocks trimmed, partial edge blocks written as zeros. With
@@ -182,7 +316,8 @@ impl ChunkWriter {
         }
     }
 
-    /// Trim (`zeroes == false`: whole blocks only) or write-zeroes (exact).
+    /// Trim (`zeroes == false`: whole blocks only, whole units on a volume mapped in
+    /// units) or write-zeroes (exact).
     pub fn trim(
         &mut self,
         core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
@@ -195,20 +330,23 @@ impl ChunkWriter {
         if !zeroes {
             core.volume_counters(volume).trim_ops += 1;
         }
+        let shift = core.volumes.shift(volume);
+        let unit = BS << shift;
         let end = offset + len;
-        let first_full = offset.div_ceil(BS);
-        let end_full = end / BS;
+        // In whole units, counted in blocks.
+        let first_full = offset.div_ceil(unit) << shift;
+        let end_full = (end / unit) << shift;
         if zeroes {
             // Partial edges become zeros by read-modify-write.
             if first_full > end_full {
                 let z = vec![0u8; len as usize];
                 return self.write_range(core, volume, offset, &z, true);
             }
-            if !offset.is_multiple_of(BS) {
+            if offset < first_full * BS {
                 let l = first_full * BS - offset;
                 self.write_range(core, volume, offset, &vec![0u8; l as usize], true)?;
             }
-            if !end.is_multiple_of(BS) && end_full >= first_full {
+            if end > end_full * BS && end_full >= first_full {
                 let l = end - end_full * BS;
                 self.write_range(core, volume, end_full * BS, &vec![0u8; l as usize], true)?;
             }
@@ -265,9 +403,13 @@ impl ChunkWriter {
         first: u64,
         count: u64,
     ) -> Result<(), EngineError> {
-        let mut lba = first;
-        let end = first + count;
-        core.directs.supersede_range(volume, first, end);
+        core.directs.supersede_range(volume, first, first + count);
+        // In L2P entries: blocks, or whole units (callers pass unit-aligned ranges on
+        // volumes mapped in units).
+        let shift = core.volumes.shift(volume);
+        debug_assert!(first.is_multiple_of(1 << shift) && count.is_multiple_of(1 << shift));
+        let mut lba = first >> shift;
+        let end = (first + count) >> shift;
         while lba < end {
             let epp = core.l2p.format().entries_per_page();
             let page = (lba / epp) as usize;
@@ -279,7 +421,10 @@ impl ChunkWriter {
             while lba < page_end {
                 let old = core.l2p.set(&mut core.cache, volume, Lba(lba), Pba::NONE)?;
                 if !old.is_none() {
-                    core.regions.mark_invalid(&core.geo, old, volume);
+                    for j in 0..1u64 << shift {
+                        let b = core.unit_block(old, j);
+                        core.regions.mark_invalid(&core.geo, b, volume);
+                    }
                 }
                 lba += 1;
             }

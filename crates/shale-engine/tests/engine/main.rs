@@ -16,3 +16,4 @@ mod limits;
 mod model;
 mod recovery;
 mod robustness;
+mod units;

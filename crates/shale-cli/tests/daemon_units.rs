@@ -1,0 +1,93 @@
+//! Volumes mapped in units through the real daemon: `shale volume create --map-unit`,
+//! the unit in `volume list` (text and JSON) and as the export's preferred block size
+//! (nbdinfo), writes smaller than a unit (qemu-io) read back before and after a
+//! restart, and sizes or units that are not whole refused.
+
+mod daemon_common;
+
+use std::process::Command;
+
+use daemon_common::*;
+
+fn qemu_io(uri: &str, cmds: &[&str]) -> String {
+    let mut c = Command::new("qemu-io");
+    c.args(["-f", "raw"]);
+    for cmd in cmds {
+        c.args(["-c", cmd]);
+    }
+    c.arg(uri);
+    stdout(&mut c)
+}
+
+#[test]
+fn a_volume_mapped_in_64k_units_keeps_partial_writes_across_a_restart() {
+    require("qemu-io", "qemu-utils");
+    require("nbdinfo", "libnbd-bin");
+    let mut d = Daemon::start();
+    let made = d.admin(&["volume", "create", "media", "64MiB", "--map-unit", "64KiB"]);
+    assert!(made.contains("mapped in units of 64"), "{made}");
+
+    let list: serde_json::Value =
+        serde_json::from_str(&d.admin(&["volume", "list", "--json"])).expect("json");
+    let media = list
+        .as_array()
+        .and_then(|a| a.iter().find(|v| v["name"] == "media"))
+        .unwrap_or_else(|| panic!("no media in {list}"));
+    assert_eq!(media["map_unit_bytes"], 65536, "{list}");
+    let text = d.admin(&["volume", "list"]);
+    assert!(text.contains("MAP-UNIT"), "{text}");
+
+    let info = stdout(Command::new("nbdinfo").args(["--json", &d.uri("media")]));
+    let v: serde_json::Value = serde_json::from_str(&info).expect("json");
+    assert_eq!(v["exports"][0]["block_size_preferred"], 65536, "{info}");
+
+    // A whole unit, a block inside another, bytes across two units, a discard of a
+    // whole unit and of part of one (which keeps its data: trims are advisory).
+    let uri = d.uri("media");
+    let out = qemu_io(
+        &uri,
+        &[
+            "write -P 0x11 0 64k",
+            "write -P 0x22 128k 64k",
+            "write -P 0x33 136k 4k",
+            "write -P 0x44 65000 1000",
+            "write -P 0x55 1M 128k",
+            "discard 1M 64k",
+            "discard 128k 4k",
+            "flush",
+        ],
+    );
+    assert!(!out.contains("failed"), "{out}");
+    let checks = [
+        "read -P 0x11 0 65000",
+        "read -P 0x22 128k 8k",
+        "read -P 0x33 136k 4k",
+        "read -P 0x22 140k 52k",
+        "read -P 0x44 65000 1000",
+        "read -P 0x00 66000 1000",
+        "read -P 0x00 1M 64k",
+        "read -P 0x55 1088k 64k",
+    ];
+    let out = qemu_io(&uri, &checks);
+    assert!(!out.contains("Pattern verification failed"), "{out}");
+
+    d.stop();
+    d.spawn();
+    let out = qemu_io(&uri, &checks);
+    assert!(
+        !out.contains("Pattern verification failed"),
+        "after restart: {out}"
+    );
+
+    // Sizes that are not whole units, and units that are not one.
+    for args in [
+        &["volume", "create", "odd", "100KiB", "--map-unit", "64KiB"][..],
+        &["volume", "create", "odd", "1MiB", "--map-unit", "128KiB"],
+        &["volume", "create", "odd", "1MiB", "--map-unit", "12KiB"],
+        &["volume", "resize", "media", "65MiB-4KiB"],
+    ] {
+        let out = output(shale().args(args).arg("--data-dir").arg(d.data_dir()));
+        assert!(!out.status.success(), "{args:?} succeeded");
+    }
+    d.stop();
+}
