@@ -425,28 +425,32 @@ fn direct_writes_skip_the_cache() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("direct_write_min_bytes"));
 }
 
+/// `shale bench run` of `shale-zns` on the tiny configuration, 256 KiB uniform writes,
+/// with `extra` options, JSON out.
+fn tiny_uniform_256k<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec![
+        "bench",
+        "run",
+        "--system",
+        "shale-zns",
+        "--config",
+        "tiny",
+        "--workload",
+        "uniform",
+        "--bs",
+        "256k",
+    ];
+    args.extend_from_slice(extra);
+    args.push("--json");
+    args
+}
+
 /// `--direct-write-policy`: under `sequential` (the default) large writes at random
 /// places go through the cache as without direct writes, under `any` most skip it.
 #[test]
 fn the_sequential_policy_leaves_random_writes_to_the_cache() {
     let args = |min: &'static str, policy: &'static str| {
-        [
-            "bench",
-            "run",
-            "--system",
-            "shale-zns",
-            "--config",
-            "tiny",
-            "--workload",
-            "uniform",
-            "--bs",
-            "256k",
-            "--direct-write-min",
-            min,
-            "--direct-write-policy",
-            policy,
-            "--json",
-        ]
+        tiny_uniform_256k(&["--direct-write-min", min, "--direct-write-policy", policy])
     };
     let cache = |v: &serde_json::Value| num(v, "/bytes/cache_written");
     let off = cache(&run_json(&args("0", "sequential")));
@@ -467,23 +471,7 @@ fn the_sequential_policy_leaves_random_writes_to_the_cache() {
 /// that is not one is refused by name.
 #[test]
 fn mapping_units_shrink_the_map() {
-    let args = |unit: &'static str| {
-        [
-            "bench",
-            "run",
-            "--system",
-            "shale-zns",
-            "--config",
-            "tiny",
-            "--workload",
-            "uniform",
-            "--bs",
-            "256k",
-            "--map-unit",
-            unit,
-            "--json",
-        ]
-    };
+    let args = |unit: &'static str| tiny_uniform_256k(&["--map-unit", unit]);
     let table = |v: &serde_json::Value| num(v, "/l2p/table_bytes");
     let cache = |v: &serde_json::Value| num(v, "/bytes/cache_written");
     let (blocks, units) = (run_json(&args("4k")), run_json(&args("16k")));
