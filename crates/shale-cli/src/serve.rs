@@ -307,7 +307,7 @@ pub struct FormatArgs {
     pub devices: DeviceArgs,
     /// Volume to create, NAME[:SIZE][,key=value…] (repeatable; one without a size takes
     /// what the ones before it left; keys: iops-max, mibps-max, cache-share, gc,
-    /// map-unit)
+    /// map-unit, dual-map=yes)
     /// [default: one volume named default]
     #[arg(long = "volume")]
     pub volumes: Vec<String>,
@@ -361,6 +361,7 @@ pub fn format(args: FormatArgs) -> Result<()> {
                     "cache_share_pct": limit(u64::from(v.limits.cache_share_pct)),
                     "gc": shale_daemon::serve::volume_gc_name(v.limits.gc),
                     "map_unit_bytes": v.layout.map_unit_bytes(),
+                    "dual_map": v.layout.dual,
                 })
             })
             .collect();

@@ -91,3 +91,80 @@ fn a_volume_mapped_in_64k_units_keeps_partial_writes_across_a_restart() {
     }
     d.stop();
 }
+
+#[test]
+fn a_dual_mapped_volume_takes_small_writes_without_read_modify_write() {
+    require("qemu-io", "qemu-utils");
+    require("nbdinfo", "libnbd-bin");
+    let mut d = Daemon::start();
+    let made = d.admin(&["volume", "create", "objects", "64MiB", "--dual-map"]);
+    assert!(made.contains("(dual)"), "{made}");
+    let list: serde_json::Value =
+        serde_json::from_str(&d.admin(&["volume", "list", "--json"])).expect("json");
+    let v = list
+        .as_array()
+        .and_then(|a| a.iter().find(|v| v["name"] == "objects"))
+        .unwrap_or_else(|| panic!("no objects in {list}"));
+    assert_eq!(
+        (v["map_unit_bytes"].clone(), v["dual_map"].clone()),
+        (65536.into(), true.into()),
+        "{list}"
+    );
+    assert!(d.admin(&["volume", "list"]).contains("64KiB+4KiB"));
+    // Small writes are what it takes as they come: a 4 KiB preferred size.
+    let info = stdout(Command::new("nbdinfo").args(["--json", &d.uri("objects")]));
+    let j: serde_json::Value = serde_json::from_str(&info).expect("json");
+    assert_eq!(j["exports"][0]["block_size_preferred"], 4096, "{info}");
+
+    // Whole units, blocks over them, bytes across two units, and a unit over blocks.
+    let uri = d.uri("objects");
+    let out = qemu_io(
+        &uri,
+        &[
+            "write -P 0x11 0 1M",
+            "write -P 0x22 68k 4k",
+            "write -P 0x33 130000 1000",
+            "write -P 0x44 256k 64k",
+            "write -P 0x55 260k 4k",
+            "flush",
+        ],
+    );
+    assert!(!out.contains("failed"), "{out}");
+    let checks = [
+        "read -P 0x11 0 68k",
+        "read -P 0x22 68k 4k",
+        "read -P 0x11 72k 56272",
+        "read -P 0x33 130000 1000",
+        "read -P 0x11 131000 131144",
+        "read -P 0x44 256k 4k",
+        "read -P 0x55 260k 4k",
+        "read -P 0x44 264k 56k",
+        "read -P 0x11 320k 704k",
+    ];
+    let out = qemu_io(&uri, &checks);
+    assert!(!out.contains("Pattern verification failed"), "{out}");
+    d.stop();
+    d.spawn();
+    let out = qemu_io(&uri, &checks);
+    assert!(
+        !out.contains("Pattern verification failed"),
+        "after restart: {out}"
+    );
+    // A dual volume needs a unit larger than a block.
+    let out = output(
+        shale()
+            .args([
+                "volume",
+                "create",
+                "x",
+                "1MiB",
+                "--dual-map",
+                "--map-unit",
+                "4KiB",
+            ])
+            .arg("--data-dir")
+            .arg(d.data_dir()),
+    );
+    assert!(!out.status.success());
+    d.stop();
+}

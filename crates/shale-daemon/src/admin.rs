@@ -54,6 +54,10 @@ pub enum AdminRequest {
         /// The mapping unit in bytes, 4096 (the default) to 65536.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         map_unit_bytes: Option<u64>,
+        /// Dual mapped: the unit map (64 KiB units unless `map_unit_bytes` says)
+        /// with a sparse map of 4 KiB blocks over it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        dual_map: Option<bool>,
     },
     VolumeList,
     /// Changes a volume's rate limits, cache share and GC policy: each given one is
@@ -393,6 +397,7 @@ mod tests {
             cache_share_pct: None,
             gc: None,
             map_unit_bytes: None,
+            dual_map: None,
         };
         call(&path, &create).expect("create");
         assert!(matches!(call(&path, &create), Err(AdminError::Remote(_))));

@@ -156,7 +156,12 @@ impl EngineBackend {
             // clients (libnbd) refuse byte-granular I/O the engine handles.
             block_sizes: BlockSizes {
                 minimum: 1,
-                preferred: v.layout.map_unit_bytes() as u32,
+                // A dual volume takes blocks as they come (its sparse map).
+                preferred: if v.layout.dual {
+                    4096
+                } else {
+                    v.layout.map_unit_bytes() as u32
+                },
                 payload_max: self.payload_bytes_max,
             },
         }

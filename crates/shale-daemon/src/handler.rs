@@ -138,6 +138,7 @@ fn volume_json(v: &VolumeInfo, clients: usize) -> Value {
         "cache_share_pct": limit(u64::from(v.limits.cache_share_pct)),
         "gc": crate::serve::volume_gc_name(v.limits.gc),
         "map_unit_bytes": v.layout.map_unit_bytes(),
+        "dual_map": v.layout.dual,
     })
 }
 
@@ -206,6 +207,7 @@ pub fn volumes_json(s: &Stats, list: &[VolumeInfo], b: &EngineBackend) -> Value 
             "waf": { "layer": waf },
             "cache_valid_bytes": v.cache_valid_bytes,
             "l2p_table_bytes": v.l2p_table_bytes,
+            "l2p_sparse_bytes": v.l2p_sparse_bytes,
             "throttle": {
                 "waiting": v.throttle_waiting,
                 "delayed": v.throttle_delayed,
@@ -296,6 +298,7 @@ impl DaemonAdmin {
                 cache_share_pct,
                 gc,
                 map_unit_bytes,
+                dual_map,
             } => {
                 let limits = limits_of(
                     VolumeLimits::NONE,
@@ -308,6 +311,11 @@ impl DaemonAdmin {
                     Some(b) => shale_engine::VolumeLayout::with_map_unit(b)?,
                     None => shale_engine::VolumeLayout::default(),
                 };
+                let layout = crate::serve::dual_layout(
+                    layout,
+                    dual_map.unwrap_or(false),
+                    map_unit_bytes.is_some(),
+                )?;
                 let r = crate::serve::create_volume(
                     |r| engine.call(r),
                     name,

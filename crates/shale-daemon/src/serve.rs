@@ -733,12 +733,41 @@ pub struct VolumePlan {
     /// `None`: what the volumes before it leave of the user capacity.
     pub size_bytes: Option<u64>,
     pub limits: shale_engine::VolumeLimits,
-    /// How it is mapped (`map-unit`), fixed at creation.
+    /// How it is mapped (`map-unit`, `dual-map`), fixed at creation.
     pub layout: shale_engine::VolumeLayout,
 }
 
 /// Option keys `VolumePlan::parse` takes after the name and size.
-pub const VOLUME_PLAN_KEYS: &[&str] = &["iops-max", "mibps-max", "cache-share", "gc", "map-unit"];
+pub const VOLUME_PLAN_KEYS: &[&str] = &[
+    "iops-max",
+    "mibps-max",
+    "cache-share",
+    "gc",
+    "map-unit",
+    "dual-map",
+];
+
+/// The unit map's unit of a dual-mapped volume when none is named: 64 KiB (SALSA's).
+pub const DUAL_MAP_UNIT_DEFAULT: u64 = 64 << 10;
+
+/// `layout` dual mapped (`dual`), its unit 64 KiB unless `unit_named`.
+pub fn dual_layout(
+    mut layout: shale_engine::VolumeLayout,
+    dual: bool,
+    unit_named: bool,
+) -> Result<shale_engine::VolumeLayout, String> {
+    if !dual {
+        return Ok(layout);
+    }
+    if !unit_named {
+        layout = shale_engine::VolumeLayout::with_map_unit(DUAL_MAP_UNIT_DEFAULT)?;
+    }
+    if layout.map_unit_shift == 0 {
+        return Err("dual mapping needs a mapping unit above 4KiB (its coarse map)".into());
+    }
+    layout.dual = true;
+    Ok(layout)
+}
 
 /// A mapping unit by size (`4KiB` to `64KiB`, a power of two).
 pub fn parse_map_unit(s: &str) -> Result<shale_engine::VolumeLayout, String> {
@@ -811,6 +840,7 @@ impl VolumePlan {
                 ));
             }
         }
+        let (mut dual, mut unit_named) = (false, false);
         for opt in parts {
             let Some((key, value)) = opt.split_once('=') else {
                 return Err(format!(
@@ -832,6 +862,18 @@ impl VolumePlan {
                 "map-unit" => {
                     plan.layout =
                         parse_map_unit(value).map_err(|e| format!("volume {name:?}: {e}"))?;
+                    unit_named = true;
+                }
+                "dual-map" => {
+                    dual = match value {
+                        "yes" | "on" | "true" => true,
+                        "no" | "off" | "false" => false,
+                        v => {
+                            return Err(format!(
+                                "volume {name:?}: dual-map = {v:?} (expected yes or no)"
+                            ))
+                        }
+                    };
                 }
                 "gc" => {
                     plan.limits.gc =
@@ -861,7 +903,42 @@ impl VolumePlan {
                 }
             }
         }
+        plan.layout = dual_layout(plan.layout, dual, unit_named)
+            .map_err(|e| format!("volume {:?}: {e}", plan.name))?;
         Ok(plan)
+    }
+}
+
+/// Creates `plan`'s volume at `bytes`. A dual volume sized by what is left takes what
+/// its maps have room for: they may take a sixteenth more than a 4 KiB volume's.
+fn create_planned(
+    mut call: impl FnMut(Request) -> Result<Reply, EngineError>,
+    plan: &VolumePlan,
+    bytes: u64,
+) -> Result<Reply, EngineError> {
+    let unit = plan.layout.map_unit_bytes();
+    let mut bytes = bytes;
+    let mut tries = 0;
+    loop {
+        let r = create_volume(
+            &mut call,
+            plan.name.clone(),
+            bytes,
+            plan.limits,
+            plan.layout,
+        );
+        match r {
+            Err(e)
+                if plan.size_bytes.is_none()
+                    && plan.layout.dual
+                    && tries < 4
+                    && e.to_string().contains("no L2P room") =>
+            {
+                tries += 1;
+                bytes = bytes / 17 * 16 / unit * unit;
+            }
+            r => return r,
+        }
     }
 }
 
@@ -1026,13 +1103,7 @@ fn format_steps(
                 Some(b) => b / 4096 * 4096,
                 None => engine.available_bytes()? / unit * unit,
             };
-            let reply = create_volume(
-                |r| engine.call(r),
-                plan.name.clone(),
-                bytes,
-                plan.limits,
-                plan.layout,
-            )?;
+            let reply = create_planned(|r| engine.call(r), plan, bytes)?;
             if let Reply::Volume(info) = reply {
                 created.push(info);
             }
@@ -1850,6 +1921,17 @@ mod tests {
         let p = VolumePlan::parse("media:8GiB,map-unit=64KiB").expect("parses");
         assert_eq!(p.layout.map_unit_bytes(), 64 << 10);
         assert_eq!(p.layout.map_unit_shift, 4);
+        assert!(!p.layout.dual);
+        // Dual mapping: 64 KiB units unless named, in either order.
+        let p = VolumePlan::parse("objects:8GiB,dual-map=yes").expect("parses");
+        assert_eq!((p.layout.map_unit_bytes(), p.layout.dual), (64 << 10, true));
+        let p = VolumePlan::parse("objects,dual-map=yes,map-unit=32KiB").expect("parses");
+        assert_eq!((p.layout.map_unit_bytes(), p.layout.dual), (32 << 10, true));
+        let p = VolumePlan::parse("objects,map-unit=16KiB,dual-map=no").expect("parses");
+        assert_eq!(
+            (p.layout.map_unit_bytes(), p.layout.dual),
+            (16 << 10, false)
+        );
         assert_eq!(
             VolumePlan::parse("a").expect("parses"),
             VolumePlan::named("a")
@@ -1862,7 +1944,12 @@ mod tests {
             ("a,iops-max=fast", "iops-max"),
             (
                 "a,fast=yes",
-                "known: iops-max, mibps-max, cache-share, gc, map-unit",
+                "known: iops-max, mibps-max, cache-share, gc, map-unit, dual-map",
+            ),
+            ("a,dual-map=maybe", "expected yes or no"),
+            (
+                "a,dual-map=yes,map-unit=4KiB",
+                "needs a mapping unit above 4KiB",
             ),
             ("a,gc=lru", "unknown GC policy"),
             ("a,map-unit=128KiB", "power of two from 4096 to 65536"),

@@ -160,43 +160,40 @@ pub(crate) fn step(
     let regions = &mut core.regions;
     let zone_wps = &census.zone_wps;
     let mut bad: Option<String> = None;
-    let mut pages = 0u64;
-    let mut last_page = None;
-    let epp = core.l2p.format().entries_per_page();
-    let shifts = core.volumes.shifts();
-    let next = core.l2p.for_each_mapped_from(
+    let kinds = core.volumes.kinds();
+    let walked = crate::volume::walk_blocks(
+        &mut core.l2p,
+        &mut core.cache,
+        kinds,
+        &geo,
         census.next,
         max_pages,
-        &mut core.cache,
         &mut Meter::off(),
-        |volume, entry, base| {
-            if last_page != Some((volume, entry.0 / epp)) {
-                last_page = Some((volume, entry.0 / epp));
-                pages += 1;
+        |volume, lba, pba, base| {
+            if bad.is_some() {
+                return;
             }
-            let shift = shifts.get(volume.0 as usize).copied().unwrap_or(0);
             // An entry maps a block, or the blocks of a unit from `base` on.
-            crate::volume::entry_blocks(&geo, shift, entry, base, |lba, pba| {
-                if bad.is_some() {
-                    return;
+            let Some(pba) = pba else {
+                bad = Some(format!(
+                    "{volume} {lba}: its unit at {base} leaves its region"
+                ));
+                return;
+            };
+            match check_mapping(&geo, &regions.regions, zone_wps, (volume, lba, pba)) {
+                // Already set: mapped since the open, or mapped twice (the full
+                // self-check finds the latter).
+                Ok(r) => {
+                    regions.census_set(r, pba, volume);
                 }
-                let Some(pba) = pba else {
-                    bad = Some(format!(
-                        "{volume} {lba}: its unit at {base} leaves its region"
-                    ));
-                    return;
-                };
-                match check_mapping(&geo, &regions.regions, zone_wps, (volume, lba, pba)) {
-                    // Already set: mapped since the open, or mapped twice (the full
-                    // self-check finds the latter).
-                    Ok(r) => {
-                        regions.census_set(r, pba, volume);
-                    }
-                    Err(e) => bad = Some(e.to_string()),
-                }
-            })
+                Err(e) => bad = Some(e.to_string()),
+            }
         },
     );
+    let (next, pages) = match walked {
+        Ok((n, p)) => (Ok(n), p),
+        Err(e) => (Err(e), 0),
+    };
     census.pages += pages;
     let next = match next {
         Ok(n) => n,

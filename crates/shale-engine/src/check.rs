@@ -594,18 +594,18 @@ fn check_mappings<C: BlockDevice, Z: ZonedDevice>(
     rep: &mut CheckReport,
 ) -> Option<usize> {
     let mut mapped = Vec::new();
-    let shifts = e.core.volumes.shifts();
+    let kinds = e.core.volumes.kinds();
     let geo = e.core.geo.clone();
-    let res = e
-        .core
-        .l2p
-        .for_each_mapped(&mut e.core.cache, |v, entry, base| {
-            let shift = shifts.get(v.0 as usize).copied().unwrap_or(0);
-            // An entry maps a block, or each block of a unit.
-            crate::volume::entry_blocks(&geo, shift, entry, base, |lba, pba| {
-                mapped.push((v, lba, pba.unwrap_or(Pba::NONE)))
-            })
-        });
+    // An entry maps a block, or each block of a unit (a dual volume's sparse map
+    // over its unit map).
+    let res = crate::volume::walk_all_blocks(
+        &mut e.core.l2p,
+        &mut e.core.cache,
+        kinds,
+        &geo,
+        &mut crate::recovery::Meter::off(),
+        |v, lba, pba, _| mapped.push((v, lba, pba.unwrap_or(Pba::NONE))),
+    );
     if let Err(x) = res {
         rep.add(Severity::Error, "L2P", format!("unreadable: {x}"));
         return None;

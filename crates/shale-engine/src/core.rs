@@ -104,6 +104,31 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Core<C, Z, K> {
     /// block's, or its mapping unit's first block, which the unit's other blocks
     /// follow in the region's data slots.
     pub fn lookup(&mut self, volume: VolumeId, lba: Lba) -> Result<Pba, EngineError> {
+        if let Some(pba) = self.fine_lookup(volume, lba)? {
+            return Ok(pba);
+        }
+        self.coarse_lookup(volume, lba)
+    }
+
+    /// A dual volume's sparse-map entry for block `lba`, if it has one (its pages
+    /// never written are skipped without a fault).
+    pub fn fine_lookup(&mut self, volume: VolumeId, lba: Lba) -> Result<Option<Pba>, EngineError> {
+        if !self.volumes.is_dual(volume) {
+            return Ok(None);
+        }
+        let fine = self.volumes.fine_map(volume);
+        let page = (lba.0 / self.l2p.format().entries_per_page()) as usize;
+        if self.l2p.page_is_empty(fine, page) {
+            return Ok(None);
+        }
+        Ok(self
+            .l2p
+            .get(&mut self.cache, fine, lba)?
+            .filter(|p| !p.is_none()))
+    }
+
+    /// Where the unit (or block) map puts block `lba`, overrides aside.
+    pub fn coarse_lookup(&mut self, volume: VolumeId, lba: Lba) -> Result<Pba, EngineError> {
         let shift = self.volumes.shift(volume);
         let entry = self
             .l2p

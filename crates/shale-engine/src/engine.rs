@@ -1178,6 +1178,12 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 .l2p
                 .volume_size(v.id)
                 .map_or(0, |n| fmt.pages_for(n) * crate::layout::BS);
+            if self.core.volumes.is_dual(v.id) {
+                // The sparse map's pages in use (written or cached) count too.
+                let fine = self.core.volumes.fine_map(v.id);
+                v.l2p_sparse_bytes = self.core.l2p.pages_in_use(fine) * crate::layout::BS;
+                v.l2p_table_bytes += v.l2p_sparse_bytes;
+            }
         }
         for (uid, waiting, waited) in self.throttle.per_volume() {
             if let Some(v) = s.volumes.iter_mut().find(|v| v.uid == uid) {

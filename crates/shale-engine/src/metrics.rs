@@ -163,6 +163,8 @@ pub struct VolumeStats {
     /// The size of its L2P table (pages of entries, one per block or per mapping
     /// unit), in bytes: what it takes of the L2P area, and of memory when cached.
     pub l2p_table_bytes: u64,
+    /// Of that, a dual volume's sparse map of 4 KiB overrides: its pages in use.
+    pub l2p_sparse_bytes: u64,
 }
 
 impl VolumeStats {
@@ -382,6 +384,7 @@ impl VolumeStats {
             throttle_wait_ns,
             cache_valid_bytes,
             l2p_table_bytes,
+            l2p_sparse_bytes,
         } = other;
         self.read_ops += read_ops;
         self.write_ops += write_ops;
@@ -397,6 +400,7 @@ impl VolumeStats {
         self.throttle_wait_ns += throttle_wait_ns;
         self.cache_valid_bytes += cache_valid_bytes;
         self.l2p_table_bytes += l2p_table_bytes;
+        self.l2p_sparse_bytes += l2p_sparse_bytes;
     }
 }
 

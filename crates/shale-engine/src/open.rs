@@ -14,7 +14,7 @@ use std::collections::VecDeque;
 use shale_device::{BlockDevice, ZoneAction, ZoneState, ZonedDevice};
 use shale_format::{
     CapacityGeometry, CapacityLabel, L2pFormat, RegionId, RegionRole, RegionState, Superblock,
-    VolumeTable, BLOCK_SIZE,
+    VolumeId, VolumeTable, BLOCK_SIZE,
 };
 
 use crate::checkpoint::Checkpointer;
@@ -195,7 +195,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         let frames = config.l2p_budget_pages(sb.user_capacity_blocks, table_pages)?;
         let l2p = L2p::new(
             sb.l2p,
-            config.volumes_max,
+            2 * config.volumes_max,
             sb.layout.l2p_pool_pages,
             frames,
             sb.layout.l2p_area_start,
@@ -366,46 +366,46 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             let validity = &mut self.core.regions.validity;
             let shares = &mut self.core.regions.shares;
             let regions = &self.core.regions.regions;
-            let shifts = self.core.volumes.shifts();
-            self.core
-                .l2p
-                .for_each_mapped_metered(&mut self.core.cache, meter, |volume, entry, base| {
-                    let shift = shifts.get(volume.0 as usize).copied().unwrap_or(0);
-                    crate::volume::entry_blocks(&geo, shift, entry, base, |lba, pba| {
-                        if err.is_some() {
+            let kinds = self.core.volumes.kinds();
+            crate::volume::walk_all_blocks(
+                &mut self.core.l2p,
+                &mut self.core.cache,
+                kinds,
+                &geo,
+                meter,
+                |volume, lba, pba, base| {
+                    if err.is_some() {
+                        return;
+                    }
+                    let Some(pba) = pba else {
+                        err = Some(OpenError::InconsistentCheckpoint {
+                            reason: format!("{volume} {lba}: its unit at {base} leaves its region"),
+                        });
+                        return;
+                    };
+                    let r = match crate::census::check_mapping(
+                        &geo,
+                        regions,
+                        zone_wps,
+                        (volume, lba, pba),
+                    ) {
+                        Ok(r) => r,
+                        Err(e) => {
+                            err = Some(e);
                             return;
                         }
-                        let Some(pba) = pba else {
-                            err = Some(OpenError::InconsistentCheckpoint {
-                                reason: format!(
-                                    "{volume} {lba}: its unit at {base} leaves its region"
-                                ),
-                            });
-                            return;
-                        };
-                        let r = match crate::census::check_mapping(
-                            &geo,
-                            regions,
-                            zone_wps,
-                            (volume, lba, pba),
-                        ) {
-                            Ok(r) => r,
-                            Err(e) => {
-                                err = Some(e);
-                                return;
-                            }
-                        };
-                        if validity.set(pba) {
-                            err = Some(OpenError::InconsistentCheckpoint {
-                                reason: format!("{pba} mapped twice ({volume} {lba})"),
-                            });
-                            return;
-                        }
-                        shares.add(volume, r);
-                        counted[r.0 as usize] += 1;
-                    })
-                })
-                .map_err(OpenError::Engine)?;
+                    };
+                    if validity.set(pba) {
+                        err = Some(OpenError::InconsistentCheckpoint {
+                            reason: format!("{pba} mapped twice ({volume} {lba})"),
+                        });
+                        return;
+                    }
+                    shares.add(volume, r);
+                    counted[r.0 as usize] += 1;
+                },
+            )
+            .map_err(OpenError::Engine)?;
         }
         if let Some(e) = err {
             return Err(e);
@@ -1106,35 +1106,24 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Loading<C, Z, K> {
             .map_err(|e: ConfigError| OpenError::Config(e))?;
         let mut l2p = L2p::new(
             sb.l2p,
-            sb.volumes_max,
+            2 * sb.volumes_max,
             sb.layout.l2p_pool_pages,
             frames,
             sb.layout.l2p_area_start,
         );
         for d in &mut ck.directories {
-            let Some(v) = ck.volumes.entries.iter().find(|e| e.id == d.volume) else {
-                return Err(inconsistent(format!("directory for unknown {}", d.volume)));
-            };
-            let entries = v.size_blocks >> v.map_unit_shift;
-            let pages = sb.l2p.pages_for(entries) as usize;
-            if d.volume.0 >= sb.volumes_max || pages != d.pages.len() {
-                return Err(inconsistent(format!(
-                    "{}: {} directory pages for {} blocks",
-                    d.volume,
-                    d.pages.len(),
-                    v.size_blocks
-                )));
-            }
+            let entries = directory_entries(sb, &ck.volumes, d).map_err(inconsistent)?;
             // Moved, not copied: the directories are megabytes per TiB (and the
             // checkpoint's copy is not needed past this step).
             let pages = std::mem::take(&mut d.pages);
             l2p.vols[d.volume.0 as usize] = Some(VolumeMap::from_dir(pages, entries));
         }
+        let has = |m: u32| l2p.vols.get(m as usize).is_some_and(Option::is_some);
         if ck
             .volumes
             .entries
             .iter()
-            .any(|v| l2p.vols.get(v.id.0 as usize).is_none_or(Option::is_none))
+            .any(|v| !has(v.id.0) || (v.dual_map && !has(sb.volumes_max + v.id.0)))
         {
             return Err(inconsistent("volume without an L2P directory".into()));
         }
@@ -1434,4 +1423,38 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Opening<C, Z, K> {
             .map_err(|err| OpenError::Engine(EngineError::SelfCheck(err)))?;
         Ok((0, "ok".into()))
     }
+}
+
+/// The entries of the map directory `d` describes, or why it belongs to no map of
+/// `volumes`: a volume's own map (in blocks or units), or, at the id `volumes_max`
+/// past it, a dual volume's sparse map of blocks.
+fn directory_entries(
+    sb: &Superblock,
+    volumes: &VolumeTable,
+    d: &shale_format::L2pDirectory,
+) -> Result<u64, String> {
+    let fine = d.volume.0 >= sb.volumes_max;
+    let owner = VolumeId(d.volume.0 % sb.volumes_max.max(1));
+    let Some(v) = volumes
+        .entries
+        .iter()
+        .find(|e| e.id == owner && (!fine || e.dual_map))
+    else {
+        return Err(format!("directory for unknown {}", d.volume));
+    };
+    let entries = if fine {
+        v.size_blocks
+    } else {
+        v.size_blocks >> v.map_unit_shift
+    };
+    let pages = sb.l2p.pages_for(entries) as usize;
+    if d.volume.0 >= 2 * sb.volumes_max || pages != d.pages.len() {
+        return Err(format!(
+            "{}: {} directory pages for {} blocks",
+            d.volume,
+            d.pages.len(),
+            v.size_blocks
+        ));
+    }
+    Ok(entries)
 }

@@ -117,6 +117,11 @@ pub struct VolumeLayout {
     /// per unit, so it is that many times smaller; writes of less than a unit are
     /// read-modify-write of the whole unit.
     pub map_unit_shift: u8,
+    /// Dual mapping (SALSA's dual-mapping controller; needs a unit above one block):
+    /// whole units go to the unit map, and blocks written apart from their unit to
+    /// a sparse map of 4 KiB entries that overrides it, so small writes are not
+    /// read-modify-write and data written in runs keeps the small map.
+    pub dual: bool,
 }
 
 impl VolumeLayout {
@@ -136,6 +141,7 @@ impl VolumeLayout {
         }
         Ok(VolumeLayout {
             map_unit_shift: (bytes / 4096).trailing_zeros() as u8,
+            dual: false,
         })
     }
 }

@@ -16,13 +16,11 @@
 //! group read of up to 512 KiB), so it never overlaps a reuse of the zone.
 
 use shale_device::{BlockDevice, ZonedDevice};
-use shale_format::{
-    decode_md_entry, Lba, Pba, RegionId, RegionRole, RegionState, VolumeId, BLOCK_SIZE,
-};
+use shale_format::{decode_md_entry, Lba, RegionId, RegionRole, RegionState, BLOCK_SIZE};
 
 use crate::core::Core;
-use crate::l2p::MAX_EPP;
 use crate::layout::{Groups, BS};
+use crate::read::peek::MapPeek;
 use crate::write::chunk_writer::ChunkWriter;
 use crate::{Clock, EngineError};
 
@@ -34,50 +32,7 @@ pub(crate) struct Scrubber {
     /// Engine-clock time of the last step, and the bytes the pace allows now.
     last_ns: u64,
     credit: f64,
-    map: PeekedPage,
-}
-
-/// The L2P page the mapping check last peeked (a group's blocks mostly share one).
-#[derive(Debug, Default)]
-struct PeekedPage {
-    page: Option<(VolumeId, u64)>,
-    entries: Option<Box<[Pba; MAX_EPP]>>,
-    /// The page was never written: every entry unmapped.
-    empty: bool,
-}
-
-impl PeekedPage {
-    /// Where `lba` of `volume` maps; `None` past the volume's end or for a volume
-    /// that does not exist.
-    fn lookup(
-        &mut self,
-        core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
-        volume: VolumeId,
-        lba: u64,
-    ) -> Result<Option<Pba>, EngineError> {
-        // The entry is the block's, or its unit's first block's.
-        let shift = core.volumes.shift(volume);
-        let (lba, j) = (lba >> shift, lba & ((1u64 << shift) - 1));
-        if core.l2p.volume_size(volume).is_none_or(|size| lba >= size) {
-            return Ok(None);
-        }
-        let (p, i) = core.l2p.format().locate(lba);
-        let entries = self
-            .entries
-            .get_or_insert_with(|| Box::new([Pba::NONE; MAX_EPP]));
-        if self.page != Some((volume, p)) {
-            self.page = None;
-            self.empty = !core
-                .l2p
-                .peek_page(&mut core.cache, volume, p as usize, entries)?;
-            self.page = Some((volume, p));
-        }
-        let base = if self.empty { Pba::NONE } else { entries[i] };
-        if base.is_none() || j == 0 {
-            return Ok(Some(base));
-        }
-        Ok(core.geo.data_advance(base, j))
-    }
+    map: MapPeek,
 }
 
 impl Scrubber {
@@ -106,7 +61,7 @@ impl Scrubber {
         };
         self.credit -= group_bytes;
         // Mappings change between steps: each starts from a fresh peek.
-        self.map.page = None;
+        self.map.forget();
         scrub_group(core, writer, &mut self.map, r, g)
     }
 
@@ -150,7 +105,7 @@ impl Scrubber {
 fn scrub_group(
     core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
     writer: &ChunkWriter,
-    map: &mut PeekedPage,
+    map: &mut MapPeek,
     r: RegionId,
     g: u32,
 ) -> Result<(), EngineError> {

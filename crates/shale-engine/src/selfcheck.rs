@@ -99,33 +99,36 @@ fn self_check_inner(
     let mut first_err = None;
     let geo = core.geo.clone();
     let validity = &core.regions.validity;
-    let shifts = core.volumes.shifts();
-    core.l2p
-        .for_each_mapped_metered(&mut core.cache, meter, |volume, entry, base| {
-            let shift = shifts.get(volume.0 as usize).copied().unwrap_or(0);
-            crate::volume::entry_blocks(&geo, shift, entry, base, |lba, pba| {
-                if first_err.is_some() {
-                    return;
-                }
-                let Some((pba, (r, _))) = pba.and_then(|p| Some((p, geo.region_slot(p)?))) else {
-                    first_err = Some(SelfCheckError::BadPba {
-                        volume,
-                        lba,
-                        pba: base,
-                    });
-                    return;
-                };
-                if !validity.get(pba) {
-                    first_err = Some(SelfCheckError::MappedButInvalid { volume, lba, pba });
-                    return;
-                }
-                if seen.set(pba) {
-                    first_err = Some(SelfCheckError::DoubleMapped { volume, lba, pba });
-                    return;
-                }
-                mapped[r.0 as usize] += 1;
-            })
-        })?;
+    let kinds = core.volumes.kinds();
+    crate::volume::walk_all_blocks(
+        &mut core.l2p,
+        &mut core.cache,
+        kinds,
+        &geo,
+        meter,
+        |volume, lba, pba, base| {
+            if first_err.is_some() {
+                return;
+            }
+            let Some((pba, (r, _))) = pba.and_then(|p| Some((p, geo.region_slot(p)?))) else {
+                first_err = Some(SelfCheckError::BadPba {
+                    volume,
+                    lba,
+                    pba: base,
+                });
+                return;
+            };
+            if !validity.get(pba) {
+                first_err = Some(SelfCheckError::MappedButInvalid { volume, lba, pba });
+                return;
+            }
+            if seen.set(pba) {
+                first_err = Some(SelfCheckError::DoubleMapped { volume, lba, pba });
+                return;
+            }
+            mapped[r.0 as usize] += 1;
+        },
+    )?;
     if let Some(e) = first_err {
         return Ok(Err(e));
     }

@@ -38,6 +38,103 @@ pub(crate) fn entry_blocks(
     }
 }
 
+/// What a walk of the maps needs of the volumes (a copy: walks borrow the rest of
+/// the core).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct MapKinds {
+    shifts: [u8; VOLUMES_MAX as usize],
+    duals: [bool; VOLUMES_MAX as usize],
+    volumes_max: u32,
+}
+
+/// L2P pages one step of [`walk_blocks`] gathers before it resolves their entries.
+const WALK_BATCH_PAGES: usize = 64;
+
+/// Calls `f(volume, lba, pba, entry_pba)` for every mapped block of every volume,
+/// over at most `max_pages` L2P pages from `from` (as `L2p::for_each_mapped_from`):
+/// each entry expanded to its unit's blocks, `pba` `None` where the unit would leave
+/// its region (a corrupt map). A dual volume's blocks come from its sparse map and
+/// from its unit map where the sparse map has no entry (the unit map's copy of a
+/// block the sparse map holds is stale, and skipped). Returns where the walk goes
+/// on and the pages walked.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn walk_blocks<C: BlockDevice>(
+    l2p: &mut crate::l2p::L2p,
+    cache: &mut C,
+    kinds: MapKinds,
+    geo: &crate::layout::Geometry,
+    from: (usize, usize),
+    max_pages: usize,
+    meter: &mut crate::recovery::Meter<'_>,
+    mut f: impl FnMut(VolumeId, shale_format::Lba, Option<shale_format::Pba>, shale_format::Pba),
+) -> Result<(Option<(usize, usize)>, u64), EngineError> {
+    let epp = l2p.format().entries_per_page();
+    let mut next = Some(from);
+    let mut pages = 0u64;
+    let mut batch: Vec<(VolumeId, shale_format::Lba, shale_format::Pba)> = Vec::new();
+    let mut fine_page: Option<(VolumeId, u64, bool)> = None;
+    let mut fine_buf = Box::new([shale_format::Pba::NONE; crate::l2p::MAX_EPP]);
+    let mut left = max_pages;
+    while let Some(at) = next {
+        if left == 0 {
+            break;
+        }
+        let take = left.min(WALK_BATCH_PAGES);
+        left -= take;
+        batch.clear();
+        let mut last = None;
+        next = l2p.for_each_mapped_from(at, take, cache, meter, |map, entry, base| {
+            if last != Some((map, entry.0 / epp)) {
+                last = Some((map, entry.0 / epp));
+                pages += 1;
+            }
+            batch.push((map, entry, base));
+        })?;
+        for &(map, entry, base) in &batch {
+            if map.0 >= kinds.volumes_max {
+                let volume = VolumeId(map.0 - kinds.volumes_max);
+                f(volume, entry, Some(base), base);
+                continue;
+            }
+            let shift = kinds.shifts.get(map.0 as usize).copied().unwrap_or(0);
+            if !kinds.duals.get(map.0 as usize).copied().unwrap_or(false) {
+                entry_blocks(geo, shift, entry, base, |lba, pba| f(map, lba, pba, base));
+                continue;
+            }
+            let fine = VolumeId(kinds.volumes_max + map.0);
+            let mut blocks = Vec::with_capacity(1 << shift);
+            entry_blocks(geo, shift, entry, base, |lba, pba| blocks.push((lba, pba)));
+            for (lba, pba) in blocks {
+                let p = lba.0 / epp;
+                if fine_page.is_none_or(|(m, q, _)| (m, q) != (fine, p)) {
+                    let any = l2p.peek_page(cache, fine, p as usize, &mut fine_buf)?;
+                    fine_page = Some((fine, p, any));
+                }
+                let shadowed = fine_page.is_some_and(|(.., any)| any)
+                    && !fine_buf[(lba.0 % epp) as usize].is_none();
+                if !shadowed {
+                    f(map, lba, pba, base);
+                }
+            }
+        }
+    }
+    Ok((next, pages))
+}
+
+/// [`walk_blocks`] over every page, counted on `meter`.
+pub(crate) fn walk_all_blocks<C: BlockDevice>(
+    l2p: &mut crate::l2p::L2p,
+    cache: &mut C,
+    kinds: MapKinds,
+    geo: &crate::layout::Geometry,
+    meter: &mut crate::recovery::Meter<'_>,
+    f: impl FnMut(VolumeId, shale_format::Lba, Option<shale_format::Pba>, shale_format::Pba),
+) -> Result<(), EngineError> {
+    meter.start(l2p.walked_pages() as u64);
+    walk_blocks(l2p, cache, kinds, geo, (0, 0), usize::MAX, meter, f)?;
+    Ok(())
+}
+
 /// A shard's slice of a volume (`shale-shards`): the uid to create it under (`None`:
 /// issue one, as the first shard does) and the whole volume's size.
 #[derive(Debug, Clone, Copy)]
@@ -62,6 +159,8 @@ pub(crate) struct Volumes {
     /// Each slot's mapping unit shift (0 for a free slot), kept with the table: the
     /// data path asks for every request and every moved block.
     shifts: [u8; VOLUMES_MAX as usize],
+    /// Each slot's dual mapping (a sparse 4 KiB map over its unit map).
+    duals: [bool; VOLUMES_MAX as usize],
 }
 
 impl Volumes {
@@ -71,18 +170,42 @@ impl Volumes {
             user_capacity_blocks,
             volumes_max,
             shifts: [0; VOLUMES_MAX as usize],
+            duals: [false; VOLUMES_MAX as usize],
         };
         for e in &v.table.entries {
             if let Some(s) = v.shifts.get_mut(e.id.0 as usize) {
                 *s = e.map_unit_shift;
+                v.duals[e.id.0 as usize] = e.dual_map;
             }
         }
         v
     }
 
-    /// Every slot's mapping unit shift (for walks that cannot borrow the volumes).
-    pub fn shifts(&self) -> [u8; VOLUMES_MAX as usize] {
-        self.shifts
+    /// Whether volume `id` is dual mapped: its unit map, and a sparse map of blocks
+    /// ([`Self::fine_map`]) whose entries override it.
+    pub fn is_dual(&self, id: VolumeId) -> bool {
+        self.duals.get(id.0 as usize).copied().unwrap_or(false)
+    }
+
+    /// The L2P map id of dual volume `id`'s sparse map of blocks: past every
+    /// volume's own id.
+    pub fn fine_map(&self, id: VolumeId) -> VolumeId {
+        VolumeId(self.volumes_max + id.0)
+    }
+
+    /// The L2P maps the engine keeps: a unit (or block) map per volume slot, and a
+    /// sparse block map per dual volume slot.
+    pub fn maps_max(&self) -> u32 {
+        2 * self.volumes_max
+    }
+
+    /// What walks of the maps need to know of the volumes.
+    pub fn kinds(&self) -> MapKinds {
+        MapKinds {
+            shifts: self.shifts,
+            duals: self.duals,
+            volumes_max: self.volumes_max,
+        }
     }
 
     /// The largest mapping unit of any volume, in blocks.
@@ -128,6 +251,7 @@ impl Volumes {
             limits: e.limits,
             layout: VolumeLayout {
                 map_unit_shift: e.map_unit_shift,
+                dual: e.dual_map,
             },
         }
     }
@@ -204,6 +328,68 @@ fn whole_units(blocks: u64, layout: VolumeLayout) -> Result<(), EngineError> {
     Ok(())
 }
 
+/// L2P pages volume `e` may come to hold: its unit map's, and a dual volume's
+/// sparse map may grow to a page per 4 KiB map page.
+fn pages_at_most(fmt: shale_format::L2pFormat, blocks: u64, layout: VolumeLayout) -> u64 {
+    fmt.pages_for(blocks >> layout.map_unit_shift)
+        + if layout.dual {
+            fmt.pages_for(blocks)
+        } else {
+            0
+        }
+}
+
+/// Refuses a dual volume without a unit (its coarse map).
+fn dual_needs_unit(layout: VolumeLayout) -> Result<(), EngineError> {
+    if layout.dual && layout.map_unit_shift == 0 {
+        return Err(EngineError::InvalidVolume {
+            reason: "dual mapping needs a mapping unit above 4 KiB (its coarse map)".into(),
+        });
+    }
+    Ok(())
+}
+
+/// Refuses volume `id` (`None`: a new one) at `blocks` when the L2P pool could not
+/// hold every volume's maps at their largest. Pools are sized for 4 KiB maps of the
+/// whole user capacity, so only dual volumes, whose two maps may take a sixteenth
+/// more than a 4 KiB volume's one, can run out: a dual volume, or a volume beside
+/// them, may be refused.
+fn map_room(
+    core: &Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+    id: Option<VolumeId>,
+    blocks: u64,
+    layout: VolumeLayout,
+) -> Result<(), EngineError> {
+    let fmt = core.l2p.format();
+    let held: u64 = core
+        .volumes
+        .table
+        .entries
+        .iter()
+        .filter(|e| Some(e.id) != id)
+        .map(|e| {
+            let l = VolumeLayout {
+                map_unit_shift: e.map_unit_shift,
+                dual: e.dual_map,
+            };
+            pages_at_most(fmt, e.size_blocks, l)
+        })
+        .sum();
+    let pool = u64::from(core.sb.layout.l2p_pool_pages);
+    let needed = pages_at_most(fmt, blocks, layout);
+    if held + needed > pool {
+        return Err(EngineError::InvalidVolume {
+            reason: format!(
+                "no L2P room for a {}volume of {} bytes: its maps may take {needed} pages, and the pool has {} of {pool} left with every volume's maps at their largest (a dual-mapped volume's may take a sixteenth more than a 4 KiB volume's); make it smaller, or map dual volumes in units only",
+                if layout.dual { "dual-mapped " } else { "" },
+                blocks * BS,
+                pool.saturating_sub(held)
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// Makes a volume in memory; the caller persists the change.
 pub(crate) fn create(
     core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
@@ -229,6 +415,7 @@ pub(crate) fn create(
         });
     }
     whole_units(blocks, layout)?;
+    dual_needs_unit(layout)?;
     // A zone may end in pads before a unit that does not fit (fewer than a unit):
     // where zones are small that costs too much of the capacity (and of GC's room),
     // so a unit is at most a 32nd of a zone's data slots, plus one block.
@@ -268,6 +455,7 @@ pub(crate) fn create(
             available,
         });
     }
+    map_room(core, None, blocks, layout)?;
     let Some(id) = (0..core.volumes.volumes_max)
         .map(VolumeId)
         .find(|&id| core.volumes.get(id).is_none())
@@ -296,11 +484,16 @@ pub(crate) fn create(
         limits: VolumeLimits::NONE,
         whole_size_blocks,
         map_unit_shift: layout.map_unit_shift,
+        dual_map: layout.dual,
     };
     let info = Volumes::info(&e);
     core.volumes.table.entries.push(e);
     core.volumes.shifts[id.0 as usize] = layout.map_unit_shift;
+    core.volumes.duals[id.0 as usize] = layout.dual;
     core.l2p.add_volume(id, blocks >> layout.map_unit_shift);
+    if layout.dual {
+        core.l2p.add_volume(core.volumes.fine_map(id), blocks);
+    }
     Ok((
         info,
         VolumeChange {
@@ -329,12 +522,11 @@ pub(crate) fn resize(
         unreachable!("resolved above");
     };
     let shift = core.volumes.shift(id);
-    whole_units(
-        blocks,
-        VolumeLayout {
-            map_unit_shift: shift as u8,
-        },
-    )?;
+    let layout = VolumeLayout {
+        map_unit_shift: shift as u8,
+        dual: core.volumes.is_dual(id),
+    };
+    whole_units(blocks, layout)?;
     if blocks > old {
         let available = core.volumes.user_capacity_blocks - core.volumes.allocated_blocks();
         if blocks - old > available {
@@ -344,10 +536,14 @@ pub(crate) fn resize(
                 available,
             });
         }
+        map_room(core, Some(id), blocks, layout)?;
     } else if blocks < old {
         writer.unmap_range(core, id, blocks, old - blocks)?;
     }
     core.l2p.resize_volume(id, blocks >> shift);
+    if layout.dual {
+        core.l2p.resize_volume(core.volumes.fine_map(id), blocks);
+    }
     let Some(e) = core.volumes.table.entries.iter_mut().find(|e| e.id == id) else {
         unreachable!("volume checked above");
     };
@@ -425,8 +621,12 @@ pub(crate) fn delete(
     writer.unmap_range(core, id, 0, size)?;
     core.directs.sequential.forget(id);
     core.l2p.remove_volume(id);
+    if core.volumes.is_dual(id) {
+        core.l2p.remove_volume(core.volumes.fine_map(id));
+    }
     core.volumes.table.entries.retain(|e| e.id != id);
     core.volumes.shifts[id.0 as usize] = 0;
+    core.volumes.duals[id.0 as usize] = false;
     Ok(VolumeChange {
         volume: id,
         size_blocks: 0,

@@ -391,47 +391,48 @@ mod tests {
     use proptest::prelude::*;
 
     proptest! {
-        #[test]
-        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..9000)) {
-            let _ = Checkpoint::decode(&bytes, 0);
-        }
+            #[test]
+            fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..9000)) {
+                let _ = Checkpoint::decode(&bytes, 0);
+            }
 
-        #[test]
-        fn roundtrip(gen in any::<u64>(), sid in any::<u64>(), jb in any::<u32>(), js in any::<u64>(), time in any::<u64>(),
-                     regions in proptest::collection::vec(crate::region_table::tests::entry(), 0..40),
-                     dirs in proptest::collection::vec(proptest::collection::vec((any::<u32>(), any::<u32>()), 0..30), 0..5),
-                     raw_switches in proptest::collection::btree_map((0u32..5, 0u64..100_000), any::<u64>(), 0..40)) {
-            let volumes = VolumeTable { generation: 4, uid_next: VolumeUid(100), entries: dirs.iter().enumerate().map(|(i, d)| VolumeEntry {
-                id: VolumeId(i as u32), uid: VolumeUid(i as u64 + 1), name: format!("v{i}"), size_blocks: d.len() as u64 * 1024, created_sid: Sid(1), created_pos: 0, limits: crate::VolumeLimits { iops_max: i as u64 % 2 * 100, bytes_per_sec_max: 0, ..crate::VolumeLimits::NONE }, whole_size_blocks: 0, map_unit_shift: 0,
-            }).collect() };
-            let directories: Vec<L2pDirectory> = dirs.iter().enumerate().map(|(i, d)| L2pDirectory {
-                volume: VolumeId(i as u32), pages: d.iter().map(|&(slot, crc32c)| PageDesc { slot, crc32c }).collect(),
-            }).collect();
-            let dir_pages: usize = directories.iter().map(|d| d.pages.len()).sum();
-            let switches: Vec<L2pSwitch> = raw_switches.iter().map(|(&(v, l), &p)| L2pSwitch::new(VolumeId(v), crate::Lba(l), crate::Pba(p)).unwrap()).collect();
-            let c = Checkpoint {
-                header: CheckpointHeader { generation: gen, sid_next: sid, journal_next_block: jb, journal_sequence: js, time, ..Default::default() },
-                regions, volumes, directories, switches,
-            };
-            let mut bytes = c.encode();
-            let blocks = Checkpoint::encoded_blocks(c.regions.len(), dir_pages, c.directories.len(), c.volumes.blocks_needed(), c.switches.len());
-            prop_assert_eq!(bytes.len() as u64, blocks * BLOCK_SIZE as u64);
-            // The room an area of exactly this size leaves is at least what it holds.
-            prop_assert!(Checkpoint::switch_room(blocks, c.regions.len(), dir_pages, c.directories.len(), c.volumes.blocks_needed()) >= c.switches.len());
-            let version = u16::from_le_bytes([bytes[4], bytes[5]]);
-            prop_assert_eq!(version, if c.switches.is_empty() { CHECKPOINT_VERSION } else { CHECKPOINT_VERSION_SWITCHES });
-            let d = Checkpoint::decode(&bytes, 0).unwrap();
-            prop_assert_eq!(&d.regions, &c.regions);
-            prop_assert_eq!(&d.volumes, &c.volumes);
-            prop_assert_eq!(&d.directories, &c.directories);
-            prop_assert_eq!(&d.switches, &c.switches);
-            prop_assert_eq!(d.header.generation, gen);
-            prop_assert_eq!(d.header.time, time);
-            bytes[BLOCK_SIZE + 3] ^= 1;
-            let is_crc = matches!(Checkpoint::decode(&bytes, 0), Err(FormatError::ChecksumMismatch { .. }));
-            prop_assert!(is_crc);
+            #[test]
+            fn roundtrip(gen in any::<u64>(), sid in any::<u64>(), jb in any::<u32>(), js in any::<u64>(), time in any::<u64>(),
+                         regions in proptest::collection::vec(crate::region_table::tests::entry(), 0..40),
+                         dirs in proptest::collection::vec(proptest::collection::vec((any::<u32>(), any::<u32>()), 0..30), 0..5),
+                         raw_switches in proptest::collection::btree_map((0u32..5, 0u64..100_000), any::<u64>(), 0..40)) {
+                let volumes = VolumeTable { generation: 4, uid_next: VolumeUid(100), entries: dirs.iter().enumerate().map(|(i, d)| VolumeEntry {
+                    id: VolumeId(i as u32), uid: VolumeUid(i as u64 + 1), name: format!("v{i}"), size_blocks: d.len() as u64 * 1024, created_sid: Sid(1), created_pos: 0, limits: crate::VolumeLimits { iops_max: i as u64 % 2 * 100, bytes_per_sec_max: 0, ..crate::VolumeLimits::NONE }, whole_size_blocks: 0, map_unit_shift: 0,
+    dual_map: false,
+                }).collect() };
+                let directories: Vec<L2pDirectory> = dirs.iter().enumerate().map(|(i, d)| L2pDirectory {
+                    volume: VolumeId(i as u32), pages: d.iter().map(|&(slot, crc32c)| PageDesc { slot, crc32c }).collect(),
+                }).collect();
+                let dir_pages: usize = directories.iter().map(|d| d.pages.len()).sum();
+                let switches: Vec<L2pSwitch> = raw_switches.iter().map(|(&(v, l), &p)| L2pSwitch::new(VolumeId(v), crate::Lba(l), crate::Pba(p)).unwrap()).collect();
+                let c = Checkpoint {
+                    header: CheckpointHeader { generation: gen, sid_next: sid, journal_next_block: jb, journal_sequence: js, time, ..Default::default() },
+                    regions, volumes, directories, switches,
+                };
+                let mut bytes = c.encode();
+                let blocks = Checkpoint::encoded_blocks(c.regions.len(), dir_pages, c.directories.len(), c.volumes.blocks_needed(), c.switches.len());
+                prop_assert_eq!(bytes.len() as u64, blocks * BLOCK_SIZE as u64);
+                // The room an area of exactly this size leaves is at least what it holds.
+                prop_assert!(Checkpoint::switch_room(blocks, c.regions.len(), dir_pages, c.directories.len(), c.volumes.blocks_needed()) >= c.switches.len());
+                let version = u16::from_le_bytes([bytes[4], bytes[5]]);
+                prop_assert_eq!(version, if c.switches.is_empty() { CHECKPOINT_VERSION } else { CHECKPOINT_VERSION_SWITCHES });
+                let d = Checkpoint::decode(&bytes, 0).unwrap();
+                prop_assert_eq!(&d.regions, &c.regions);
+                prop_assert_eq!(&d.volumes, &c.volumes);
+                prop_assert_eq!(&d.directories, &c.directories);
+                prop_assert_eq!(&d.switches, &c.switches);
+                prop_assert_eq!(d.header.generation, gen);
+                prop_assert_eq!(d.header.time, time);
+                bytes[BLOCK_SIZE + 3] ^= 1;
+                let is_crc = matches!(Checkpoint::decode(&bytes, 0), Err(FormatError::ChecksumMismatch { .. }));
+                prop_assert!(is_crc);
+            }
         }
-    }
 
     /// A checkpoint spanning many pieces streams to the same bytes whatever the piece
     /// size, decodes, and the first sink error stops it.
@@ -477,6 +478,7 @@ mod tests {
                         limits: crate::VolumeLimits::NONE,
                         whole_size_blocks: 0,
                         map_unit_shift: 0,
+                        dual_map: false,
                     })
                     .collect(),
             },

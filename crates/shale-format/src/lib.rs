@@ -67,7 +67,7 @@ pub use superblock::{
 pub use volume_table::{
     VolumeEntry, VolumeGc, VolumeLimits, VolumeTable, MAP_UNIT_SHIFT_MAX, VOLUMES_MAX,
     VOLUME_NAME_MAX, VOLUME_TABLE_MAGIC, VOLUME_TABLE_VERSION, VOLUME_TABLE_VERSION_3,
-    VOLUME_TABLE_VERSION_4,
+    VOLUME_TABLE_VERSION_4, VOLUME_TABLE_VERSION_5,
 };
 
 /// The unit of mapping.

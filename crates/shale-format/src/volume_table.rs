@@ -30,6 +30,12 @@ pub const VOLUME_TABLE_VERSION_3: u16 = 3;
 /// while a volume has a unit above one block, so binaries that predate units refuse
 /// exactly the pools whose L2P they would misread.
 pub const VOLUME_TABLE_VERSION_4: u16 = 4;
+/// As version 4, with each entry's map flags (bit 0: dual mapped) after its unit.
+/// Written only while a volume is dual mapped.
+pub const VOLUME_TABLE_VERSION_5: u16 = 5;
+/// Map flags: the volume has a coarse map in units and a sparse map of 4 KiB
+/// overrides.
+pub const MAP_FLAG_DUAL: u8 = 1;
 /// Largest mapping unit: 16 blocks (64 KiB), a granule of the shards' deal.
 pub const MAP_UNIT_SHIFT_MAX: u8 = 4;
 pub const VOLUME_LIMITS_MAGIC: u32 = u32::from_le_bytes(*b"SHVL");
@@ -125,6 +131,10 @@ pub struct VolumeEntry {
     /// lie in consecutive data slots of one region. Stored only by version 4 tables,
     /// in the second block; fixed for the volume's life.
     pub map_unit_shift: u8,
+    /// Dual mapped (SALSA's dual-mapping controller): the unit map above, and a
+    /// sparse map of 4 KiB blocks written apart from their unit that overrides it.
+    /// Stored only by version 5 tables, which are written only while a volume is.
+    pub dual_map: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -177,7 +187,9 @@ impl VolumeTable {
         if blocks < 2 {
             return self.encode().to_vec();
         }
-        let version = if self.entries.iter().any(|e| e.map_unit_shift > 0) {
+        let version = if self.entries.iter().any(|e| e.dual_map) {
+            VOLUME_TABLE_VERSION_5
+        } else if self.entries.iter().any(|e| e.map_unit_shift > 0) {
             VOLUME_TABLE_VERSION_4
         } else {
             VOLUME_TABLE_VERSION_3
@@ -202,7 +214,8 @@ impl VolumeTable {
             w.u8(e.limits.gc.to_u8());
             w.u64(e.whole_size_blocks);
             w.u8(e.map_unit_shift);
-            w.skip(VOLUME_LIMITS_LEN - 35);
+            w.u8(if e.dual_map { MAP_FLAG_DUAL } else { 0 });
+            w.skip(VOLUME_LIMITS_LEN - 36);
         }
         seal(&mut b, BLOCK_SIZE);
         out.extend_from_slice(&b);
@@ -228,8 +241,12 @@ impl VolumeTable {
     pub fn encoded_len(first_block: &[u8]) -> usize {
         match first_block.get(4..6) {
             Some(&[a, b])
-                if [VOLUME_TABLE_VERSION_3, VOLUME_TABLE_VERSION_4]
-                    .contains(&u16::from_le_bytes([a, b])) =>
+                if [
+                    VOLUME_TABLE_VERSION_3,
+                    VOLUME_TABLE_VERSION_4,
+                    VOLUME_TABLE_VERSION_5,
+                ]
+                .contains(&u16::from_le_bytes([a, b])) =>
             {
                 2 * BLOCK_SIZE
             }
@@ -273,6 +290,7 @@ impl VolumeTable {
                     VOLUME_TABLE_VERSION_1,
                     VOLUME_TABLE_VERSION_3,
                     VOLUME_TABLE_VERSION_4,
+                    VOLUME_TABLE_VERSION_5,
                 ]
                 .contains(&u16::from_le_bytes([a, b])) =>
             {
@@ -411,7 +429,16 @@ fn decode_limits(
             ));
         }
         e.map_unit_shift = shift;
-        r.skip(VOLUME_LIMITS_LEN - 35)?;
+        let flags = r.u8()?;
+        // Versions before 5 left the byte reserved (zero); a dual volume needs a unit.
+        if flags & !MAP_FLAG_DUAL != 0
+            || (version < VOLUME_TABLE_VERSION_5 && flags != 0)
+            || (flags & MAP_FLAG_DUAL != 0 && shift == 0)
+        {
+            return Err(r.invalid("map_flags", format!("{flags} (unit shift {shift})")));
+        }
+        e.dual_map = flags & MAP_FLAG_DUAL != 0;
+        r.skip(VOLUME_LIMITS_LEN - 36)?;
     }
     Ok(())
 }
@@ -453,6 +480,7 @@ fn decode_entry(r: &mut Reader<'_>) -> Result<VolumeEntry, FormatError> {
         limits: VolumeLimits::NONE,
         whole_size_blocks: 0,
         map_unit_shift: 0,
+        dual_map: false,
     })
 }
 
@@ -480,6 +508,7 @@ fn decode_entry_v1(r: &mut Reader<'_>) -> Result<VolumeEntry, FormatError> {
         limits: VolumeLimits::NONE,
         whole_size_blocks: 0,
         map_unit_shift: 0,
+        dual_map: false,
     })
 }
 
@@ -499,6 +528,7 @@ mod tests {
             limits: VolumeLimits::NONE,
             whole_size_blocks: 0,
             map_unit_shift: 0,
+            dual_map: false,
         }
     }
 
@@ -549,6 +579,7 @@ mod tests {
                     limits: VolumeLimits::NONE,
                     whole_size_blocks: 0,
                     map_unit_shift: 0,
+                    dual_map: false,
                 },
                 VolumeEntry {
                     id: VolumeId(3),
@@ -560,6 +591,7 @@ mod tests {
                     limits: VolumeLimits::NONE,
                     whole_size_blocks: 0,
                     map_unit_shift: 0,
+                    dual_map: false,
                 },
             ]
         );
@@ -586,6 +618,7 @@ mod tests {
             entries: vec![VolumeEntry {
                 size_blocks: 48,
                 map_unit_shift: 2,
+                dual_map: false,
                 ..entry(0, 1, "big")
             }],
         };
@@ -608,6 +641,40 @@ mod tests {
         assert!(e.to_string().contains("whole number of units"), "{e}");
         // A reader that predates version 4 refuses the table instead of misreading it.
         assert_eq!(u16::from_le_bytes([b[4], b[5]]), VOLUME_TABLE_VERSION_4);
+    }
+
+    #[test]
+    fn dual_maps_are_version_5_and_checked() {
+        let t = VolumeTable {
+            generation: 1,
+            uid_next: VolumeUid(9),
+            entries: vec![VolumeEntry {
+                size_blocks: 48,
+                map_unit_shift: 4,
+                dual_map: true,
+                ..entry(0, 1, "dual")
+            }],
+        };
+        let b = t.encode_in(2);
+        assert_eq!(u16::from_le_bytes([b[4], b[5]]), VOLUME_TABLE_VERSION_5);
+        assert!(VolumeTable::decode(&b, 0).unwrap().entries[0].dual_map);
+        let with_flags = |mut b: Vec<u8>, version: u16, shift: u8, flags: u8| {
+            b[4..6].copy_from_slice(&version.to_le_bytes());
+            seal(&mut b[..BLOCK_SIZE], BLOCK_SIZE);
+            let second = &mut b[BLOCK_SIZE..];
+            second[4..6].copy_from_slice(&version.to_le_bytes());
+            second[32 + 34] = shift;
+            second[32 + 35] = flags;
+            seal(second, BLOCK_SIZE);
+            b
+        };
+        // Unknown flags, a dual volume without a unit, and a version-4 copy claiming
+        // a flag are refused by name.
+        for (version, shift, flags) in [(5, 4, 2), (5, 0, 1), (4, 4, 1)] {
+            let e =
+                VolumeTable::decode(&with_flags(b.clone(), version, shift, flags), 0).unwrap_err();
+            assert!(e.to_string().contains("map_flags"), "{e}");
+        }
     }
 
     #[test]
@@ -638,91 +705,92 @@ mod tests {
     }
 
     proptest! {
-        #[test]
-        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..4200)) {
-            let _ = VolumeTable::decode(&bytes, 0);
-        }
-
-        #[test]
-        fn roundtrip(gen in any::<u64>(), vols in proptest::collection::btree_map(0u32..63, ("[a-z]{1,32}", any::<u64>(), any::<u64>(), any::<u32>(), (any::<u64>(), any::<u64>(), 0u8..=100, 0u8..3)), 0..20)) {
-            let mut names = std::collections::BTreeSet::new();
-            let entries: Vec<VolumeEntry> = vols.into_iter()
-                .filter(|(_, (n, ..))| names.insert(n.clone()))
-                .enumerate()
-                .map(|(i, (id, (name, size_blocks, sid, pos, (iops, bps, share, gc))))| VolumeEntry {
-                    id: VolumeId(id), uid: VolumeUid(1000 + i as u64), name, size_blocks,
-                    created_sid: Sid(sid), created_pos: pos,
-                    limits: VolumeLimits { iops_max: iops, bytes_per_sec_max: bps, cache_share_pct: share, gc: VolumeGc::from_u8(gc).unwrap() },
-                    whole_size_blocks: if iops % 2 == 0 { 0 } else { size_blocks.saturating_add(bps % 1000) },
-                    map_unit_shift: 0,
-                }).collect();
-            let mut t = VolumeTable { generation: gen, uid_next: VolumeUid(5000), entries };
-            let b = t.encode_in(2);
-            prop_assert_eq!(b.len(), VolumeTable::encoded_len(&b));
-            prop_assert_eq!(VolumeTable::decode(&b, 0), Ok(t.clone()));
-            // Version 2 drops the limits and the whole sizes.
-            for e in &mut t.entries {
-                e.limits = VolumeLimits::NONE;
-                e.whole_size_blocks = 0;
+            #[test]
+            fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..4200)) {
+                let _ = VolumeTable::decode(&bytes, 0);
             }
-            let b = t.encode_in(1);
-            prop_assert_eq!(b.len(), VolumeTable::encoded_len(&b));
-            prop_assert_eq!(VolumeTable::decode(&b, 0), Ok(t));
-        }
 
-        #[test]
-        fn mapping_units_roundtrip_in_version_4(shifts in proptest::collection::vec(0u8..=MAP_UNIT_SHIFT_MAX, 1..10)) {
-            let entries: Vec<VolumeEntry> = shifts.iter().enumerate().map(|(i, &sh)| VolumeEntry {
-                size_blocks: 64 << sh,
-                map_unit_shift: sh,
-                ..entry(i as u32, 1 + i as u64, &format!("v{i}"))
-            }).collect();
-            let t = VolumeTable { generation: 3, uid_next: VolumeUid(100), entries };
-            let b = t.encode_in(2);
-            let version = u16::from_le_bytes([b[4], b[5]]);
-            let any_unit = shifts.iter().any(|&s| s > 0);
-            prop_assert_eq!(version, if any_unit { VOLUME_TABLE_VERSION_4 } else { VOLUME_TABLE_VERSION_3 });
-            prop_assert_eq!(t.blocks_needed(), if any_unit { 2 } else { 1 });
-            prop_assert_eq!(b.len(), VolumeTable::encoded_len(&b));
-            prop_assert_eq!(VolumeTable::decode(&b, 0), Ok(t));
-        }
+            #[test]
+            fn roundtrip(gen in any::<u64>(), vols in proptest::collection::btree_map(0u32..63, ("[a-z]{1,32}", any::<u64>(), any::<u64>(), any::<u32>(), (any::<u64>(), any::<u64>(), 0u8..=100, 0u8..3)), 0..20)) {
+                let mut names = std::collections::BTreeSet::new();
+                let entries: Vec<VolumeEntry> = vols.into_iter()
+                    .filter(|(_, (n, ..))| names.insert(n.clone()))
+                    .enumerate()
+                    .map(|(i, (id, (name, size_blocks, sid, pos, (iops, bps, share, gc))))| VolumeEntry {
+                        id: VolumeId(id), uid: VolumeUid(1000 + i as u64), name, size_blocks,
+                        created_sid: Sid(sid), created_pos: pos,
+                        limits: VolumeLimits { iops_max: iops, bytes_per_sec_max: bps, cache_share_pct: share, gc: VolumeGc::from_u8(gc).unwrap() },
+                        whole_size_blocks: if iops % 2 == 0 { 0 } else { size_blocks.saturating_add(bps % 1000) },
+                        map_unit_shift: 0,
+    dual_map: false,
+                    }).collect();
+                let mut t = VolumeTable { generation: gen, uid_next: VolumeUid(5000), entries };
+                let b = t.encode_in(2);
+                prop_assert_eq!(b.len(), VolumeTable::encoded_len(&b));
+                prop_assert_eq!(VolumeTable::decode(&b, 0), Ok(t.clone()));
+                // Version 2 drops the limits and the whole sizes.
+                for e in &mut t.entries {
+                    e.limits = VolumeLimits::NONE;
+                    e.whole_size_blocks = 0;
+                }
+                let b = t.encode_in(1);
+                prop_assert_eq!(b.len(), VolumeTable::encoded_len(&b));
+                prop_assert_eq!(VolumeTable::decode(&b, 0), Ok(t));
+            }
 
-        #[test]
-        fn a_copy_torn_between_its_blocks_is_refused(gen in 1u64..1000) {
-            let mut t = VolumeTable { generation: gen, uid_next: VolumeUid(9), entries: vec![entry(2, 4, "db")] };
-            t.entries[0].limits.iops_max = 500;
-            let old = t.encode_in(2);
-            t.generation += 1;
-            t.entries[0].limits.iops_max = 800;
-            let new = t.encode_in(2);
-            let mut torn = new[..BLOCK_SIZE].to_vec();
-            torn.extend_from_slice(&old[BLOCK_SIZE..]);
-            prop_assert!(VolumeTable::decode(&torn, 0).is_err());
-            // A version-3 copy missing its second block is refused too.
-            prop_assert!(VolumeTable::decode(&new[..BLOCK_SIZE], 0).is_err());
-            prop_assert_eq!(VolumeTable::decode(&new, 0).unwrap().entries[0].limits.iops_max, 800);
-        }
+            #[test]
+            fn mapping_units_roundtrip_in_version_4(shifts in proptest::collection::vec(0u8..=MAP_UNIT_SHIFT_MAX, 1..10)) {
+                let entries: Vec<VolumeEntry> = shifts.iter().enumerate().map(|(i, &sh)| VolumeEntry {
+                    size_blocks: 64 << sh,
+                    map_unit_shift: sh,
+                    ..entry(i as u32, 1 + i as u64, &format!("v{i}"))
+                }).collect();
+                let t = VolumeTable { generation: 3, uid_next: VolumeUid(100), entries };
+                let b = t.encode_in(2);
+                let version = u16::from_le_bytes([b[4], b[5]]);
+                let any_unit = shifts.iter().any(|&s| s > 0);
+                prop_assert_eq!(version, if any_unit { VOLUME_TABLE_VERSION_4 } else { VOLUME_TABLE_VERSION_3 });
+                prop_assert_eq!(t.blocks_needed(), if any_unit { 2 } else { 1 });
+                prop_assert_eq!(b.len(), VolumeTable::encoded_len(&b));
+                prop_assert_eq!(VolumeTable::decode(&b, 0), Ok(t));
+            }
 
-        /// A cache share past 100% is refused by name, however the block is sealed.
-        #[test]
-        fn a_cache_share_past_100_is_refused(pct in 101u8..=255) {
-            let mut t = VolumeTable { generation: 3, uid_next: VolumeUid(9), entries: vec![entry(2, 4, "db")] };
-            t.entries[0].limits.cache_share_pct = pct;
-            let b = t.encode_in(2);
-            let e = VolumeTable::decode(&b, 0).unwrap_err().to_string();
-            prop_assert!(e.contains("cache_share_pct"), "{}", e);
-        }
+            #[test]
+            fn a_copy_torn_between_its_blocks_is_refused(gen in 1u64..1000) {
+                let mut t = VolumeTable { generation: gen, uid_next: VolumeUid(9), entries: vec![entry(2, 4, "db")] };
+                t.entries[0].limits.iops_max = 500;
+                let old = t.encode_in(2);
+                t.generation += 1;
+                t.entries[0].limits.iops_max = 800;
+                let new = t.encode_in(2);
+                let mut torn = new[..BLOCK_SIZE].to_vec();
+                torn.extend_from_slice(&old[BLOCK_SIZE..]);
+                prop_assert!(VolumeTable::decode(&torn, 0).is_err());
+                // A version-3 copy missing its second block is refused too.
+                prop_assert!(VolumeTable::decode(&new[..BLOCK_SIZE], 0).is_err());
+                prop_assert_eq!(VolumeTable::decode(&new, 0).unwrap().entries[0].limits.iops_max, 800);
+            }
 
-        /// An unknown GC policy is refused by name.
-        #[test]
-        fn an_unknown_gc_policy_is_refused(v in 3u8..=255) {
-            let t = VolumeTable { generation: 3, uid_next: VolumeUid(9), entries: vec![entry(2, 4, "db")] };
-            let mut b = t.encode_in(2);
-            // Entry 0's limits start at 32 in the second block; the policy is byte 25.
-            b[BLOCK_SIZE + 32 + 25] = v;
-            crate::codec::seal(&mut b[BLOCK_SIZE..], BLOCK_SIZE);
-            let e = VolumeTable::decode(&b, 0).unwrap_err().to_string();
-            prop_assert!(e.contains("gc_policy"), "{}", e);
+            /// A cache share past 100% is refused by name, however the block is sealed.
+            #[test]
+            fn a_cache_share_past_100_is_refused(pct in 101u8..=255) {
+                let mut t = VolumeTable { generation: 3, uid_next: VolumeUid(9), entries: vec![entry(2, 4, "db")] };
+                t.entries[0].limits.cache_share_pct = pct;
+                let b = t.encode_in(2);
+                let e = VolumeTable::decode(&b, 0).unwrap_err().to_string();
+                prop_assert!(e.contains("cache_share_pct"), "{}", e);
+            }
+
+            /// An unknown GC policy is refused by name.
+            #[test]
+            fn an_unknown_gc_policy_is_refused(v in 3u8..=255) {
+                let t = VolumeTable { generation: 3, uid_next: VolumeUid(9), entries: vec![entry(2, 4, "db")] };
+                let mut b = t.encode_in(2);
+                // Entry 0's limits start at 32 in the second block; the policy is byte 25.
+                b[BLOCK_SIZE + 32 + 25] = v;
+                crate::codec::seal(&mut b[BLOCK_SIZE..], BLOCK_SIZE);
+                let e = VolumeTable::decode(&b, 0).unwrap_err().to_string();
+                prop_assert!(e.contains("gc_policy"), "{}", e);
+            }
         }
-    }
 }

@@ -140,6 +140,7 @@ fn volumes(n: u32) -> VolumeTable {
                 limits: shale_format::VolumeLimits::NONE,
                 whole_size_blocks: 0,
                 map_unit_shift: 0,
+                dual_map: false,
             })
             .collect(),
     }

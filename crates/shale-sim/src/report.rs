@@ -63,6 +63,9 @@ pub struct Counts {
     pub lineages: u64,
     /// Volumes created mapped in units larger than a block.
     pub unit_volumes: u64,
+    /// Of those, dual mapped; and dual volumes refused for want of L2P room.
+    pub dual_volumes: u64,
+    pub dual_refusals: u64,
     /// Crash points by kind (`step`, `when:gc`, `trip:checkpoint`, ...), and how
     /// many armed ones never happened before their deadline (`...:missed`).
     pub moments: BTreeMap<String, u64>,
@@ -125,6 +128,8 @@ impl Counts {
         self.live_checks += o.live_checks;
         self.lineages += o.lineages;
         self.unit_volumes += o.unit_volumes;
+        self.dual_volumes += o.dual_volumes;
+        self.dual_refusals += o.dual_refusals;
         for (k, v) in &o.moments {
             *self.moments.entry(k.clone()).or_default() += v;
         }
@@ -189,11 +194,13 @@ impl fmt::Display for Counts {
         )?;
         writeln!(
             f,
-            "crashes in shutdown {}  crashes in open {}  formats {}  volumes in units {}  torn writes {}  pending kept/dropped {}/{}  left pending after shutdown {:?}",
+            "crashes in shutdown {}  crashes in open {}  formats {}  volumes in units {} (dual {}, refused {})  torn writes {}  pending kept/dropped {}/{}  left pending after shutdown {:?}",
             self.crashes_in_shutdown,
             self.crashes_in_open,
             self.lineages,
             self.unit_volumes,
+            self.dual_volumes,
+            self.dual_refusals,
             self.torn_writes,
             self.pending_kept,
             self.pending_dropped,

@@ -719,11 +719,12 @@ impl Sim {
             let size = size / unit * unit;
             if size >= unit.max(8) {
                 let name = self.workload.name();
-                let shift = self.workload.limits().draw_shift(&mut self.rng, size);
+                let (shift, dual) = self.workload.limits().draw_layout(&mut self.rng, size);
                 self.submit(Op::Create {
                     name,
                     size_blocks: size,
                     shift,
+                    dual,
                 });
                 self.settle()?;
                 // A cache share and a GC policy of its own in the third of the runs
@@ -1488,6 +1489,7 @@ impl Sim {
                         name,
                         size_blocks,
                         shift,
+                        ..
                     } => {
                         if let Some(i) = listed.iter().find(|i| &i.name == name) {
                             m.create_mapped(i.uid, name, *size_blocks, 1 << shift);
@@ -1876,12 +1878,14 @@ impl Sim {
                 ref name,
                 size_blocks,
                 shift,
+                dual,
             } => (
                 Request::CreateVolumeWith {
                     name: name.clone(),
                     size_bytes: size_blocks * BS,
                     layout: shale_engine::VolumeLayout {
                         map_unit_shift: shift,
+                        dual,
                     },
                 },
                 Pending::Admin(op),
@@ -2115,6 +2119,7 @@ impl Sim {
                             name,
                             size_blocks,
                             shift,
+                            dual,
                         },
                         Reply::Volume(info),
                     ) => {
@@ -2122,6 +2127,7 @@ impl Sim {
                         self.model
                             .create_mapped(info.uid, name, *size_blocks, 1 << shift);
                         self.counts.unit_volumes += u64::from(*shift > 0);
+                        self.counts.dual_volumes += u64::from(*dual);
                     }
                     (
                         Op::Resize {
@@ -2199,6 +2205,13 @@ impl Sim {
         self.log(|| format!("request {op} ({}) failed: {e}", pending.kind()));
         if let Pending::Admin(a) = &pending {
             self.admin_inflight = false;
+            // A dual volume the L2P pool has no room for at its largest: refused,
+            // nothing changed.
+            if matches!(&e, EngineError::InvalidVolume { reason } if reason.contains("no L2P room for a"))
+            {
+                self.counts.dual_refusals += 1;
+                return Ok(());
+            }
             let before = match a {
                 Op::Resize { volume, .. } | Op::Delete { volume } => {
                     self.model.volume(*volume).cloned()

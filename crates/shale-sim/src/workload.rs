@@ -42,6 +42,8 @@ pub enum Op {
         size_blocks: u64,
         /// Mapped in units of `1 << shift` blocks.
         shift: u8,
+        /// Dual mapped: a sparse map of blocks over the unit map (only with a unit).
+        dual: bool,
     },
     Resize {
         volume: VolumeUid,
@@ -108,16 +110,18 @@ pub struct Limits {
 
 impl Limits {
     /// A mapping unit shift for a volume of `blocks` blocks: 0 in most draws, else a
-    /// unit the size is a multiple of.
-    pub fn draw_shift(&self, rng: &mut impl Rng, blocks: u64) -> u8 {
+    /// unit the size is a multiple of; and with a unit, dual mapping in half the
+    /// draws.
+    pub fn draw_layout(&self, rng: &mut impl Rng, blocks: u64) -> (u8, bool) {
         if self.unit_shift_max == 0 || !rng.gen_bool(0.4) {
-            return 0;
+            return (0, false);
         }
         let shift = rng.gen_range(1..=self.unit_shift_max);
-        (0..=shift)
+        let shift = (0..=shift)
             .rev()
             .find(|&s| blocks.is_multiple_of(1 << s))
-            .unwrap_or(0)
+            .unwrap_or(0);
+        (shift, shift > 0 && rng.gen_bool(0.5))
     }
 }
 
@@ -289,11 +293,12 @@ impl Workload {
         if choice == 0 && (vols.len() as u32) < l.volumes_max && free >= min {
             let size_blocks = self.rng.gen_range(min..=free.clamp(min, 512.max(min)));
             let name = self.name();
-            let shift = l.draw_shift(&mut self.rng, size_blocks);
+            let (shift, dual) = l.draw_layout(&mut self.rng, size_blocks);
             return Some(Op::Create {
                 name,
                 size_blocks,
                 shift,
+                dual,
             });
         }
         let (volume, size) = self.pick_volume(model)?;

@@ -1105,6 +1105,7 @@ impl L2p {
     /// each, so a whole-map walk (census, self-check) costs a sequential pass over the
     /// mapped pages rather than a synchronous 4 KiB read per page. Pages read here do
     /// not enter the cache.
+    #[cfg(test)]
     pub fn for_each_mapped<C: BlockDevice>(
         &mut self,
         dev: &mut C,
@@ -1114,15 +1115,33 @@ impl L2p {
     }
 
     /// [`Self::for_each_mapped`], counting the pages walked on `meter`.
+    #[cfg(test)]
     pub fn for_each_mapped_metered<C: BlockDevice>(
         &mut self,
         dev: &mut C,
         meter: &mut Meter<'_>,
         f: impl FnMut(VolumeId, Lba, Pba),
     ) -> Result<(), EngineError> {
-        // The pages the walk visits: cached, with deferred switches, or written back.
-        let pages: usize = self
-            .vols
+        meter.start(self.walked_pages() as u64);
+        self.for_each_mapped_from((0, 0), usize::MAX, dev, meter, f)?;
+        Ok(())
+    }
+
+    /// Pages of map `v` in use: written back, cached, or with deferred switches.
+    pub fn pages_in_use(&self, v: VolumeId) -> u64 {
+        self.vols
+            .get(v.0 as usize)
+            .and_then(Option::as_ref)
+            .map_or(0, |m| {
+                (0..m.dir.len())
+                    .filter(|&p| m.frame[p] != FRAME_NONE || m.dir[p].slot != L2P_SLOT_NONE)
+                    .count() as u64
+            })
+    }
+
+    /// The pages a walk visits: cached, with deferred switches, or written back.
+    pub fn walked_pages(&self) -> usize {
+        self.vols
             .iter()
             .flatten()
             .map(|m| {
@@ -1130,10 +1149,7 @@ impl L2p {
                     .filter(|&p| m.frame[p] != FRAME_NONE || m.dir[p].slot != L2P_SLOT_NONE)
                     .count()
             })
-            .sum();
-        meter.start(pages as u64);
-        self.for_each_mapped_from((0, 0), usize::MAX, dev, meter, f)?;
-        Ok(())
+            .sum()
     }
 
     /// The walk of [`for_each_mapped_metered`](Self::for_each_mapped_metered) from page

@@ -87,6 +87,9 @@ struct UnitMove {
     new_base: Option<Pba>,
     /// Every written block is where the first one's unit needs it.
     contiguous: bool,
+    /// A dual volume's unit: each settled block's index, source and new place (it
+    /// may switch block by block, to the sparse map, when it cannot switch whole).
+    blocks: Vec<(u64, Pba, Option<Pba>)>,
 }
 
 /// One victim group being read: its pieces (first slot, buffer once arrived).
@@ -594,10 +597,16 @@ impl Mover {
             }
             // The source's validity bit says whether the entry still points at it
             // (a PBA is valid exactly when one L2P entry maps it), so the switch needs
-            // no page: it is deferred if the page is not cached.
+            // no page: it is deferred if the page is not cached. A dual volume's block
+            // moved alone is mapped by its sparse map from now on.
             if core.regions.validity.get(e.source) {
                 core.regions.mark_valid(&core.geo, new, e.volume);
-                core.l2p.relocate(&mut core.cache, e.volume, e.lba, new)?;
+                let map = if core.volumes.is_dual(e.volume) {
+                    core.volumes.fine_map(e.volume)
+                } else {
+                    e.volume
+                };
+                core.l2p.relocate(&mut core.cache, map, e.lba, new)?;
                 core.regions.mark_invalid(&core.geo, e.source, e.volume);
                 core.stats.relocated_blocks += 1;
                 let c = core.volume_counters(e.volume);
@@ -651,12 +660,17 @@ impl Mover {
         };
         let unit = e.lba.0 >> e.shift;
         let key = (e.volume, unit, src_base);
+        let dual = core.volumes.is_dual(e.volume);
         let mv = self.units_moving.entry(key).or_insert(UnitMove {
             settled: 0,
             new_base: None,
             contiguous: true,
+            blocks: Vec::new(),
         });
         mv.settled += 1;
+        if dual {
+            mv.blocks.push((j, e.source, new));
+        }
         if let Some(new) = new {
             let base = core.geo.data_retreat(new, j);
             match (mv.new_base, base) {
@@ -674,18 +688,12 @@ impl Mover {
         let Some((src, _)) = core.geo.region_slot(src_base) else {
             unreachable!("a block's region")
         };
+        if dual {
+            return self.dual_unit_settled(core, e, unit, src_base, mv);
+        }
         match mv.new_base {
             Some(new_base) if mv.contiguous && core.regions.validity.get(src_base) => {
-                for j in 0..k {
-                    core.regions
-                        .mark_valid(&core.geo, core.unit_block(new_base, j), e.volume);
-                }
-                core.l2p
-                    .relocate(&mut core.cache, e.volume, Lba(unit), new_base)?;
-                for j in 0..k {
-                    core.regions
-                        .mark_invalid(&core.geo, core.unit_block(src_base, j), e.volume);
-                }
+                Self::switch_unit(core, e.volume, unit, k, src_base, new_base)?;
                 core.stats.relocated_blocks += k;
                 let c = core.volume_counters(e.volume);
                 if self.role == RegionRole::Gc {
@@ -707,6 +715,162 @@ impl Mover {
             }
         }
         Ok(())
+    }
+
+    /// Unit `unit` of `volume` (`k` blocks) moves from `src_base` to `new_base`: the
+    /// new blocks valid, the unit map's entry switched, the old blocks invalid.
+    fn switch_unit(
+        core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+        volume: VolumeId,
+        unit: u64,
+        k: u64,
+        src_base: Pba,
+        new_base: Pba,
+    ) -> Result<(), EngineError> {
+        for j in 0..k {
+            core.regions
+                .mark_valid(&core.geo, core.unit_block(new_base, j), volume);
+        }
+        core.l2p
+            .relocate(&mut core.cache, volume, Lba(unit), new_base)?;
+        for j in 0..k {
+            core.regions
+                .mark_invalid(&core.geo, core.unit_block(src_base, j), volume);
+        }
+        Ok(())
+    }
+
+    /// A dual volume's unit has settled: it switches whole if every block was written
+    /// where the unit needs it and every source is still valid (a valid block of a
+    /// unit staged whole is mapped by the unit map); else each block still valid
+    /// switches alone, to the sparse map.
+    fn dual_unit_settled(
+        &mut self,
+        core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+        e: &RelocEntry,
+        unit: u64,
+        src_base: Pba,
+        mv: UnitMove,
+    ) -> Result<(), EngineError> {
+        let k = 1u64 << e.shift;
+        let Some((src, _)) = core.geo.region_slot(src_base) else {
+            unreachable!("a block's region")
+        };
+        let whole = mv.contiguous
+            && mv
+                .blocks
+                .iter()
+                .all(|&(_, from, to)| to.is_some() && core.regions.validity.get(from));
+        let mut moved = 0;
+        match mv.new_base {
+            Some(new_base) if whole => {
+                Self::switch_unit(core, e.volume, unit, k, src_base, new_base)?;
+                moved = k;
+            }
+            _ => {
+                let fine = core.volumes.fine_map(e.volume);
+                for &(j, from, to) in &mv.blocks {
+                    let Some(to) = to else { continue };
+                    if !core.regions.validity.get(from) {
+                        continue;
+                    }
+                    core.regions.mark_valid(&core.geo, to, e.volume);
+                    core.l2p
+                        .relocate(&mut core.cache, fine, Lba((unit << e.shift) + j), to)?;
+                    core.regions.mark_invalid(&core.geo, from, e.volume);
+                    moved += 1;
+                }
+            }
+        }
+        core.stats.relocated_blocks += moved;
+        core.stats.relocations_superseded += k - moved;
+        let c = core.volume_counters(e.volume);
+        if self.role == RegionRole::Gc {
+            c.capacity_gc_write_bytes += moved * BS;
+        } else {
+            c.capacity_compaction_write_bytes += moved * BS;
+        }
+        core.regions.maybe_pending_free(src);
+        Ok(())
+    }
+
+    /// A dual volume's units left partial when the victim changes (a block of theirs
+    /// was overwritten before it was read, so the rest will never come): their blocks
+    /// move alone, to the sparse map. Units of other volumes left partial belonged to
+    /// a victim emptied while it was read.
+    fn flush_partial_units(
+        &mut self,
+        core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+    ) {
+        for (_, p) in self.units_partial.drain() {
+            for (e, b) in p.blocks.into_iter().flatten() {
+                if !core.volumes.is_dual(e.volume) || !core.regions.validity.get(e.source) {
+                    continue;
+                }
+                let Some((src, _)) = core.geo.region_slot(e.source) else {
+                    unreachable!("a victim's block")
+                };
+                let e = RelocEntry { shift: 0, ..e };
+                self.streams[p.stream].push(e, &b[..], &mut core.bufs);
+                core.regions.get_mut(src).relocations += 1;
+            }
+        }
+    }
+
+    /// The unit shift a valid block moves with: mapped by the volume now in its slot,
+    /// that one's unit (on a dual volume, only a unit its unit map holds whole), else 0.
+    fn moving_shift(
+        core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+        volume: VolumeId,
+        lba: Lba,
+        pba: Pba,
+    ) -> u8 {
+        let shift = core.volumes.shift(volume) as u8;
+        if shift > 0
+            && core.volumes.is_dual(volume)
+            && !Self::whole_unit_at(core, volume, lba, pba, shift)
+        {
+            return 0;
+        }
+        shift
+    }
+
+    /// Whether the valid block `lba` of dual volume `volume` at `pba` is one of a unit
+    /// the unit map holds whole (all its blocks valid), which moves as one; else the
+    /// block moves alone.
+    fn whole_unit_at(
+        core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+        volume: VolumeId,
+        lba: Lba,
+        pba: Pba,
+        shift: u8,
+    ) -> bool {
+        let k = 1u64 << shift;
+        let Some(base) = core.geo.data_retreat(pba, lba.0 % k) else {
+            return false;
+        };
+        let all_valid = (0..k).all(|j| {
+            core.geo
+                .data_advance(base, j)
+                .is_some_and(|p| core.regions.validity.get(p))
+        });
+        // A page that cannot be read: the block moves alone (which needs no page).
+        if !all_valid
+            || core
+                .l2p
+                .get(&mut core.cache, volume, Lba(lba.0 >> shift))
+                .ok()
+                .flatten()
+                != Some(base)
+        {
+            return false;
+        }
+        // The unit map may still name a unit all of whose blocks the sparse map
+        // overrides (it is then never read), and blocks written alone may have landed
+        // in those very slots when the region was reused: the unit is whole only if
+        // the sparse map holds none of its blocks.
+        let first = lba.0 >> shift << shift;
+        (0..k).all(|j| matches!(core.fine_lookup(volume, Lba(first + j)), Ok(None)))
     }
 
     /// Stages block `j` of a mapping unit read from a victim; the unit goes to stream
@@ -910,8 +1074,9 @@ impl Mover {
                 self.victim_dests = Dests::all(core.streams);
             }
             core.regions.get_mut(v).draining = true;
-            // Units left partial belonged to a victim emptied while it was read.
-            self.units_partial.clear();
+            // Units left partial belonged to a victim emptied while it was read, or
+            // are a dual volume's whose blocks then move alone.
+            self.flush_partial_units(core);
             self.victim = Some(v);
             self.cursor = 0;
         }
@@ -1193,8 +1358,7 @@ impl Mover {
                 let s = self.stream_for(core, victim, &e, pba);
                 let s = if dests.contains(s) { s } else { dests.first };
                 let entry = RelocEntry {
-                    // Valid, so mapped by the volume now in its slot: that one's unit.
-                    shift: core.volumes.shift(e.volume) as u8,
+                    shift: Self::moving_shift(core, e.volume, e.lba, pba),
                     ..RelocEntry::moving(&e, pba)
                 };
                 if entry.shift > 0 {

@@ -47,6 +47,9 @@ pub(crate) fn block_status(
         });
     }
     let end = offset + len;
+    if core.volumes.is_dual(volume) {
+        return dual_block_status(core, volume, offset, end);
+    }
     // An L2P entry maps a block, or a unit of a volume mapped in units.
     let unit = BS << core.volumes.shift(volume);
     // Bytes of entries [a, b) that lie inside the request.
@@ -77,6 +80,26 @@ pub(crate) fn block_status(
             push(&mut out, bytes(lba, run_end), mapped);
             lba = run_end;
         }
+    }
+    core.stats.allocation_queries += 1;
+    Ok(out)
+}
+
+/// [`block_status`] of a dual volume: block by block, through both its maps.
+fn dual_block_status(
+    core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+    volume: VolumeId,
+    offset: u64,
+    end: u64,
+) -> Result<Vec<Extent>, EngineError> {
+    let mut peek = crate::read::peek::MapPeek::default();
+    let mut out = Vec::new();
+    for lba in offset / BS..end.div_ceil(BS) {
+        let mapped = peek
+            .lookup(core, volume, lba)?
+            .is_some_and(|p| !p.is_none());
+        let bytes = ((lba + 1) * BS).min(end) - (lba * BS).max(offset);
+        push(&mut out, bytes, mapped);
     }
     core.stats.allocation_queries += 1;
     Ok(out)

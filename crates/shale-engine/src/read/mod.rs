@@ -7,4 +7,5 @@
 
 pub(crate) mod block_status;
 pub(crate) mod md_cache;
+pub(crate) mod peek;
 pub(crate) mod reader;

@@ -289,6 +289,7 @@ pub(crate) fn scan_md(
         }
         rp.plans.insert(id, p);
     }
+    supersede_fine(core, &mut rp.overlay);
     Ok(bytes)
 }
 
@@ -340,25 +341,86 @@ fn whole_units(
         .copied()
         .collect();
     found.extend(heads);
+    let whole = |k: u64, key: Key, pba: Pba| {
+        let (v, lba) = unpack(k);
+        let units = 1u64 << shift_of(k);
+        lba % units == 0
+            && (1..units).all(|j| {
+                core.geo
+                    .data_advance(pba, j)
+                    .and_then(|p| at.get(&p))
+                    .is_some_and(|&(kj, keyj)| kj == pack(v, lba + j) && keyj.0 == key.0)
+            })
+    };
+    // A dual volume's blocks that are not of a whole unit found here are versions of
+    // single blocks, for its sparse map.
+    let in_whole: std::collections::HashSet<Pba, BuildHasherDefault<crate::hash::U64Hasher>> =
+        found
+            .iter()
+            .filter(|&&(k, key, pba)| {
+                shift_of(k) > 0 && core.volumes.is_dual(unpack(k).0) && whole(k, key, pba)
+            })
+            .flat_map(|&(k, _, pba)| {
+                (0..1u64 << shift_of(k)).filter_map(move |j| core.geo.data_advance(pba, j))
+            })
+            .collect();
+    let context_at: std::collections::HashSet<Pba, BuildHasherDefault<crate::hash::U64Hasher>> =
+        context.iter().map(|&(.., pba)| pba).collect();
     found.retain_mut(|(k, key, pba)| {
         let shift = shift_of(*k);
         if shift == 0 {
             return true;
         }
         let (v, lba) = unpack(*k);
-        let units = 1u64 << shift;
-        if lba % units != 0 {
+        let dual = core.volumes.is_dual(v);
+        if dual && !in_whole.contains(pba) {
+            // A head taken from the context is a version only as a whole unit.
+            *k = pack(v, lba | FINE_KEY);
+            return !context_at.contains(pba);
+        }
+        if lba % (1u64 << shift) != 0 {
             return false;
         }
-        let whole = (1..units).all(|j| {
-            core.geo
-                .data_advance(*pba, j)
-                .and_then(|p| at.get(&p))
-                .is_some_and(|&(kj, keyj)| kj == pack(v, lba + j) && keyj.0 == key.0)
-        });
+        let w = whole(*k, *key, *pba);
         *k = pack(v, lba >> shift);
-        whole
+        w
     });
+}
+
+/// Marks a replayed version's LBA as a dual volume's sparse-map block (LBAs are
+/// below 2^57 there: volumes are far smaller).
+pub(crate) const FINE_KEY: u64 = 1 << 57;
+
+/// After every region is scanned: a dual volume's whole unit replayed supersedes
+/// the sparse-map entries of its blocks older than it (replayed or from the
+/// checkpoint), which become unmaps (`Pba::NONE`). A sparse-map version as new as
+/// the unit is kept: a block moved alone after its unit moved whole carries the
+/// same key, and is the later copy.
+fn supersede_fine(
+    core: &Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+    overlay: &mut Overlay,
+) {
+    let units: Vec<(u64, Key)> = overlay
+        .iter()
+        .filter(|(&k, _)| {
+            let (v, e) = unpack(k);
+            e & FINE_KEY == 0 && core.volumes.is_dual(v)
+        })
+        .map(|(&k, &(key, _))| (k, key))
+        .collect();
+    for (k, key) in units {
+        let (v, u) = unpack(k);
+        let shift = core.volumes.shift(v);
+        for j in 0..1u64 << shift {
+            let fk = pack(v, ((u << shift) + j) | FINE_KEY);
+            match overlay.get(&fk) {
+                Some(&(fkey, _)) if fkey >= key => {}
+                _ => {
+                    overlay.insert(fk, (key, Pba::NONE));
+                }
+            }
+        }
+    }
 }
 
 /// Where the scan of region `r` ends: its claimed end, for a zone also the
@@ -676,19 +738,18 @@ fn mappable(
     }
 }
 
-/// Applies trims, then the winning versions, to the L2P. Returns the L2P bytes read.
-/// Counts trims and versions on `meter`.
-pub(crate) fn apply_replay(
+/// One map's trimmed ranges: start -> (end, key of the last trim covering them).
+type Painted = BTreeMap<u64, (u64, Key)>;
+
+/// Applies the replayed trims to the L2P (both maps of a dual volume). Returns, per
+/// map, what they painted: later trims paint over earlier ones, disjoint ranges with
+/// the key of the last trim covering them.
+fn apply_trims(
     core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
-    rp: &mut Replay,
+    rp: &Replay,
     meter: &mut Meter<'_>,
-) -> Result<u64, OpenError> {
-    let reads0 = core.l2p.counters.page_reads;
-    // Later trims paint over earlier ones: per volume, disjoint ranges with the key
-    // of the last trim covering them.
-    let mut painted: Vec<BTreeMap<u64, (u64, Key)>> =
-        vec![BTreeMap::new(); core.volumes.volumes_max as usize];
-    meter.start((rp.trims.len() + rp.overlay.len()) as u64);
+) -> Result<Vec<Painted>, OpenError> {
+    let mut painted: Vec<Painted> = vec![BTreeMap::new(); core.volumes.maps_max() as usize];
     for t in &rp.trims {
         meter.add(1);
         let Some(size) = core.l2p.volume_size(t.volume) else {
@@ -705,7 +766,28 @@ pub(crate) fn apply_replay(
         if let Some(m) = painted.get_mut(t.volume.0 as usize) {
             paint(m, lo, hi, t.key);
         }
+        if core.volumes.is_dual(t.volume) {
+            // A dual volume's sparse map too, in blocks.
+            let fine = core.volumes.fine_map(t.volume);
+            unmap_replayed(core, fine, lo << shift, hi << shift)?;
+            if let Some(m) = painted.get_mut(fine.0 as usize) {
+                paint(m, lo << shift, hi << shift, t.key);
+            }
+        }
     }
+    Ok(painted)
+}
+
+/// Applies trims, then the winning versions, to the L2P. Returns the L2P bytes read.
+/// Counts trims and versions on `meter`.
+pub(crate) fn apply_replay(
+    core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+    rp: &mut Replay,
+    meter: &mut Meter<'_>,
+) -> Result<u64, OpenError> {
+    let reads0 = core.l2p.counters.page_reads;
+    meter.start((rp.trims.len() + rp.overlay.len()) as u64);
+    let painted = apply_trims(core, rp, meter)?;
     let mut entries: Vec<(u64, Key, Pba)> = rp
         .overlay
         .drain()
@@ -717,8 +799,19 @@ pub(crate) fn apply_replay(
     // the page (relocations of scattered data touch one page each). A page with more
     // is loaded, a batch of such pages at a time ahead of the loop, and updated.
     let epp = core.l2p.format().entries_per_page();
+    // The L2P map and entry a replayed version goes to: a dual volume's sparse-map
+    // versions to its sparse map.
+    let volumes_max = core.volumes.volumes_max;
+    let target = move |k: u64| {
+        let (v, lba) = unpack(k);
+        if lba & FINE_KEY != 0 {
+            (VolumeId(volumes_max + v.0), lba & !FINE_KEY)
+        } else {
+            (v, lba)
+        }
+    };
     let page_of = |e: &(u64, Key, Pba)| {
-        let (v, lba) = unpack(e.0);
+        let (v, lba) = target(e.0);
         (v, (lba / epp) as usize)
     };
     // The end of the run of entries on the page of entry `i`.
@@ -752,8 +845,12 @@ pub(crate) fn apply_replay(
                 .map_err(OpenError::Engine)?;
         }
         for &(k, key, pba) in &entries[start..end] {
-            let (v, lba) = unpack(k);
+            let (v, lba) = target(k);
             meter.add(1);
+            // An unmap of a sparse-map entry where that map's page holds nothing.
+            if pba.is_none() && core.l2p.page_is_empty(v, (lba / epp) as usize) {
+                continue;
+            }
             let trimmed = painted
                 .get(v.0 as usize)
                 .and_then(|m| m.range(..=lba).next_back())

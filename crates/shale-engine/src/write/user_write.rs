@@ -94,6 +94,20 @@ impl ChunkWriter {
         if shift > 0 {
             return self.write_units(core, volume, shift, offset, data, zeros);
         }
+        self.write_blocks(core, volume, offset, data, zeros)
+    }
+
+    /// `write_range` block by block: whole blocks as they are, partial ones read
+    /// first. On a dual volume the blocks go to its sparse map.
+    fn write_blocks(
+        &mut self,
+        core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+        volume: VolumeId,
+        offset: u64,
+        data: &[u8],
+        zeros: bool,
+    ) -> Result<(), EngineError> {
+        let dual = core.volumes.is_dual(volume);
         let len = data.len() as u64;
         let first = offset / BS;
         let last = (offset + len - 1) / BS;
@@ -126,7 +140,12 @@ impl ChunkWriter {
                 }
                 &block[..]
             };
-            if let Err(e) = self.map_new_block(core, volume, Lba(lba), src) {
+            let mapped = if dual {
+                self.map_new_fine_block(core, volume, Lba(lba), src)
+            } else {
+                self.map_new_block(core, volume, Lba(lba), src)
+            };
+            if let Err(e) = mapped {
                 result = Err(e);
                 break;
             }
@@ -138,6 +157,42 @@ impl ChunkWriter {
     /// `write_range` on a volume mapped in units of `1 << shift` blocks: each unit the
     /// range touches is written whole, the blocks it does not cover read first.
     fn write_units(
+        &mut self,
+        core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+        volume: VolumeId,
+        shift: u32,
+        offset: u64,
+        data: &[u8],
+        zeros: bool,
+    ) -> Result<(), EngineError> {
+        let len = data.len() as u64;
+        let k = 1u64 << shift;
+        let unit_bytes = k * BS;
+        if core.volumes.is_dual(volume) {
+            // Whole units to the unit map, the rest block by block to the sparse map.
+            let (lo, hi) = (offset, offset + len);
+            let first = lo.div_ceil(unit_bytes) * unit_bytes;
+            let end = hi / unit_bytes * unit_bytes;
+            if first >= end {
+                return self.write_blocks(core, volume, offset, data, zeros);
+            }
+            // With `zeros` the data is zeros of the range's length too.
+            let part = |a: u64, b: u64| &data[(a - lo) as usize..(b - lo) as usize];
+            if lo < first {
+                self.write_blocks(core, volume, lo, part(lo, first), zeros)?;
+            }
+            self.write_whole_units(core, volume, shift, first, part(first, end), zeros)?;
+            if end < hi {
+                self.write_blocks(core, volume, end, part(end, hi), zeros)?;
+            }
+            return Ok(());
+        }
+        self.write_whole_units(core, volume, shift, offset, data, zeros)
+    }
+
+    /// Writes every unit `[offset, offset + data.len())` touches, whole: the blocks
+    /// the range does not cover are read first.
+    fn write_whole_units(
         &mut self,
         core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
         volume: VolumeId,
@@ -198,7 +253,15 @@ impl ChunkWriter {
         data: &[u8],
     ) -> Result<(), EngineError> {
         let k = 1u64 << shift;
-        // Fault the page in first, as for a block.
+        // A dual volume's blocks written apart from the unit: each one's current copy
+        // (the unit map's copy of such a block is invalid already).
+        let mut overrides = [Pba::NONE; 1 << shale_format::MAP_UNIT_SHIFT_MAX];
+        for j in 0..k {
+            if let Some(p) = core.fine_lookup(volume, Lba(u * k + j))? {
+                overrides[j as usize] = p;
+            }
+        }
+        // Fault the page in first (last of the pages), as for a block.
         core.l2p.get(&mut core.cache, volume, Lba(u))?;
         for j in 0..k {
             core.directs.supersede(volume, Lba(u * k + j));
@@ -223,7 +286,21 @@ impl ChunkWriter {
                 })
             })?;
         for j in 0..k {
-            let old_j = if old.is_none() {
+            let over = overrides[j as usize];
+            let old_j = if !over.is_none() {
+                let fine = core.volumes.fine_map(volume);
+                core.l2p
+                    .set(&mut core.cache, fine, Lba(u * k + j), Pba::NONE)
+                    .inspect_err(|e| {
+                        self.fail(EngineError::Failed {
+                            reason: format!(
+                                "unmapping {volume} block {} of unit {u}: {e}",
+                                u * k + j
+                            ),
+                        })
+                    })?;
+                over
+            } else if old.is_none() {
                 old
             } else {
                 core.unit_block(old, j)
@@ -234,6 +311,59 @@ impl ChunkWriter {
             if !old_j.is_none() {
                 core.regions.mark_invalid(&core.geo, old_j, volume);
             }
+        }
+        Ok(())
+    }
+
+    /// Writes block `lba` of a dual volume to its sparse map, over whatever its unit
+    /// map holds.
+    fn map_new_fine_block(
+        &mut self,
+        core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+        volume: VolumeId,
+        lba: Lba,
+        src: &[u8],
+    ) -> Result<(), EngineError> {
+        let fine = core.volumes.fine_map(volume);
+        let coarse = core.coarse_lookup(volume, lba)?;
+        // The sparse page is faulted in last: appending touches no page, so it is
+        // still cached at the set below.
+        let over = core
+            .l2p
+            .get(&mut core.cache, fine, lba)?
+            .unwrap_or(Pba::NONE);
+        let old = if over.is_none() { coarse } else { over };
+        self.append_and_map(core, volume, fine, lba, src, Some(old))
+    }
+
+    /// Appends block `lba` of `volume` and maps it in L2P map `map` (the volume's, or
+    /// a dual volume's sparse map), invalidating the copy it replaces: `old`, or
+    /// what the map held. The map's page must be cached: appending touches no page,
+    /// and an error here would leave a valid block unmapped, so it stops the engine.
+    fn append_and_map(
+        &mut self,
+        core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+        volume: VolumeId,
+        map: VolumeId,
+        lba: Lba,
+        src: &[u8],
+        old: Option<Pba>,
+    ) -> Result<(), EngineError> {
+        let pba = self.append_block(core, volume, lba, src);
+        core.regions.mark_valid(&core.geo, pba, volume);
+        let held = core
+            .l2p
+            .set(&mut core.cache, map, lba, pba)
+            .inspect_err(|e| {
+                self.fail(EngineError::Failed {
+                    reason: format!("mapping {volume} {lba} to {pba} (L2P map {map}): {e}"),
+                })
+            })?;
+        let old = old.unwrap_or(held);
+        core.placement
+            .user_write(&core.geo, &core.regions, core.sid_next, pba, old);
+        if !old.is_none() {
+            core.regions.mark_invalid(&core.geo, old, volume);
         }
         Ok(())
     }
@@ -249,24 +379,7 @@ impl ChunkWriter {
         // (the request fails; the engine carries on).
         core.l2p.get(&mut core.cache, volume, lba)?;
         core.directs.supersede(volume, lba);
-        let pba = self.append_block(core, volume, lba, src);
-        core.regions.mark_valid(&core.geo, pba, volume);
-        // The page is cached now (appending touches no page); an error here would leave
-        // a valid block unmapped, so it stops the engine.
-        let old = core
-            .l2p
-            .set(&mut core.cache, volume, lba, pba)
-            .inspect_err(|e| {
-                self.fail(EngineError::Failed {
-                    reason: format!("mapping {volume} {lba} to {pba}: {e}"),
-                })
-            })?;
-        core.placement
-            .user_write(&core.geo, &core.regions, core.sid_next, pba, old);
-        if !old.is_none() {
-            core.regions.mark_invalid(&core.geo, old, volume);
-        }
-        Ok(())
+        self.append_and_map(core, volume, volume, lba, src, None)
     }
 
     /// Write-zeroes of partial edge blocks needs cache space.
@@ -408,6 +521,15 @@ impl ChunkWriter {
         // volumes mapped in units).
         let shift = core.volumes.shift(volume);
         debug_assert!(first.is_multiple_of(1 << shift) && count.is_multiple_of(1 << shift));
+        if core.volumes.is_dual(volume) {
+            return Self::unmap_dual(
+                core,
+                volume,
+                shift,
+                first >> shift,
+                (first + count) >> shift,
+            );
+        }
         let mut lba = first >> shift;
         let end = (first + count) >> shift;
         while lba < end {
@@ -427,6 +549,58 @@ impl ChunkWriter {
                     }
                 }
                 lba += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Unmaps units `lo..hi` of dual volume `volume` from both its maps, skipping
+    /// stretches whose pages were never written.
+    fn unmap_dual(
+        core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+        volume: VolumeId,
+        shift: u32,
+        lo: u64,
+        hi: u64,
+    ) -> Result<(), EngineError> {
+        let k = 1u64 << shift;
+        let epp = core.l2p.format().entries_per_page();
+        let fine = core.volumes.fine_map(volume);
+        let mut u = lo;
+        while u < hi {
+            let page = u / epp;
+            let page_end = ((page + 1) * epp).min(hi);
+            // The sparse pages under this unit-map page.
+            let (f0, f1) = ((u * k) / epp, (page_end * k).div_ceil(epp));
+            if core.l2p.page_is_empty(volume, page as usize)
+                && (f0..f1).all(|p| core.l2p.page_is_empty(fine, p as usize))
+            {
+                u = page_end;
+                continue;
+            }
+            while u < page_end {
+                let mut over = [false; 1 << shale_format::MAP_UNIT_SHIFT_MAX];
+                for j in 0..k {
+                    let b = u * k + j;
+                    if core.l2p.page_is_empty(fine, (b / epp) as usize) {
+                        continue;
+                    }
+                    let old = core.l2p.set(&mut core.cache, fine, Lba(b), Pba::NONE)?;
+                    if !old.is_none() {
+                        over[j as usize] = true;
+                        core.regions.mark_invalid(&core.geo, old, volume);
+                    }
+                }
+                if !core.l2p.page_is_empty(volume, page as usize) {
+                    let old = core.l2p.set(&mut core.cache, volume, Lba(u), Pba::NONE)?;
+                    if !old.is_none() {
+                        for j in (0..k).filter(|&j| !over[j as usize]) {
+                            let b = core.unit_block(old, j);
+                            core.regions.mark_invalid(&core.geo, b, volume);
+                        }
+                    }
+                }
+                u += 1;
             }
         }
         Ok(())

@@ -9,6 +9,7 @@ mod array;
 mod basic;
 mod corruption;
 mod direct;
+mod dual;
 mod faults;
 mod golden;
 mod handoff;

@@ -139,6 +139,7 @@ fn sizes_and_units_that_are_not_whole_are_refused() {
                 size_bytes: size,
                 layout: VolumeLayout {
                     map_unit_shift: (unit / 4096u64).trailing_zeros() as u8,
+                    dual: false,
                 },
             },
         );
@@ -152,7 +153,10 @@ fn sizes_and_units_that_are_not_whole_are_refused() {
         Request::CreateVolumeWith {
             name: "x".into(),
             size_bytes: 1 << 20,
-            layout: VolumeLayout { map_unit_shift: 5 },
+            layout: VolumeLayout {
+                map_unit_shift: 5,
+                dual: false,
+            },
         },
     );
     assert!(matches!(r, Err(EngineError::InvalidVolume { .. })), "{r:?}");
