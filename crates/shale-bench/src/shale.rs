@@ -447,10 +447,15 @@ impl<C: BlockDevice, Z: ZonedDevice> ShaleSystem<C, Z> {
             reason: e.to_string(),
         })?;
         let tenants = cfg.tenants.max(1);
-        let volume_bytes = volume_bytes.unwrap_or(
-            engine.user_capacity_bytes() / u64::from(tenants) / VOLUME_ALIGN_BYTES
-                * VOLUME_ALIGN_BYTES,
-        );
+        // Dual-mapped volumes' maps may take a sixteenth more of the L2P pool than 4
+        // KiB ones': such volumes are a seventeenth smaller.
+        let share = engine.user_capacity_bytes() / u64::from(tenants);
+        let share = if cfg.volume_layout.dual {
+            share / 17 * 16
+        } else {
+            share
+        };
+        let volume_bytes = volume_bytes.unwrap_or(share / VOLUME_ALIGN_BYTES * VOLUME_ALIGN_BYTES);
         if volume_bytes == 0 {
             return Err(SetupError::VolumesDoNotFit {
                 tenants,

@@ -137,8 +137,14 @@ struct RunArgs {
     direct_write_policy: shale_engine::DirectWritePolicy,
     /// Shale: the tenants' volumes' mapping unit, 4k (the default) to 64k: their L2P
     /// is that many times smaller, and smaller writes rewrite a whole unit.
-    #[arg(long, default_value = "4k", value_parser = parse_map_unit)]
-    map_unit: shale_engine::VolumeLayout,
+    /// [default: 4k, or 64k with --dual-map]
+    #[arg(long, value_parser = parse_map_unit)]
+    map_unit: Option<shale_engine::VolumeLayout>,
+    /// Shale: the tenants' volumes are dual mapped: units (64k unless --map-unit
+    /// says) with a sparse map of 4 KiB blocks over them. Their volumes are a
+    /// seventeenth smaller (the maps may take a sixteenth more of the L2P pool).
+    #[arg(long)]
+    dual_map: bool,
     /// Override the configuration's capacity (same shape, other size; for tests).
     #[arg(long, value_parser = parse_capacity, hide = true)]
     capacity: Option<u64>,
@@ -367,7 +373,12 @@ fn run_cmd(args: RunArgs) -> anyhow::Result<()> {
         shards: args.shards,
         direct_write_min_bytes: args.direct_write_min,
         direct_write_policy: args.direct_write_policy,
-        volume_layout: args.map_unit,
+        volume_layout: shale_daemon::serve::dual_layout(
+            args.map_unit.unwrap_or_default(),
+            args.dual_map,
+            args.map_unit.is_some(),
+        )
+        .map_err(anyhow::Error::msg)?,
         ..SystemOptions::default()
     };
     let mut sut = build_system(args.system, &cfg, &opts).with_context(|| {

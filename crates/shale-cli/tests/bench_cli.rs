@@ -492,6 +492,24 @@ fn mapping_units_shrink_the_map() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("power of two"));
 }
 
+/// `--dual-map`: written in whole units, a dual-mapped volume keeps the unit map's
+/// size (its sparse map stays empty); without a unit above 4 KiB it is refused.
+#[test]
+fn dual_maps_written_in_units_keep_the_small_map() {
+    let table = |v: &serde_json::Value| num(v, "/l2p/table_bytes");
+    let blocks = run_json(&tiny_uniform_256k(&[]));
+    let dual = run_json(&tiny_uniform_256k(&["--dual-map", "--map-unit", "16k"]));
+    assert!(
+        table(&dual) > 0.0 && table(&dual) <= table(&blocks) / 2.0,
+        "map {} dual with 16 KiB units, {} with 4 KiB",
+        table(&dual),
+        table(&blocks)
+    );
+    let out = shale(&tiny_uniform_256k(&["--dual-map", "--map-unit", "4k"]));
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("above 4KiB"));
+}
+
 /// `--drive` picks Shale's capacity drive: the SMR disk under `shale-zns` reports its
 /// preset and its seeks and runs far slower than the flash it replaces; a drive of
 /// the wrong kind is refused by name.

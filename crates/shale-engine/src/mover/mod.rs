@@ -802,17 +802,17 @@ impl Mover {
         &mut self,
         core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
     ) {
-        for (_, p) in self.units_partial.drain() {
+        let partial: Vec<PartialUnit> = self.units_partial.drain().map(|(_, p)| p).collect();
+        for p in partial {
             for (e, b) in p.blocks.into_iter().flatten() {
+                // Counted as a relocation when it was staged, so its region was not
+                // reused meanwhile: the validity bit is still this block's.
                 if !core.volumes.is_dual(e.volume) || !core.regions.validity.get(e.source) {
+                    Self::forget_relocation(core, &e);
                     continue;
                 }
-                let Some((src, _)) = core.geo.region_slot(e.source) else {
-                    unreachable!("a victim's block")
-                };
                 let e = RelocEntry { shift: 0, ..e };
                 self.streams[p.stream].push(e, &b[..], &mut core.bufs);
-                core.regions.get_mut(src).relocations += 1;
             }
         }
     }
@@ -854,23 +854,27 @@ impl Mover {
                 .data_advance(base, j)
                 .is_some_and(|p| core.regions.validity.get(p))
         });
-        // A page that cannot be read: the block moves alone (which needs no page).
-        if !all_valid
-            || core
-                .l2p
-                .get(&mut core.cache, volume, Lba(lba.0 >> shift))
-                .ok()
-                .flatten()
-                != Some(base)
-        {
+        if !all_valid {
+            return false;
+        }
+        // The maps are peeked, not faulted in: the mover runs between a victim read's
+        // completion and its staging, where evicting pages is not wanted. A page that
+        // cannot be read: the block moves alone (which needs no page).
+        let mut peek = crate::read::peek::MapPeek::default();
+        let unit = lba.0 >> shift;
+        if peek.unit_entry(core, volume, unit).ok().flatten() != Some(base) {
             return false;
         }
         // The unit map may still name a unit all of whose blocks the sparse map
         // overrides (it is then never read), and blocks written alone may have landed
         // in those very slots when the region was reused: the unit is whole only if
         // the sparse map holds none of its blocks.
-        let first = lba.0 >> shift << shift;
-        (0..k).all(|j| matches!(core.fine_lookup(volume, Lba(first + j)), Ok(None)))
+        (0..k).all(|j| {
+            matches!(
+                peek.sparse_entry(core, volume, (unit << shift) + j),
+                Ok(None)
+            )
+        })
     }
 
     /// Stages block `j` of a mapping unit read from a victim; the unit goes to stream
@@ -895,8 +899,16 @@ impl Mover {
             });
         let mut block = Box::new([0u8; BLOCK_SIZE]);
         block.copy_from_slice(data);
-        if p.blocks[j].replace((entry, block)).is_none() {
-            p.have += 1;
+        // A block waiting for the rest of its unit counts as a relocation of its
+        // region already: the region must not be freed and reused under it (a dual
+        // volume's waiting blocks may still move, alone, after the victim changes).
+        let Some((src, _)) = core.geo.region_slot(entry.source) else {
+            unreachable!("a victim's block")
+        };
+        core.regions.get_mut(src).relocations += 1;
+        match p.blocks[j].replace((entry, block)) {
+            None => p.have += 1,
+            Some((old, _)) => Self::forget_relocation(core, &old),
         }
         if p.have < k {
             return;
@@ -905,12 +917,20 @@ impl Mover {
             unreachable!("inserted above")
         };
         for (e, b) in p.blocks.into_iter().flatten() {
-            let Some((src, _)) = core.geo.region_slot(e.source) else {
-                unreachable!("a victim's block")
-            };
             self.streams[p.stream].push(e, &b[..], &mut core.bufs);
-            core.regions.get_mut(src).relocations += 1;
         }
+    }
+
+    /// A block counted as a relocation of its region will not move after all.
+    fn forget_relocation(
+        core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+        e: &RelocEntry,
+    ) {
+        let Some((src, _)) = core.geo.region_slot(e.source) else {
+            unreachable!("a victim's block")
+        };
+        core.regions.get_mut(src).relocations -= 1;
+        core.regions.maybe_pending_free(src);
     }
 
     /// A direct write's block reached its zone at `new`: it is mapped if it is still
@@ -1041,6 +1061,11 @@ impl Mover {
         // Bounded read-ahead: a few victim groups in flight per mover.
         if self.reads_in_flight() >= core.config.background_steps_per_poll_max as usize {
             return Ok(progress);
+        }
+        if self.victim.is_none() && self.reads_in_flight() == 0 && !self.units_partial.is_empty() {
+            // Every read of the last victim is in: its units left partial will not
+            // complete, and hold their regions until they are settled.
+            self.flush_partial_units(core);
         }
         if self.victim.is_none() {
             let snap = self.snapshot(core);

@@ -60,6 +60,27 @@ impl MapPeek {
         self.fine.page = None;
     }
 
+    /// Entry `unit` of `volume`'s unit (or block) map: its first block's place.
+    pub fn unit_entry(
+        &mut self,
+        core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+        volume: VolumeId,
+        unit: u64,
+    ) -> Result<Option<Pba>, EngineError> {
+        self.coarse.entry(core, volume, unit)
+    }
+
+    /// Dual volume `volume`'s sparse-map entry for block `lba`, if it has one.
+    pub fn sparse_entry(
+        &mut self,
+        core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+        volume: VolumeId,
+        lba: u64,
+    ) -> Result<Option<Pba>, EngineError> {
+        let fine = core.volumes.fine_map(volume);
+        Ok(self.fine.entry(core, fine, lba)?.filter(|p| !p.is_none()))
+    }
+
     /// Where `lba` of `volume` maps (`Pba::NONE`: unmapped); `None` past the
     /// volume's end or for a volume that does not exist.
     pub fn lookup(
