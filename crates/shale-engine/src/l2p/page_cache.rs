@@ -1141,14 +1141,8 @@ impl L2p {
 
     /// The pages a walk visits: cached, with deferred switches, or written back.
     pub fn walked_pages(&self) -> usize {
-        self.vols
-            .iter()
-            .flatten()
-            .map(|m| {
-                (0..m.dir.len())
-                    .filter(|&p| m.frame[p] != FRAME_NONE || m.dir[p].slot != L2P_SLOT_NONE)
-                    .count()
-            })
+        (0..self.vols.len())
+            .map(|v| self.pages_in_use(VolumeId(v as u32)) as usize)
             .sum()
     }
 

@@ -69,6 +69,9 @@ pub(crate) struct Mover {
     /// Units with blocks written or dropped but not all of them, by (volume, unit,
     /// first block's source).
     units_moving: HashMap<(VolumeId, u64, Pba), UnitMove>,
+    /// The map pages `whole_unit_at` last peeked: a victim group's blocks mostly
+    /// share them (forgotten at each group: the maps change between groups).
+    peek: crate::read::peek::MapPeek,
 }
 
 /// A mapping unit being staged: the stream it goes to and the blocks read so far.
@@ -170,6 +173,7 @@ impl Mover {
             victim_dests: Dests::all(streams),
             units_partial: HashMap::new(),
             units_moving: HashMap::new(),
+            peek: crate::read::peek::MapPeek::default(),
         }
     }
 
@@ -820,6 +824,7 @@ impl Mover {
     /// The unit shift a valid block moves with: mapped by the volume now in its slot,
     /// that one's unit (on a dual volume, only a unit its unit map holds whole), else 0.
     fn moving_shift(
+        peek: &mut crate::read::peek::MapPeek,
         core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
         volume: VolumeId,
         lba: Lba,
@@ -828,7 +833,7 @@ impl Mover {
         let shift = core.volumes.shift(volume) as u8;
         if shift > 0
             && core.volumes.is_dual(volume)
-            && !Self::whole_unit_at(core, volume, lba, pba, shift)
+            && !Self::whole_unit_at(peek, core, volume, lba, pba, shift)
         {
             return 0;
         }
@@ -839,6 +844,7 @@ impl Mover {
     /// the unit map holds whole (all its blocks valid), which moves as one; else the
     /// block moves alone.
     fn whole_unit_at(
+        peek: &mut crate::read::peek::MapPeek,
         core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
         volume: VolumeId,
         lba: Lba,
@@ -860,7 +866,6 @@ impl Mover {
         // The maps are peeked, not faulted in: the mover runs between a victim read's
         // completion and its staging, where evicting pages is not wanted. A page that
         // cannot be read: the block moves alone (which needs no page).
-        let mut peek = crate::read::peek::MapPeek::default();
         let unit = lba.0 >> shift;
         if peek.unit_entry(core, volume, unit).ok().flatten() != Some(base) {
             return false;
@@ -1290,6 +1295,8 @@ impl Mover {
         parts: &[(usize, Option<IoBuf>)],
         dests: Dests,
     ) -> Result<(), EngineError> {
+        // Switches since the last group may have changed the maps.
+        self.peek.forget();
         let groups = Groups {
             blocks: core.geo.region_blocks(victim),
         };
@@ -1383,7 +1390,7 @@ impl Mover {
                 let s = self.stream_for(core, victim, &e, pba);
                 let s = if dests.contains(s) { s } else { dests.first };
                 let entry = RelocEntry {
-                    shift: Self::moving_shift(core, e.volume, e.lba, pba),
+                    shift: Self::moving_shift(&mut self.peek, core, e.volume, e.lba, pba),
                     ..RelocEntry::moving(&e, pba)
                 };
                 if entry.shift > 0 {
