@@ -9,6 +9,7 @@
 
 mod access;
 mod config;
+pub mod controllers;
 mod dmzoned;
 pub mod experiments;
 mod opencas;

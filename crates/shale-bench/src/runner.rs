@@ -40,6 +40,22 @@ pub struct GroupSpec {
     pub workload: Access,
     pub block_bytes: u64,
     pub read_pct: u8,
+    /// The group runs beside the others until they are done, at the pace taking
+    /// turns gives it (one request per turn), instead of to its own share of the
+    /// writes: a tenant writing less than its neighbours. (A read-only group beside
+    /// writers always runs so.)
+    pub background: bool,
+}
+
+impl GroupSpec {
+    /// Whether the group's end ends the phase, in `mix`.
+    fn ends_phase(&self, mix: &MixSpec) -> bool {
+        if mix.groups.iter().all(|g| g.background) {
+            return true;
+        }
+        let all_read = mix.groups.iter().all(|g| g.read_pct >= 100);
+        !self.background && (all_read || self.read_pct < 100)
+    }
 }
 
 /// A measured workload: groups covering every tenant.
@@ -61,6 +77,7 @@ impl MixSpec {
                 workload: spec.workload.clone(),
                 block_bytes: spec.block_bytes,
                 read_pct: spec.read_pct,
+                background: false,
             }],
             seed: spec.seed,
         }
@@ -213,7 +230,7 @@ impl Streams {
             let mut w = base(g);
             w.tenants = tenants;
             w.read_pct = g.read_pct;
-            let ends = all_read || g.read_pct < 100;
+            let ends = g.ends_phase(mix);
             // A read-only group beside writers runs until they finish.
             w.stop = if all_read {
                 StopAfter::Bytes(target_bytes)
@@ -423,7 +440,7 @@ pub fn measure(
     let writers = mix
         .groups
         .iter()
-        .filter(|g| g.read_pct < 100 || all_read)
+        .filter(|g| g.ends_phase(mix))
         .map(|g| g.tenants)
         .sum::<u32>();
     // Writes of `multiple` × capacity in total, over the writing tenants.
@@ -640,12 +657,14 @@ mod tests {
                     workload: "uniform".parse().expect("spec"),
                     block_bytes: 4096,
                     read_pct: 0,
+                    background: false,
                 },
                 GroupSpec {
                     tenants: 1,
                     workload: "uniform".parse().expect("spec"),
                     block_bytes: 65536,
                     read_pct: 100,
+                    background: false,
                 },
             ],
             seed: 3,
@@ -669,6 +688,43 @@ mod tests {
         let mut wrong = mix.clone();
         wrong.groups[1].tenants = 2;
         assert!(measure(&mut r, &cfg, &wrong, None, &mut NoProgress).is_err());
+    }
+
+    /// A background writer takes a request per turn beside the others and stops when
+    /// they do: the foreground writers write the phase's bytes, it writes its pace.
+    #[test]
+    fn a_background_group_writes_at_its_pace_until_the_others_end() {
+        let mut r = Recorder::default();
+        let mut cfg = small_config();
+        cfg.ramp_capacity_multiple = 0;
+        let g = |tenants, bs, background| GroupSpec {
+            tenants,
+            workload: "uniform".parse().expect("spec"),
+            block_bytes: bs,
+            read_pct: 0,
+            background,
+        };
+        let mix = MixSpec {
+            name: "3x64k + 1x4k background".into(),
+            groups: vec![g(3, 65536, false), g(1, 4096, true)],
+            seed: 5,
+        };
+        let o = measure(&mut r, &cfg, &mix, None, &mut NoProgress).expect("run");
+        let foreground_ops = r.ops_per_tenant[0];
+        let background_ops = r.ops_per_tenant[3];
+        assert!(
+            background_ops.abs_diff(foreground_ops) <= 1,
+            "{background_ops} {foreground_ops}"
+        );
+        // 2 x capacity over the 3 foreground writers, plus the background's 4 KiB a turn.
+        let foreground = 3 * foreground_ops * 65536;
+        assert!((2 * (16 << 20)..2 * (16 << 20) + 3 * 65536).contains(&foreground));
+        assert_eq!(o.user.write_bytes, foreground + background_ops * 4096);
+        // Every group in the background: they all end the phase, as foreground ones.
+        let mut all = mix.clone();
+        all.groups[0].background = true;
+        let o = measure(&mut r, &cfg, &all, None, &mut NoProgress).expect("run");
+        assert!(o.user.write_bytes >= 2 * (16 << 20));
     }
 
     fn raw_run(workload: &str, bs: u64, seed: u64) -> BenchReport {

@@ -91,6 +91,12 @@ pub struct ShaleConfig {
     pub direct_write_policy: shale_engine::DirectWritePolicy,
     /// How the tenants' volumes are mapped (`--map-unit`).
     pub volume_layout: shale_engine::VolumeLayout,
+    /// Per-tenant mapping, by tenant index, over `volume_layout` (tenants past the
+    /// end take `volume_layout`): different volumes, different maps (SALSA's
+    /// controllers).
+    pub tenant_layouts: Vec<shale_engine::VolumeLayout>,
+    /// Every volume this large; `None` splits the user capacity among the tenants.
+    pub volume_bytes: Option<u64>,
 }
 
 impl ShaleConfig {
@@ -115,7 +121,22 @@ impl ShaleConfig {
             direct_write_min_bytes: 0,
             direct_write_policy: shale_engine::DirectWritePolicy::default(),
             volume_layout: shale_engine::VolumeLayout::default(),
+            tenant_layouts: Vec::new(),
+            volume_bytes: None,
         }
+    }
+
+    /// Tenant `t`'s mapping.
+    pub fn layout_of(&self, t: u32) -> shale_engine::VolumeLayout {
+        self.tenant_layouts
+            .get(t as usize)
+            .copied()
+            .unwrap_or(self.volume_layout)
+    }
+
+    /// Whether any tenant's volume is dual mapped.
+    fn any_dual(&self) -> bool {
+        (0..self.tenants.max(1)).any(|t| self.layout_of(t).dual)
     }
 
     /// Chunk and zone size: 4 MiB, smaller for test-sized capacities.
@@ -450,12 +471,15 @@ impl<C: BlockDevice, Z: ZonedDevice> ShaleSystem<C, Z> {
         // Dual-mapped volumes' maps may take a sixteenth more of the L2P pool than 4
         // KiB ones': such volumes are a seventeenth smaller.
         let share = engine.user_capacity_bytes() / u64::from(tenants);
-        let share = if cfg.volume_layout.dual {
+        let share = if cfg.any_dual() {
             share / 17 * 16
         } else {
             share
         };
-        let volume_bytes = volume_bytes.unwrap_or(share / VOLUME_ALIGN_BYTES * VOLUME_ALIGN_BYTES);
+        let volume_bytes = cfg
+            .volume_bytes
+            .or(volume_bytes)
+            .unwrap_or(share / VOLUME_ALIGN_BYTES * VOLUME_ALIGN_BYTES);
         if volume_bytes == 0 {
             return Err(SetupError::VolumesDoNotFit {
                 tenants,
@@ -479,7 +503,7 @@ impl<C: BlockDevice, Z: ZonedDevice> ShaleSystem<C, Z> {
             let reply = sys.call(Request::CreateVolumeWith {
                 name: format!("tenant{t}"),
                 size_bytes: volume_bytes,
-                layout: cfg.volume_layout,
+                layout: cfg.layout_of(t),
             });
             match reply {
                 Ok(Reply::Volume(v)) => sys.volumes.push(v.uid),

@@ -119,6 +119,7 @@ fn all(workload: &str, bs_kib: u64) -> Point {
             workload: dist(workload).into(),
             block_bytes: bs_kib * KIB,
             read_pct: 0,
+            background: false,
         }],
     }
 }
@@ -129,6 +130,7 @@ fn group(tenants: u32, workload: &str, bs_kib: u64, read_pct: u8) -> GroupSpec {
         workload: dist(workload).into(),
         block_bytes: bs_kib * KIB,
         read_pct,
+        background: false,
     }
 }
 
@@ -273,6 +275,8 @@ pub struct SuiteRun {
     pub sessions: Vec<SessionLine>,
     pub results: Vec<PointResult>,
     pub wall_s: f64,
+    /// SALSA's two-controller experiment (`controllers.rs`), when the suite ran it.
+    pub controllers: Option<crate::controllers::ControllersReport>,
 }
 
 impl SuiteRun {
@@ -306,6 +310,8 @@ pub enum SuiteError {
     UnknownSystem { name: String, valid: String },
     #[error("a worker thread panicked")]
     WorkerPanicked,
+    #[error("the two-controller experiment failed")]
+    Controllers(#[source] Box<crate::controllers::ControllersError>),
 }
 
 /// Where a suite reports progress: one [`Progress`] per session, from its thread.
@@ -423,7 +429,21 @@ pub fn run_suite(
     progress: &dyn SuiteProgress,
 ) -> Result<SuiteRun, SuiteError> {
     let cfg = BenchConfig::standard(opts.scale);
-    run_suite_with(opts, &cfg, plan(opts.scale), progress)
+    let mut run = run_suite_with(opts, &cfg, plan(opts.scale), progress)?;
+    if opts.only.is_empty() || opts.only.iter().any(|o| o == "shale-zns") {
+        let started = Instant::now();
+        let c = crate::controllers::run_controllers(&crate::controllers::ControllersOptions {
+            scale: opts.scale,
+            seed: opts.seed,
+            capacity_bytes: None,
+            jobs: opts.jobs.clamp(1, 3),
+            objects: shale_workload::Distribution::Seq,
+        })
+        .map_err(|e| SuiteError::Controllers(Box::new(e)))?;
+        run.controllers = Some(c);
+        run.wall_s += started.elapsed().as_secs_f64();
+    }
+    Ok(run)
 }
 
 /// Runs `sessions` with configuration `cfg` (tests use smaller ones).
@@ -499,6 +519,7 @@ pub fn run_suite_with(
         sessions: Vec::new(),
         results: Vec::new(),
         wall_s: 0.0,
+        controllers: None,
     };
     for (_, line, results) in outs {
         run.sessions.push(line);

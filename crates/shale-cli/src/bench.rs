@@ -26,6 +26,34 @@ enum BenchCommand {
     /// Rerun the seeds' experiments over every system: tables with the published
     /// figures beside ours, JSON, PNG charts and a markdown report.
     Suite(SuiteArgs),
+    /// SALSA's two-controller experiment: a database volume and an object-store
+    /// volume under one mapping and stream, and under one per workload (8 KiB units,
+    /// dual 64 KiB units, a stream each): map bytes and GC traffic side by side.
+    Controllers(ControllersArgs),
+}
+
+#[derive(Debug, Args)]
+struct ControllersArgs {
+    /// Standard configuration: paper (4 GiB) or quick (1/8 of it).
+    #[arg(long, default_value = "quick", value_parser = parse_suite_scale)]
+    config: Scale,
+    /// Seed of every random stream.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Setups run at once (default: the number of CPUs, at most 3).
+    #[arg(long)]
+    jobs: Option<usize>,
+    /// The object store's writes: seq (objects written in order, each pass over the
+    /// volume replacing the last; the default), uniform or zipf:THETA (objects
+    /// replaced at random).
+    #[arg(long, default_value = "seq")]
+    objects: shale_workload::Distribution,
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// Override the configuration's capacity (same shape, other size; for tests).
+    #[arg(long, value_parser = parse_capacity, hide = true)]
+    capacity: Option<u64>,
 }
 
 #[derive(Debug, Args)]
@@ -229,7 +257,35 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
     match args.command {
         BenchCommand::Run(run) => run_cmd(run),
         BenchCommand::Suite(suite) => suite_cmd(suite),
+        BenchCommand::Controllers(c) => controllers_cmd(c),
     }
+}
+
+fn controllers_cmd(args: ControllersArgs) -> anyhow::Result<()> {
+    let jobs = args.jobs.unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map(std::num::NonZeroUsize::get)
+            .unwrap_or(1)
+            .min(3)
+    });
+    let opts = shale_bench::controllers::ControllersOptions {
+        scale: args.config,
+        seed: args.seed,
+        capacity_bytes: args.capacity,
+        jobs,
+        objects: args.objects,
+    };
+    if !args.json {
+        eprintln!("running 3 setups, {jobs} at a time ...");
+    }
+    let report = shale_bench::controllers::run_controllers(&opts)
+        .context("the two-controller experiment failed")?;
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print!("{}", report.render());
+    }
+    Ok(())
 }
 
 /// An indicatif bar on stderr, one phase at a time.

@@ -192,6 +192,7 @@ fn every_subcommand_has_help() {
         &["--help"][..],
         &["bench", "--help"],
         &["bench", "run", "--help"],
+        &["bench", "controllers", "--help"],
     ] {
         let out = shale(args);
         assert!(out.status.success(), "{args:?}");
@@ -553,5 +554,39 @@ fn shale_runs_on_the_drive_asked_for() {
             err.contains(drive) && err.contains("capacity drive"),
             "{err}"
         );
+    }
+}
+
+/// SALSA's two-controller experiment: three setups over the same volumes and
+/// workload, the dual one's maps the smallest; bad input refused by name.
+#[test]
+fn the_controllers_experiment_compares_three_setups() {
+    let v = run_json(&[
+        "bench",
+        "controllers",
+        "--config",
+        "quick",
+        "--capacity",
+        "256MiB",
+        "--json",
+    ]);
+    let setups = v["setups"].as_array().expect("setups");
+    let names: Vec<&str> = setups.iter().filter_map(|s| s["setup"].as_str()).collect();
+    assert_eq!(names, ["single", "streams", "dual"]);
+    let bytes = |i: usize, k: &str| setups[i][k].as_u64().expect(k);
+    assert!(bytes(2, "l2p_table_bytes") < bytes(0, "l2p_table_bytes"));
+    assert_eq!(bytes(0, "user_written"), bytes(2, "user_written"));
+    assert!(v["dram_cut"].as_f64().expect("dram_cut") > 0.4, "{v}");
+    assert!(v["relocation_cut"].is_number(), "{v}");
+    for (args, want) in [
+        (&["--objects", "sideways"][..], "objects"),
+        (&["--config", "tiny"], "quick or paper"),
+    ] {
+        let mut a = vec!["bench", "controllers"];
+        a.extend_from_slice(args);
+        let out = shale(&a);
+        assert!(!out.status.success(), "{a:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(want), "{a:?}: {err}");
     }
 }

@@ -96,11 +96,16 @@ fn quick_suite_reproduces_the_seeds_orderings() {
         );
         assert!(on < off, "{p}: isolation on {on} not below off {off}");
     }
+    // SALSA's two controllers: the dual setup's maps and GC traffic below the single's.
+    let c = &v["run"]["controllers"];
+    let cut = |k: &str| c[k].as_f64().unwrap_or_else(|| panic!("{k}: {c}"));
+    assert!(cut("dram_cut") > 0.4, "{c}");
+    assert!(cut("relocation_cut") > 0.0, "{c}");
     let checks = v["checks"].as_array().expect("checks");
-    assert!(checks.len() >= 12, "{checks:?}");
+    assert!(checks.len() >= 14, "{checks:?}");
 
     let md = std::fs::read_to_string(out.path().join("report.md")).expect("report.md");
-    assert!(md.contains("seed WAF") && md.contains("Figure 16"));
+    assert!(md.contains("seed WAF") && md.contains("Figure 16") && md.contains("Table III"));
     for png in [
         "fig10-random.png",
         "fig10-seq.png",
