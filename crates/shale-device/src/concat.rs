@@ -89,6 +89,34 @@ impl<A: ZonedDevice, B: ZonedDevice> ZonedConcat<A, B> {
         })
     }
 
+    /// A fast tier (`fast`) and a cold one (`cold`, a slower device) as one device,
+    /// the cold zones last: the zone limits are the fast device's, as the engine
+    /// keeps at most one cold zone open (GC's), which the cold device must allow.
+    pub fn tiers(fast: A, cold: B) -> Result<ZonedConcat<A, B>, DeviceError> {
+        let (f, c) = (fast.geometry(), cold.geometry());
+        let (open, active) = (f.max_open_zones, f.max_active_zones);
+        if [c.max_open_zones, c.max_active_zones]
+            .iter()
+            .any(|&l| l > 0 && l < 2)
+        {
+            return Err(DeviceError::InvalidGeometry {
+                reason: format!(
+                    "the cold tier {} allows {} open and {} active zones: at least 2 are needed",
+                    c.name, c.max_open_zones, c.max_active_zones
+                ),
+            });
+        }
+        let mut t = ZonedConcat::new(fast, cold)?;
+        t.geo.max_open_zones = open;
+        t.geo.max_active_zones = active;
+        Ok(t)
+    }
+
+    /// The two devices back, `first` then `second`.
+    pub fn into_parts(self) -> (A, B) {
+        (self.first, self.second)
+    }
+
     pub fn first(&self) -> &A {
         &self.first
     }
@@ -384,6 +412,29 @@ mod tests {
             c.write_at(5 << 20, &[0u8; 4096]),
             Err(ZoneError::Device(DeviceError::OutOfRange { .. }))
         ));
+    }
+
+    /// Tiers take the fast device's zone limits; a cold device that cannot keep two
+    /// zones open is refused by name.
+    #[test]
+    fn tiers_take_the_fast_limits() {
+        let mut fast = ZoneEmuConfig::new(1 << 20);
+        fast.zone_count_max = 4;
+        fast.max_open_zones = 6;
+        let bytes = fast.device_bytes_for(4).expect("size");
+        let fast = ZoneEmu::format(MemDevice::new(bytes, 4096).expect("mem"), &fast).expect("fmt");
+        let mut cold = ZoneEmuConfig::new(1 << 20);
+        cold.zone_count_max = 3;
+        cold.max_open_zones = 128;
+        let bytes = cold.device_bytes_for(3).expect("size");
+        let c = ZoneEmu::format(MemDevice::new(bytes, 4096).expect("mem"), &cold).expect("fmt");
+        let t = ZonedConcat::tiers(fast, c).expect("tiers");
+        assert_eq!(t.geometry().zone_count, 7);
+        assert_eq!(t.geometry().max_open_zones, 6);
+        cold.max_open_zones = 1;
+        let c = ZoneEmu::format(MemDevice::new(bytes, 4096).expect("mem"), &cold).expect("fmt");
+        let err = ZonedConcat::tiers(emu(2), c).expect_err("one open zone");
+        assert!(err.to_string().contains("at least 2"), "{err}");
     }
 
     #[test]

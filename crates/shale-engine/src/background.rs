@@ -47,6 +47,18 @@ pub(crate) fn pending_counts(geo: &Geometry, regions: &Regions) -> (usize, usize
     (chunks, regions.pending_free.len() - chunks)
 }
 
+/// PendingFree zones of the cold tier (counted in `pending_counts`' zones too).
+pub(crate) fn pending_cold(geo: &Geometry, regions: &Regions) -> usize {
+    if !geo.tiered() {
+        return 0;
+    }
+    regions
+        .pending_free
+        .iter()
+        .filter(|&&r| geo.is_cold(r))
+        .count()
+}
+
 /// Whether freed space is released now (a durability point): when a writer needs it,
 /// when free space is about to run out, or when the batch is large. Each durability
 /// point drains the pipeline and flushes both devices, so freed regions go in batches.
@@ -54,7 +66,7 @@ pub(crate) fn release_due(
     geo: &Geometry,
     config: &Config,
     regions: &Regions,
-    gc_reserve: usize,
+    (gc_reserve, cold_reserve): (usize, usize),
     user_blocked: bool,
     zones_blocked: bool,
 ) -> bool {
@@ -62,8 +74,9 @@ pub(crate) fn release_due(
     let chunks_short = pending_chunks > 0
         && (user_blocked
             || regions.free_chunks.len() < compaction_threshold(geo, config).div_ceil(4).max(2));
-    let zones_short =
-        pending_zones > 0 && (zones_blocked || regions.free_zones.len() <= gc_reserve + 1);
+    let cold_short = geo.tiered() && regions.free_cold_zones.len() <= cold_reserve + 1;
+    let zones_short = pending_zones > 0
+        && (zones_blocked || regions.free_zones.len() <= gc_reserve + 1 || cold_short);
     let batch_full = pending_chunks >= (geo.chunk_count as usize / 8).max(PENDING_FREE_BATCH)
         || pending_zones >= (geo.zone_count as usize / 64).clamp(PENDING_FREE_BATCH, 64);
     chunks_short || zones_short || batch_full

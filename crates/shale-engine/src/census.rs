@@ -156,7 +156,7 @@ pub(crate) fn step(
     let Some(mut census) = core.census.take() else {
         return Ok(false);
     };
-    let geo = core.geo.clone();
+    let geo = core.geo;
     let regions = &mut core.regions;
     let zone_wps = &census.zone_wps;
     let mut bad: Option<String> = None;

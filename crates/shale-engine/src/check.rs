@@ -595,7 +595,7 @@ fn check_mappings<C: BlockDevice, Z: ZonedDevice>(
 ) -> Option<usize> {
     let mut mapped = Vec::new();
     let kinds = e.core.volumes.kinds();
-    let geo = e.core.geo.clone();
+    let geo = e.core.geo;
     // An entry maps a block, or each block of a unit (a dual volume's sparse map
     // over its unit map).
     let res = crate::volume::walk_all_blocks(

@@ -57,6 +57,12 @@ pub struct Config {
     /// Which shard of a pool of several this engine is (`shale-shards`); a pool of
     /// one shard by default.
     pub shard: ShardTag,
+    /// Zones at the end of the capacity device that are a slower, cold tier (the
+    /// device is then the fast one's zones followed by the cold one's, as
+    /// `shale_device::ZonedConcat::tiers` makes it); 0: one tier. GC moves every
+    /// block it relocates into the cold tier, and blocks read often there come back
+    /// (`promote_reads`).
+    pub cold_zones: u32,
 
     // ---- runtime ----
     /// Compaction runs while free chunks are below this percentage of all chunks.
@@ -143,6 +149,13 @@ pub struct Config {
     /// How long (engine clock, microseconds) a direct write's blocks wait for a zone
     /// group to fill before they go to the cache instead.
     pub direct_linger_us: u64,
+    /// With a cold tier: reads of a 1 MiB extent of a volume (its heat, halved as
+    /// reads go on) that bring a block read from the cold tier back into the fast
+    /// one; 0 never does.
+    pub promote_reads: u32,
+    /// How long (engine clock, microseconds) blocks on their way back wait for a
+    /// zone group to fill before the group is written padded.
+    pub promote_linger_us: u64,
 }
 
 impl Default for Config {
@@ -154,6 +167,7 @@ impl Default for Config {
             journal_blocks: 256,
             l2p_entry_bytes: None,
             shard: ShardTag::ONE,
+            cold_zones: 0,
             compaction_free_chunks_pct: 20,
             gc_free_zones_min: 5,
             l2p_cache_bytes_max: None,
@@ -182,6 +196,8 @@ impl Default for Config {
             direct_write_policy: DirectWritePolicy::Sequential,
             direct_run_min_bytes: 1 << 20,
             direct_linger_us: 2_000,
+            promote_reads: 4,
+            promote_linger_us: 50_000,
         }
     }
 }

@@ -54,6 +54,8 @@ pub(crate) struct Core<C: BlockDevice, Z: ZonedDevice, K: Clock> {
     pub census: Option<crate::census::Census>,
     /// Direct writes in progress (`write/direct.rs`).
     pub directs: crate::write::direct::Directs,
+    /// Heat of the cold tier's extents and the blocks going back (`tier.rs`).
+    pub tier: crate::tier::Tier,
 }
 
 impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Core<C, Z, K> {

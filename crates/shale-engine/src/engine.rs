@@ -653,17 +653,60 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     /// writes each anew with its next group (until then, reads rebuild it again).
     fn stage_repairs(&mut self) -> Result<(), EngineError> {
         for (pba, data) in std::mem::take(&mut self.core.repairs) {
-            let md = crate::read::reader::md_block(&mut self.core, &self.writer, pba)?;
-            let Some((_, slot)) = self.core.geo.region_slot(pba) else {
+            if self.stage_rewrite(pba, &data[..])? {
+                self.core.stats.repairs_staged += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Stages the block at `pba` (its data `data`) to be written anew by compaction,
+    /// as a relocation of that copy, with the entry its md names. False when it was
+    /// not (its md unreadable as an entry, or `Mover::stage_rewrite` declined).
+    fn stage_rewrite(&mut self, pba: Pba, data: &[u8]) -> Result<bool, EngineError> {
+        let Some((_, slot)) = self.core.geo.region_slot(pba) else {
+            return Ok(false);
+        };
+        let md = crate::read::reader::md_block(&mut self.core, &self.writer, pba)?;
+        let idx = (slot % shale_format::GROUP_BLOCKS) as usize;
+        let Ok(e) = shale_format::decode_md_entry(&md[..], idx, 0) else {
+            return Ok(false);
+        };
+        let entry = crate::mover::RelocEntry::moving(&e, pba);
+        Ok(self.compaction.stage_rewrite(&mut self.core, entry, data))
+    }
+
+    /// Hands blocks read often from the cold tier to compaction, which writes them to
+    /// a fast zone with its next group, or pads the group once they have waited
+    /// `promote_linger_us` (`tier.rs`).
+    fn stage_promotions(&mut self) -> Result<(), EngineError> {
+        let now = self.core.now();
+        for (pba, data) in std::mem::take(&mut self.core.tier.pending) {
+            let Some((region, _)) = self.core.geo.region_slot(pba) else {
                 continue;
             };
-            let idx = (slot % shale_format::GROUP_BLOCKS) as usize;
-            let Ok(e) = shale_format::decode_md_entry(&md[..], idx, 0) else {
+            // Overwritten, trimmed or moved since it was read: nothing to bring back.
+            if !self.core.geo.is_cold(region) || !self.core.regions.validity.get(pba) {
                 continue;
-            };
-            let entry = crate::mover::RelocEntry::moving(&e, pba);
-            self.compaction
-                .stage_repair(&mut self.core, entry, &data[..]);
+            }
+            if self.stage_rewrite(pba, &data[..])? {
+                self.core.stats.promotions_staged += 1;
+                self.core.tier.staged_since.get_or_insert(now);
+            }
+        }
+        if let Some(since) = self.core.tier.staged_since {
+            let linger = now.saturating_sub(since) >= self.core.config.promote_linger_us * 1_000;
+            let (mover, core, floor) = self.mover_with_core(false);
+            // Full groups leave now, whether or not compaction is running.
+            for s in 0..mover.streams.len() {
+                mover.write_stream_group(core, floor, s, false)?;
+            }
+            if mover.staged_blocks() == 0 {
+                self.core.tier.staged_since = None;
+            } else if linger {
+                mover.pad_streams(core, floor)?;
+                self.core.tier.staged_since = None;
+            }
         }
         Ok(())
     }
@@ -679,9 +722,21 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         // Pacing counts PendingFree regions as free: the next durability point frees
         // them, and running the movers ahead for them would only cost spare space.
         let (pending_chunks, pending_zones) = pending_counts(&self.core.geo, &self.core.regions);
-        let free_zones = self.core.regions.free_zones.len() + pending_zones;
+        let pending_cold = crate::background::pending_cold(&self.core.geo, &self.core.regions);
+        let free_zones = self.core.regions.free_zones.len() + pending_zones - pending_cold;
         let threshold = gc_threshold(&self.core.config, self.gc.gc_reserve(&self.core));
-        let gc_steps = steps_for(&self.core.config, free_zones, threshold, blocked);
+        let mut gc_steps = steps_for(&self.core.config, free_zones, threshold, blocked);
+        if self.core.geo.tiered() {
+            // Fast GC moves into the cold tier, so the cold tier's own GC goes first
+            // when it is short; the tier is chosen between victims.
+            let cold_free = self.core.regions.free_cold_zones.len() + pending_cold;
+            let threshold = gc_threshold(&self.core.config, self.gc.cold_reserve(&self.core));
+            let cold_steps = steps_for(&self.core.config, cold_free, threshold, false);
+            if self.gc.between_victims() {
+                self.gc.cold = cold_steps > 0;
+            }
+            gc_steps = gc_steps.max(cold_steps);
+        }
         let free_chunks = self.core.regions.free_chunks.len() + pending_chunks;
         let threshold = compaction_threshold(&self.core.geo, &self.core.config);
         let mut steps = steps_for(
@@ -719,6 +774,9 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         if !census_pending {
             self.scrubber.step(&mut self.core, &self.writer)?;
             self.stage_repairs()?;
+            if self.core.geo.tiered() {
+                self.stage_promotions()?;
+            }
         }
         self.compaction.zone_blocked = false;
         self.gc.zone_blocked = false;
@@ -746,7 +804,10 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             &self.core.geo,
             &self.core.config,
             &self.core.regions,
-            self.gc.gc_reserve(&self.core),
+            (
+                self.gc.gc_reserve(&self.core),
+                self.gc.cold_reserve(&self.core),
+            ),
             self.health.user_blocked,
             blocked || self.compaction.zone_blocked || self.gc.zone_blocked,
         );
@@ -1131,7 +1192,11 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             &mut crate::recovery::Meter::off(),
         )?;
         // GC can always write out what it holds (and so free its victims again).
-        let free = self.core.regions.free_zones.len();
+        let free = self
+            .core
+            .regions
+            .free_zones_of(self.core.geo.tiered())
+            .len();
         let needed = self.gc.zones_to_finish(&self.core, None);
         if free < needed {
             return Err(crate::SelfCheckError::FreeList {

@@ -306,7 +306,7 @@ pub(crate) fn apply<C: BlockDevice, Z: ZonedDevice>(
         }
         min_epoch = b.epoch;
     }
-    let geo = crate::layout::Geometry::new(&sb.layout, &sb.capacity);
+    let geo = crate::layout::Geometry::of(sb);
     let groups = Groups {
         blocks: geo.chunk_blocks,
     };

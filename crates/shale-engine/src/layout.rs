@@ -15,7 +15,7 @@ pub(crate) const BS: u64 = BLOCK_SIZE as u64;
 pub(crate) const VOLUME_TABLE_BLOCKS: u32 = 2;
 
 /// Address arithmetic over both devices.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Copy)]
 pub(crate) struct Geometry {
     pub chunk_blocks: u32,
     pub chunk_count: u32,
@@ -25,6 +25,9 @@ pub(crate) struct Geometry {
     pub zone_cap_blocks: u32,
     pub zone_count: u32,
     pub cache_data_blocks: u64,
+    /// The first zone of the cold tier (`Superblock::cold_zones` at the end of the
+    /// zones); `zone_count` when the pool has one tier.
+    pub cold_first: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,7 +46,26 @@ impl Geometry {
             zone_cap_blocks: cap.zone_capacity_blocks,
             zone_count: cap.zone_count,
             cache_data_blocks: layout.cache_data_blocks(),
+            cold_first: cap.zone_count,
         }
+    }
+
+    /// The geometry a superblock describes, its cold tier included.
+    pub fn of(sb: &shale_format::Superblock) -> Geometry {
+        Geometry {
+            cold_first: sb.capacity.zone_count - sb.cold_zones.min(sb.capacity.zone_count),
+            ..Geometry::new(&sb.layout, &sb.capacity)
+        }
+    }
+
+    /// Whether the pool has a cold tier.
+    pub fn tiered(&self) -> bool {
+        self.cold_first < self.zone_count
+    }
+
+    /// Whether region `r` is a zone of the cold tier.
+    pub fn is_cold(&self, r: RegionId) -> bool {
+        !self.is_chunk(r) && r.0 - self.chunk_count >= self.cold_first
     }
 
     pub fn region_count(&self) -> u32 {
@@ -408,6 +430,7 @@ mod tests {
             data_start: 8,
             zone_size_blocks: 512,
             zone_cap_blocks: 500,
+            cold_first: u32::MAX,
             zone_count: 3,
             cache_data_blocks: 600,
         };
@@ -460,6 +483,7 @@ mod tests {
             data_start: 100,
             zone_size_blocks: 512,
             zone_cap_blocks: 500,
+            cold_first: u32::MAX,
             zone_count: 6,
             cache_data_blocks: 1024,
         };

@@ -61,6 +61,7 @@ pub use selfcheck::disable_paranoid_checks;
 mod space;
 mod thread;
 mod throttle;
+mod tier;
 mod volume;
 pub use volume::max_unit_shift as max_map_unit_shift;
 mod write;

@@ -107,6 +107,10 @@ pub struct Stats {
     pub crc_rebuilt_fixes: u64,
     /// Rebuilt blocks staged to be written anew (the corrupt copy becomes garbage).
     pub repairs_staged: u64,
+    /// Blocks user reads found in the cold tier, and those staged to go back to the
+    /// fast tier (read often: `tier.rs`).
+    pub cold_read_blocks: u64,
+    pub promotions_staged: u64,
     /// Bytes the background scrub read, and the blocks it found failing their check.
     pub scrub_bytes: u64,
     pub scrub_errors: u64,
@@ -116,9 +120,13 @@ pub struct Stats {
 
     pub free_chunks: u64,
     pub chunk_count: u64,
+    /// Free zones of the fast tier (every tier's, without a cold one).
     pub free_zones: u64,
-    /// Data zones (zone 0 holds the label).
+    /// Data zones (zone 0 holds the label), the cold tier's included.
     pub data_zone_count: u64,
+    /// Zones of the cold tier, and the free ones among them.
+    pub cold_zone_count: u64,
+    pub free_cold_zones: u64,
     pub streams: u64,
     /// Blocks read out of victims and waiting in DRAM for a full group.
     pub staged_blocks: u64,
@@ -268,6 +276,8 @@ impl Stats {
             crc_reread_fixes,
             crc_rebuilt_fixes,
             repairs_staged,
+            cold_read_blocks,
+            promotions_staged,
             scrub_bytes,
             scrub_errors,
             scrub_mapping_errors,
@@ -275,6 +285,8 @@ impl Stats {
             chunk_count,
             free_zones,
             data_zone_count,
+            cold_zone_count,
+            free_cold_zones,
             streams,
             staged_blocks,
             io_buffer_allocs,
@@ -340,6 +352,8 @@ impl Stats {
         self.crc_reread_fixes += crc_reread_fixes;
         self.crc_rebuilt_fixes += crc_rebuilt_fixes;
         self.repairs_staged += repairs_staged;
+        self.cold_read_blocks += cold_read_blocks;
+        self.promotions_staged += promotions_staged;
         self.scrub_bytes += scrub_bytes;
         self.scrub_errors += scrub_errors;
         self.scrub_mapping_errors += scrub_mapping_errors;
@@ -347,6 +361,8 @@ impl Stats {
         self.chunk_count += chunk_count;
         self.free_zones += free_zones;
         self.data_zone_count += data_zone_count;
+        self.cold_zone_count += cold_zone_count;
+        self.free_cold_zones += free_cold_zones;
         self.streams += streams;
         self.staged_blocks += staged_blocks;
         self.io_buffer_allocs += io_buffer_allocs;
@@ -449,6 +465,8 @@ pub(crate) fn snapshot(
         .map_or(core.stats.census_pages, |c| c.pages);
     s.free_chunks = core.regions.free_chunks.len() as u64;
     s.free_zones = core.regions.free_zones.len() as u64;
+    s.free_cold_zones = core.regions.free_cold_zones.len() as u64;
+    s.cold_zone_count = u64::from(core.sb.cold_zones);
     s.io_buffer_allocs = core.bufs.allocs;
     s.io_buffer_pool_bytes = core.bufs.pooled_bytes();
     s.md_cache_bytes = core.md_cache.cached_bytes();

@@ -105,7 +105,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         sid_next: u64,
         streams: u32,
     ) -> Self {
-        let geo = Geometry::new(&sb.layout, &sb.capacity);
+        let geo = Geometry::of(&sb);
         let stats = Stats {
             chunk_count: u64::from(geo.chunk_count),
             data_zone_count: u64::from(geo.zone_count - 1),
@@ -128,7 +128,10 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             config.compaction_policy.policy(),
             streams,
         );
-        let gc = Mover::new(RegionRole::Gc, config.gc_policy.policy(), streams);
+        // With a cold tier GC has one more stream, past the placement streams: the
+        // cold zone it moves blocks into.
+        let gc_streams = streams + u32::from(geo.tiered());
+        let gc = Mover::new(RegionRole::Gc, config.gc_policy.policy(), gc_streams);
         let mut engine = Engine {
             core: Core {
                 cache,
@@ -152,6 +155,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 open_report: crate::recovery::OpenReport::default(),
                 device_wake_ns: shale_device::MAINTAIN_IDLE,
                 repairs: Vec::new(),
+                tier: crate::tier::Tier::default(),
                 census: None,
                 directs: Default::default(),
             },
@@ -189,7 +193,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         format_capacity(&mut capacity, &sb)?;
         format_cache(&mut cache, &sb)?;
         let vt = VolumeTable::default();
-        let geo = Geometry::new(&sb.layout, &sb.capacity);
+        let geo = Geometry::of(&sb);
         let regions = Regions::new(&geo);
         let table_pages = sb.l2p.pages_for(sb.user_capacity_blocks);
         let frames = config.l2p_budget_pages(sb.user_capacity_blocks, table_pages)?;
@@ -357,7 +361,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         meter: &mut Meter<'_>,
     ) -> Result<u64, OpenError> {
         let reads0 = self.core.l2p.counters.page_reads;
-        let geo = self.core.geo.clone();
+        let geo = self.core.geo;
         let mut counted = vec![0u32; geo.region_count() as usize];
         let mut err: Option<OpenError> = None;
         self.core.regions.validity.clear_all();
@@ -432,11 +436,8 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             let reg = self.core.regions.get(r).clone();
             if reg.state == RegionState::PendingFree {
                 self.core.regions.get_mut(r).state = RegionState::Free;
-                if self.core.geo.is_chunk(r) {
-                    self.core.regions.free_chunks.push_back(r);
-                } else {
-                    self.core.regions.free_zones.push_back(r);
-                }
+                let geo = self.core.geo;
+                self.core.regions.push_free(&geo, r);
                 continue;
             }
             if reg.state != RegionState::Open {
@@ -482,8 +483,12 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             }
             let s = usize::from(reg.stream);
             let role = reg.role;
-            let slot_free =
-                s < self.core.streams as usize && self.mover(role).streams[s].zone.is_none();
+            // The GC's cold stream (the one past the placement streams) writes only
+            // cold zones, the others only fast ones.
+            let cold_stream = s == self.core.streams as usize;
+            let slot_free = s < self.mover(role).streams.len()
+                && self.mover(role).streams[s].zone.is_none()
+                && cold_stream == self.core.geo.is_cold(r);
             if wp < groups.end()
                 && slot_free
                 && matches!(role, RegionRole::Compaction | RegionRole::Gc)
@@ -521,7 +526,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         }
         // Staged relocations are dropped: their sources still hold the live copies.
         for role in [RegionRole::Compaction, RegionRole::Gc] {
-            for s in 0..self.core.streams as usize {
+            for s in 0..self.mover(role).streams.len() {
                 let entries = match role {
                     RegionRole::Gc => self.gc.streams[s].clear(&mut self.core.bufs),
                     _ => self.compaction.streams[s].clear(&mut self.core.bufs),
@@ -597,7 +602,29 @@ fn format_plan(
     let cap = capacity_geometry(zg).map_err(geometry)?;
     let streams = streams_for(config, zg).map_err(geometry)?;
     let gc_threshold = (config.gc_free_zones_min).max(streams + 2);
-    let reserve = gc_threshold + 2 * streams;
+    // A cold tier keeps its own GC threshold free, and GC's cold zone open.
+    let cold_reserve = if config.cold_zones > 0 {
+        config.gc_free_zones_min.max(3) + 1
+    } else {
+        0
+    };
+    let reserve = gc_threshold + 2 * streams + cold_reserve;
+    // The fast tier needs its reserve and a data zone, the cold one its own reserve
+    // and a data zone.
+    let fast_zones = cap.zone_count.saturating_sub(config.cold_zones + 1);
+    if config.cold_zones > 0
+        && (fast_zones <= gc_threshold + 2 * streams || config.cold_zones <= cold_reserve)
+    {
+        return Err(too_small(
+            "capacity",
+            format!(
+                "{} fast and {} cold zones: each tier needs more than its reserve ({} and {cold_reserve})",
+                fast_zones,
+                config.cold_zones,
+                gc_threshold + 2 * streams
+            ),
+        ));
+    }
     let l2p =
         match config.l2p_entry_bytes {
             None => None,
@@ -644,6 +671,7 @@ fn format_plan(
         capacity: cap,
         l2p: p.l2p,
         shard: config.shard,
+        cold_zones: config.cold_zones,
     };
     sb.validate()
         .map_err(|(f, r)| geometry(format!("{f}: {r}")))?;
@@ -964,7 +992,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Loading<C, Z, K> {
         let sb = &self.found.as_ref().expect("the superblock step ran").sb;
         let (ck, area) =
             load::checkpoint(&mut self.cache, sb, &mut self.report, &mut bytes, meter)?;
-        let geo = Geometry::new(&sb.layout, &sb.capacity);
+        let geo = Geometry::of(sb);
         if ck.regions.len() != geo.region_count() as usize {
             return Err(OpenError::InconsistentCheckpoint {
                 reason: format!(
@@ -1097,7 +1125,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Loading<C, Z, K> {
         let clean = self.clean();
         let sb = &self.found.as_ref().expect("the superblock step ran").sb;
         let (ck, _) = self.checkpoint.as_mut().expect("the checkpoint step ran");
-        let geo = Geometry::new(&sb.layout, &sb.capacity);
+        let geo = Geometry::of(sb);
         let regions = Regions::from_entries(&geo, &ck.regions);
         let table_pages = sb.l2p.pages_for(sb.user_capacity_blocks);
         let frames = self

@@ -262,6 +262,7 @@ mod tests {
             zone_cap_blocks: 1024,
             zone_count: 8,
             cache_data_blocks: 1024,
+            cold_first: u32::MAX,
         }
     }
 

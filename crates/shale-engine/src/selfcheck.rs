@@ -97,7 +97,7 @@ fn self_check_inner(
     let mut seen = Validity::new(core.geo.pba_count());
     let mut mapped = vec![0u32; core.geo.region_count() as usize];
     let mut first_err = None;
-    let geo = core.geo.clone();
+    let geo = core.geo;
     let validity = &core.regions.validity;
     let kinds = core.volumes.kinds();
     crate::volume::walk_all_blocks(
@@ -148,7 +148,10 @@ fn check_regions(
     let n = core.geo.region_count() as usize;
     let mut listed_free = vec![0u32; n];
     let mut listed_pending = vec![0u32; n];
-    for &r in rs.free_chunks.iter().chain(rs.free_zones.iter()) {
+    for &r in (rs.free_chunks.iter())
+        .chain(&rs.free_zones)
+        .chain(&rs.free_cold_zones)
+    {
         if let Some(c) = listed_free.get_mut(r.0 as usize) {
             *c += 1;
         }
@@ -306,16 +309,27 @@ fn check_lists(
     writer: &ChunkWriter,
 ) -> Result<(), SelfCheckError> {
     let rs = &core.regions;
-    for (list, chunk) in [(&rs.free_chunks, true), (&rs.free_zones, false)] {
+    for (list, chunk, cold) in [
+        (&rs.free_chunks, true, false),
+        (&rs.free_zones, false, false),
+        (&rs.free_cold_zones, false, true),
+    ] {
         for &r in list.iter() {
             if r.0 >= core.geo.region_count()
                 || core.geo.is_chunk(r) != chunk
+                || core.geo.is_cold(r) != cold
                 || rs.get(r).state != RegionState::Free
             {
                 return Err(SelfCheckError::FreeList {
                     reason: format!(
                         "{r} on a free list but not a Free {}",
-                        if chunk { "chunk" } else { "zone" }
+                        if chunk {
+                            "chunk"
+                        } else if cold {
+                            "cold zone"
+                        } else {
+                            "fast zone"
+                        }
                     ),
                 });
             }

@@ -62,7 +62,7 @@ pub use region_table::{
 };
 pub use superblock::{
     CacheLayout, CapacityGeometry, ShardTag, Superblock, SHARDS_MAX, SUPERBLOCK_MAGIC,
-    SUPERBLOCK_VERSION, SUPERBLOCK_VERSION_2, SUPERBLOCK_VERSION_3,
+    SUPERBLOCK_VERSION, SUPERBLOCK_VERSION_2, SUPERBLOCK_VERSION_3, SUPERBLOCK_VERSION_4,
 };
 pub use volume_table::{
     VolumeEntry, VolumeGc, VolumeLimits, VolumeTable, MAP_UNIT_SHIFT_MAX, VOLUMES_MAX,

@@ -16,10 +16,15 @@ pub const SUPERBLOCK_VERSION_2: u16 = 2;
 /// One shard of a pool of several (`shard` below): a Shale that knows only versions
 /// 1 and 2 refuses it instead of serving one shard's blocks as a whole pool.
 pub const SUPERBLOCK_VERSION_3: u16 = 3;
+/// A pool with a cold tier (`cold_zones`, bytes 160..164): a Shale that knows only
+/// versions 1 to 3 refuses it instead of treating slow zones as fast ones.
+pub const SUPERBLOCK_VERSION_4: u16 = 4;
 /// Most shards a pool may have.
 pub const SHARDS_MAX: u8 = 64;
-/// Bytes of the superblock covered by the CRC (the rest of the block is zero).
+/// Bytes of the superblock covered by the CRC (the rest of the block is zero)...
 pub const SUPERBLOCK_LEN: usize = 160;
+/// ... and of a version-4 one (the cold tier's zone count after them).
+pub const SUPERBLOCK_LEN_4: usize = 164;
 
 /// Where everything lives on the cache device, in 4 KiB blocks from the device start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -126,18 +131,32 @@ impl ShardTag {
     }
 }
 
+/// Bytes 160..164: the cold tier's zones (version 4, never 0); none before.
+fn decode_cold_zones(r: &mut Reader<'_>, version: u16) -> Result<u32, FormatError> {
+    if version != SUPERBLOCK_VERSION_4 {
+        return Ok(0);
+    }
+    match r.u32()? {
+        0 => Err(r.invalid(
+            "cold_zones",
+            "0 in a version 4 superblock (version 4 has a cold tier)".to_string(),
+        )),
+        n => Ok(n),
+    }
+}
+
 /// Bytes 150..160: a shard of a pool (version 3), zeros before.
 fn decode_shard(r: &mut Reader<'_>, version: u16) -> Result<ShardTag, FormatError> {
     let (index, count) = (r.u8()?, r.u8()?);
     let (granule_blocks, pool) = (r.u32()?, r.u32()?);
     match (version, count) {
-        (SUPERBLOCK_VERSION_3, 2..) => Ok(ShardTag {
+        (SUPERBLOCK_VERSION_3 | SUPERBLOCK_VERSION_4, 2..) => Ok(ShardTag {
             index,
             count,
             granule_blocks,
             pool,
         }),
-        (SUPERBLOCK_VERSION | SUPERBLOCK_VERSION_2, 0)
+        (SUPERBLOCK_VERSION | SUPERBLOCK_VERSION_2 | SUPERBLOCK_VERSION_4, 0)
             if index == 0 && pool == 0 && granule_blocks == 0 =>
         {
             Ok(ShardTag::ONE)
@@ -174,11 +193,16 @@ pub struct Superblock {
     /// existed have there, means 4-byte entries).
     pub l2p: L2pFormat,
     pub shard: ShardTag,
+    /// The capacity zones at the end of the address space that are the cold tier (a
+    /// slower device after the fast one, `ZonedConcat`); 0: one tier. Version 4.
+    pub cold_zones: u32,
 }
 
 impl Superblock {
     fn version(&self) -> u16 {
-        if self.shard.count > 1 {
+        if self.cold_zones > 0 {
+            SUPERBLOCK_VERSION_4
+        } else if self.shard.count > 1 {
             SUPERBLOCK_VERSION_3
         } else if self.layout.volume_table_blocks > 1 {
             SUPERBLOCK_VERSION_2
@@ -235,7 +259,12 @@ impl Superblock {
         } else {
             w.skip(10); // 150..160: zero for a pool of one shard
         }
-        debug_assert_eq!(w.pos(), SUPERBLOCK_LEN);
+        if self.cold_zones > 0 {
+            w.u32(self.cold_zones); // 160
+            debug_assert_eq!(w.pos(), SUPERBLOCK_LEN_4);
+        } else {
+            debug_assert_eq!(w.pos(), SUPERBLOCK_LEN);
+        }
         seal(&mut b, BLOCK_SIZE);
         b
     }
@@ -245,8 +274,12 @@ impl Superblock {
         let s = Structure::Superblock;
         let version = match buf.get(4..6) {
             Some(&[a, b])
-                if [SUPERBLOCK_VERSION_2, SUPERBLOCK_VERSION_3]
-                    .contains(&u16::from_le_bytes([a, b])) =>
+                if [
+                    SUPERBLOCK_VERSION_2,
+                    SUPERBLOCK_VERSION_3,
+                    SUPERBLOCK_VERSION_4,
+                ]
+                .contains(&u16::from_le_bytes([a, b])) =>
             {
                 u16::from_le_bytes([a, b])
             }
@@ -301,8 +334,8 @@ impl Superblock {
                 .ok_or_else(|| r.invalid("l2p_entry_bytes", format!("{b} is neither 4 nor 5")))?,
         };
         let volume_table_blocks = match (version, r.u8()?) {
-            (SUPERBLOCK_VERSION, 0 | 1) => 1,
-            (SUPERBLOCK_VERSION_2 | SUPERBLOCK_VERSION_3, 2) => 2,
+            (SUPERBLOCK_VERSION | SUPERBLOCK_VERSION_4, 0 | 1) => 1,
+            (SUPERBLOCK_VERSION_2 | SUPERBLOCK_VERSION_3 | SUPERBLOCK_VERSION_4, 2) => 2,
             (v, b) => {
                 return Err(r.invalid(
                     "volume_table_blocks",
@@ -315,6 +348,7 @@ impl Superblock {
             ..layout
         };
         let shard = decode_shard(&mut r, version)?;
+        let cold_zones = decode_cold_zones(&mut r, version)?;
         let sb = Superblock {
             uuid,
             generation,
@@ -327,6 +361,7 @@ impl Superblock {
             capacity,
             l2p,
             shard,
+            cold_zones,
         };
         sb.validate()
             .map_err(|(field, reason)| r.invalid(field, reason))?;
@@ -403,6 +438,20 @@ impl Superblock {
                 ),
             ));
         }
+        self.validate_capacity()?;
+        self.shard.validate(l)?;
+        if self.volumes_max == 0 || self.volumes_max > crate::VOLUMES_MAX {
+            return Err((
+                "volumes_max",
+                format!("{} not in 1..={}", self.volumes_max, crate::VOLUMES_MAX),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The capacity device's fields: zones, the PBA space, the cold tier.
+    fn validate_capacity(&self) -> Result<(), (&'static str, String)> {
+        let l = &self.layout;
         let c = &self.capacity;
         if c.zone_capacity_blocks > c.zone_size_blocks {
             return Err((
@@ -423,12 +472,13 @@ impl Superblock {
                 ),
             ));
         }
-        self.shard.validate(l)?;
-        if self.volumes_max == 0 || self.volumes_max > crate::VOLUMES_MAX {
-            return Err((
-                "volumes_max",
-                format!("{} not in 1..={}", self.volumes_max, crate::VOLUMES_MAX),
-            ));
+        // Zone 0 holds the label; at least one fast data zone stays before the cold.
+        if self.cold_zones >= c.zone_count.saturating_sub(1) {
+            let reason = format!(
+                "{} of {} zones leave no fast data zone",
+                self.cold_zones, c.zone_count
+            );
+            return Err(("cold_zones", reason));
         }
         Ok(())
     }
@@ -469,7 +519,60 @@ mod tests {
             },
             l2p: L2pFormat::NARROW,
             shard: ShardTag::ONE,
+            cold_zones: 0,
         }
+    }
+
+    /// A cold tier makes a version-4 superblock with its zone count at byte 160; a
+    /// zero count there, or one that leaves no fast data zone, is refused by name, and
+    /// a Shale that knows only version 3 refuses the version.
+    #[test]
+    fn a_cold_tier_is_version_4() {
+        let mut sb = sample();
+        sb.cold_zones = 12;
+        let b = sb.encode();
+        assert_eq!(u16::from_le_bytes([b[4], b[5]]), SUPERBLOCK_VERSION_4);
+        assert_eq!(u32::from_le_bytes([b[160], b[161], b[162], b[163]]), 12);
+        assert_eq!(Superblock::decode(&b, 0).unwrap(), sb);
+        // With shards and two-block tables too.
+        let mut both = sb.clone();
+        both.layout.volume_table_blocks = 2;
+        both.layout.checkpoint_a_start = 6;
+        both.layout.checkpoint_blocks = 8;
+        both.shard = ShardTag {
+            index: 1,
+            count: 2,
+            granule_blocks: 16,
+            pool: 9,
+        };
+        assert_eq!(Superblock::decode(&both.encode(), 0).unwrap(), both);
+        let reseal = |f: &dyn Fn(&mut [u8; BLOCK_SIZE])| {
+            let mut c = b;
+            f(&mut c);
+            crate::codec::seal(&mut c, BLOCK_SIZE);
+            Superblock::decode(&c, 0)
+        };
+        for (f, field) in [
+            (
+                &(|c: &mut [u8; BLOCK_SIZE]| c[160..164].fill(0)) as &dyn Fn(&mut [u8; BLOCK_SIZE]),
+                "cold_zones",
+            ),
+            (
+                &|c| c[160..164].copy_from_slice(&19u32.to_le_bytes()),
+                "cold_zones",
+            ),
+        ] {
+            assert!(
+                matches!(reseal(f), Err(FormatError::InvalidField { field: f, .. }) if f == field),
+                "{:?}",
+                reseal(f)
+            );
+        }
+        // Without a cold tier nothing changes: version 1, zeros from byte 160.
+        sb.cold_zones = 0;
+        let b = sb.encode();
+        assert_eq!(u16::from_le_bytes([b[4], b[5]]), SUPERBLOCK_VERSION);
+        assert!(b[160..164].iter().all(|&x| x == 0));
     }
 
     /// A shard of a pool of several records which, in a version-3 superblock that

@@ -110,7 +110,15 @@ fn superblock(clean: bool, active: u8, volumes_max: u32) -> Superblock {
         },
         l2p: L2pFormat::NARROW,
         shard: ShardTag::ONE,
+        cold_zones: 0,
     }
+}
+
+/// A pool with a cold tier: the last 3 of its 8 zones (superblock version 4).
+fn cold_tier() -> Superblock {
+    let mut sb = superblock(true, 1, 8);
+    sb.cold_zones = 3;
+    sb
 }
 
 /// A pool past 2^32 PBAs: 5-byte L2P entries.
@@ -379,6 +387,7 @@ fn write_seed_corpus() {
             ("volumes-max", resealed(&superblock(true, 0, 63).encode())),
             ("wide-l2p", resealed(&wide_superblock().encode())),
             ("version-2", resealed(&two_block_tables().encode())),
+            ("cold-tier", resealed(&cold_tier().encode())),
         ],
     );
     let label = CapacityLabel {

@@ -66,6 +66,8 @@ pub struct Counts {
     /// Of those, dual mapped; and dual volumes refused for want of L2P room.
     pub dual_volumes: u64,
     pub dual_refusals: u64,
+    /// Formats with a cold tier (the last third of the zones).
+    pub tiered_lineages: u64,
     /// Crash points by kind (`step`, `when:gc`, `trip:checkpoint`, ...), and how
     /// many armed ones never happened before their deadline (`...:missed`).
     pub moments: BTreeMap<String, u64>,
@@ -100,6 +102,9 @@ pub struct Counts {
     pub zone_resets: u64,
     pub chunk_frees: u64,
     pub relocated_blocks: u64,
+    /// Blocks read from a cold tier, and those staged to go back to the fast one.
+    pub cold_read_blocks: u64,
+    pub promotions_staged: u64,
     pub l2p_page_reads: u64,
     pub l2p_page_reads_ahead: u64,
     pub l2p_page_writes_ahead: u64,
@@ -130,6 +135,9 @@ impl Counts {
         self.unit_volumes += o.unit_volumes;
         self.dual_volumes += o.dual_volumes;
         self.dual_refusals += o.dual_refusals;
+        self.tiered_lineages += o.tiered_lineages;
+        self.cold_read_blocks += o.cold_read_blocks;
+        self.promotions_staged += o.promotions_staged;
         for (k, v) in &o.moments {
             *self.moments.entry(k.clone()).or_default() += v;
         }
@@ -194,10 +202,11 @@ impl fmt::Display for Counts {
         )?;
         writeln!(
             f,
-            "crashes in shutdown {}  crashes in open {}  formats {}  volumes in units {} (dual {}, refused {})  torn writes {}  pending kept/dropped {}/{}  left pending after shutdown {:?}",
+            "crashes in shutdown {}  crashes in open {}  formats {} (with a cold tier {})  volumes in units {} (dual {}, refused {})  torn writes {}  pending kept/dropped {}/{}  left pending after shutdown {:?}",
             self.crashes_in_shutdown,
             self.crashes_in_open,
             self.lineages,
+            self.tiered_lineages,
             self.unit_volumes,
             self.dual_volumes,
             self.dual_refusals,
@@ -219,10 +228,12 @@ impl fmt::Display for Counts {
         )?;
         writeln!(
             f,
-            "engine: compaction victims {}  GC victims {}  relocated blocks {}  checkpoints {}  durability points {}  zone resets {}  chunk frees {}  L2P page reads/writes {}/{} (ahead {}/{})  deferred switches {}  checkpoint switches {}  evictions as switches {}  scrubbed MiB {}",
+            "engine: compaction victims {}  GC victims {}  relocated blocks {}  cold reads/promoted {}/{}  checkpoints {}  durability points {}  zone resets {}  chunk frees {}  L2P page reads/writes {}/{} (ahead {}/{})  deferred switches {}  checkpoint switches {}  evictions as switches {}  scrubbed MiB {}",
             self.compaction_victims,
             self.gc_victims,
             self.relocated_blocks,
+            self.cold_read_blocks,
+            self.promotions_staged,
             self.checkpoints,
             self.durability_points,
             self.zone_resets,

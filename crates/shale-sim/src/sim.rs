@@ -637,6 +637,18 @@ impl Sim {
                 0
             };
         config.direct_write_policy = shale_engine::DirectWritePolicy::Any;
+        // A cold tier (the last third of the zones) in a sixth of the runs, tied to
+        // the draws above: GC moves every block it relocates into it, and blocks read
+        // twice come back (promotions race overwrites, GC and crashes). The tiers'
+        // reserves need a lower GC threshold to leave the small pools a user capacity.
+        if config.checkpoint_pages_per_poll == 16 && cache_lbs == cap_lbs {
+            config.cold_zones = self.geo.zones / 3;
+            config.gc_free_zones_min = config.gc_free_zones_min.min(4);
+            config.promote_reads = 2;
+            self.counts.tiered_lineages += 1;
+        } else {
+            config.cold_zones = 0;
+        }
         let shards = self.cfg.shards.max(1) as usize;
         if shards > 1 {
             // Granules of 1, 2 or 16 blocks: the smaller, the more requests split.
@@ -824,6 +836,8 @@ impl Sim {
         c.zone_resets += s.zone_resets;
         c.chunk_frees += s.chunk_frees;
         c.relocated_blocks += s.relocated_blocks;
+        c.cold_read_blocks += s.cold_read_blocks;
+        c.promotions_staged += s.promotions_staged;
         c.l2p_page_reads += s.l2p_page_reads;
         c.l2p_page_writes += s.l2p_page_writes;
         c.l2p_page_reads_ahead += s.l2p_page_reads_ahead;

@@ -72,6 +72,9 @@ pub(crate) struct Mover {
     /// The map pages `whole_unit_at` last peeked: a victim group's blocks mostly
     /// share them (forgotten at each group: the maps change between groups).
     peek: crate::read::peek::MapPeek,
+    /// GC over a pool with a cold tier: its next victim is a cold zone (else a fast
+    /// one). The engine sets it between victims, by which tier is short.
+    pub cold: bool,
 }
 
 /// A mapping unit being staged: the stream it goes to and the blocks read so far.
@@ -174,7 +177,13 @@ impl Mover {
             units_partial: HashMap::new(),
             units_moving: HashMap::new(),
             peek: crate::read::peek::MapPeek::default(),
+            cold: false,
         }
+    }
+
+    /// GC's cold stream (past the placement streams), with a cold tier.
+    fn cold_stream(core: &Core<impl BlockDevice, impl ZonedDevice, impl Clock>) -> Dests {
+        Dests::one(core.streams as usize)
     }
 
     pub fn staged_blocks(&self) -> usize {
@@ -330,6 +339,30 @@ impl Mover {
     /// victim and take another (staged into one stream if need be). The reserve
     /// follows what GC holds instead of one zone per stream.
     pub fn gc_reserve(&self, core: &Core<impl BlockDevice, impl ZonedDevice, impl Clock>) -> usize {
+        // With a cold tier GC writes only cold zones: it needs no fast one.
+        if core.geo.tiered() {
+            0
+        } else {
+            self.gc_need(core)
+        }
+    }
+
+    /// The cold zones GC keeps for itself (`gc_reserve`'s count, in the cold tier):
+    /// none without a cold tier.
+    pub fn cold_reserve(
+        &self,
+        core: &Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+    ) -> usize {
+        if core.geo.tiered() {
+            self.gc_need(core)
+        } else {
+            0
+        }
+    }
+
+    /// Zones of the tier GC writes that it needs to finish what it holds and take
+    /// the next victim.
+    fn gc_need(&self, core: &Core<impl BlockDevice, impl ZonedDevice, impl Clock>) -> usize {
         let victim = if self.victim.is_some() {
             self.victim_dests.count
         } else {
@@ -356,6 +389,21 @@ impl Mover {
         victim: RegionId,
         n: usize,
     ) -> Option<Dests> {
+        if core.geo.tiered() {
+            // Every block GC moves goes to the cold tier, the coldest class there is:
+            // it outlived its fast zone. A fast victim leaves the cold tier room for a
+            // victim of its own, so cold GC (which fast GC waits for) always can run.
+            let cold = Self::cold_stream(core);
+            let keep = if core.geo.is_cold(victim) {
+                0
+            } else if core.volumes.max_unit_blocks() > 1 {
+                2
+            } else {
+                1
+            };
+            let free = core.regions.free_cold_zones.len();
+            return (free >= self.zones_to_finish(core, Some((cold, n))) + keep).then_some(cold);
+        }
         let free = core.regions.free_zones.len();
         let (first, count) = core
             .placement
@@ -384,7 +432,12 @@ impl Mover {
             self.zone_blocked = true;
             return None;
         }
-        let z = core.regions.free_zones.pop_front()?;
+        let cold = core.geo.tiered() && stream == core.streams as usize;
+        let z = if cold {
+            core.regions.free_cold_zones.pop_front()?
+        } else {
+            core.regions.free_zones.pop_front()?
+        };
         let sid = core.next_sid();
         core.regions.open(z, sid, self.role, stream as u16);
         core.placement.zone_opened(&core.geo, z);
@@ -1030,10 +1083,12 @@ impl Mover {
             let reg = core.regions.get(r);
             // A chunk holding a direct write's slot waits until the write's blocks
             // are mapped (write/direct.rs: a copy would outrank them).
-            if reg.state == RegionState::Closed
-                && !reg.draining
-                && !(self.role == RegionRole::Compaction && core.directs.chunk_busy(r))
-            {
+            // With a cold tier GC takes victims from the tier that is short.
+            let other_tier = self.role == RegionRole::Gc
+                && core.geo.tiered()
+                && core.geo.is_cold(r) != self.cold;
+            let busy = self.role == RegionRole::Compaction && core.directs.chunk_busy(r);
+            if reg.state == RegionState::Closed && !reg.draining && !other_tier && !busy {
                 snap.push(RegionSnapshot {
                     region: r,
                     valid: reg.valid,
@@ -1056,7 +1111,7 @@ impl Mover {
         zone_floor: usize,
     ) -> Result<bool, EngineError> {
         let mut progress = false;
-        let streams = core.streams as usize;
+        let streams = self.streams.len();
         for s in 0..streams {
             progress |= self.write_stream_group(core, zone_floor, s, false)?;
         }
@@ -1083,6 +1138,7 @@ impl Mover {
                     .shares
                     .victim(&snap)
                     .or_else(|| self.policy.choose(&snap, now)),
+                _ if core.geo.tiered() && !self.cold => crate::tier::Demote.choose(&snap, now),
                 _ if core.placement.has_gc_policies() => {
                     let (regions, placement) = (&core.regions, &core.placement);
                     crate::gc::policy::choose_per_policy(&snap, now, &*self.policy, |r| {
@@ -1281,7 +1337,7 @@ impl Mover {
                 core.bufs.give(b);
             }
         }
-        for s in 0..core.streams as usize {
+        for s in 0..self.streams.len() {
             self.write_stream_group(core, zone_floor, s, false)?;
         }
         Ok(())
@@ -1473,10 +1529,11 @@ impl Mover {
         false
     }
 
-    /// Stages a block rebuilt after a failed checksum (from `Core::repairs`) to be
-    /// written anew, as a relocation of its corrupt copy: if the copy is still the
-    /// mapped one, the move makes it garbage. `entry` comes from the block's md.
-    pub fn stage_repair(
+    /// Stages a block to be written anew, as a relocation of its copy at
+    /// `entry.source`: if the copy is still the mapped one, the move makes it garbage.
+    /// A block rebuilt after a failed checksum (from `Core::repairs`), or one read
+    /// often from the cold tier (`tier.rs`). `entry` comes from the block's md.
+    pub fn stage_rewrite(
         &mut self,
         core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
         entry: RelocEntry,
@@ -1500,7 +1557,6 @@ impl Mover {
         let s = (entry.volume.0 % core.streams) as usize;
         self.streams[s].push(entry, data, &mut core.bufs);
         core.regions.get_mut(region).relocations += 1;
-        core.stats.repairs_staged += 1;
         true
     }
 
@@ -1569,7 +1625,7 @@ impl Mover {
         zone_floor: usize,
     ) -> Result<(), EngineError> {
         let short = if self.role == RegionRole::Gc {
-            core.regions.free_zones.len() <= 1
+            core.regions.free_zones_of(self.cold).len() <= 1
         } else {
             core.regions.free_chunks.is_empty()
         };
@@ -1616,7 +1672,7 @@ impl Mover {
         zone_floor: usize,
     ) -> Result<bool, EngineError> {
         let mut any = false;
-        for s in 0..core.streams as usize {
+        for s in 0..self.streams.len() {
             while !self.streams[s].is_empty() {
                 if !self.write_stream_group(core, zone_floor, s, true)? {
                     break;

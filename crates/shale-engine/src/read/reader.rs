@@ -273,6 +273,11 @@ impl Reader {
                 Err(e) if !rebuilt_block(core, writer, volume, lba, at, data, &e) => Err(e),
                 _ => Ok(()),
             };
+            if checked.is_ok() {
+                // A read warms each extent it touches once, not once per block.
+                let first = j == 0 || lba.0.is_multiple_of(1 << crate::tier::EXTENT_SHIFT);
+                warm_cold_read(core, volume, lba, at, data, first);
+            }
             if let Some(op) = self.ops[op_id as usize].as_mut() {
                 op.pending -= 1;
                 match checked {
@@ -366,6 +371,37 @@ impl Reader {
             };
             self.finish_run_read(core, writer, run, pba, r);
         }
+    }
+}
+
+/// A verified read of `lba` from `pba`: in the cold tier, it warms the block's extent
+/// (if `count`: the read's first block there), and a block of a hot enough extent is
+/// queued to go back to the fast tier (`tier.rs`). Blocks of volumes mapped in units
+/// move only with their unit, so they stay.
+fn warm_cold_read(
+    core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+    volume: VolumeId,
+    lba: Lba,
+    pba: Pba,
+    data: &[u8],
+    count: bool,
+) {
+    let threshold = core.config.promote_reads;
+    if threshold == 0 || !core.geo.tiered() || core.volumes.shift(volume) > 0 {
+        return;
+    }
+    let Some((region, _)) = core.geo.region_slot(pba) else {
+        return;
+    };
+    if !core.geo.is_cold(region) {
+        return;
+    }
+    core.stats.cold_read_blocks += 1;
+    let Some(uid) = core.volumes.get(volume).map(|e| e.uid) else {
+        return;
+    };
+    if core.tier.warm(volume, uid, lba, count) >= threshold {
+        core.tier.queue(pba, data);
     }
 }
 

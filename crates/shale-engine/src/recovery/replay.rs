@@ -957,6 +957,9 @@ pub(crate) fn close_replayed(
     core.regions
         .free_zones
         .retain(|r| !rp.plans.contains_key(&r.0));
+    core.regions
+        .free_cold_zones
+        .retain(|r| !rp.plans.contains_key(&r.0));
     Ok(())
 }
 
@@ -968,7 +971,10 @@ pub(crate) fn reset_stray_zones(
     meter: &mut Meter<'_>,
 ) -> Result<u64, OpenError> {
     let mut n = 0;
-    let free: Vec<RegionId> = core.regions.free_zones.iter().copied().collect();
+    let free: Vec<RegionId> = (core.regions.free_zones.iter())
+        .chain(&core.regions.free_cold_zones)
+        .copied()
+        .collect();
     meter.start(free.len() as u64);
     for r in free {
         meter.add(1);

@@ -44,7 +44,10 @@ pub(crate) struct Regions {
     pub regions: Vec<Region>,
     pub validity: Validity,
     pub free_chunks: VecDeque<RegionId>,
+    /// Free zones of the fast tier (every zone when the pool has one tier)...
     pub free_zones: VecDeque<RegionId>,
+    /// ... and of the cold tier (`Geometry::is_cold`).
+    pub free_cold_zones: VecDeque<RegionId>,
     pub pending_free: Vec<RegionId>,
     /// The validity bits are being rebuilt in the background (`census.rs`): a bit may
     /// still be clear for a mapped block, and a count reaching zero waits.
@@ -69,6 +72,11 @@ impl Regions {
             free_chunks: (0..geo.chunk_count).map(RegionId).collect(),
             free_zones: (geo.chunk_count + 1..geo.region_count())
                 .map(RegionId)
+                .filter(|&r| !geo.is_cold(r))
+                .collect(),
+            free_cold_zones: (geo.chunk_count + 1..geo.region_count())
+                .map(RegionId)
+                .filter(|&r| geo.is_cold(r))
                 .collect(),
             pending_free: Vec::new(),
             census_pending: false,
@@ -123,6 +131,7 @@ impl Regions {
         let mut r = Regions::new(geo);
         r.free_chunks.clear();
         r.free_zones.clear();
+        r.free_cold_zones.clear();
         for (i, e) in entries.iter().enumerate() {
             let id = RegionId(i as u32);
             r.regions[i] = Region {
@@ -136,11 +145,7 @@ impl Regions {
                 ..Default::default()
             };
             if e.state == RegionState::Free {
-                if geo.is_chunk(id) {
-                    r.free_chunks.push_back(id);
-                } else {
-                    r.free_zones.push_back(id);
-                }
+                r.push_free(geo, id);
             }
         }
         r
@@ -211,10 +216,26 @@ impl Regions {
         let reg = &mut self.regions[r.0 as usize];
         debug_assert_eq!(reg.state, RegionState::PendingFree);
         *reg = Region::default();
+        self.push_free(geo, r);
+    }
+
+    /// Appends free region `r` to its list: chunks, fast zones or cold zones.
+    pub fn push_free(&mut self, geo: &Geometry, r: RegionId) {
         if geo.is_chunk(r) {
             self.free_chunks.push_back(r);
+        } else if geo.is_cold(r) {
+            self.free_cold_zones.push_back(r);
         } else {
             self.free_zones.push_back(r);
+        }
+    }
+
+    /// The free zones of one tier.
+    pub fn free_zones_of(&self, cold: bool) -> &VecDeque<RegionId> {
+        if cold {
+            &self.free_cold_zones
+        } else {
+            &self.free_zones
         }
     }
 
@@ -268,6 +289,7 @@ mod tests {
             zone_cap_blocks: 256,
             zone_count: 4,
             cache_data_blocks: 1024,
+            cold_first: u32::MAX,
         }
     }
 

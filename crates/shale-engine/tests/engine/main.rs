@@ -17,4 +17,5 @@ mod limits;
 mod model;
 mod recovery;
 mod robustness;
+mod tiers;
 mod units;

@@ -81,10 +81,13 @@ enum Maps {
     Units,
     /// Some volumes in units, and some of those dual mapped.
     Dual,
+    /// Volumes in blocks on a pool with a cold tier (the last third of the zones):
+    /// GC moves into it, blocks read twice there come back.
+    Tiers,
 }
 
 fn op(maps: Maps) -> impl Strategy<Value = Op> {
-    let shift = if maps == Maps::Blocks {
+    let shift = if matches!(maps, Maps::Blocks | Maps::Tiers) {
         Just(0u8).boxed()
     } else {
         prop_oneof![2 => Just(0u8), 1 => 1u8..=4].boxed()
@@ -111,11 +114,18 @@ fn op(maps: Maps) -> impl Strategy<Value = Op> {
     ]
 }
 
-fn model_config(streams_max: u32) -> Config {
+fn model_config(streams_max: u32, maps: Maps) -> Config {
+    let tiers = maps == Maps::Tiers;
     Config {
+        // A cold tier of 8 of the 24 zones; its reserve and the fast one's fit with a
+        // lower GC threshold. Blocks read twice in the cold tier come back, padded at
+        // once (the model's clock stands still).
+        cold_zones: if tiers { 8 } else { 0 },
+        promote_reads: 2,
+        promote_linger_us: 0,
         chunk_blocks: 256,
         compaction_free_chunks_pct: 50,
-        gc_free_zones_min: 8,
+        gc_free_zones_min: if tiers { 4 } else { 8 },
         spare_factor: 0.05,
         streams_max,
         // The two-stream runs take the wide (5-byte) L2P entries of pools past 16 TiB.
@@ -143,7 +153,11 @@ fn model_config(streams_max: u32) -> Config {
 fn fresh(config: Config, maps: Maps) -> Eng {
     // 4 chunks of 2 groups, 24 zones of one group each; with mapping units, of four
     // groups (a zone takes units up to a 32nd of its data slots: 64 KiB here).
-    let zone_blocks = if maps == Maps::Blocks { 128 } else { 512 };
+    let zone_blocks = if matches!(maps, Maps::Blocks | Maps::Tiers) {
+        128
+    } else {
+        512
+    };
     let (c, z) = devices_with(128 + 4 * 256, 24, zone_blocks);
     Engine::format(c, z, ManualClock::new(), config).unwrap()
 }
@@ -467,7 +481,7 @@ impl World {
 }
 
 fn run_case(ops: &[Op], streams: u32, maps: Maps) -> Result<(), TestCaseError> {
-    let config = model_config(streams);
+    let config = model_config(streams, maps);
     let mut w = World {
         e: Some(fresh(config.clone(), maps)),
         config,
@@ -484,7 +498,11 @@ fn run_case(ops: &[Op], streams: u32, maps: Maps) -> Result<(), TestCaseError> {
     for (share, shift, dual) in [(55u64, 4u8, true), (40, 2, false)] {
         w.step(&Op::Create {
             blocks: (cap_blocks * share / 100) as u16,
-            shift: if maps == Maps::Blocks { 0 } else { shift },
+            shift: if matches!(maps, Maps::Blocks | Maps::Tiers) {
+                0
+            } else {
+                shift
+            },
             dual: dual && maps == Maps::Dual,
         })?;
     }
@@ -571,6 +589,8 @@ struct Totals {
     pad_bytes: u64,
     superseded: u64,
     direct_bytes: u64,
+    cold_reads: u64,
+    promotions: u64,
 }
 
 impl Totals {
@@ -585,6 +605,8 @@ impl Totals {
         self.pad_bytes += s.capacity_pad_bytes;
         self.superseded += s.relocations_superseded;
         self.direct_bytes += s.direct_write_bytes;
+        self.cold_reads += s.cold_read_blocks;
+        self.promotions += s.promotions_staged;
     }
 }
 
@@ -599,8 +621,11 @@ const ZERO: Totals = Totals {
     pad_bytes: 0,
     superseded: 0,
     direct_bytes: 0,
+    cold_reads: 0,
+    promotions: 0,
 };
-static TOTALS: [std::sync::Mutex<Totals>; 5] = [
+static TOTALS: [std::sync::Mutex<Totals>; 6] = [
+    std::sync::Mutex::new(ZERO),
     std::sync::Mutex::new(ZERO),
     std::sync::Mutex::new(ZERO),
     std::sync::Mutex::new(ZERO),
@@ -614,6 +639,7 @@ fn totals_slot(streams: u32, maps: Maps) -> usize {
         Maps::Blocks => streams as usize,
         Maps::Units => 3,
         Maps::Dual => 4,
+        Maps::Tiers => 5,
     }
 }
 
@@ -659,6 +685,10 @@ fn run_model(cases: u32, max_ops: usize, streams: u32, require_gc: bool, maps: M
         t.direct_bytes > 0 || maps != Maps::Blocks,
         "no direct write ran: {t:?}"
     );
+    assert!(
+        maps != Maps::Tiers || (t.cold_reads > 0 && t.promotions > 0),
+        "nothing was read from the cold tier or brought back: {t:?}"
+    );
 }
 
 #[test]
@@ -681,6 +711,14 @@ fn engine_matches_model_with_dual_maps() {
     run_model(24, 400, 1, true, Maps::Dual);
 }
 
+/// A pool with a cold tier: GC moves every block it relocates into the cold zones,
+/// blocks read twice there are staged back into compaction's streams (and padded
+/// out at once), racing overwrites, trims, GC and reopens.
+#[test]
+fn engine_matches_model_with_a_cold_tier() {
+    run_model(24, 400, 1, true, Maps::Tiers);
+}
+
 /// Two placement streams: per-volume separation and more partial batches (padding);
 /// GC is not guaranteed to trigger within a case here. Wide L2P entries.
 #[test]
@@ -696,4 +734,5 @@ fn engine_matches_model_long() {
     run_model(100, 2000, 2, false, Maps::Blocks);
     run_model(200, 2000, 1, true, Maps::Units);
     run_model(200, 2000, 1, true, Maps::Dual);
+    run_model(200, 2000, 1, true, Maps::Tiers);
 }
