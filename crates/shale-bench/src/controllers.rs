@@ -16,8 +16,8 @@ use shale_workload::{format_size, Distribution};
 
 use crate::report::BenchReport;
 use crate::runner::{measure, precondition, GroupSpec, MixSpec, NoProgress};
+use crate::setups::{run_all, ExperimentError};
 use crate::shale::{build_shale, ShaleConfig, ShaleMode};
-use crate::system::RunError;
 use crate::{BenchConfig, Scale, SetupError};
 
 /// The database's write size (SALSA's MySQL page).
@@ -136,23 +136,6 @@ pub struct ControllersReport {
     pub relocation_cut_streams: Option<f64>,
 }
 
-/// Why the experiment failed.
-#[derive(Debug, thiserror::Error)]
-pub enum ControllersError {
-    #[error("setup {setup}: {source}")]
-    Setup {
-        setup: &'static str,
-        #[source]
-        source: SetupError,
-    },
-    #[error("setup {setup}: {source}")]
-    Run {
-        setup: &'static str,
-        #[source]
-        source: Box<RunError>,
-    },
-}
-
 fn bench_config(opts: &ControllersOptions) -> Result<BenchConfig, SetupError> {
     let mut cfg = BenchConfig::standard(opts.scale);
     if let Some(c) = opts.capacity_bytes {
@@ -206,19 +189,19 @@ fn run_setup(
     setup: Setup,
     volume_bytes: u64,
     opts: &ControllersOptions,
-) -> Result<SetupResult, ControllersError> {
+) -> Result<SetupResult, ExperimentError> {
     let seed = opts.seed;
     let name = setup.name();
     let sc =
-        shale_config(cfg, setup, Some(volume_bytes)).map_err(|source| ControllersError::Setup {
+        shale_config(cfg, setup, Some(volume_bytes)).map_err(|source| ExperimentError::Setup {
             setup: name,
             source,
         })?;
-    let mut sut = build_shale(&sc).map_err(|source| ControllersError::Setup {
+    let mut sut = build_shale(&sc).map_err(|source| ExperimentError::Setup {
         setup: name,
         source,
     })?;
-    let run_err = |source| ControllersError::Run {
+    let run_err = |source| ExperimentError::Run {
         setup: name,
         source: Box::new(source),
     };
@@ -269,8 +252,8 @@ fn cut(
 }
 
 /// Runs every setup (up to `opts.jobs` at once) and compares them.
-pub fn run_controllers(opts: &ControllersOptions) -> Result<ControllersReport, ControllersError> {
-    let cfg = bench_config(opts).map_err(|source| ControllersError::Setup {
+pub fn run_controllers(opts: &ControllersOptions) -> Result<ControllersReport, ExperimentError> {
+    let cfg = bench_config(opts).map_err(|source| ExperimentError::Setup {
         setup: "all",
         source,
     })?;
@@ -279,41 +262,14 @@ pub fn run_controllers(opts: &ControllersOptions) -> Result<ControllersReport, C
     let volume_bytes = shale_config(&cfg, Setup::Dual, None)
         .and_then(|c| build_shale(&c))
         .map(|s| s.volume_bytes())
-        .map_err(|source| ControllersError::Setup {
+        .map_err(|source| ExperimentError::Setup {
             setup: Setup::Dual.name(),
             source,
         })?;
     let jobs = opts.jobs.max(1);
-    let mut results: Vec<SetupResult> = Vec::new();
-    for batch in Setup::ALL.chunks(jobs) {
-        let done: Vec<Result<SetupResult, ControllersError>> = std::thread::scope(|s| {
-            let handles: Vec<_> = batch
-                .iter()
-                .map(|&setup| {
-                    let cfg = &cfg;
-                    s.spawn(move || run_setup(cfg, setup, volume_bytes, opts))
-                })
-                .collect();
-            handles
-                .into_iter()
-                .zip(batch)
-                .map(|(h, &setup)| {
-                    h.join().unwrap_or_else(|_| {
-                        Err(ControllersError::Run {
-                            setup: setup.name(),
-                            source: Box::new(RunError::Model {
-                                step: "setup thread",
-                                reason: "panicked".into(),
-                            }),
-                        })
-                    })
-                })
-                .collect()
-        });
-        for r in done {
-            results.push(r?);
-        }
-    }
+    let results = run_all(&Setup::ALL, jobs, Setup::name, |setup| {
+        run_setup(&cfg, setup, volume_bytes, opts)
+    })?;
     let table = |r: &SetupResult| r.l2p_table_bytes;
     let gc = |r: &SetupResult| r.gc_bytes;
     Ok(ControllersReport {

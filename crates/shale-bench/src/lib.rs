@@ -12,12 +12,14 @@ mod config;
 pub mod controllers;
 mod dmzoned;
 pub mod experiments;
+pub mod hybrid;
 mod opencas;
 pub mod plot;
 mod raid;
 mod raw;
 mod report;
 mod runner;
+mod setups;
 mod shale;
 mod shale_arrays;
 pub mod suite;
@@ -40,7 +42,8 @@ pub use runner::{
     measure, precondition, run, GroupSpec, MixSpec, NoProgress, Progress, RunOutcome, RunSpec,
     Sample,
 };
-pub use shale::{build_shale, ShaleConfig, ShaleMode, ShaleSystem, SHALE_ZONE_BYTES};
+pub use setups::ExperimentError;
+pub use shale::{build_shale, ColdTier, ShaleConfig, ShaleMode, ShaleSystem, SHALE_ZONE_BYTES};
 pub use shale_arrays::check_array_options;
 pub use system::{DeviceReport, DeviceRole, L2pStats, RunError, SystemUnderTest, Traffic};
 
@@ -158,6 +161,8 @@ pub struct SystemOptions {
     pub direct_write_policy: shale_engine::DirectWritePolicy,
     /// Shale: how the tenants' volumes are mapped (their mapping unit).
     pub volume_layout: shale_engine::VolumeLayout,
+    /// Shale: a cold tier behind the capacity drive (`ShaleConfig::cold`).
+    pub cold: Option<ColdTier>,
 }
 
 impl Default for SystemOptions {
@@ -177,6 +182,7 @@ impl Default for SystemOptions {
             direct_write_min_bytes: 0,
             direct_write_policy: shale_engine::DirectWritePolicy::default(),
             volume_layout: shale_engine::VolumeLayout::default(),
+            cold: None,
         }
     }
 }
@@ -198,6 +204,12 @@ pub fn build_system(
         redundancy: opts.capacity_redundancy,
         cache_pct: 5,
     };
+    if opts.cold.is_some() && !matches!(kind, SystemKind::ShaleZns | SystemKind::ShaleBlk) {
+        return Err(SetupError::EngineAdmin {
+            step: "setup",
+            reason: format!("{kind} has no tiers: a cold tier goes behind shale-zns or shale-blk"),
+        });
+    }
     match kind {
         SystemKind::RaidModel => return Ok(Box::new(RaidModel::new(&raid)?)),
         SystemKind::Raid5fModel => return Ok(Box::new(Raid5fModel::new(&raid)?)),
@@ -246,6 +258,7 @@ pub fn build_system(
                 direct_write_min_bytes: opts.direct_write_min_bytes,
                 direct_write_policy: opts.direct_write_policy,
                 volume_layout: opts.volume_layout,
+                cold: opts.cold.clone(),
                 ..ShaleConfig::standard(mode, cfg.capacity_bytes, cfg.tenants)
             })
         }

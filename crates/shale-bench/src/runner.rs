@@ -48,13 +48,20 @@ pub struct GroupSpec {
 }
 
 impl GroupSpec {
-    /// Whether the group's end ends the phase, in `mix`.
+    /// Whether the group's end ends the phase, in `mix`: writers do (readers beside
+    /// them run until they are done), unless every writer is in the background,
+    /// when the readers do.
     fn ends_phase(&self, mix: &MixSpec) -> bool {
         if mix.groups.iter().all(|g| g.background) {
             return true;
         }
-        let all_read = mix.groups.iter().all(|g| g.read_pct >= 100);
-        !self.background && (all_read || self.read_pct < 100)
+        let writers_end = mix.groups.iter().any(|g| !g.background && g.read_pct < 100);
+        !self.background && (!writers_end || self.read_pct < 100)
+    }
+
+    /// Whether the group ends the phase by bytes read (it reads only, and ends it).
+    fn ends_by_reads(&self, mix: &MixSpec) -> bool {
+        self.read_pct >= 100 && self.ends_phase(mix)
     }
 }
 
@@ -232,7 +239,7 @@ impl Streams {
             w.read_pct = g.read_pct;
             let ends = g.ends_phase(mix);
             // A read-only group beside writers runs until they finish.
-            w.stop = if all_read {
+            w.stop = if all_read || g.ends_by_reads(mix) {
                 StopAfter::Bytes(target_bytes)
             } else if ends {
                 StopAfter::WriteBytes(target_bytes)
@@ -436,7 +443,8 @@ pub fn measure(
         });
     }
     let volume_bytes = sut.volume_bytes();
-    let all_read = mix.groups.iter().all(|g| g.read_pct >= 100);
+    // Progress counts what ends the phase: the writers' bytes, or the readers'.
+    let by_writes = !mix.groups.iter().any(|g| g.ends_by_reads(mix));
     let writers = mix
         .groups
         .iter()
@@ -460,7 +468,7 @@ pub fn measure(
         run_phase(
             sut,
             streams,
-            !all_read,
+            by_writes,
             &format!("ramp: {}", mix.name),
             t * u64::from(writers),
             progress,
@@ -481,7 +489,7 @@ pub fn measure(
     let user = run_phase(
         sut,
         streams,
-        !all_read,
+        by_writes,
         &format!("measure: {}", mix.name),
         t * u64::from(writers),
         progress,

@@ -97,6 +97,23 @@ pub struct ShaleConfig {
     pub tenant_layouts: Vec<shale_engine::VolumeLayout>,
     /// Every volume this large; `None` splits the user capacity among the tenants.
     pub volume_bytes: Option<u64>,
+    /// A cold tier (one drive, no shards or arrays): its share of the capacity's
+    /// zones on a slower drive behind the capacity drive (docs/engine.md, "Tiers").
+    pub cold: Option<ColdTier>,
+    /// Reads of a cold extent that bring its blocks back (`Config::promote_reads`;
+    /// 0 never does).
+    pub promote_reads: u32,
+}
+
+/// The cold tier of a benchmarked pool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ColdTier {
+    /// The cold drive's preset: zoned (`smr-hm`) or conventional (`hdd`, `qlc-p5316`),
+    /// whose zones are then emulated.
+    pub preset: String,
+    /// Percent of the capacity's zones on the cold drive (1..=90); the rest stay on
+    /// the capacity drive, so the pool is as large as without a tier.
+    pub pct: u8,
 }
 
 impl ShaleConfig {
@@ -123,7 +140,16 @@ impl ShaleConfig {
             volume_layout: shale_engine::VolumeLayout::default(),
             tenant_layouts: Vec::new(),
             volume_bytes: None,
+            cold: None,
+            promote_reads: EngineConfig::default().promote_reads,
         }
+    }
+
+    /// Zones of the cold tier, of `zones` in all.
+    pub fn cold_zones(&self, zones: u32) -> u32 {
+        self.cold.as_ref().map_or(0, |c| {
+            (u64::from(zones) * u64::from(c.pct.min(90)) / 100) as u32
+        })
     }
 
     /// Tenant `t`'s mapping.
@@ -147,6 +173,11 @@ impl ShaleConfig {
             let z = (self.capacity_bytes / 128).max(512 << 10);
             1u64 << (63 - z.leading_zeros())
         }
+    }
+
+    /// Zones of the capacity (both tiers).
+    pub fn zone_count(&self) -> u32 {
+        u32::try_from(self.capacity_bytes / self.zone_bytes()).unwrap_or(u32::MAX)
     }
 
     /// Bytes of the whole L2P table for `user_bytes` of volumes.
@@ -215,6 +246,8 @@ pub(crate) fn engine_config(cfg: &ShaleConfig, zone_bytes: u64) -> EngineConfig 
         placement: cfg.placement,
         direct_write_min_bytes: cfg.direct_write_min_bytes,
         direct_write_policy: cfg.direct_write_policy,
+        cold_zones: cfg.cold_zones(cfg.zone_count()),
+        promote_reads: cfg.promote_reads,
         ..EngineConfig::default()
     }
 }
@@ -331,6 +364,12 @@ fn blk_drives(
 /// Builds `shale-zns` or `shale-blk`.
 pub fn build_shale(cfg: &ShaleConfig) -> Result<Box<dyn SystemUnderTest + Send>, SetupError> {
     if cfg.capacity_devices > 1 || cfg.cache_devices > 1 {
+        if cfg.cold.is_some() {
+            return Err(SetupError::EngineAdmin {
+                step: "setup",
+                reason: "a cold tier goes behind one capacity drive, not an array".into(),
+            });
+        }
         if cfg.capacity_preset.is_some() {
             return Err(SetupError::EngineAdmin {
                 step: "setup",
@@ -353,7 +392,16 @@ pub fn build_shale(cfg: &ShaleConfig) -> Result<Box<dyn SystemUnderTest + Send>,
     // permutation and its collisions depend on the volume size: one zone less (1 MiB
     // less per volume at `paper`) once sent the top 10,000 ranks to 2,219 blocks
     // instead of 10,000 and made shale-blk's zipf:1.2 WAF look 35% lower.
-    let zones = u32::try_from(cfg.capacity_bytes / zone_bytes).unwrap_or(u32::MAX);
+    let zones = cfg.zone_count();
+    if cfg.cold.is_some() {
+        if cfg.shards > 1 {
+            return Err(SetupError::EngineAdmin {
+                step: "setup",
+                reason: "a cold tier runs on one shard".into(),
+            });
+        }
+        return build_tiered(cfg, zones);
+    }
     if cfg.shards > 1 {
         return build_sharded(cfg, zones);
     }
@@ -369,6 +417,96 @@ pub fn build_shale(cfg: &ShaleConfig) -> Result<Box<dyn SystemUnderTest + Send>,
             let sys = ShaleSystem::new("shale-blk", cfg, cache, emu, devices, zone_bytes)?;
             Ok(Box::new(sys))
         }
+    }
+}
+
+/// The cold drive of a tiered pool: `zones` zones on `cfg.cold`'s preset, zoned, or
+/// emulated over a conventional drive.
+enum ColdDrive {
+    Zoned(Box<ZnsCap>),
+    Emulated(Box<BlkCap>),
+}
+
+fn cold_drive(cfg: &ShaleConfig, zones: u32) -> Result<(ColdDrive, SimDevice), SetupError> {
+    let zone_bytes = cfg.zone_bytes();
+    let name = cfg.cold.as_ref().map_or("smr-hm", |c| c.preset.as_str());
+    let preset = shale_flashsim::preset(name)?;
+    let inner = MemDevice::new(
+        crate::zone_emu_inner_bytes(zone_bytes, zones),
+        BLOCK_BYTES as u32,
+    )?
+    .with_name("cold");
+    let (drive, stats) = if matches!(preset.kind, shale_flashsim::PresetKind::Zoned { .. }) {
+        let zns: ZnsCap =
+            ZnsSim::from_preset(crate::zoned_over(inner, zone_bytes, zones)?, &preset)?;
+        let stats = zns.stats_handle();
+        (ColdDrive::Zoned(Box::new(zns)), stats)
+    } else {
+        let drive = FlashSim::from_preset(inner, &preset)?;
+        let stats = drive.stats_handle();
+        (
+            ColdDrive::Emulated(Box::new(crate::zoned_over(drive, zone_bytes, zones)?)),
+            stats,
+        )
+    };
+    let dev = SimDevice {
+        role: DeviceRole::Capacity,
+        preset: preset.name,
+        stats,
+    };
+    Ok((drive, dev))
+}
+
+/// A pool with a cold tier: the capacity drive's zones, then the cold drive's.
+fn build_tiered(
+    cfg: &ShaleConfig,
+    zones: u32,
+) -> Result<Box<dyn SystemUnderTest + Send>, SetupError> {
+    let cold_zones = cfg.cold_zones(zones);
+    let fast_zones = zones - cold_zones;
+    let cache = cache_bytes(cfg);
+    let (cold, cold_dev) = cold_drive(cfg, cold_zones)?;
+    fn tiers<F: ZonedDevice + Send + 'static, D: ZonedDevice + Send + 'static>(
+        name: &'static str,
+        cfg: &ShaleConfig,
+        (cache, fast, mut devices): (Cache, F, Vec<SimDevice>),
+        cold: D,
+        cold_dev: SimDevice,
+    ) -> Result<Box<dyn SystemUnderTest + Send>, SetupError> {
+        devices.insert(1, cold_dev);
+        let cap = shale_device::ZonedConcat::tiers(fast, cold)?;
+        let sys = ShaleSystem::new(name, cfg, cache, cap, devices, cfg.zone_bytes())?;
+        Ok(Box::new(sys))
+    }
+    match (cfg.mode, cold) {
+        (ShaleMode::Zns, ColdDrive::Zoned(c)) => tiers(
+            "shale-zns",
+            cfg,
+            zns_drives(cfg, fast_zones, cache)?,
+            c,
+            cold_dev,
+        ),
+        (ShaleMode::Zns, ColdDrive::Emulated(c)) => tiers(
+            "shale-zns",
+            cfg,
+            zns_drives(cfg, fast_zones, cache)?,
+            c,
+            cold_dev,
+        ),
+        (ShaleMode::Blk, ColdDrive::Zoned(c)) => tiers(
+            "shale-blk",
+            cfg,
+            blk_drives(cfg, fast_zones, cache)?,
+            c,
+            cold_dev,
+        ),
+        (ShaleMode::Blk, ColdDrive::Emulated(c)) => tiers(
+            "shale-blk",
+            cfg,
+            blk_drives(cfg, fast_zones, cache)?,
+            c,
+            cold_dev,
+        ),
     }
 }
 
@@ -566,6 +704,7 @@ impl<C: BlockDevice, Z: ZonedDevice> ShaleSystem<C, Z> {
             compaction_bytes: now.capacity_compaction_write_bytes
                 - b.capacity_compaction_write_bytes,
             gc_bytes: now.capacity_gc_write_bytes - b.capacity_gc_write_bytes,
+            promoted_bytes: (now.promotions_staged - b.promotions_staged) * BLOCK_BYTES,
             l2p: L2pStats {
                 hits: now.l2p_hits - b.l2p_hits,
                 misses: now.l2p_misses - b.l2p_misses,
@@ -583,6 +722,8 @@ impl<C: BlockDevice, Z: ZonedDevice> ShaleSystem<C, Z> {
 struct EngineDelta {
     compaction_bytes: u64,
     gc_bytes: u64,
+    /// Blocks staged back from the cold tier (written by compaction).
+    promoted_bytes: u64,
     l2p: L2pStats,
 }
 
@@ -712,6 +853,10 @@ impl<C: BlockDevice, Z: ZonedDevice> SystemUnderTest for ShaleSystem<C, Z> {
             Traffic {
                 name: "gc",
                 bytes: d.gc_bytes,
+            },
+            Traffic {
+                name: "promoted",
+                bytes: d.promoted_bytes,
             },
         ]
     }

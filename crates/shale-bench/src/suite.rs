@@ -311,7 +311,7 @@ pub enum SuiteError {
     #[error("a worker thread panicked")]
     WorkerPanicked,
     #[error("the two-controller experiment failed")]
-    Controllers(#[source] Box<crate::controllers::ControllersError>),
+    Controllers(#[source] Box<crate::setups::ExperimentError>),
 }
 
 /// Where a suite reports progress: one [`Progress`] per session, from its thread.

@@ -26,10 +26,36 @@ enum BenchCommand {
     /// Rerun the seeds' experiments over every system: tables with the published
     /// figures beside ours, JSON, PNG charts and a markdown report.
     Suite(SuiteArgs),
+    /// SALSA's video server on a hybrid pool: videos written in order, read with a
+    /// skew, from an SMR disk alone and with the disk as the cold tier behind a ZNS
+    /// QLC drive; read MiB/s side by side.
+    Hybrid(HybridArgs),
     /// SALSA's two-controller experiment: a database volume and an object-store
     /// volume under one mapping and stream, and under one per workload (8 KiB units,
     /// dual 64 KiB units, a stream each): map bytes and GC traffic side by side.
     Controllers(ControllersArgs),
+}
+
+#[derive(Debug, Args)]
+struct HybridArgs {
+    /// Standard configuration: paper (4 GiB) or quick (1/8 of it).
+    #[arg(long, default_value = "quick", value_parser = parse_suite_scale)]
+    config: Scale,
+    /// Seed of every random stream.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Percent of the zones on the SMR disk in the tiered setups (the rest on QLC).
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u8).range(1..=90))]
+    cold_pct: u8,
+    /// Setups run at once (default: the number of CPUs, at most 3).
+    #[arg(long)]
+    jobs: Option<usize>,
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// Override the configuration's capacity (same shape, other size; for tests).
+    #[arg(long, value_parser = parse_capacity, hide = true)]
+    capacity: Option<u64>,
 }
 
 #[derive(Debug, Args)]
@@ -173,6 +199,14 @@ struct RunArgs {
     /// seventeenth smaller (the maps may take a sixteenth more of the L2P pool).
     #[arg(long)]
     dual_map: bool,
+    /// Shale: a cold tier behind the capacity drive, on this preset: the SMR disk
+    /// smr-hm (zoned) or a conventional drive (hdd, qlc-p5316) under zone emulation.
+    #[arg(long)]
+    cold: Option<String>,
+    /// Shale: percent of the capacity's zones on the cold drive (the pool keeps its
+    /// size).
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u8).range(1..=90))]
+    cold_pct: u8,
     /// Override the configuration's capacity (same shape, other size; for tests).
     #[arg(long, value_parser = parse_capacity, hide = true)]
     capacity: Option<u64>,
@@ -258,16 +292,44 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Run(run) => run_cmd(run),
         BenchCommand::Suite(suite) => suite_cmd(suite),
         BenchCommand::Controllers(c) => controllers_cmd(c),
+        BenchCommand::Hybrid(h) => hybrid_cmd(h),
     }
 }
 
-fn controllers_cmd(args: ControllersArgs) -> anyhow::Result<()> {
-    let jobs = args.jobs.unwrap_or_else(|| {
+/// `--jobs`, or the CPUs, at most 3 (an experiment's setups).
+fn setup_jobs(jobs: Option<usize>) -> usize {
+    jobs.unwrap_or_else(|| {
         std::thread::available_parallelism()
             .map(std::num::NonZeroUsize::get)
             .unwrap_or(1)
             .min(3)
-    });
+    })
+}
+
+fn hybrid_cmd(args: HybridArgs) -> anyhow::Result<()> {
+    let jobs = setup_jobs(args.jobs);
+    let opts = shale_bench::hybrid::HybridOptions {
+        scale: args.config,
+        seed: args.seed,
+        cold_pct: args.cold_pct,
+        capacity_bytes: args.capacity,
+        jobs,
+    };
+    if !args.json {
+        eprintln!("running 3 setups, {jobs} at a time ...");
+    }
+    let report =
+        shale_bench::hybrid::run_hybrid(&opts).context("the hybrid-pool experiment failed")?;
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print!("{}", report.render());
+    }
+    Ok(())
+}
+
+fn controllers_cmd(args: ControllersArgs) -> anyhow::Result<()> {
+    let jobs = setup_jobs(args.jobs);
     let opts = shale_bench::controllers::ControllersOptions {
         scale: args.config,
         seed: args.seed,
@@ -435,6 +497,10 @@ fn run_cmd(args: RunArgs) -> anyhow::Result<()> {
             args.map_unit.is_some(),
         )
         .map_err(anyhow::Error::msg)?,
+        cold: args.cold.clone().map(|preset| shale_bench::ColdTier {
+            preset,
+            pct: args.cold_pct,
+        }),
         ..SystemOptions::default()
     };
     let mut sut = build_system(args.system, &cfg, &opts).with_context(|| {

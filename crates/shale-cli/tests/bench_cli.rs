@@ -193,6 +193,7 @@ fn every_subcommand_has_help() {
         &["bench", "--help"],
         &["bench", "run", "--help"],
         &["bench", "controllers", "--help"],
+        &["bench", "hybrid", "--help"],
     ] {
         let out = shale(args);
         assert!(out.status.success(), "{args:?}");
@@ -589,4 +590,82 @@ fn the_controllers_experiment_compares_three_setups() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(want), "{a:?}: {err}");
     }
+}
+
+/// `--cold`: a cold tier behind the capacity drive reports both drives, and GC writes
+/// the cold one; a system without tiers, an unknown preset and a share past 90% are
+/// refused by name.
+#[test]
+fn a_cold_tier_goes_behind_the_capacity_drive() {
+    let v = run_json(&tiny_uniform_256k(&[
+        "--cold",
+        "smr-hm",
+        "--cold-pct",
+        "50",
+    ]));
+    let devices = v["devices"].as_array().expect("devices");
+    let preset = |p: &str| devices.iter().find(|d| d["preset"] == p);
+    let cold = preset("smr-hm").expect("the cold drive is reported");
+    assert!(preset("zns-qlc").is_some(), "{devices:?}");
+    assert!(cold["host_written"].as_u64().unwrap_or(0) > 0, "{cold}");
+    let traffic = v["traffic"].as_array().expect("traffic");
+    assert!(
+        traffic.iter().any(|t| t["name"] == "promoted"),
+        "{traffic:?}"
+    );
+    for (args, want) in [
+        (
+            &[
+                "bench",
+                "run",
+                "--system",
+                "raw",
+                "--config",
+                "tiny",
+                "--workload",
+                "uniform",
+                "--bs",
+                "256k",
+                "--cold",
+                "hdd",
+            ][..],
+            "no tiers",
+        ),
+        (&tiny_uniform_256k(&["--cold", "tape"])[..], "tape"),
+        (
+            &tiny_uniform_256k(&["--cold", "hdd", "--cold-pct", "95"])[..],
+            "95",
+        ),
+    ] {
+        let out = shale(args);
+        assert!(!out.status.success(), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+}
+
+/// SALSA's video server: three setups read the same bytes; with half the zones on
+/// flash the hybrid pool brings blocks back and reads less from the disk than the
+/// disk alone (with a fifth on flash it thrashes at this size: docs/benchmarks.md).
+#[test]
+fn the_hybrid_experiment_reads_less_from_the_disk() {
+    let v = run_json(&[
+        "bench",
+        "hybrid",
+        "--config",
+        "quick",
+        "--capacity",
+        "256MiB",
+        "--cold-pct",
+        "50",
+        "--json",
+    ]);
+    let setups = v["setups"].as_array().expect("setups");
+    let names: Vec<&str> = setups.iter().filter_map(|s| s["setup"].as_str()).collect();
+    assert_eq!(names, ["smr", "tier-only", "hybrid"]);
+    let get = |i: usize, k: &str| setups[i][k].as_u64().expect(k);
+    assert!(get(2, "promoted_bytes") > 0, "{v}");
+    assert_eq!(get(1, "promoted_bytes"), 0, "{v}");
+    assert!(get(2, "smr_read_bytes") < get(0, "smr_read_bytes"), "{v}");
+    assert!(v["read_speedup"].as_f64().expect("speedup") > 1.0, "{v}");
 }

@@ -608,20 +608,23 @@ fn format_plan(
     } else {
         0
     };
-    let reserve = gc_threshold + 2 * streams + cold_reserve;
+    // Fast zones kept free: GC's threshold and the open zones, a compaction and a GC
+    // zone per stream; with a cold tier GC's zones are cold ones, its one open there.
+    let fast_reserve = if config.cold_zones > 0 {
+        gc_threshold + streams
+    } else {
+        gc_threshold + 2 * streams
+    };
+    let reserve = fast_reserve + cold_reserve;
     // The fast tier needs its reserve and a data zone, the cold one its own reserve
     // and a data zone.
     let fast_zones = cap.zone_count.saturating_sub(config.cold_zones + 1);
-    if config.cold_zones > 0
-        && (fast_zones <= gc_threshold + 2 * streams || config.cold_zones <= cold_reserve)
-    {
+    if config.cold_zones > 0 && (fast_zones <= fast_reserve || config.cold_zones <= cold_reserve) {
         return Err(too_small(
             "capacity",
             format!(
-                "{} fast and {} cold zones: each tier needs more than its reserve ({} and {cold_reserve})",
-                fast_zones,
+                "{fast_zones} fast and {} cold zones: each tier needs more than its reserve ({fast_reserve} and {cold_reserve})",
                 config.cold_zones,
-                gc_threshold + 2 * streams
             ),
         ));
     }
