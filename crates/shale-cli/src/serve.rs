@@ -70,6 +70,16 @@ pub struct DeviceArgs {
     /// Simulated-drive preset around the capacity device (qlc-p5316, tlc, optane, zns-qlc)
     #[arg(long)]
     pub drive: Option<String>,
+    /// A cold tier behind the capacity device: a slower file or block device (an SMR
+    /// or conventional disk), zones of the same size; one device
+    #[arg(long, value_name = "DEV")]
+    pub cold: Vec<String>,
+    /// Size of a cold file created by format [default: 64GiB]
+    #[arg(long)]
+    pub cold_size: Option<String>,
+    /// Simulated-drive preset around the cold device (hdd, smr-hm)
+    #[arg(long)]
+    pub cold_drive: Option<String>,
     /// Cache chunk size [default: 16MiB]
     #[arg(long)]
     pub chunk_size: Option<String>,
@@ -123,6 +133,15 @@ impl DeviceArgs {
         }
         if let Some(v) = &self.drive {
             d.drive = Some(v.clone());
+        }
+        if !self.cold.is_empty() {
+            d.cold = Some(paths(&self.cold));
+        }
+        if let Some(v) = &self.cold_size {
+            d.cold_size = Size(v.clone());
+        }
+        if let Some(v) = &self.cold_drive {
+            d.cold_drive = Some(v.clone());
         }
         if let Some(v) = &self.chunk_size {
             d.chunk_size = Size(v.clone());
@@ -377,11 +396,15 @@ pub fn format(args: FormatArgs) -> Result<()> {
                 .join(", ")
         };
         println!(
-            "formatted cache {} and capacity {}{}",
+            "formatted cache {} and capacity {}{}{}",
             names(&spec.cache),
             names(&spec.capacity),
             spec.redundancy
                 .map(|r| format!(" ({r})"))
+                .unwrap_or_default(),
+            spec.cold
+                .as_ref()
+                .map(|c| format!(", cold tier {}", c.display()))
                 .unwrap_or_default()
         );
         for v in created {

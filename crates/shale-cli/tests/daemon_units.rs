@@ -168,3 +168,91 @@ fn a_dual_mapped_volume_takes_small_writes_without_read_modify_write() {
     assert!(!out.status.success());
     d.stop();
 }
+
+/// `--cold`: a cold tier behind the capacity device, made by the first start, listed
+/// among the devices; GC moves what it relocates there, and data written through
+/// NBD reads back before and after a restart. A second cold device is refused.
+#[test]
+fn a_cold_tier_behind_the_capacity_device_keeps_its_data() {
+    require("qemu-io", "qemu-utils");
+    let mut args: Vec<String> = SMALL_DEVICES.iter().map(|s| s.to_string()).collect();
+    // A small capacity device: the 512 MiB volume's writes pass through it into the
+    // cold tier.
+    let cap = args
+        .iter()
+        .position(|a| a == "--capacity-size")
+        .expect("flag")
+        + 1;
+    args[cap] = "512MiB".into();
+    for a in [
+        "--cold",
+        "{data_dir}/cold.img",
+        "--cold-size",
+        "1GiB",
+        "--cold-drive",
+        "hdd",
+    ] {
+        args.push(a.into());
+    }
+    let mut d = Daemon::start_with(args);
+    let devices = d.admin(&["device", "list", "--json"]);
+    assert!(devices.contains("\"cold\""), "{devices}");
+    let s = d.stats();
+    assert!(s["space"]["cold_zones"].as_u64().unwrap_or(0) > 0, "{s}");
+
+    let uri = d.uri("default");
+    let mut writes = Vec::new();
+    for pass in 0..3u8 {
+        for mib in (0..512u32).step_by(64) {
+            writes.push(format!("write -P {} {mib}M 64M", 0x10 + pass));
+        }
+    }
+    writes.push("write -P 0x77 100M 4k".into());
+    writes.push("flush".into());
+    let cmds: Vec<&str> = writes.iter().map(String::as_str).collect();
+    let out = qemu_io(&uri, &cmds);
+    assert!(!out.contains("failed"), "{out}");
+    let s = d.stats();
+    let cold = s["space"]["cold_zones"].as_u64().unwrap_or(0);
+    let free_cold = s["space"]["free_cold_zones"].as_u64().unwrap_or(0);
+    assert!(free_cold < cold, "GC moved blocks into the cold tier: {s}");
+    let checks = [
+        "read -P 0x12 0 100M",
+        "read -P 0x77 100M 4k",
+        "read -P 0x12 400M 100M",
+    ];
+    let out = qemu_io(&uri, &checks);
+    assert!(!out.contains("Pattern verification failed"), "{out}");
+    d.stop();
+    d.spawn();
+    let out = qemu_io(&uri, &checks);
+    assert!(
+        !out.contains("Pattern verification failed"),
+        "after restart: {out}"
+    );
+    d.stop();
+    // Started without its cold device, the pool is refused, the tier named.
+    let without: Vec<&str> = SMALL_DEVICES.to_vec();
+    let refused = output(
+        std::process::Command::new("timeout")
+            .arg("60")
+            .arg(env!("CARGO_BIN_EXE_shale"))
+            .args(["serve", "--handoff-dir", "off", "--capacity-size", "512MiB"])
+            .arg("--data-dir")
+            .arg(d.data_dir())
+            .args(&without[..2])
+            .args(&without[4..]),
+    );
+    assert!(!refused.status.success());
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(err.contains("cold tier"), "{err}");
+    let refused = output(
+        shale()
+            .args(["format", "--data-dir"])
+            .arg(d.data_dir())
+            .args(["--cold", "/tmp/a.img", "--cold", "/tmp/b.img", "--force"]),
+    );
+    assert!(!refused.status.success());
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(err.contains("cold"), "{err}");
+}

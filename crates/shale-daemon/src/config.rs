@@ -193,6 +193,9 @@ pub struct EngineKnobs {
     pub direct_write_min: Size,
     /// Which of those writes: `sequential` or `any`.
     pub direct_write_policy: DirectWritePolicy,
+    /// With a cold tier (`devices.cold`): reads of a 1 MiB extent that bring the
+    /// blocks read from it back to the fast tier; 0 never does.
+    pub promote_reads: u32,
 }
 
 impl Default for EngineKnobs {
@@ -220,6 +223,7 @@ impl Default for EngineKnobs {
                 shale_engine::DirectWritePolicy::Sequential => DirectWritePolicy::Sequential,
                 shale_engine::DirectWritePolicy::Any => DirectWritePolicy::Any,
             },
+            promote_reads: e.promote_reads,
         }
     }
 }
@@ -420,6 +424,14 @@ pub struct DevicesConfig {
     pub capacity_mode: CapacityMode,
     /// Optional simulated-drive preset wrapped around the capacity device.
     pub drive: Option<String>,
+    /// A cold tier behind the capacity device: a slower file or block device (an SMR
+    /// or conventional disk) with zones of the same size; GC moves what it relocates
+    /// there and blocks read often come back (docs/engine.md, "Tiers"). One device.
+    pub cold: Option<Paths>,
+    /// Size of a cold file created by format.
+    pub cold_size: Size,
+    /// Optional simulated-drive preset wrapped around the cold device (hdd, smr-hm).
+    pub cold_drive: Option<String>,
     pub chunk_size: Size,
     pub zone_size: Size,
     /// Spare space as a fraction of the capacity (0.18 = 18%).
@@ -625,6 +637,9 @@ impl Default for DevicesConfig {
             capacity_size: Size("16GiB".into()),
             capacity_mode: CapacityMode::Emulated,
             drive: None,
+            cold: None,
+            cold_size: Size("64GiB".into()),
+            cold_drive: None,
             chunk_size: Size("16MiB".into()),
             zone_size: Size("64MiB".into()),
             spare_factor: 0.18,
@@ -766,6 +781,23 @@ impl Config {
     /// Device paths: at least one of each kind, none empty, a redundancy for arrays.
     fn validate_paths(&self) -> Result<(), ConfigError> {
         let d = &self.devices;
+        if let Some(cold) = &d.cold {
+            let n = cold.list().len();
+            if n != 1 || cold.list().iter().any(|p| p.is_empty()) {
+                return Err(ConfigError::Invalid {
+                    field: "devices.cold",
+                    reason: format!(
+                        "{n} cold devices: a cold tier is one device (arrays of them are not built)"
+                    ),
+                });
+            }
+            if self.engine.shards > 1 {
+                return Err(ConfigError::Invalid {
+                    field: "devices.cold",
+                    reason: "a cold tier runs behind one engine shard (engine.shards = 1)".into(),
+                });
+            }
+        }
         if d.cache.is_empty() || d.capacity.is_empty() {
             return Err(ConfigError::Invalid {
                 field: "devices",
@@ -870,6 +902,7 @@ impl Config {
         for (field, size) in [
             ("devices.cache_size", &d.cache_size),
             ("devices.capacity_size", &d.capacity_size),
+            ("devices.cold_size", &d.cold_size),
             ("devices.chunk_size", &d.chunk_size),
             ("devices.zone_size", &d.zone_size),
         ] {
@@ -1339,6 +1372,40 @@ mod tests {
         assert_eq!(d.gc_free_zones_min, engine.gc_free_zones_min);
         assert_eq!(d.streams_max, engine.streams_max);
         assert_eq!(d.checkpoint_interval_bytes, None);
+    }
+
+    /// `[devices] cold`: one device, its size and preset taken; two devices, or a cold
+    /// tier with several shards, refused by name.
+    #[test]
+    fn a_cold_device_is_one_device() {
+        let c = Config::from_toml(
+            "[devices]\ncold = \"/dev/shm/cold.img\"\ncold_size = \"2GiB\"\ncold_drive = \"hdd\"\n",
+            Path::new("t.toml"),
+        )
+        .expect("parses");
+        let spec = crate::serve::DeviceSpec::from_config(&c).expect("valid");
+        assert_eq!(
+            spec.cold.as_deref(),
+            Some(std::path::Path::new("/dev/shm/cold.img"))
+        );
+        assert_eq!(spec.cold_size, 2 << 30);
+        assert_eq!(spec.cold_drive.as_deref(), Some("hdd"));
+        for (text, want) in [
+            ("[devices]\ncold = [\"/a\", \"/b\"]\n", "2 cold devices"),
+            (
+                "[devices]\ncold = \"/a\"\n[engine]\nshards = 2\n",
+                "one engine shard",
+            ),
+            (
+                "[devices]\ncold = \"/a\"\ncold_size = \"1 parsec\"\n",
+                "cold_size",
+            ),
+        ] {
+            let err = Config::from_toml(text, Path::new("t.toml"))
+                .and_then(|c| crate::serve::DeviceSpec::from_config(&c).map(|_| c))
+                .expect_err(text);
+            assert!(err.to_string().contains(want), "{text}: {err}");
+        }
     }
 
     #[test]

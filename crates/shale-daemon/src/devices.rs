@@ -56,6 +56,9 @@ impl Devices {
             Some(h) => out.extend(members_json(&h.status())),
             None => out.push(single_json("capacity", &self.spec.capacity[0])),
         }
+        if let Some(cold) = &self.spec.cold {
+            out.push(single_json("cold", cold));
+        }
         Value::Array(out)
     }
 

@@ -160,6 +160,11 @@ pub struct DeviceSpec {
     /// Simulated-drive preset wrapped around the capacity file (counts NAND traffic
     /// since the daemon started; the data itself is the file's).
     pub drive: Option<String>,
+    /// The cold tier's device, the size of a file format creates for it, and its
+    /// simulated-drive preset.
+    pub cold: Option<PathBuf>,
+    pub cold_size: u64,
+    pub cold_drive: Option<String>,
     /// `None`: the engine's default budgets.
     pub l2p_cache_bytes: Option<u64>,
     pub md_cache_bytes: Option<u64>,
@@ -205,6 +210,12 @@ impl DeviceSpec {
             zone_bytes: d.zone_size.bytes("devices.zone_size")?,
             spare_factor: d.spare_factor,
             drive: d.drive.clone(),
+            cold: match &d.cold {
+                Some(p) => Some(paths("devices.cold", p)?.remove(0)),
+                None => None,
+            },
+            cold_size: d.cold_size.bytes("devices.cold_size")?,
+            cold_drive: d.cold_drive.clone(),
             l2p_cache_bytes: c
                 .memory
                 .l2p_cache_size
@@ -262,6 +273,7 @@ impl DeviceSpec {
                 DirectWritePolicy::Sequential => shale_engine::DirectWritePolicy::Sequential,
                 DirectWritePolicy::Any => shale_engine::DirectWritePolicy::Any,
             },
+            promote_reads: self.engine.promote_reads,
             ..EngineConfig::default()
         };
         c.validate().map_err(|e| ConfigError::Invalid {
@@ -308,10 +320,11 @@ fn capacity_file(
     spec: &DeviceSpec,
     path: &Path,
     format: bool,
+    drive_preset: Option<&String>,
 ) -> Result<(CapacityDevice, Option<DriveStats>), DaemonError> {
     if is_zoned_drive(path)? {
         // The drive keeps its own zones: no emulation, and no simulated drive.
-        if spec.drive.is_some() {
+        if drive_preset.is_some() {
             return Err(DaemonError::Setup {
                 path: path.to_path_buf(),
                 reason: "is a zoned block device; a simulated drive (--drive) wraps a file".into(),
@@ -337,7 +350,7 @@ fn capacity_file(
         return Ok((Box::new(dev), None));
     }
     let file = open_file("capacity device", path)?;
-    let preset = match &spec.drive {
+    let preset = match drive_preset {
         Some(name) => Some(
             shale_flashsim::preset(name).map_err(|e| DaemonError::Setup {
                 path: path.to_path_buf(),
@@ -412,7 +425,7 @@ fn capacity_device(
 ) -> Result<(CapacityDevice, Option<DriveStats>, Option<CapacityHandle>), DaemonError> {
     let Some(r) = spec.redundancy else {
         let path = &spec.capacity[0];
-        let (mut dev, drive) = capacity_file(spec, path, format)?;
+        let (mut dev, drive) = capacity_file(spec, path, format, spec.drive.as_ref())?;
         let name = path.display().to_string();
         if !format && shale_array::label::read_zoned(&mut dev, &name).is_ok() {
             // One member of an array named alone: the array decides if it is enough.
@@ -436,7 +449,7 @@ fn capacity_device(
             tracing::warn!(path = %path.display(), "capacity array member missing");
             continue;
         }
-        let (dev, _) = capacity_file(spec, path, format)?;
+        let (dev, _) = capacity_file(spec, path, format, spec.drive.as_ref())?;
         members.push((dev, path.display().to_string()));
     }
     let mut array = if format {
@@ -453,6 +466,28 @@ fn capacity_device(
     array.set_rebuild_limits(spec.rebuild_limits);
     let h = array.handle();
     Ok((Box::new(array), None, Some(h)))
+}
+
+/// The capacity device with the cold tier behind it, if the spec names one (the cold
+/// device's zones last, `ZonedConcat::tiers`), and the cold zones.
+fn with_cold_tier(
+    spec: &DeviceSpec,
+    capacity: CapacityDevice,
+    format: bool,
+) -> Result<(CapacityDevice, u32), DaemonError> {
+    let Some(path) = &spec.cold else {
+        return Ok((capacity, 0));
+    };
+    let (cold, _) = capacity_file(spec, path, format, spec.cold_drive.as_ref())?;
+    let zones = cold.geometry().zone_count;
+    let tiers =
+        shale_device::ZonedConcat::tiers(capacity, cold).map_err(|error| DaemonError::Device {
+            what: "cold tier",
+            path: path.clone(),
+            error,
+        })?;
+    tracing::info!(path = %path.display(), zones, "capacity: a cold tier behind it");
+    Ok((Box::new(tiers), zones))
 }
 
 /// The cache device: one file, or a mirror of files put together by their labels.
@@ -499,7 +534,10 @@ fn cache_device(
 
 /// Every device path of the spec, cache first.
 fn all_paths(spec: &DeviceSpec) -> impl Iterator<Item = &PathBuf> {
-    spec.cache.iter().chain(spec.capacity.iter())
+    spec.cache
+        .iter()
+        .chain(spec.capacity.iter())
+        .chain(spec.cold.iter())
 }
 
 /// Advisory exclusive locks (flock) on both device files, held while a daemon or a
@@ -646,6 +684,7 @@ pub fn format(
         .iter()
         .map(|p| (p, spec.cache_size))
         .chain(spec.capacity.iter().map(|p| (p, spec.capacity_size)))
+        .chain(spec.cold.iter().map(|p| (p, spec.cold_size)))
         .filter(|(p, _)| !p.exists())
         .collect();
     let mut steps = FormatSteps {
@@ -707,6 +746,9 @@ fn size_hint(e: DaemonError, spec: &DeviceSpec, made: &[(&PathBuf, u64)]) -> Dae
             "--capacity-size (now {})",
             human_bytes(spec.capacity_size)
         ));
+    }
+    if made.iter().any(|p| spec.cold.as_ref() == Some(*p)) {
+        flags.push(format!("--cold-size (now {})", human_bytes(spec.cold_size)));
     }
     DaemonError::TooSmall {
         error: Box::new(e),
@@ -1053,9 +1095,10 @@ fn format_steps(
             });
         }
     }
-    let engine_config = spec.engine_config()?;
+    let mut engine_config = spec.engine_config()?;
     let pool = *uuid::Uuid::new_v4().as_bytes();
     let shards = spec.engine.shards as usize;
+    let mut cold_zones = 0;
     let devices = steps.step("capacity: zone emulation, discard", || {
         if shards > 1 {
             let devices = shard_devices(spec, shards, None)?;
@@ -1063,9 +1106,11 @@ fn format_steps(
             return Ok((devices, detail));
         }
         let (capacity, _, _) = capacity_device(spec, true, pool)?;
+        let (capacity, cold) = with_cold_tier(spec, capacity, true)?;
+        cold_zones = cold;
         let g = capacity.geometry();
         // A zoned drive keeps its own zones: the engine's format resets them.
-        let detail = if g.name.contains("zoned(") {
+        let mut detail = if g.name.contains("zoned(") {
             format!(
                 "{} zones of {} MiB ({} MiB writable) on a zoned drive",
                 g.zone_count,
@@ -1080,9 +1125,13 @@ fn format_steps(
                 gib(u64::from(g.zone_count) * g.zone_size)
             )
         };
+        if cold > 0 {
+            detail.push_str(&format!(", the last {cold} on the cold device"));
+        }
         let (cache, _) = cache_device(spec, true, pool)?;
         Ok((vec![(cache, capacity)], detail))
     })?;
+    engine_config.cold_zones = cold_zones;
     let engine = steps.step("cache: superblock, journal, checkpoint", || {
         let engine = Engine::format(
             devices,
@@ -1369,6 +1418,7 @@ pub fn open(
     } else {
         let (cache, cache_handle) = cache_device(spec, false, [0; 16])?;
         let (capacity, drive, capacity_handle) = capacity_device(spec, false, [0; 16])?;
+        let (capacity, _) = with_cold_tier(spec, capacity, false)?;
         let devices = Devices::new(spec.clone(), cache_handle, capacity_handle);
         (vec![(cache, capacity)], drive, devices)
     };

@@ -975,9 +975,20 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Loading<C, Z, K> {
         let cap =
             capacity_geometry(&zg).map_err(|reason| OpenError::GeometryMismatch { reason })?;
         if cap != sb.capacity || label.geometry != sb.capacity {
+            // A tiered pool opened without its cold device has just the fast zones.
+            let cold_missing =
+                sb.cold_zones > 0 && cap.zone_count + sb.cold_zones == sb.capacity.zone_count;
+            let hint = if cold_missing {
+                format!(
+                    " (the pool has a cold tier of {} zones after these: its device is missing)",
+                    sb.cold_zones
+                )
+            } else {
+                String::new()
+            };
             return Err(OpenError::GeometryMismatch {
                 reason: format!(
-                    "device {cap:?}, superblock {:?}, label {:?}",
+                    "device {cap:?}, superblock {:?}, label {:?}{hint}",
                     sb.capacity, label.geometry
                 ),
             });
