@@ -108,6 +108,36 @@ impl Tier {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+    use shale_format::Sid;
+
+    proptest! {
+        /// `Demote` takes the oldest candidate (lowest SID, then region), full ones
+        /// included, and nothing only when there is no candidate.
+        #[test]
+        fn demote_takes_the_oldest_zone_however_full(
+            v in proptest::collection::vec((0u32..=100, 0u64..50), 0..20),
+        ) {
+            let snap: Vec<RegionSnapshot> = v
+                .iter()
+                .enumerate()
+                .map(|(i, &(valid, sid))| RegionSnapshot {
+                    region: RegionId(i as u32 + 7),
+                    valid,
+                    capacity: 100,
+                    sid: Sid(sid),
+                    close_time: 0,
+                })
+                .collect();
+            let got = Demote.choose(&snap, 0);
+            let want = snap.iter().min_by_key(|r| (r.sid, r.region)).map(|r| r.region);
+            prop_assert_eq!(got, want);
+            if let Some(g) = got {
+                let r = snap.iter().find(|r| r.region == g).expect("a candidate");
+                prop_assert!(snap.iter().all(|o| o.sid >= r.sid));
+            }
+        }
+    }
 
     #[test]
     fn heat_counts_per_extent_and_cools() {
