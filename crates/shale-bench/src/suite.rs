@@ -277,6 +277,8 @@ pub struct SuiteRun {
     pub wall_s: f64,
     /// SALSA's two-controller experiment (`controllers.rs`), when the suite ran it.
     pub controllers: Option<crate::controllers::ControllersReport>,
+    /// SALSA's video server on a hybrid pool (`hybrid.rs`), when the suite ran it.
+    pub hybrid: Option<crate::hybrid::HybridReport>,
 }
 
 impl SuiteRun {
@@ -310,7 +312,7 @@ pub enum SuiteError {
     UnknownSystem { name: String, valid: String },
     #[error("a worker thread panicked")]
     WorkerPanicked,
-    #[error("the two-controller experiment failed")]
+    #[error("a SALSA experiment (two controllers, hybrid pool) failed")]
     Controllers(#[source] Box<crate::setups::ExperimentError>),
 }
 
@@ -441,6 +443,15 @@ pub fn run_suite(
         })
         .map_err(|e| SuiteError::Controllers(Box::new(e)))?;
         run.controllers = Some(c);
+        let h = crate::hybrid::run_hybrid(&crate::hybrid::HybridOptions {
+            scale: opts.scale,
+            seed: opts.seed,
+            cold_pct: 50,
+            capacity_bytes: None,
+            jobs: opts.jobs.clamp(1, 3),
+        })
+        .map_err(|e| SuiteError::Controllers(Box::new(e)))?;
+        run.hybrid = Some(h);
         run.wall_s += started.elapsed().as_secs_f64();
     }
     Ok(run)
@@ -520,6 +531,7 @@ pub fn run_suite_with(
         results: Vec::new(),
         wall_s: 0.0,
         controllers: None,
+        hybrid: None,
     };
     for (_, line, results) in outs {
         run.sessions.push(line);
