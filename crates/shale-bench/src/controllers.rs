@@ -16,7 +16,7 @@ use shale_workload::{format_size, Distribution};
 
 use crate::report::BenchReport;
 use crate::runner::{measure, precondition, GroupSpec, MixSpec, NoProgress};
-use crate::setups::{run_all, ExperimentError};
+use crate::setups::{experiment_config, run_all, volume_bytes_of, ExperimentError};
 use crate::shale::{build_shale, ShaleConfig, ShaleMode};
 use crate::{BenchConfig, Scale, SetupError};
 
@@ -136,15 +136,6 @@ pub struct ControllersReport {
     pub relocation_cut_streams: Option<f64>,
 }
 
-fn bench_config(opts: &ControllersOptions) -> Result<BenchConfig, SetupError> {
-    let mut cfg = BenchConfig::standard(opts.scale);
-    if let Some(c) = opts.capacity_bytes {
-        cfg = cfg.with_capacity(c)?;
-    }
-    cfg.tenants = 2;
-    Ok(cfg)
-}
-
 fn shale_config(
     cfg: &BenchConfig,
     setup: Setup,
@@ -253,19 +244,16 @@ fn cut(
 
 /// Runs every setup (up to `opts.jobs` at once) and compares them.
 pub fn run_controllers(opts: &ControllersOptions) -> Result<ControllersReport, ExperimentError> {
-    let cfg = bench_config(opts).map_err(|source| ExperimentError::Setup {
-        setup: "all",
-        source,
-    })?;
+    let cfg = experiment_config(opts.scale, opts.capacity_bytes, 2)?;
     // The volumes' size: what the dual setup makes (a seventeenth smaller than an
     // even split, for its maps' room), for every setup alike.
-    let volume_bytes = shale_config(&cfg, Setup::Dual, None)
-        .and_then(|c| build_shale(&c))
-        .map(|s| s.volume_bytes())
-        .map_err(|source| ExperimentError::Setup {
-            setup: Setup::Dual.name(),
+    let dual = Setup::Dual.name();
+    let dual_config =
+        shale_config(&cfg, Setup::Dual, None).map_err(|source| ExperimentError::Setup {
+            setup: dual,
             source,
         })?;
+    let volume_bytes = volume_bytes_of(dual, &dual_config)?;
     let jobs = opts.jobs.max(1);
     let results = run_all(&Setup::ALL, jobs, Setup::name, |setup| {
         run_setup(&cfg, setup, volume_bytes, opts)

@@ -14,9 +14,9 @@ use shale_workload::{format_size, Distribution};
 
 use crate::report::BenchReport;
 use crate::runner::{measure, precondition, GroupSpec, MixSpec, NoProgress};
-use crate::setups::{run_all, ExperimentError};
+use crate::setups::{experiment_config, run_all, volume_bytes_of, ExperimentError};
 use crate::shale::{build_shale, ColdTier, ShaleConfig, ShaleMode};
-use crate::{BenchConfig, Precondition, Scale, SetupError};
+use crate::{BenchConfig, Precondition, Scale};
 
 /// A video's read and write size.
 pub const VIDEO_BYTES: u64 = 1 << 20;
@@ -89,12 +89,8 @@ pub struct HybridReport {
     pub read_speedup: Option<f64>,
 }
 
-fn bench_config(opts: &HybridOptions) -> Result<BenchConfig, SetupError> {
-    let mut cfg = BenchConfig::standard(opts.scale);
-    if let Some(c) = opts.capacity_bytes {
-        cfg = cfg.with_capacity(c)?;
-    }
-    cfg.tenants = READERS + 1;
+fn bench_config(opts: &HybridOptions) -> Result<BenchConfig, ExperimentError> {
+    let mut cfg = experiment_config(opts.scale, opts.capacity_bytes, READERS + 1)?;
     // Videos are written once, in order.
     cfg.precondition = Some(Precondition {
         seq_passes: 1,
@@ -196,25 +192,11 @@ fn run_setup(
 
 /// Runs every setup (up to `opts.jobs` at once) and compares them.
 pub fn run_hybrid(opts: &HybridOptions) -> Result<HybridReport, ExperimentError> {
-    let cfg = bench_config(opts).map_err(|source| ExperimentError::Setup {
-        setup: "all",
-        source,
-    })?;
+    let cfg = bench_config(opts)?;
     // The SMR disk alone sets the volumes' size; the tiered pools (as many zones,
     // with a second reserve) take the same.
-    let volume_bytes = build_shale(&shale_config(&cfg, Setup::Smr, opts))
-        .map(|s| s.volume_bytes())
-        .map_err(|source| ExperimentError::Setup {
-            setup: Setup::Smr.name(),
-            source,
-        })?;
-    let tiered = build_shale(&shale_config(&cfg, Setup::Hybrid, opts))
-        .map(|s| s.volume_bytes())
-        .map_err(|source| ExperimentError::Setup {
-            setup: Setup::Hybrid.name(),
-            source,
-        })?;
-    let volume_bytes = volume_bytes.min(tiered);
+    let size = |s: Setup| volume_bytes_of(s.name(), &shale_config(&cfg, s, opts));
+    let volume_bytes = size(Setup::Smr)?.min(size(Setup::Hybrid)?);
     let results = run_all(&Setup::ALL, opts.jobs, Setup::name, |setup| {
         run_setup(&cfg, setup, Some(volume_bytes), opts)
     })?;

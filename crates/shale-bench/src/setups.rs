@@ -1,8 +1,9 @@
 //! What the side-by-side experiments (`controllers.rs`, `hybrid.rs`) share: their
 //! setups run a few at a time on threads, and their errors.
 
+use crate::shale::{build_shale, ShaleConfig};
 use crate::system::RunError;
-use crate::SetupError;
+use crate::{BenchConfig, Scale, SetupError};
 
 /// Why a setup of an experiment failed.
 #[derive(Debug, thiserror::Error)]
@@ -19,6 +20,35 @@ pub enum ExperimentError {
         #[source]
         source: Box<RunError>,
     },
+}
+
+/// The standard configuration at `scale` (at `capacity_bytes` if given) with
+/// `tenants` tenants.
+pub(crate) fn experiment_config(
+    scale: Scale,
+    capacity_bytes: Option<u64>,
+    tenants: u32,
+) -> Result<BenchConfig, ExperimentError> {
+    let setup = |source| ExperimentError::Setup {
+        setup: "all",
+        source,
+    };
+    let mut cfg = BenchConfig::standard(scale);
+    if let Some(c) = capacity_bytes {
+        cfg = cfg.with_capacity(c).map_err(setup)?;
+    }
+    cfg.tenants = tenants;
+    Ok(cfg)
+}
+
+/// The size Shale gives every volume of setup `setup` (built as `cfg` says).
+pub(crate) fn volume_bytes_of(
+    setup: &'static str,
+    cfg: &ShaleConfig,
+) -> Result<u64, ExperimentError> {
+    build_shale(cfg)
+        .map(|s| s.volume_bytes())
+        .map_err(|source| ExperimentError::Setup { setup, source })
 }
 
 /// Runs `run` for every setup, `jobs` at a time, results in the setups' order; the
