@@ -123,6 +123,19 @@ impl BenchConfig {
         }
     }
 
+    /// Other lengths of the ramp and the measured phase, in capacities (`None` keeps
+    /// the configuration's); the name says so when they change.
+    pub fn with_phases(mut self, ramp: Option<u64>, measure: Option<u64>) -> BenchConfig {
+        let ramp = ramp.unwrap_or(self.ramp_capacity_multiple);
+        let measure = measure.unwrap_or(self.measure_capacity_multiple).max(1);
+        if (ramp, measure) != (self.ramp_capacity_multiple, self.measure_capacity_multiple) {
+            self.name = format!("{}+ramp{ramp}x,measure{measure}x", self.name);
+        }
+        self.ramp_capacity_multiple = ramp;
+        self.measure_capacity_multiple = measure;
+        self
+    }
+
     /// The same shape at another capacity.
     pub fn with_capacity(mut self, capacity_bytes: u64) -> Result<BenchConfig, SetupError> {
         if !(CAPACITY_BYTES_MIN..=CAPACITY_BYTES_MAX).contains(&capacity_bytes) {
@@ -236,5 +249,18 @@ mod tests {
         assert!(c.clone().with_capacity(1 << 40).is_err());
         let c = c.with_capacity(32 << 20).expect("valid");
         assert_eq!(c.name, "quick@32MiB");
+    }
+
+    #[test]
+    fn phases_keep_the_name_unless_they_change() {
+        let c = BenchConfig::standard(Scale::Paper);
+        assert_eq!(c.clone().with_phases(None, None), c);
+        assert_eq!(c.clone().with_phases(Some(1), Some(2)), c);
+        let l = c.with_phases(Some(5), None);
+        assert_eq!(l.name, "paper+ramp5x,measure2x");
+        assert_eq!(
+            (l.ramp_capacity_multiple, l.measure_capacity_multiple),
+            (5, 2)
+        );
     }
 }

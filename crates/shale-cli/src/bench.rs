@@ -207,6 +207,15 @@ struct RunArgs {
     /// size).
     #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u8).range(1..=90))]
     cold_pct: u8,
+    /// The workload's writes before measuring, in capacities of the drive (fio's
+    /// ramp): the configuration's 1 unless set. Longer ramps show the steady state
+    /// after the preconditioned one.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(0..=64))]
+    ramp: Option<u64>,
+    /// The measured writes, in capacities of the drive: the configuration's 2 unless
+    /// set.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=64))]
+    measure: Option<u64>,
     /// Override the configuration's capacity (same shape, other size; for tests).
     #[arg(long, value_parser = parse_capacity, hide = true)]
     capacity: Option<u64>,
@@ -478,6 +487,7 @@ fn run_cmd(args: RunArgs) -> anyhow::Result<()> {
     if let Some(c) = args.capacity {
         cfg = cfg.with_capacity(c).context("--capacity")?;
     }
+    cfg = cfg.with_phases(args.ramp, args.measure);
     let opts = SystemOptions {
         drive: args.drive.clone(),
         host_spare_pct: args.host_spare_pct,

@@ -104,6 +104,39 @@ fn equal_seeds_give_equal_figures() {
     assert_eq!(a["waf"], b["waf"]);
 }
 
+/// `--ramp` and `--measure` set the phases' lengths in capacities; the config's
+/// name says so, and the measured bytes follow.
+#[test]
+fn ramp_and_measure_set_the_phases() {
+    let std = bench_json("uniform", "4k", &[]);
+    let long = bench_json("uniform", "4k", &["--ramp", "0", "--measure", "4"]);
+    assert_eq!(long["config"], "tiny+ramp0x,measure4x", "{long}");
+    let user = |v: &serde_json::Value| num(v, "/bytes/user_written");
+    assert!(
+        user(&long) >= 1.9 * user(&std),
+        "{} vs {}",
+        user(&long),
+        user(&std)
+    );
+    assert!(user(&long) >= 4.0 * num(&long, "/capacity_bytes"));
+    let out = shale(&[
+        "bench",
+        "run",
+        "--system",
+        "raw",
+        "--config",
+        "tiny",
+        "--workload",
+        "seq",
+        "--bs",
+        "1m",
+        "--measure",
+        "0",
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--measure"));
+}
+
 #[test]
 fn default_output_is_a_table() {
     let out = shale(&[
