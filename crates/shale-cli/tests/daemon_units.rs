@@ -171,7 +171,8 @@ fn a_dual_mapped_volume_takes_small_writes_without_read_modify_write() {
 
 /// `--cold`: a cold tier behind the capacity device, made by the first start, listed
 /// among the devices; GC moves what it relocates there, and data written through
-/// NBD reads back before and after a restart. A second cold device is refused.
+/// NBD reads back before and after a restart. Started without its cold device, or
+/// with another pool's, the pool is refused; so is a second cold device.
 #[test]
 fn a_cold_tier_behind_the_capacity_device_keeps_its_data() {
     require("qemu-io", "qemu-utils");
@@ -231,21 +232,56 @@ fn a_cold_tier_behind_the_capacity_device_keeps_its_data() {
         "after restart: {out}"
     );
     d.stop();
-    // Started without its cold device, the pool is refused, the tier named.
+    a_tiered_pool_is_refused_without_its_cold_device(&d);
+}
+
+/// A stopped tiered pool (`d`, 512 MiB capacity, 1 GiB `hdd` cold file) started
+/// without its cold device, or with another pool's, is refused; so is a format with
+/// two cold devices.
+fn a_tiered_pool_is_refused_without_its_cold_device(d: &Daemon) {
     let without: Vec<&str> = SMALL_DEVICES.to_vec();
-    let refused = output(
-        std::process::Command::new("timeout")
-            .arg("60")
-            .arg(env!("CARGO_BIN_EXE_shale"))
-            .args(["serve", "--handoff-dir", "off", "--capacity-size", "512MiB"])
-            .arg("--data-dir")
-            .arg(d.data_dir())
-            .args(&without[..2])
-            .args(&without[4..]),
-    );
-    assert!(!refused.status.success());
-    let err = String::from_utf8_lossy(&refused.stderr);
+    // `shale serve` of the pool with these cold flags: its error.
+    let serve_refused = |cold: &[&std::ffi::OsStr]| {
+        let out = output(
+            std::process::Command::new("timeout")
+                .arg("60")
+                .arg(env!("CARGO_BIN_EXE_shale"))
+                .args(["serve", "--handoff-dir", "off", "--capacity-size", "512MiB"])
+                .arg("--data-dir")
+                .arg(d.data_dir())
+                .args(&without[..2])
+                .args(&without[4..])
+                .args(cold),
+        );
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    // Started without its cold device, the pool is refused, the tier named.
+    let err = serve_refused(&[]);
     assert!(err.contains("cold tier"), "{err}");
+    // Started with another pool's cold device (same size), it is refused by its label.
+    let other = tempfile::tempdir().expect("tempdir");
+    let other_cold = other.path().join("cold.img");
+    let cold: Vec<&std::ffi::OsStr> = ["--cold".as_ref(), other_cold.as_os_str()]
+        .into_iter()
+        .chain(["--cold-size", "1GiB", "--cold-drive", "hdd"].map(std::ffi::OsStr::new))
+        .collect();
+    let formatted = output(
+        shale()
+            .args(["format", "--data-dir"])
+            .arg(other.path())
+            .args(&without[..2])
+            .args(["--capacity-size", "512MiB"])
+            .args(&without[4..])
+            .args(&cold),
+    );
+    assert!(
+        formatted.status.success(),
+        "{}",
+        String::from_utf8_lossy(&formatted.stderr)
+    );
+    let err = serve_refused(&cold);
+    assert!(err.contains("belongs to another pool"), "{err}");
     let refused = output(
         shale()
             .args(["format", "--data-dir"])

@@ -16,6 +16,7 @@
 
 pub mod admin;
 pub mod backend;
+mod cold;
 pub mod config;
 pub mod devices;
 pub mod drive;

@@ -469,25 +469,36 @@ fn capacity_device(
 }
 
 /// The capacity device with the cold tier behind it, if the spec names one (the cold
-/// device's zones last, `ZonedConcat::tiers`), and the cold zones.
+/// device's zones last, `ZonedConcat::tiers`), the cold zones, and the pool the cold
+/// device's label names (`cold.rs`). Format (`pool`: the new pool's UUID) labels the
+/// device for it.
 fn with_cold_tier(
     spec: &DeviceSpec,
     capacity: CapacityDevice,
-    format: bool,
-) -> Result<(CapacityDevice, u32), DaemonError> {
+    pool: Option<[u8; 16]>,
+) -> Result<(CapacityDevice, u32, Option<[u8; 16]>), DaemonError> {
     let Some(path) = &spec.cold else {
-        return Ok((capacity, 0));
+        return Ok((capacity, 0, None));
     };
-    let (cold, _) = capacity_file(spec, path, format, spec.cold_drive.as_ref())?;
-    let zones = cold.geometry().zone_count;
-    let tiers =
-        shale_device::ZonedConcat::tiers(capacity, cold).map_err(|error| DaemonError::Device {
+    let (cold, _) = capacity_file(spec, path, pool.is_some(), spec.cold_drive.as_ref())?;
+    let cold = match pool {
+        Some(pool) => crate::cold::format(cold, pool),
+        None => crate::cold::open(cold),
+    }
+    .map_err(|reason| DaemonError::Setup {
+        path: path.clone(),
+        reason: format!("cold tier device: {reason}"),
+    })?;
+    let zones = cold.device.geometry().zone_count;
+    let tiers = shale_device::ZonedConcat::tiers(capacity, cold.device).map_err(|error| {
+        DaemonError::Device {
             what: "cold tier",
             path: path.clone(),
             error,
-        })?;
+        }
+    })?;
     tracing::info!(path = %path.display(), zones, "capacity: a cold tier behind it");
-    Ok((Box::new(tiers), zones))
+    Ok((Box::new(tiers), zones, cold.pool))
 }
 
 /// The cache device: one file, or a mirror of files put together by their labels.
@@ -1106,7 +1117,7 @@ fn format_steps(
             return Ok((devices, detail));
         }
         let (capacity, _, _) = capacity_device(spec, true, pool)?;
-        let (capacity, cold) = with_cold_tier(spec, capacity, true)?;
+        let (capacity, cold, _) = with_cold_tier(spec, capacity, Some(pool))?;
         cold_zones = cold;
         let g = capacity.geometry();
         // A zoned drive keeps its own zones: the engine's format resets them.
@@ -1132,6 +1143,8 @@ fn format_steps(
         Ok((vec![(cache, capacity)], detail))
     })?;
     engine_config.cold_zones = cold_zones;
+    // The superblock takes the UUID the cold device's label names.
+    engine_config.pool_uuid = (cold_zones > 0).then_some(pool);
     let engine = steps.step("cache: superblock, journal, checkpoint", || {
         let engine = Engine::format(
             devices,
@@ -1395,7 +1408,7 @@ pub fn open(
     spec: &DeviceSpec,
     progress: &mut dyn shale_engine::OpenProgress,
 ) -> Result<(Engine, String, Option<DriveStats>, Devices), DaemonError> {
-    let engine_config = spec.engine_config()?;
+    let mut engine_config = spec.engine_config()?;
     let gc_policy = engine_config.gc_policy;
     // A pool of several shards on one cache device records them in its superblock.
     let recorded = match spec.cache.as_slice() {
@@ -1418,7 +1431,8 @@ pub fn open(
     } else {
         let (cache, cache_handle) = cache_device(spec, false, [0; 16])?;
         let (capacity, drive, capacity_handle) = capacity_device(spec, false, [0; 16])?;
-        let (capacity, _) = with_cold_tier(spec, capacity, false)?;
+        let (capacity, _, cold_pool) = with_cold_tier(spec, capacity, None)?;
+        engine_config.pool_uuid = cold_pool;
         let devices = Devices::new(spec.clone(), cache_handle, capacity_handle);
         (vec![(cache, capacity)], drive, devices)
     };
@@ -1433,7 +1447,20 @@ pub fn open(
         ENGINE_QUEUE_DEPTH,
         handoffs,
         progress,
-    )?;
+    )
+    .map_err(|e| match (e, &spec.cold) {
+        (
+            ShardsError::Open {
+                source: shale_engine::OpenError::ForeignDevice,
+                ..
+            },
+            Some(cold),
+        ) => DaemonError::Setup {
+            path: cold.clone(),
+            reason: "cold tier device belongs to another pool (its label's UUID is not the superblock's)".into(),
+        },
+        (e, _) => e.into(),
+    })?;
     for (i, r) in reports.iter().enumerate() {
         if shards > 1 {
             tracing::info!(shard = i, "shard opened");

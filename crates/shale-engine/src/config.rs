@@ -63,6 +63,11 @@ pub struct Config {
     /// block it relocates into the cold tier, and blocks read often there come back
     /// (`promote_reads`).
     pub cold_zones: u32,
+    /// The pool's UUID, for a caller that labels devices of its own with it (the
+    /// daemon's cold tier). At format: the superblock's and the capacity label's (a
+    /// new one when `None`). At open: the UUID such a device was labelled with; the
+    /// pool is refused (`OpenError::ForeignDevice`) when its superblock's differs.
+    pub pool_uuid: Option<[u8; 16]>,
 
     // ---- runtime ----
     /// Compaction runs while free chunks are below this percentage of all chunks.
@@ -168,6 +173,7 @@ impl Default for Config {
             l2p_entry_bytes: None,
             shard: ShardTag::ONE,
             cold_zones: 0,
+            pool_uuid: None,
             compaction_free_chunks_pct: 20,
             gc_free_zones_min: 5,
             l2p_cache_bytes_max: None,

@@ -158,6 +158,8 @@ pub enum OpenError {
     },
     #[error("capacity device belongs to another cache (label UUID differs from the superblock's)")]
     ForeignCapacity,
+    #[error("a device given with the pool belongs to another pool (its label's UUID differs from the superblock's)")]
+    ForeignDevice,
     #[error("capacity device geometry changed: {reason}")]
     GeometryMismatch { reason: String },
     #[error("checkpoint area {area}: {source}")]

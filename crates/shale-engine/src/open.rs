@@ -663,7 +663,9 @@ fn format_plan(
         ));
     }
     let sb = Superblock {
-        uuid: *uuid::Uuid::new_v4().as_bytes(),
+        uuid: config
+            .pool_uuid
+            .unwrap_or_else(|| *uuid::Uuid::new_v4().as_bytes()),
         generation: 0,
         clean: true,
         active_checkpoint: 1,
@@ -970,6 +972,9 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Loading<C, Z, K> {
         };
         if label.uuid != sb.uuid {
             return Err(OpenError::ForeignCapacity);
+        }
+        if self.config.pool_uuid.is_some_and(|u| u != sb.uuid) {
+            return Err(OpenError::ForeignDevice);
         }
         let zg = self.capacity.geometry().clone();
         let cap =

@@ -155,6 +155,33 @@ fn corrupt_superblocks_labels_and_foreign_devices() {
     drop(good);
 }
 
+/// `Config::pool_uuid`: format gives the superblock that UUID; open refuses a pool
+/// whose superblock has another (a device labelled for another pool came with it).
+#[test]
+fn a_device_labelled_for_another_pool_is_refused() {
+    let (c, z) = devices(128 + 8 * 256, 28);
+    let config = Config {
+        pool_uuid: Some([5; 16]),
+        ..tiny_config()
+    };
+    let e = Engine::format(c, z, ManualClock::new(), config.clone()).unwrap();
+    let (c, z) = e.shutdown().unwrap();
+    let other = Config {
+        pool_uuid: Some([6; 16]),
+        ..tiny_config()
+    };
+    let r = Engine::open(c, z, ManualClock::new(), other);
+    let Err(OpenError::ForeignDevice) = r else {
+        panic!("{r:?}");
+    };
+    let (c, z) = devices(128 + 8 * 256, 28);
+    let e = Engine::format(c, z, ManualClock::new(), config.clone()).unwrap();
+    let (c, z) = e.shutdown().unwrap();
+    let e = Engine::open(c, z, ManualClock::new(), config).expect("its own pool");
+    let (c, z) = e.shutdown().unwrap();
+    Engine::open(c, z, ManualClock::new(), tiny_config()).expect("no label to match");
+}
+
 #[test]
 fn foreign_capacity_is_refused_and_unclean_stop_recovers() {
     let mut e = tiny_engine();
