@@ -271,7 +271,7 @@ pub(crate) fn scan_md(
             .iter()
             .fold(rp.max_sid, |m, &(_, key, _)| m.max(key.0));
         let seen = found.len();
-        whole_units(core, found, context);
+        whole_units(core, found, context, &rp.trims);
         // The other blocks of each unit found count as ignored.
         rp.counts.entries_ignored += (seen - found.len()) as u64;
         if p.reused {
@@ -303,10 +303,17 @@ pub(crate) fn scan_md(
 ///
 /// `context` holds the entries of the data slots just before the scan's start: a
 /// unit whose first blocks are there and whose others were found is a version too.
+///
+/// A dual volume's single blocks, written apart, may sit side by side like a unit's
+/// (two 4 KiB writes in slots that follow): a unit is not whole when a replayed trim of
+/// it ranks after its first block and not after its last, since then they were
+/// written apart, on either side of the trim, and each is a sparse-map version with
+/// its own key.
 fn whole_units(
     core: &Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
     found: &mut Vec<(u64, Key, Pba)>,
     context: &[(u64, Key, Pba)],
+    trims: &[Trim],
 ) {
     let shift_of = |k: u64| core.volumes.shift(unpack(k).0);
     if found.iter().all(|&(k, ..)| shift_of(k) == 0) {
@@ -344,12 +351,23 @@ fn whole_units(
     let whole = |k: u64, key: Key, pba: Pba| {
         let (v, lba) = unpack(k);
         let units = 1u64 << shift_of(k);
+        let mut last = key;
         lba % units == 0
             && (1..units).all(|j| {
                 core.geo
                     .data_advance(pba, j)
                     .and_then(|p| at.get(&p))
-                    .is_some_and(|&(kj, keyj)| kj == pack(v, lba + j) && keyj.0 == key.0)
+                    .is_some_and(|&(kj, keyj)| {
+                        last = last.max(keyj);
+                        kj == pack(v, lba + j) && keyj.0 == key.0
+                    })
+            })
+            && !trims.iter().any(|t| {
+                t.volume == v
+                    && t.lba < lba + units
+                    && lba < t.lba.saturating_add(t.count)
+                    && t.key > key
+                    && t.key <= last
             })
     };
     // A dual volume's blocks that are not of a whole unit found here are versions of
