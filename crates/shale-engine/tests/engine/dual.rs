@@ -55,6 +55,18 @@ fn read_all(e: &mut Eng, v: VolumeUid, off: u64, len: u64) -> Vec<u8> {
     out
 }
 
+/// A flush, then the engine abandoned as by a kill and opened again (recovery), and
+/// its self-check.
+fn flush_and_kill(mut e: Eng) -> Eng {
+    call(&mut e, Request::Flush).unwrap();
+    let (c, z) = e.abandon();
+    let z = shale_device::ZoneEmu::open(z.into_inner()).unwrap();
+    let mut e =
+        shale_engine::Engine::open(c, z, shale_engine::ManualClock::new(), tiny_config()).unwrap();
+    e.self_check().unwrap();
+    e
+}
+
 fn volume_stats(e: &Eng, v: VolumeUid) -> shale_engine::VolumeStats {
     e.stats()
         .volumes
@@ -176,12 +188,7 @@ fn both_maps_survive_a_kill_after_a_flush() {
     let unit = pattern(30, UNIT as usize);
     write(&mut e, v, 2 * UNIT, &unit).unwrap();
     want[2 * UNIT as usize..3 * UNIT as usize].copy_from_slice(&unit);
-    call(&mut e, Request::Flush).unwrap();
-    let (c, z) = e.abandon();
-    let z = shale_device::ZoneEmu::open(z.into_inner()).unwrap();
-    let mut e =
-        shale_engine::Engine::open(c, z, shale_engine::ManualClock::new(), tiny_config()).unwrap();
-    e.self_check().unwrap();
+    let mut e = flush_and_kill(e);
     assert_eq!(read_all(&mut e, v, 0, 8 * UNIT), want);
 }
 
@@ -212,12 +219,7 @@ fn a_trim_between_two_halves_of_a_unit_survives_a_kill() {
     want[..half].fill(0);
     want[half..2 * half].copy_from_slice(&second);
     assert_eq!(read_all(&mut e, v, 0, 2 * UNIT), want);
-    call(&mut e, Request::Flush).unwrap();
-    let (c, z) = e.abandon();
-    let z = shale_device::ZoneEmu::open(z.into_inner()).unwrap();
-    let mut e =
-        shale_engine::Engine::open(c, z, shale_engine::ManualClock::new(), tiny_config()).unwrap();
-    e.self_check().unwrap();
+    let mut e = flush_and_kill(e);
     assert_eq!(read_all(&mut e, v, 0, 2 * UNIT), want);
 }
 
