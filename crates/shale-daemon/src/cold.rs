@@ -31,27 +31,27 @@ fn geometry_of(dev: &CapacityDevice, zones: u32) -> CapacityGeometry {
     }
 }
 
-/// The tier's zones of `dev`: all but the label's.
-fn tier_zones(dev: CapacityDevice) -> Result<CapacityDevice, String> {
+/// The device's zones, if a cold tier fits: its label's and 2 data zones at least.
+fn enough_zones(dev: &CapacityDevice) -> Result<u32, String> {
     let zones = dev.geometry().zone_count;
     if zones < 3 {
         return Err(format!(
             "{zones} zones; a cold tier needs at least 3 (its label's and 2 data zones)"
         ));
     }
+    Ok(zones)
+}
+
+/// The tier's zones of `dev`: all but the label's.
+fn tier_zones(dev: CapacityDevice) -> Result<CapacityDevice, String> {
+    let zones = enough_zones(&dev)?;
     let range = ZoneRange::new(dev, 0, zones - 1, 0, 0).map_err(|e| e.to_string())?;
     Ok(Box::new(range))
 }
 
 /// Format: labels the device's last zone for `pool` and returns the tier.
 pub(crate) fn format(mut dev: CapacityDevice, pool: [u8; 16]) -> Result<ColdTier, String> {
-    let zones = dev.geometry().zone_count;
-    if zones < 3 {
-        return Err(format!(
-            "{zones} zones; a cold tier needs at least 3 (its label's and 2 data zones)"
-        ));
-    }
-    let last = zones - 1;
+    let last = enough_zones(&dev)? - 1;
     let mut info = Vec::new();
     dev.report_zones(last, 1, &mut info)
         .map_err(|e| format!("reporting the label zone: {e}"))?;
