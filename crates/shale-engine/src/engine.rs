@@ -1059,6 +1059,11 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 let r = self.self_check();
                 done.send(r.map(|_| Reply::Done).map_err(EngineError::from));
             }
+            Request::GiveZones { count } => done.send(self.give_zones(count).map(Reply::Zones)),
+            Request::TakeZones { zones } => {
+                let r = crate::space::lend::take(&mut self.core, &zones);
+                done.send(r.map(|()| Reply::Done));
+            }
         }
         Ok(None)
     }
@@ -1144,6 +1149,23 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             }
             _ => unreachable!("only volume changes are sent here"),
         }
+    }
+
+    /// Free zones given to the space manager: this engine keeps one more than its GC
+    /// threshold (so giving never starts GC), and a checkpoint records them as another
+    /// shard's before the answer (`space/lend.rs`).
+    fn give_zones(&mut self, count: u32) -> Result<Vec<u32>, EngineError> {
+        let keep =
+            crate::background::gc_threshold(&self.core.config, self.gc.gc_reserve(&self.core)) + 1;
+        let given = crate::space::lend::give(&mut self.core, count, keep)?;
+        if !given.is_empty() {
+            self.checkpoint(false).inspect_err(|e| {
+                self.fail(EngineError::Failed {
+                    reason: format!("recording zones given away: {e}"),
+                })
+            })?;
+        }
+        Ok(given)
     }
 
     fn mover_of(&self, gc: bool) -> &Mover {

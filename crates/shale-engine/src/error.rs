@@ -31,6 +31,10 @@ pub enum EngineError {
     },
     #[error("invalid volume request: {reason}")]
     InvalidVolume { reason: String },
+    /// A zone given to or taken from the space manager that cannot be (`GiveZones`,
+    /// `TakeZones`): the request changes nothing.
+    #[error("zone lending refused: {reason}")]
+    ZoneLending { reason: String },
     #[error("{volume} {lba} at {pba}: data CRC32C mismatch (md says {expected:#010x}, data has {got:#010x})")]
     ChecksumMismatch {
         volume: VolumeId,

@@ -127,6 +127,12 @@ pub struct Stats {
     /// Zones of the cold tier, and the free ones among them.
     pub cold_zone_count: u64,
     pub free_cold_zones: u64,
+    /// Zones of the capacity device that are another shard's here (a pool whose
+    /// shards share the device: `space/lend.rs`); not in `data_zone_count`.
+    pub foreign_zones: u64,
+    /// Zones given to the space manager, and taken from it.
+    pub zones_given: u64,
+    pub zones_taken: u64,
     pub streams: u64,
     /// Blocks read out of victims and waiting in DRAM for a full group.
     pub staged_blocks: u64,
@@ -287,6 +293,9 @@ impl Stats {
             data_zone_count,
             cold_zone_count,
             free_cold_zones,
+            foreign_zones,
+            zones_given,
+            zones_taken,
             streams,
             staged_blocks,
             io_buffer_allocs,
@@ -363,6 +372,9 @@ impl Stats {
         self.data_zone_count += data_zone_count;
         self.cold_zone_count += cold_zone_count;
         self.free_cold_zones += free_cold_zones;
+        self.foreign_zones += foreign_zones;
+        self.zones_given += zones_given;
+        self.zones_taken += zones_taken;
         self.streams += streams;
         self.staged_blocks += staged_blocks;
         self.io_buffer_allocs += io_buffer_allocs;
@@ -466,6 +478,8 @@ pub(crate) fn snapshot(
     s.free_chunks = core.regions.free_chunks.len() as u64;
     s.free_zones = core.regions.free_zones.len() as u64;
     s.free_cold_zones = core.regions.free_cold_zones.len() as u64;
+    s.foreign_zones = crate::space::lend::foreign_zones(&core.regions) as u64;
+    s.data_zone_count = u64::from(core.geo.zone_count - 1) - s.foreign_zones;
     s.cold_zone_count = u64::from(core.sb.cold_zones);
     s.io_buffer_allocs = core.bufs.allocs;
     s.io_buffer_pool_bytes = core.bufs.pooled_bytes();

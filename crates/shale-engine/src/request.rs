@@ -90,6 +90,18 @@ pub enum Request {
     Stats,
     /// Runs the O(n) self-check (L2P vs validity vs counts, region states, free lists).
     SelfCheck,
+    /// Gives up to `count` free zones of the capacity device to the space manager
+    /// (`shale-shards`), keeping what this engine's GC needs: answered with
+    /// [`Reply::Zones`] once a checkpoint records them as another shard's.
+    GiveZones {
+        count: u32,
+    },
+    /// Takes `zones` (indices on the capacity device, each another shard's here) from
+    /// the space manager: each is reset unless empty and becomes free here. All or
+    /// none.
+    TakeZones {
+        zones: Vec<u32>,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -156,6 +168,8 @@ pub enum Reply {
     /// `mapped`.
     Allocation(Vec<Extent>),
     Stats(Box<Stats>),
+    /// The zones given (`Request::GiveZones`): indices on the capacity device.
+    Zones(Vec<u32>),
 }
 
 /// Largest range one `Request::Allocation` may ask about: 256 L2P pages, so at most

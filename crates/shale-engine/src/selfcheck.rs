@@ -277,6 +277,19 @@ fn check_region_state(
                 return bad_region(r, "Reserved region is not zone 0".into());
             }
         }
+        RegionState::Foreign => {
+            let idle = reg.relocations == 0 && reg.inflight_writes == 0 && !reg.draining;
+            if core.geo.is_chunk(r) || in_free + in_pending != 0 || reg.valid != 0 || !idle {
+                return bad_region(
+                    r,
+                    format!(
+                        "Foreign but free {in_free}x, pending {in_pending}x, valid {}, \
+                         relocations {}",
+                        reg.valid, reg.relocations
+                    ),
+                );
+            }
+        }
         RegionState::Open | RegionState::Closed => {
             if in_free != 0 || in_pending != 0 {
                 return bad_region(r, format!("{:?} but on a free/pending list", reg.state));

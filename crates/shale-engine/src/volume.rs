@@ -391,6 +391,12 @@ fn map_room(
 }
 
 /// Makes a volume in memory; the caller persists the change.
+/// User capacity not yet given to a volume, in blocks: the zones this engine owns
+/// bound it (`space/lend.rs`).
+fn available_blocks(core: &Core<impl BlockDevice, impl ZonedDevice, impl Clock>) -> u64 {
+    crate::space::lend::capacity_blocks(core).saturating_sub(core.volumes.allocated_blocks())
+}
+
 pub(crate) fn create(
     core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
     writer: &ChunkWriter,
@@ -447,7 +453,7 @@ pub(crate) fn create(
             reason: format!("a volume named {name:?} exists"),
         });
     }
-    let available = core.volumes.user_capacity_blocks - core.volumes.allocated_blocks();
+    let available = available_blocks(core);
     if blocks > available {
         return Err(EngineError::NoSpace {
             what: "volume create",
@@ -528,7 +534,7 @@ pub(crate) fn resize(
     };
     whole_units(blocks, layout)?;
     if blocks > old {
-        let available = core.volumes.user_capacity_blocks - core.volumes.allocated_blocks();
+        let available = available_blocks(core);
         if blocks - old > available {
             return Err(EngineError::NoSpace {
                 what: "volume grow",

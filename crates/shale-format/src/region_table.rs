@@ -23,6 +23,10 @@ pub enum RegionState {
     PendingFree = 3,
     /// Never used for data (zone 0: the capacity label).
     Reserved = 4,
+    /// Another shard's zone (a pool whose shards share one capacity device): given
+    /// away, or never this shard's. Holds nothing of this shard's; never scanned,
+    /// reset or written here until the space manager hands it back (`TakeZones`).
+    Foreign = 5,
 }
 
 /// Which write stream a region serves.
@@ -111,6 +115,7 @@ pub fn decode_region_table(buf: &[u8], at: u64) -> Result<(Vec<RegionEntry>, usi
             2 => RegionState::Closed,
             3 => RegionState::PendingFree,
             4 => RegionState::Reserved,
+            5 => RegionState::Foreign,
             x => return Err(r.invalid("state", format!("{x}"))),
         };
         let role = match r.u8()? {
@@ -146,7 +151,7 @@ pub(crate) mod tests {
 
     pub(crate) fn entry() -> impl Strategy<Value = RegionEntry> {
         (
-            0u8..5,
+            0u8..6,
             0u8..4,
             any::<u16>(),
             any::<u64>(),
@@ -162,6 +167,7 @@ pub(crate) mod tests {
                         RegionState::Closed,
                         RegionState::PendingFree,
                         RegionState::Reserved,
+                        RegionState::Foreign,
                     ][s as usize],
                     role: [
                         RegionRole::None,

@@ -107,6 +107,11 @@ impl<'a> Volumes<'a> {
                     reason: "slices are the router's to make, not a client's".into(),
                 })
             }
+            Request::GiveZones { .. } | Request::TakeZones { .. } => {
+                Err(EngineError::ZoneLending {
+                    reason: "zones move between a pool's shards, not to a client".into(),
+                })
+            }
             other => unreachable!("{other:?} is routed before admin"),
         }
     }

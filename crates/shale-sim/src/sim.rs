@@ -2282,5 +2282,7 @@ fn request_kind(r: &Request) -> &'static str {
         Request::Stats => "stats",
         Request::SelfCheck => "self-check",
         Request::Allocation { .. } => "allocation",
+        Request::GiveZones { .. } => "give zones",
+        Request::TakeZones { .. } => "take zones",
     }
 }

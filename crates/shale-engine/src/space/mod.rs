@@ -7,6 +7,7 @@
 //!   nothing in flight; PendingFree regions have no valid blocks and no relocations
 //!   in flight, and are reused only after the next durability point.
 
+pub(crate) mod lend;
 mod regions;
 mod shares;
 mod validity;

@@ -13,6 +13,7 @@ mod dual;
 mod faults;
 mod golden;
 mod handoff;
+mod lending;
 mod limits;
 mod model;
 mod recovery;

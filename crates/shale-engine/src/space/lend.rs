@@ -1,0 +1,144 @@
+//! Zones lent between the shards of a pool that share one capacity device: what one
+//! shard gives to the space manager and takes from it (`Request::GiveZones`,
+//! `Request::TakeZones`; docs/engine.md "Zones lent between shards").
+//!
+//! A zone is this shard's unless its region state is `Foreign`. A given zone was free
+//! here (empty on the device: a zone is reset before it is free) and becomes Foreign;
+//! the caller makes that durable with a checkpoint before it answers, so no open after
+//! a crash takes the zone back, scans it or resets it while another shard writes it.
+//! A taken zone is reset (the shard that held it may have left it written and not
+//! claimed it durably) and becomes Free here; nothing is recorded: a crash before
+//! the zone is opened (a `RegionOpened` record, made durable with the zone's first
+//! claims) leaves it Foreign in every shard, and the pool's open hands it out again.
+
+use shale_device::{BlockDevice, ZoneAction, ZoneState, ZonedDevice};
+use shale_format::RegionState;
+
+use crate::core::Core;
+use crate::{Clock, EngineError};
+
+fn refused(reason: String) -> EngineError {
+    EngineError::ZoneLending { reason }
+}
+
+/// Takes up to `count` free zones off the free list and marks them Foreign, keeping
+/// `keep` free zones here. Returns the zones' indices on the capacity device, the
+/// oldest free first. The caller checkpoints before it answers.
+pub(crate) fn give(
+    core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+    count: u32,
+    keep: usize,
+) -> Result<Vec<u32>, EngineError> {
+    if core.geo.tiered() {
+        return Err(refused("a pool with a cold tier lends no zones".into()));
+    }
+    let mut n = (count as usize).min(core.regions.free_zones.len().saturating_sub(keep));
+    // The zones left must still hold every volume's blocks at the pool's spare.
+    let foreign = foreign_zones(&core.regions);
+    let allocated = core.volumes.allocated_blocks();
+    while n > 0 && capacity_with(core, foreign + n) < allocated {
+        n -= 1;
+    }
+    let mut given = Vec::with_capacity(n);
+    for _ in 0..n {
+        let Some(r) = core.regions.free_zones.pop_front() else {
+            break;
+        };
+        let reg = core.regions.get_mut(r);
+        debug_assert_eq!(reg.state, RegionState::Free);
+        reg.state = RegionState::Foreign;
+        given.push(core.geo.zone_of(r).0);
+    }
+    core.stats.zones_given += given.len() as u64;
+    Ok(given)
+}
+
+/// Makes each of `zones` (indices on the capacity device) free here: each must be
+/// Foreign here, and is reset on the device unless it is empty. All are checked
+/// before any is taken.
+pub(crate) fn take(
+    core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+    zones: &[u32],
+) -> Result<(), EngineError> {
+    if core.geo.tiered() {
+        return Err(refused("a pool with a cold tier lends no zones".into()));
+    }
+    let mut regions = Vec::with_capacity(zones.len());
+    for &z in zones {
+        let r = (z >= 1 && z < core.geo.zone_count)
+            .then(|| core.geo.zone_region(shale_format::ZoneId(z)))
+            .ok_or_else(|| {
+                refused(format!(
+                    "zone {z} is not a data zone (1..{})",
+                    core.geo.zone_count
+                ))
+            })?;
+        let state = core.regions.get(r).state;
+        if state != RegionState::Foreign || regions.contains(&r) {
+            return Err(refused(format!(
+                "zone {z} is not another shard's here ({state:?}{})",
+                if regions.contains(&r) {
+                    ", named twice"
+                } else {
+                    ""
+                }
+            )));
+        }
+        regions.push(r);
+    }
+    for r in regions {
+        let z = core.geo.zone_of(r).0;
+        let info = core
+            .capacity
+            .zone_info(z)
+            .map_err(EngineError::capacity("zone report", 0))?;
+        if info.state != ZoneState::Empty {
+            core.capacity
+                .manage(z, ZoneAction::Reset)
+                .map_err(EngineError::capacity("zone reset", info.start))?;
+        }
+        let geo = core.geo;
+        core.regions.get_mut(r).state = RegionState::Free;
+        core.regions.push_free(&geo, r);
+        core.stats.zones_taken += 1;
+    }
+    Ok(())
+}
+
+/// Blocks of user capacity this engine's own zones hold: the format's arithmetic
+/// (data zones less the reserve, less the spare) over the zones that are not another
+/// shard's, and never more than the format promised.
+pub(crate) fn capacity_blocks(core: &Core<impl BlockDevice, impl ZonedDevice, impl Clock>) -> u64 {
+    capacity_with(core, foreign_zones(&core.regions))
+}
+
+fn capacity_with(
+    core: &Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+    foreign: usize,
+) -> u64 {
+    let promised = core.volumes.user_capacity_blocks;
+    if foreign == 0 {
+        return promised;
+    }
+    let gc_threshold = core.config.gc_free_zones_min.max(core.streams + 2);
+    let reserve = u64::from(gc_threshold + 2 * core.streams);
+    let owned = u64::from(core.geo.zone_count - 1).saturating_sub(foreign as u64);
+    let zone_data = u64::from(
+        crate::layout::Groups {
+            blocks: core.geo.zone_cap_blocks,
+        }
+        .data_capacity(),
+    );
+    let user =
+        (owned.saturating_sub(reserve) * zone_data) as f64 * (1.0 - core.config.spare_factor);
+    (user.floor() as u64).min(promised)
+}
+
+/// The zones of the capacity device that are another shard's here.
+pub(crate) fn foreign_zones(regions: &crate::space::Regions) -> usize {
+    regions
+        .regions
+        .iter()
+        .filter(|r| r.state == RegionState::Foreign)
+        .count()
+}
