@@ -130,6 +130,40 @@ impl<Z: ZonedDevice> ZoneRange<Z> {
     }
 }
 
+/// A request's addresses in the device below (`offset` for reads and writes,
+/// `zone` for appends), or why it cannot reach it, with its buffer back.
+pub(crate) type Refused = (Option<crate::IoBuf>, ZoneError);
+
+pub(crate) fn translate(
+    op: ZoneOp,
+    offset: impl Fn(IoOpKind, u64, u64) -> Result<u64, ZoneError>,
+    zone: impl Fn(u32) -> Result<u32, ZoneError>,
+) -> Result<ZoneOp, Refused> {
+    Ok(match op {
+        ZoneOp::Read { offset: at, buf } => match offset(IoOpKind::Read, at, buf.len() as u64) {
+            Ok(at) => ZoneOp::Read { offset: at, buf },
+            Err(e) => return Err((Some(buf), e)),
+        },
+        ZoneOp::Write {
+            offset: at,
+            buf,
+            fua,
+        } => match offset(IoOpKind::Write, at, buf.len() as u64) {
+            Ok(at) => ZoneOp::Write {
+                offset: at,
+                buf,
+                fua,
+            },
+            Err(e) => return Err((Some(buf), e)),
+        },
+        ZoneOp::Append { zone: z, buf, fua } => match zone(z) {
+            Ok(z) => ZoneOp::Append { zone: z, buf, fua },
+            Err(e) => return Err((Some(buf), e)),
+        },
+        ZoneOp::Flush => ZoneOp::Flush,
+    })
+}
+
 /// `(first zone, zones, open limit, active limit)` of shard `shard` of `shards`
 /// (see [`ZoneRange::share_of`]).
 fn share(g: &ZoneGeometry, shard: usize, shards: usize) -> Result<(u32, u32, u32, u32), String> {
@@ -191,24 +225,13 @@ impl<Z: ZonedDevice> ZonedDevice for ZoneRange<Z> {
 
     fn submit(&mut self, req: ZoneRequest) {
         let tag = req.tag;
-        let op = match req.op {
-            ZoneOp::Read { offset, buf } => {
-                match self.offset(IoOpKind::Read, offset, buf.len() as u64) {
-                    Ok(offset) => ZoneOp::Read { offset, buf },
-                    Err(e) => return self.refuse(tag, Some(buf), e),
-                }
-            }
-            ZoneOp::Write { offset, buf, fua } => {
-                match self.offset(IoOpKind::Write, offset, buf.len() as u64) {
-                    Ok(offset) => ZoneOp::Write { offset, buf, fua },
-                    Err(e) => return self.refuse(tag, Some(buf), e),
-                }
-            }
-            ZoneOp::Append { zone, buf, fua } => match self.zone(zone) {
-                Ok(zone) => ZoneOp::Append { zone, buf, fua },
-                Err(e) => return self.refuse(tag, Some(buf), e),
-            },
-            ZoneOp::Flush => ZoneOp::Flush,
+        let op = match translate(
+            req.op,
+            |op, offset, len| self.offset(op, offset, len),
+            |zone| self.zone(zone),
+        ) {
+            Ok(op) => op,
+            Err((buf, e)) => return self.refuse(tag, buf, e),
         };
         self.inner.submit(ZoneRequest { tag, op });
     }

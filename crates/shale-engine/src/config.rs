@@ -68,6 +68,12 @@ pub struct Config {
     /// new one when `None`). At open: the UUID such a device was labelled with; the
     /// pool is refused (`OpenError::ForeignDevice`) when its superblock's differs.
     pub pool_uuid: Option<[u8; 16]>,
+    /// At format, on a capacity device the shards of a pool share (each through its
+    /// own view, `shale_device::SharedZones`): this shard owns zones `0..n` of its
+    /// view (zone 0 its label) and the others are Foreign here (`space/lend.rs`);
+    /// its user capacity is what those zones hold, and only they are reset. `None`:
+    /// every zone.
+    pub zones_owned: Option<u32>,
 
     // ---- runtime ----
     /// Compaction runs while free chunks are below this percentage of all chunks.
@@ -173,6 +179,7 @@ impl Default for Config {
             l2p_entry_bytes: None,
             shard: ShardTag::ONE,
             cold_zones: 0,
+            zones_owned: None,
             pool_uuid: None,
             compaction_free_chunks_pct: 20,
             gc_free_zones_min: 5,

@@ -1060,6 +1060,9 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 done.send(r.map(|_| Reply::Done).map_err(EngineError::from));
             }
             Request::GiveZones { count } => done.send(self.give_zones(count).map(Reply::Zones)),
+            Request::ForeignZones => done.send(Ok(Reply::Zones(crate::space::lend::foreign_list(
+                &self.core,
+            )))),
             Request::TakeZones { zones } => {
                 let r = crate::space::lend::take(&mut self.core, &zones);
                 done.send(r.map(|()| Reply::Done));

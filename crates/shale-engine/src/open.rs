@@ -190,11 +190,13 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     ) -> Result<Self, FormatDeviceError> {
         config.validate()?;
         let (sb, streams) = format_plan(cache.info(), capacity.geometry(), &config)?;
-        format_capacity(&mut capacity, &sb)?;
+        let owned = config.zones_owned.unwrap_or(sb.capacity.zone_count);
+        format_capacity(&mut capacity, &sb, owned)?;
         format_cache(&mut cache, &sb)?;
         let vt = VolumeTable::default();
         let geo = Geometry::of(&sb);
-        let regions = Regions::new(&geo);
+        let mut regions = Regions::new(&geo);
+        crate::space::lend::foreign_from(&geo, &mut regions, owned);
         let table_pages = sb.l2p.pages_for(sb.user_capacity_blocks);
         let frames = config.l2p_budget_pages(sb.user_capacity_blocks, table_pages)?;
         let l2p = L2p::new(
@@ -635,12 +637,23 @@ fn format_plan(
                 geometry(format!("L2P entries of {b} bytes (4 or 5 are supported)"))
             })?),
         };
+    // Zones other shards own hold none of this shard's capacity.
+    let others = match config.zones_owned {
+        Some(n) if n < 2 || n > cap.zone_count || config.cold_zones > 0 => {
+            return Err(geometry(format!(
+                "{n} of {} zones owned (at least 2, and no cold tier)",
+                cap.zone_count
+            )))
+        }
+        Some(n) => cap.zone_count - n,
+        None => 0,
+    };
     let input = PlanInput {
         chunk_blocks: config.chunk_blocks,
         volumes_max: config.volumes_max,
         journal_blocks: config.journal_blocks,
         spare_factor: config.spare_factor,
-        reserve_zones: reserve,
+        reserve_zones: reserve + others,
         l2p,
     };
     let p =
@@ -687,6 +700,7 @@ fn format_plan(
 fn format_capacity(
     capacity: &mut impl ZonedDevice,
     sb: &Superblock,
+    owned: u32,
 ) -> Result<(), FormatDeviceError> {
     let cap_err =
         |step, off| move |e| FormatDeviceError::Engine(EngineError::capacity(step, off)(e));
@@ -695,7 +709,8 @@ fn format_capacity(
     capacity
         .report_zones(0, zone_count, &mut zones)
         .map_err(cap_err("report zones", 0))?;
-    for z in &zones {
+    // Zones past `owned` are other shards' (a shared device): theirs to format.
+    for z in zones.iter().filter(|z| z.index < owned) {
         if z.state != ZoneState::Empty {
             capacity
                 .manage(z.index, ZoneAction::Reset)

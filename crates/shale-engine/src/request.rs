@@ -102,6 +102,9 @@ pub enum Request {
     TakeZones {
         zones: Vec<u32>,
     },
+    /// The zones that are another shard's here ([`Reply::Zones`]): what the space
+    /// manager reconciles at a pool's open.
+    ForeignZones,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -7,14 +7,18 @@
 //!   deterministic runs (the benchmark runner, simulations).
 //! - `route`, `volumes`: routing requests and volume changes, shared by both.
 //! - `join`: answering a request split over shards once.
+//! - `space`: the space manager of shards sharing one capacity device (zones
+//!   given and taken by message, orphans handed out at open).
 
 mod join;
 mod local;
 pub mod map;
 mod pool;
 mod route;
+mod space;
 mod volumes;
 
 pub use local::LocalShards;
 pub use map::{Piece, ShardMap, GRANULE_BYTES_DEFAULT};
 pub use pool::{Shards, ShardsError};
+pub use space::Lending;

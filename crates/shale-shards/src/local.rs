@@ -23,6 +23,8 @@ pub struct LocalShards<C: BlockDevice, Z: ZonedDevice, K: Clock> {
     engines: Vec<Engine<C, Z, K>>,
     capacities: Vec<u64>,
     splits: SplitParts,
+    /// How the shards number the capacity device they share (`space.rs`).
+    lending: Option<crate::Lending>,
 }
 
 impl<C: BlockDevice, Z: ZonedDevice, K: Clock> std::fmt::Debug for LocalShards<C, Z, K> {
@@ -93,7 +95,38 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> LocalShards<C, Z, K> {
                     .map_err(|source| ShardsError::Format { shard: i, source })?,
             );
         }
-        Ok(Self::assemble(map, engines))
+        let mut pool = Self::assemble(map, engines);
+        pool.start_lending()?;
+        Ok(pool)
+    }
+
+    /// As `Shards::start_lending`: on a shared capacity device, every zone held
+    /// once and those none holds handed out.
+    fn start_lending(&mut self) -> Result<(), ShardsError> {
+        let engines = &mut self.engines;
+        let n = engines.len();
+        let call = &mut |s: usize, r| call_engine(&mut engines[s], r);
+        let space = |reason: String| ShardsError::Space { reason };
+        self.lending = crate::space::detect(n, call).map_err(|e| space(e.to_string()))?;
+        if let Some(l) = &self.lending {
+            crate::space::reconcile(l, call).map_err(space)?;
+        }
+        Ok(())
+    }
+
+    /// How the shards number the capacity device they share; `None` when each has
+    /// its own.
+    pub fn lending(&self) -> Option<crate::Lending> {
+        self.lending
+    }
+
+    /// The space manager's step (as `Shards::rebalance`).
+    pub fn rebalance(&mut self, batch: u32) -> Result<usize, EngineError> {
+        let Some(l) = self.lending else {
+            return Ok(0);
+        };
+        let engines = &mut self.engines;
+        crate::space::rebalance(&l, batch, &mut |s, r| call_engine(&mut engines[s], r))
     }
 
     /// Opens (recovering where needed) the shards in turn and makes their volumes
@@ -130,6 +163,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> LocalShards<C, Z, K> {
         let mut pool = Self::assemble(map, engines);
         let (map, engines) = (&pool.map, &mut pool.engines);
         Volumes::new(map, &mut |s, r| call_engine(&mut engines[s], r)).reconcile()?;
+        pool.start_lending()?;
         Ok((pool, reports))
     }
 
@@ -140,6 +174,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> LocalShards<C, Z, K> {
             engines,
             capacities,
             splits: SplitParts::default(),
+            lending: None,
         }
     }
 

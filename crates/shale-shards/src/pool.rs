@@ -56,6 +56,8 @@ pub enum ShardsError {
     },
     #[error("shard {shard}: {source}")]
     Engine { shard: usize, source: EngineError },
+    #[error("the shared capacity device: {reason}")]
+    Space { reason: String },
 }
 
 /// What is wrong with device set `position`, which holds `found`, in a pool given
@@ -90,6 +92,9 @@ pub struct Shards<C, Z> {
     /// Serialises volume changes (each spans every shard).
     admin: Mutex<()>,
     splits: SplitParts,
+    /// How the shards number the capacity device they share (`space.rs`); `None`
+    /// when each has its own.
+    lending: Option<crate::Lending>,
 }
 
 impl<C, Z> std::fmt::Debug for Shards<C, Z> {
@@ -148,6 +153,51 @@ pub(crate) fn shard_config(config: &Config, i: usize, n: usize, granule: u64, po
         }
     };
     cfg
+}
+
+impl<C, Z> Shards<C, shale_device::SharedZones<Z>>
+where
+    C: BlockDevice + Send + 'static,
+    Z: ZonedDevice + Send + 'static,
+{
+    /// Formats one shard on each cache, all over one capacity device they share
+    /// (`SharedZones` views): shard `i` starts with the run of zones from its view's
+    /// zone 0, and the space manager hands out the remainder.
+    pub fn format_shared<K: Clock + Send + 'static>(
+        caches: Vec<C>,
+        capacity: Z,
+        clock: impl Fn() -> K + Sync,
+        config: &Config,
+        granule: u64,
+        queue_depth: usize,
+    ) -> Result<Self, ShardsError> {
+        let n = caches.len().max(1);
+        let per = capacity.geometry().zone_count / n as u32;
+        let views = shale_device::SharedZones::split(capacity, n)
+            .map_err(|reason| ShardsError::Space { reason })?;
+        let config = Config {
+            zones_owned: Some(per),
+            ..config.clone()
+        };
+        let devices = caches.into_iter().zip(views).collect();
+        Self::format(devices, clock, &config, granule, queue_depth)
+    }
+
+    /// Opens a pool formatted by [`Shards::format_shared`]: cache `i` holds shard
+    /// `i`; zones no shard holds after a crash are handed out.
+    pub fn open_shared<K: Clock + Send + 'static>(
+        caches: Vec<C>,
+        capacity: Z,
+        clock: impl Fn() -> K + Sync,
+        config: &Config,
+        queue_depth: usize,
+    ) -> Result<(Self, Vec<OpenReport>), ShardsError> {
+        let n = caches.len().max(1);
+        let views = shale_device::SharedZones::split(capacity, n)
+            .map_err(|reason| ShardsError::Space { reason })?;
+        let devices = caches.into_iter().zip(views).collect();
+        Self::open(devices, clock, config, queue_depth)
+    }
 }
 
 /// The deal the shards' superblocks record, once they are checked to be one pool's,
@@ -288,13 +338,51 @@ where
                 .map_err(|source| ShardsError::Spawn { shard, source })?;
             threads.push(t);
         }
-        Ok(Shards {
+        let mut pool = Shards {
             map,
             threads,
             capacities,
             admin: Mutex::new(()),
             splits: SplitParts::default(),
-        })
+            lending: None,
+        };
+        pool.start_lending()?;
+        Ok(pool)
+    }
+
+    /// On a shared capacity device: finds how the shards number it, checks that no
+    /// zone has two holders and hands out the zones none holds.
+    fn start_lending(&mut self) -> Result<(), ShardsError> {
+        let threads = &self.threads;
+        let call = &mut |s: usize, r| threads[s].call(r);
+        let space = |reason: String| ShardsError::Space { reason };
+        self.lending =
+            crate::space::detect(threads.len(), call).map_err(|e| space(e.to_string()))?;
+        if let Some(l) = &self.lending {
+            let handed = crate::space::reconcile(l, call).map_err(space)?;
+            if handed > 0 {
+                tracing::info!(zones = handed, "zones no shard held handed out");
+            }
+        }
+        Ok(())
+    }
+
+    /// How the shards number the capacity device they share; `None` when each has
+    /// its own.
+    pub fn lending(&self) -> Option<crate::Lending> {
+        self.lending
+    }
+
+    /// The space manager's step: up to `batch` free zones from the shard with the
+    /// most to the one with the fewest, when they differ by at least twice that
+    /// (`space.rs`). Returns the zones moved (none on a pool without a shared
+    /// device).
+    pub fn rebalance(&self, batch: u32) -> Result<usize, EngineError> {
+        let Some(l) = &self.lending else {
+            return Ok(0);
+        };
+        let _g = self.admin.lock().unwrap_or_else(PoisonError::into_inner);
+        crate::space::rebalance(l, batch, &mut |s, r| self.threads[s].call(r))
     }
 
     /// The deal of volume bytes to the shards.

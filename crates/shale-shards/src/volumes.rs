@@ -107,7 +107,7 @@ impl<'a> Volumes<'a> {
                     reason: "slices are the router's to make, not a client's".into(),
                 })
             }
-            Request::GiveZones { .. } | Request::TakeZones { .. } => {
+            Request::GiveZones { .. } | Request::TakeZones { .. } | Request::ForeignZones => {
                 Err(EngineError::ZoneLending {
                     reason: "zones move between a pool's shards, not to a client".into(),
                 })

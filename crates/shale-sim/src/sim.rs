@@ -2284,5 +2284,6 @@ fn request_kind(r: &Request) -> &'static str {
         Request::Allocation { .. } => "allocation",
         Request::GiveZones { .. } => "give zones",
         Request::TakeZones { .. } => "take zones",
+        Request::ForeignZones => "foreign zones",
     }
 }

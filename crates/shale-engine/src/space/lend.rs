@@ -134,6 +134,33 @@ fn capacity_with(
     (user.floor() as u64).min(promised)
 }
 
+/// At format on a shared device: zones `owned..` are other shards'.
+pub(crate) fn foreign_from(
+    geo: &crate::layout::Geometry,
+    regions: &mut crate::space::Regions,
+    owned: u32,
+) {
+    for z in owned..geo.zone_count {
+        let r = geo.zone_region(shale_format::ZoneId(z));
+        regions.get_mut(r).state = RegionState::Foreign;
+    }
+    regions
+        .free_zones
+        .retain(|&r| regions.regions[r.0 as usize].state == RegionState::Free);
+}
+
+/// The zones of the capacity device that are another shard's here, in order.
+pub(crate) fn foreign_list(
+    core: &Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+) -> Vec<u32> {
+    (1..core.geo.zone_count)
+        .filter(|&z| {
+            let r = core.geo.zone_region(shale_format::ZoneId(z));
+            core.regions.get(r).state == RegionState::Foreign
+        })
+        .collect()
+}
+
 /// The zones of the capacity device that are another shard's here.
 pub(crate) fn foreign_zones(regions: &crate::space::Regions) -> usize {
     regions
