@@ -103,13 +103,13 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> LocalShards<C, Z, K> {
     /// As `Shards::start_lending`: on a shared capacity device, every zone held
     /// once and those none holds handed out.
     fn start_lending(&mut self) -> Result<(), ShardsError> {
-        let engines = &mut self.engines;
-        let n = engines.len();
-        let call = &mut |s: usize, r| call_engine(&mut engines[s], r);
-        let space = |reason: String| ShardsError::Space { reason };
-        self.lending = crate::space::detect(n, call).map_err(|e| space(e.to_string()))?;
+        // Read off shard 0 directly: a pool that shares nothing is not polled here.
+        let n = self.engines.len();
+        self.lending = crate::space::detect(n, &self.engines[0].stats());
         if let Some(l) = &self.lending {
-            crate::space::reconcile(l, call).map_err(space)?;
+            let engines = &mut self.engines;
+            let call = &mut |s: usize, r| call_engine(&mut engines[s], r);
+            crate::space::reconcile(l, call).map_err(|reason| ShardsError::Space { reason })?;
         }
         Ok(())
     }

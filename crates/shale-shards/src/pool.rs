@@ -356,8 +356,12 @@ where
         let threads = &self.threads;
         let call = &mut |s: usize, r| threads[s].call(r);
         let space = |reason: String| ShardsError::Space { reason };
-        self.lending =
-            crate::space::detect(threads.len(), call).map_err(|e| space(e.to_string()))?;
+        let shard0 = match call(0, Request::Stats) {
+            Ok(Reply::Stats(st)) => *st,
+            Ok(other) => return Err(space(format!("shard 0 answered stats with {other:?}"))),
+            Err(e) => return Err(space(e.to_string())),
+        };
+        self.lending = crate::space::detect(threads.len(), &shard0);
         if let Some(l) = &self.lending {
             let handed = crate::space::reconcile(l, call).map_err(space)?;
             if handed > 0 {

@@ -66,17 +66,13 @@ fn stats(call: &mut Call<'_>, s: usize) -> Result<shale_engine::Stats, EngineErr
 }
 
 /// Whether the `n` shards share one capacity device (each holds zones that are
-/// others'), and how they number it.
-pub(crate) fn detect(n: usize, call: &mut Call<'_>) -> Result<Option<Lending>, EngineError> {
-    if n < 2 {
-        return Ok(None);
+/// others'), and how they number it, from shard 0's counters.
+pub(crate) fn detect(n: usize, shard0: &shale_engine::Stats) -> Option<Lending> {
+    if n < 2 || shard0.foreign_zones == 0 {
+        return None;
     }
-    let st = stats(call, 0)?;
-    if st.foreign_zones == 0 {
-        return Ok(None);
-    }
-    let zone_count = st.data_zone_count + st.foreign_zones + 1;
-    Ok(Some(Lending::new(n, zone_count as u32)))
+    let zone_count = shard0.data_zone_count + shard0.foreign_zones + 1;
+    Some(Lending::new(n, zone_count as u32))
 }
 
 /// Checks that no zone has two holders and hands every zone without one to the

@@ -90,6 +90,9 @@ pub struct Counts {
     /// Blocks read back that the model could not check: content a failed request
     /// left unknown (see `Model::failed`).
     pub blocks_unverifiable: u64,
+    /// Reads that disagreed with the newest content while overlapping writes were in
+    /// flight, judged when those completed (errors mode: `DeferredRead`).
+    pub reads_judged_later: u64,
     /// Errors injected into the devices that surfaced as typed request errors.
     pub injected_errors_surfaced: u64,
     /// Engine failures (fatal) caused by injected errors.
@@ -155,6 +158,7 @@ impl Counts {
         self.blocks_verified += o.blocks_verified;
         self.blocks_older += o.blocks_older;
         self.blocks_unverifiable += o.blocks_unverifiable;
+        self.reads_judged_later += o.reads_judged_later;
         self.injected_errors_surfaced += o.injected_errors_surfaced;
         self.engine_failures_injected += o.engine_failures_injected;
         self.compaction_victims += o.compaction_victims;
@@ -217,12 +221,13 @@ impl fmt::Display for Counts {
         )?;
         writeln!(
             f,
-            "requests {}  MiB written {}  blocks verified {} (older allowed version {}, unverifiable after a failed request {})  injected errors surfaced {} (engine failures {})",
+            "requests {}  MiB written {}  blocks verified {} (older allowed version {}, unverifiable after a failed request {}, reads judged after the writes they overlap {})  injected errors surfaced {} (engine failures {})",
             self.requests,
             self.bytes_written >> 20,
             self.blocks_verified,
             self.blocks_older,
             self.blocks_unverifiable,
+            self.reads_judged_later,
             self.injected_errors_surfaced,
             self.engine_failures_injected
         )?;

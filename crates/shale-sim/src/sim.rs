@@ -278,6 +278,18 @@ enum Pending {
     List,
 }
 
+/// A read answered with other bytes than the newest content while writes or changes
+/// of its volume submitted before it were still in flight, with errors injected. A
+/// request split over shards is answered once every piece has been, so a piece that
+/// failed (leaving its blocks as they were) may be behind a later read before the
+/// failure is reported. Judged when `waits` complete: a failure of one explains the
+/// read; if all succeed, the read was wrong.
+#[derive(Debug)]
+struct DeferredRead {
+    waits: Vec<OpId>,
+    detail: String,
+}
+
 impl Pending {
     fn kind(&self) -> &'static str {
         match self {
@@ -417,6 +429,9 @@ struct Sim {
     model: Model,
     inbox: Inbox,
     inflight: BTreeMap<OpId, InFlight>,
+    /// Reads that disagreed with the newest content, to be judged once the writes
+    /// and changes they overlap complete (`DeferredRead`).
+    deferred: Vec<DeferredRead>,
     next_op: OpId,
     queue_depth: u32,
     admin_waiting: Option<Op>,
@@ -497,6 +512,7 @@ impl Sim {
             model: Model::new(),
             inbox: Arc::new(Mutex::new(Vec::new())),
             inflight: BTreeMap::new(),
+            deferred: Vec::new(),
             next_op: 1,
             queue_depth: 1,
             admin_waiting: None,
@@ -572,6 +588,7 @@ impl Sim {
         self.generation = 0;
         self.model = Model::new();
         self.inflight.clear();
+        self.deferred.clear();
         lock(&self.inbox).clear();
         self.admin_waiting = None;
         self.admin_inflight = false;
@@ -2026,6 +2043,12 @@ impl Sim {
                 return Err(self.harness(format!("completion for unknown request {}", d.op)));
             };
             self.trace.mix(d.op);
+            if d.after_cut || d.result.is_err() {
+                // Unknown or failed: the reads waiting for it are explained.
+                self.deferred.retain(|r| !r.waits.contains(&d.op));
+            } else {
+                self.settle_deferred(d.op)?;
+            }
             if d.after_cut {
                 // Nobody saw it: the request stays in flight as far as the model knows.
                 self.trace.mix(0xC07);
@@ -2045,6 +2068,42 @@ impl Sim {
             }
         }
         Ok(())
+    }
+
+    /// `op` succeeded: a deferred read waiting only for it was wrong.
+    fn settle_deferred(&mut self, op: OpId) -> Result<(), Violation> {
+        for r in &mut self.deferred {
+            r.waits.retain(|&w| w != op);
+        }
+        if let Some(i) = self.deferred.iter().position(|r| r.waits.is_empty()) {
+            let r = self.deferred.remove(i);
+            return Err(self.violation(ViolationKind::WrongData, r.detail));
+        }
+        Ok(())
+    }
+
+    /// With errors injected, the writes of blocks `blocks` of `volume` and the
+    /// changes submitted before read `op` and still in flight (`DeferredRead`).
+    fn earlier_changes(
+        &self,
+        op: OpId,
+        volume: VolumeUid,
+        blocks: std::ops::Range<u64>,
+    ) -> Vec<OpId> {
+        if !self.errors_on {
+            return Vec::new();
+        }
+        self.inflight
+            .range(..op)
+            .filter(|(_, f)| match &f.pending {
+                Pending::Write { range, .. } => {
+                    range.volume == volume && range.first < blocks.end && blocks.start < range.end
+                }
+                Pending::Change => true,
+                _ => false,
+            })
+            .map(|(&id, _)| id)
+            .collect()
     }
 
     #[allow(clippy::too_many_lines, reason = "predates the limit; to be split")]
@@ -2084,15 +2143,19 @@ impl Sim {
                         .position(|(a, b)| a != b)
                         .unwrap_or(data.len().min(expected.len()));
                     let byte = offset + at as u64;
-                    return Err(self.violation(
-                        ViolationKind::WrongData,
-                        format!(
-                            "read {op} of {volume} {offset}+{} returned {} bytes differing from the newest content first at byte {byte} (block {})",
-                            expected.len(),
-                            data.len(),
-                            byte / BS
-                        ),
-                    ));
+                    let detail = format!(
+                        "read {op} of {volume} {offset}+{} returned {} bytes differing from the newest content first at byte {byte} (block {})",
+                        expected.len(),
+                        data.len(),
+                        byte / BS
+                    );
+                    let blocks = offset / BS..(offset + data.len() as u64).div_ceil(BS);
+                    let waits = self.earlier_changes(op, volume, blocks);
+                    if waits.is_empty() {
+                        return Err(self.violation(ViolationKind::WrongData, detail));
+                    }
+                    self.counts.reads_judged_later += 1;
+                    self.deferred.push(DeferredRead { waits, detail });
                 }
             }
             Pending::Verify { volume, offset } => {
