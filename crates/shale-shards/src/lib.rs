@@ -20,5 +20,5 @@ mod volumes;
 
 pub use local::LocalShards;
 pub use map::{Piece, ShardMap, GRANULE_BYTES_DEFAULT};
-pub use pool::{Shards, ShardsError};
+pub use pool::{Shards, ShardsError, SpaceManager};
 pub use space::Lending;

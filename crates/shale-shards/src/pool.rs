@@ -155,6 +155,22 @@ pub(crate) fn shard_config(config: &Config, i: usize, n: usize, granule: u64, po
     cfg
 }
 
+/// The space manager's thread (`Shards::spawn_space_manager`).
+#[derive(Debug)]
+pub struct SpaceManager {
+    stop: crossbeam_channel::Sender<()>,
+    handle: std::thread::JoinHandle<()>,
+}
+
+impl SpaceManager {
+    /// Stops the thread and waits for it (a step under way finishes first), so the
+    /// pool's owner holds the only reference again.
+    pub fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = self.handle.join();
+    }
+}
+
 impl<C, Z> Shards<C, shale_device::SharedZones<Z>>
 where
     C: BlockDevice + Send + 'static,
@@ -375,6 +391,34 @@ where
     /// its own.
     pub fn lending(&self) -> Option<crate::Lending> {
         self.lending
+    }
+
+    /// Runs the space manager's step (`rebalance(batch)`) every `interval` on a
+    /// thread of its own until [`SpaceManager::stop`]; `None` on a pool without a
+    /// shared device. The thread holds the pool only while a step runs.
+    pub fn spawn_space_manager(
+        self: &std::sync::Arc<Self>,
+        interval: std::time::Duration,
+        batch: u32,
+    ) -> std::io::Result<Option<SpaceManager>> {
+        if self.lending.is_none() {
+            return Ok(None);
+        }
+        let pool = std::sync::Arc::downgrade(self);
+        let (stop, stopped) = crossbeam_channel::bounded::<()>(1);
+        let handle = std::thread::Builder::new()
+            .name("shale-space".into())
+            .spawn(move || loop {
+                match stopped.recv_timeout(interval) {
+                    Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
+                    _ => return,
+                }
+                let Some(p) = pool.upgrade() else { return };
+                if let Err(e) = p.rebalance(batch) {
+                    tracing::warn!(error = %e, "space manager: moving free zones");
+                }
+            })?;
+        Ok(Some(SpaceManager { stop, handle }))
     }
 
     /// The space manager's step: up to `batch` free zones from the shard with the

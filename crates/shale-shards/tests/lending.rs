@@ -143,6 +143,43 @@ fn check_blocks(
     }
 }
 
+/// A volume of half the pool, and every block of shard 0's in it overwritten again
+/// and again (`step` called every 64 writes): shard 0's GC runs and its free zones
+/// fall while shard 1's stay. Returns the volume and what each block holds.
+fn hammer_shard_0(p: &Pool, mut step: impl FnMut(&Pool)) -> (VolumeUid, Vec<u64>) {
+    let size = p.user_capacity_bytes() / 2 / (2 * GRANULE) * (2 * GRANULE);
+    let v = create(size, |r| p.call(r));
+    let blocks = size / BS;
+    let mut model = vec![0u64; blocks as usize];
+    let mine: Vec<u64> = (0..blocks)
+        .filter(|&b| p.map().locate(b * BS).0 == 0)
+        .collect();
+    let mut x = 7u64;
+    for i in 0..6 * mine.len() as u64 {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let b = mine[((x >> 33) % mine.len() as u64) as usize];
+        write_block(p, v, b, i + 1);
+        model[b as usize] = i + 1;
+        if i % 64 == 0 {
+            step(p);
+        }
+    }
+    p.call(Request::Flush).unwrap();
+    (v, model)
+}
+
+/// The moves hold across a clean reopen: every zone is where it went, the data whole.
+fn reopen_and_verify(p: Pool, v: VolumeUid, model: &[u64]) {
+    every_zone_held_once(&p);
+    verify(&p, v, model);
+    let (caches, cap) = shut(p);
+    let p = open(caches, cap);
+    every_zone_held_once(&p);
+    verify(&p, v, model);
+}
+
 #[test]
 fn the_manager_lends_free_zones_to_the_shard_that_writes() {
     let p = two_shards();
@@ -150,28 +187,8 @@ fn the_manager_lends_free_zones_to_the_shard_that_writes() {
     assert_eq!(lending.device_zone(1, 0), 24);
     // The zone neither shard started with was handed out at format.
     every_zone_held_once(&p);
-    let size = p.user_capacity_bytes() / 2 / (2 * GRANULE) * (2 * GRANULE);
-    let v = create(size, |r| p.call(r));
-    let blocks = size / BS;
-    let mut model = vec![0u64; blocks as usize];
-    // Every block of shard 0's, overwritten again and again: its GC runs, its free
-    // zones fall, and shard 1's stay.
-    let mine: Vec<u64> = (0..blocks)
-        .filter(|&b| p.map().locate(b * BS).0 == 0)
-        .collect();
     let mut moved = 0;
-    let mut x = 7u64;
-    for i in 0..6 * mine.len() as u64 {
-        x = x
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        let b = mine[((x >> 33) % mine.len() as u64) as usize];
-        write_block(&p, v, b, i + 1);
-        model[b as usize] = i + 1;
-        if i % 64 == 0 {
-            moved += p.rebalance(2).unwrap();
-        }
-    }
+    let (v, model) = hammer_shard_0(&p, |p| moved += p.rebalance(2).unwrap());
     assert!(moved > 0, "no zone moved");
     // What moved was given by one shard and taken by the other; the zone handed out
     // at format was taken too.
@@ -180,15 +197,25 @@ fn the_manager_lends_free_zones_to_the_shard_that_writes() {
         (s.zones_given, s.zones_taken),
         (moved as u64, moved as u64 + 1)
     );
-    p.call(Request::Flush).unwrap();
-    every_zone_held_once(&p);
-    verify(&p, v, &model);
-    // The moves hold across a clean reopen: the zones are where they went.
-    let (caches, cap) = shut(p);
-    let p = open(caches, cap);
-    every_zone_held_once(&p);
-    verify(&p, v, &model);
-    drop(p);
+    reopen_and_verify(p, v, &model);
+}
+
+#[test]
+fn the_space_managers_thread_moves_zones_by_itself() {
+    let p = std::sync::Arc::new(two_shards());
+    let manager = p
+        .spawn_space_manager(std::time::Duration::from_millis(1), 2)
+        .unwrap()
+        .expect("a shared device");
+    let (v, model) = hammer_shard_0(&p, |_| {
+        std::thread::sleep(std::time::Duration::from_millis(2))
+    });
+    manager.stop();
+    let p = std::sync::Arc::try_unwrap(p).expect("the manager let go of the pool");
+    let s = shard_stats(&p);
+    assert!(s.zones_given > 0, "{s:?}");
+    assert_eq!(s.zones_taken, s.zones_given + 1);
+    reopen_and_verify(p, v, &model);
 }
 
 #[test]
