@@ -603,7 +603,6 @@ fn format_plan(
     }
     let cap = capacity_geometry(zg).map_err(geometry)?;
     let streams = streams_for(config, zg).map_err(geometry)?;
-    let gc_threshold = (config.gc_free_zones_min).max(streams + 2);
     // A cold tier keeps its own GC threshold free, and GC's cold zone open.
     let cold_reserve = if config.cold_zones > 0 {
         config.gc_free_zones_min.max(3) + 1
@@ -613,9 +612,9 @@ fn format_plan(
     // Fast zones kept free: GC's threshold and the open zones, a compaction and a GC
     // zone per stream; with a cold tier GC's zones are cold ones, its one open there.
     let fast_reserve = if config.cold_zones > 0 {
-        gc_threshold + streams
+        config.gc_free_zones_min.max(streams + 2) + streams
     } else {
-        gc_threshold + 2 * streams
+        reserve_zones(config, streams)
     };
     let reserve = fast_reserve + cold_reserve;
     // The fast tier needs its reserve and a data zone, the cold one its own reserve
@@ -694,6 +693,12 @@ fn format_plan(
     sb.validate()
         .map_err(|(f, r)| geometry(format!("{f}: {r}")))?;
     Ok((sb, streams))
+}
+
+/// Fast zones a one-tier pool keeps free and out of its user capacity: GC's
+/// threshold and the open zones, a compaction and a GC zone per stream.
+pub(crate) fn reserve_zones(config: &Config, streams: u32) -> u32 {
+    config.gc_free_zones_min.max(streams + 2) + 2 * streams
 }
 
 /// Every zone empty, then the label in zone 0 (finished so it holds no open slot).

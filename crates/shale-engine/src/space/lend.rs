@@ -120,8 +120,7 @@ fn capacity_with(
     if foreign == 0 {
         return promised;
     }
-    let gc_threshold = core.config.gc_free_zones_min.max(core.streams + 2);
-    let reserve = u64::from(gc_threshold + 2 * core.streams);
+    let reserve = u64::from(crate::open::reserve_zones(&core.config, core.streams));
     let owned = u64::from(core.geo.zone_count - 1).saturating_sub(foreign as u64);
     let zone_data = u64::from(
         crate::layout::Groups {
