@@ -5,11 +5,13 @@
 //! Foreign for the others: `shale-engine`'s `space/lend.rs`); the view only
 //! translates addresses and routes each completion to the view that submitted it.
 //!
-//! The views share the device behind a mutex, held for one submission, one
-//! non-blocking poll or one synchronous call, never while waiting: a view that must
-//! wait for its completions polls again after yielding, so one shard's wait never
-//! holds another's submissions. Zone I/O comes in zone-group batches, so the lock is
-//! taken a few times per 512 KiB, not per block.
+//! The views share the device behind a mutex, held for one submission, one poll or
+//! one synchronous call. A view that must wait for its completions first polls
+//! without blocking a few times (yielding between), then waits at the device for the
+//! next completion, whoever's it is, with the lock held: the device then holds a
+//! request of this view, so the wait ends, and other views' submissions wait at most
+//! one device completion. Zone I/O comes in zone-group batches, so the lock is taken
+//! a few times per 512 KiB, not per block.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -19,6 +21,9 @@ use crate::{
     DeviceError, IoOpKind, ZoneAction, ZoneCompletion, ZoneError, ZoneGeometry, ZoneInfo,
     ZoneRequest, ZonedDevice,
 };
+
+/// Non-blocking polls a waiting view makes before it blocks at the device.
+const SPINS: u32 = 8;
 
 #[derive(Debug)]
 struct Shared<Z> {
@@ -161,13 +166,24 @@ impl<Z: ZonedDevice> SharedZones<Z> {
         });
     }
 
-    /// Moves this view's routed completions into `out` (after one non-blocking poll
-    /// of the device, whose completions of other views wait in their queues).
-    fn collect(&mut self, out: &mut Vec<ZoneCompletion>) -> Result<usize, DeviceError> {
+    /// Moves this view's routed completions into `out`, after one poll of the device
+    /// for at least `wait` completions (0: without blocking); completions of other
+    /// views wait in their queues.
+    fn collect(
+        &mut self,
+        out: &mut Vec<ZoneCompletion>,
+        wait: usize,
+    ) -> Result<usize, DeviceError> {
         let mut polled = Vec::new();
         let mine: Vec<ZoneCompletion> = {
             let mut s = self.lock();
-            s.inner.poll(&mut polled, 0)?;
+            // Only wait when this view's own completions are not already routed.
+            let wait = if s.done[self.view].is_empty() {
+                wait
+            } else {
+                0
+            };
+            s.inner.poll(&mut polled, wait)?;
             for mut c in polled {
                 let Some((view, tag)) = s.tags.take(c.tag) else {
                     continue;
@@ -226,10 +242,16 @@ impl<Z: ZonedDevice> ZonedDevice for SharedZones<Z> {
         let early = self.early.len();
         out.extend(self.early.drain(..));
         let want = min_complete.saturating_sub(early).min(self.in_flight);
-        let mut n = self.collect(out)?;
+        let mut n = self.collect(out, 0)?;
+        let mut tries = 0;
         while n < want {
-            std::thread::yield_now();
-            n += self.collect(out)?;
+            // A fast device answers within a few yields; a slow one is waited on.
+            tries += 1;
+            let wait = if tries > SPINS { 1 } else { 0 };
+            if wait == 0 {
+                std::thread::yield_now();
+            }
+            n += self.collect(out, wait)?;
         }
         Ok(early + n)
     }

@@ -75,6 +75,9 @@ pub struct CheckReport {
     pub open: Option<OpenReport>,
     pub findings: Vec<Finding>,
     pub counts: CheckCounts,
+    /// Zones another shard holds (region state Foreign), on a capacity device
+    /// shards share: who holds each zone is checked across the shards.
+    pub foreign_zones: Vec<u32>,
 }
 
 impl CheckReport {
@@ -634,7 +637,14 @@ fn check_zone_pointers<C: BlockDevice, Z: ZonedDevice>(
     raw_zones: &[ZoneInfo],
     rep: &mut CheckReport,
 ) {
-    rep.counts.zones = u64::from(e.core.geo.zone_count.saturating_sub(1));
+    rep.foreign_zones = (1..e.core.geo.zone_count)
+        .filter(|&z| {
+            let r = e.core.geo.zone_region(shale_format::ZoneId(z));
+            e.core.regions.get(r).state == RegionState::Foreign
+        })
+        .collect();
+    let held = e.core.geo.zone_count.saturating_sub(1) as usize - rep.foreign_zones.len();
+    rep.counts.zones = held as u64;
     for zi in raw_zones.iter().skip(1) {
         let r = e.core.geo.zone_region(shale_format::ZoneId(zi.index));
         let reg = e.core.regions.get(r);

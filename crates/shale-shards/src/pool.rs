@@ -408,14 +408,28 @@ where
         let (stop, stopped) = crossbeam_channel::bounded::<()>(1);
         let handle = std::thread::Builder::new()
             .name("shale-space".into())
-            .spawn(move || loop {
-                match stopped.recv_timeout(interval) {
-                    Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
-                    _ => return,
-                }
-                let Some(p) = pool.upgrade() else { return };
-                if let Err(e) = p.rebalance(batch) {
-                    tracing::warn!(error = %e, "space manager: moving free zones");
+            .spawn(move || {
+                // A failed shard fails every step alike: said once, not each step.
+                let mut said = String::new();
+                loop {
+                    match stopped.recv_timeout(interval) {
+                        Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
+                        _ => return,
+                    }
+                    let Some(p) = pool.upgrade() else { return };
+                    match p.rebalance(batch) {
+                        Err(e) if e.to_string() != said => {
+                            said = e.to_string();
+                            tracing::warn!(error = %e, "space manager: moving free zones");
+                        }
+                        Err(_) => {}
+                        Ok(moved) => {
+                            if moved > 0 {
+                                tracing::debug!(moved, "space manager: free zones moved");
+                            }
+                            said.clear();
+                        }
+                    }
                 }
             })?;
         Ok(Some(SpaceManager { stop, handle }))

@@ -32,6 +32,16 @@ impl Lending {
         }
     }
 
+    /// Shards sharing the device.
+    pub fn shards(&self) -> u32 {
+        self.shards
+    }
+
+    /// The device's zones.
+    pub fn zone_count(&self) -> u32 {
+        self.zone_count
+    }
+
     /// The device zone shard `shard` calls `zone`.
     pub fn device_zone(&self, shard: usize, zone: u32) -> u32 {
         ((u64::from(zone) + u64::from(self.per) * shard as u64) % u64::from(self.zone_count)) as u32

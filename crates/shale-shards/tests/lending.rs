@@ -22,7 +22,7 @@ const ZONES: u32 = 49;
 fn config() -> Config {
     Config {
         streams_max: 1,
-        spare_factor: 0.3,
+        spare_factor: 0.5,
         ..shale_testkit::tiny_config()
     }
 }

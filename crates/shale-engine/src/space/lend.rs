@@ -33,10 +33,11 @@ pub(crate) fn give(
         return Err(refused("a pool with a cold tier lends no zones".into()));
     }
     let mut n = (count as usize).min(core.regions.free_zones.len().saturating_sub(keep));
-    // The zones left must still hold every volume's blocks at the pool's spare.
+    // Only spare is lent: the zones left must still hold all the capacity the
+    // format promised, at half the pool's spare.
     let foreign = foreign_zones(&core.regions);
-    let allocated = core.volumes.allocated_blocks();
-    while n > 0 && capacity_with(core, foreign + n) < allocated {
+    let promised = core.volumes.user_capacity_blocks;
+    while n > 0 && capacity_with(core, foreign + n, true) < promised {
         n -= 1;
     }
     let mut given = Vec::with_capacity(n);
@@ -106,30 +107,48 @@ pub(crate) fn take(
 }
 
 /// Blocks of user capacity this engine's own zones hold: the format's arithmetic
-/// (data zones less the reserve, less the spare) over the zones that are not another
-/// shard's, and never more than the format promised.
+/// (data zones less the reserve, less half the spare) over the zones that are not
+/// another shard's, and never more than the format promised. A shard gives zones
+/// only while this stays the promise (`give`), so lending moves spare between
+/// shards, never capacity a volume may be given. The reserve counted is the
+/// format's: a runtime setting (more streams, a higher GC threshold) takes spare,
+/// as it does in a shard that lends nothing.
 pub(crate) fn capacity_blocks(core: &Core<impl BlockDevice, impl ZonedDevice, impl Clock>) -> u64 {
-    capacity_with(core, foreign_zones(&core.regions))
+    capacity_with(core, foreign_zones(&core.regions), false)
 }
 
+/// As `capacity_blocks` with `foreign` zones another shard's; `runtime`: the
+/// reserve is the larger of the format's and today's (what a give must leave).
 fn capacity_with(
     core: &Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
     foreign: usize,
+    runtime: bool,
 ) -> u64 {
     let promised = core.volumes.user_capacity_blocks;
     if foreign == 0 {
         return promised;
     }
-    let reserve = u64::from(crate::open::reserve_zones(&core.config, core.streams));
-    let owned = u64::from(core.geo.zone_count - 1).saturating_sub(foreign as u64);
-    let zone_data = u64::from(
+    let zone_data = f64::from(
         crate::layout::Groups {
             blocks: core.geo.zone_cap_blocks,
         }
         .data_capacity(),
     );
-    let user =
-        (owned.saturating_sub(reserve) * zone_data) as f64 * (1.0 - core.config.spare_factor);
+    let spare = core.config.spare_factor;
+    // The promise was made with the format's reserve, which the promise itself
+    // tells: zones the shard held at format less those the promise fills at the
+    // whole spare. A give also leaves today's reserve, if larger, so zones lent while
+    // fewer streams run are not missed when more run again.
+    let count = u32::from(core.sb.shard.count.max(1));
+    let held_at_format = f64::from(core.geo.zone_count / count) - 1.0;
+    let format_reserve = held_at_format - promised as f64 / (zone_data * (1.0 - spare));
+    let reserve = if runtime {
+        f64::from(crate::open::reserve_zones(&core.config, core.streams)).max(format_reserve)
+    } else {
+        format_reserve
+    };
+    let owned = f64::from(core.geo.zone_count - 1) - foreign as f64;
+    let user = (owned - reserve).max(0.0) * zone_data * (1.0 - spare / 2.0);
     (user.floor() as u64).min(promised)
 }
 
