@@ -16,7 +16,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde_json::json;
 use shale_array::{MemberState, MirrorDevice, ZoneArray};
-use shale_daemon::serve::ShardWindows;
+use shale_daemon::serve::{CapacityCut, ShardWindows};
 use shale_device::{BlockDevice, FileDevice, ZoneEmu, ZonedDevice};
 use shale_engine::{check, CheckOptions, CheckReport, Severity};
 
@@ -159,7 +159,9 @@ fn open_capacity(
 
 /// A pool of several shards on one cache and one capacity device: each shard's
 /// windows checked as a pool of their own, the findings named by shard, the counts
-/// summed; clean only if every shard is, the open report shard 0's.
+/// summed; clean only if every shard is, the open report shard 0's. Shards sharing
+/// the capacity are each checked through their view of it, and every zone must be
+/// held by one shard.
 fn check_shards(
     cache: &Path,
     capacity: &Path,
@@ -168,48 +170,131 @@ fn check_shards(
     extra: &mut Findings,
 ) -> Result<CheckReport> {
     let mut all = CheckReport::default();
+    let mut shared = match w.capacity {
+        CapacityCut::Shared => {
+            let z = FileDevice::open(capacity)
+                .with_context(|| format!("opening the capacity device {}", capacity.display()))?;
+            let Some(z) = open_emulation(z, "", extra)? else {
+                return Ok(all);
+            };
+            let views = shale_device::SharedZones::split(z, w.shards)
+                .map_err(anyhow::Error::msg)
+                .context("the shards' views of the shared capacity device")?;
+            Some(views.into_iter())
+        }
+        _ => None,
+    };
+    let mut holders = Vec::new();
     for i in 0..w.shards {
-        let at = |w: u64| i as u64 * w;
         let c = FileDevice::open(cache)
             .with_context(|| format!("opening the cache device {}", cache.display()))?;
-        let c = shale_device::Window::new(c, at(w.cache), w.cache)
+        let c = shale_device::Window::new(c, i as u64 * w.cache, w.cache)
             .with_context(|| format!("shard {i}'s cache window"))?;
-        let Some(cap_window) = w.capacity else {
-            let z = shale_device::open_zoned_drive_shard(
-                capacity,
-                shale_device::DriveOpen::AsIs,
-                i,
-                w.shards,
-            )
-            .with_context(|| format!("opening shard {i}'s zones of {}", capacity.display()))?;
-            add_shard(&mut all, i, check(c, z, opts));
-            continue;
-        };
-        let z = FileDevice::open(capacity)
-            .with_context(|| format!("opening the capacity device {}", capacity.display()))?;
-        let mut z = shale_device::Window::new(z, at(cap_window), cap_window)
-            .with_context(|| format!("shard {i}'s capacity window"))?;
-        for p in ZoneEmu::verify_metadata(&mut z).context("reading zone emulation metadata")? {
-            let sev = if p.fatal {
-                Severity::Error
-            } else {
-                Severity::Warning
-            };
-            extra.push((sev, format!("shard {i}: {}", p.message)));
-        }
-        let z = match ZoneEmu::open(z) {
-            Ok(z) => z,
-            Err(e) => {
-                extra.push((
-                    Severity::Error,
-                    format!("shard {i}: zone emulation does not open: {e}"),
-                ));
-                continue;
+        let r = match (w.capacity, shared.as_mut().and_then(Iterator::next)) {
+            (_, Some(view)) => {
+                let zones = view.geometry().zone_count;
+                let r = check(c, view, opts);
+                count_holders(&mut holders, zones, i, w.shards, &r.foreign_zones);
+                r
+            }
+            (CapacityCut::Windows(cap_window), _) => {
+                let z = FileDevice::open(capacity).with_context(|| {
+                    format!("opening the capacity device {}", capacity.display())
+                })?;
+                let z = shale_device::Window::new(z, i as u64 * cap_window, cap_window)
+                    .with_context(|| format!("shard {i}'s capacity window"))?;
+                let Some(z) = open_emulation(z, &format!("shard {i}: "), extra)? else {
+                    continue;
+                };
+                check(c, z, opts)
+            }
+            _ => {
+                let z = shale_device::open_zoned_drive_shard(
+                    capacity,
+                    shale_device::DriveOpen::AsIs,
+                    i,
+                    w.shards,
+                )
+                .with_context(|| format!("opening shard {i}'s zones of {}", capacity.display()))?;
+                check(c, z, opts)
             }
         };
-        add_shard(&mut all, i, check(c, z, opts));
+        add_shard(&mut all, i, r);
     }
+    holder_findings(&holders, extra);
     Ok(all)
+}
+
+/// The zone emulation on `z`, its metadata's problems added to `extra` (each
+/// message after `prefix`); `None` if it does not open.
+fn open_emulation<D: BlockDevice>(
+    mut z: D,
+    prefix: &str,
+    extra: &mut Findings,
+) -> Result<Option<ZoneEmu<D>>> {
+    for p in ZoneEmu::verify_metadata(&mut z).context("reading zone emulation metadata")? {
+        let sev = if p.fatal {
+            Severity::Error
+        } else {
+            Severity::Warning
+        };
+        extra.push((sev, format!("{prefix}{}", p.message)));
+    }
+    match ZoneEmu::open(z) {
+        Ok(z) => Ok(Some(z)),
+        Err(e) => {
+            extra.push((
+                Severity::Error,
+                format!("{prefix}zone emulation does not open: {e}"),
+            ));
+            Ok(None)
+        }
+    }
+}
+
+/// Counts shard `i` of `n` as the holder of every zone of the shared device it
+/// does not call foreign (its view is rotated by `i` times the device's `n`th).
+fn count_holders(holders: &mut Vec<u32>, zones: u32, i: usize, n: usize, foreign: &[u32]) {
+    holders.resize(zones as usize, 0);
+    let per = u64::from(zones) / n as u64;
+    let mut theirs = vec![false; zones as usize];
+    for &z in foreign {
+        if let Some(t) = theirs.get_mut(z as usize) {
+            *t = true;
+        }
+    }
+    for (z, t) in theirs.iter().enumerate() {
+        if !t {
+            let d = (z as u64 + per * i as u64) % u64::from(zones);
+            holders[d as usize] += 1;
+        }
+    }
+}
+
+/// Zones of a shared capacity device held by two shards (an error: both may write
+/// them) or by none (given away, not yet taken: the next open hands them out).
+fn holder_findings(holders: &[u32], extra: &mut Findings) {
+    let twice: Vec<usize> = (0..holders.len()).filter(|&z| holders[z] > 1).collect();
+    let none = holders.iter().filter(|&&h| h == 0).count();
+    if let Some(z) = twice.first() {
+        extra.push((
+            Severity::Error,
+            format!(
+                "{} zones of the shared capacity device are held by several shards (zone {z} by {})",
+                twice.len(),
+                holders[*z]
+            ),
+        ));
+    }
+    if none > 0 {
+        extra.push((
+            Severity::Warning,
+            format!(
+                "{none} zones of the shared capacity device are held by no shard \
+                 (moving between shards when it stopped): the next open hands them out"
+            ),
+        ));
+    }
 }
 
 /// Adds shard `i`'s report to the pool's: findings named by shard, counts summed.

@@ -9,9 +9,13 @@ use std::process::Command;
 
 use daemon_common::*;
 
-fn sharded(shards: u32) -> (Daemon, tempfile::NamedTempFile) {
+fn sharded(shards: u32, shared: bool) -> (Daemon, tempfile::NamedTempFile) {
     let conf = tempfile::NamedTempFile::new().expect("config file");
-    std::fs::write(conf.path(), format!("[engine]\nshards = {shards}\n")).expect("write config");
+    std::fs::write(
+        conf.path(),
+        format!("[engine]\nshards = {shards}\nshared_capacity = {shared}\n"),
+    )
+    .expect("write config");
     let mut args = vec!["--config".to_string(), conf.path().display().to_string()];
     args.extend(SMALL_DEVICES.iter().map(|s| s.to_string()));
     (Daemon::start_with(args), conf)
@@ -33,12 +37,25 @@ fn volume_sizes(d: &Daemon) -> Vec<(String, u64)> {
         .collect()
 }
 
+/// Shards sharing the capacity file (the default): its zones move between them.
 #[test]
 fn a_sharded_pool_serves_restarts_and_recovers() {
+    serves_restarts_and_recovers(true);
+}
+
+/// Shards each in a fixed window of the capacity file.
+#[test]
+fn a_pool_of_shards_in_windows_serves_restarts_and_recovers() {
+    serves_restarts_and_recovers(false);
+}
+
+fn serves_restarts_and_recovers(shared: bool) {
     require("nbdcopy", "libnbd-bin");
     require("qemu-io", "qemu-utils");
-    let (mut d, conf) = sharded(2);
+    let (mut d, conf) = sharded(2, shared);
     assert!(d.log().contains("shards=2"), "{}", d.log());
+    let says_shared = d.log().contains("space manager: shards share");
+    assert_eq!(says_shared, shared, "{}", d.log());
     let uri = d.uri("default");
     // 24 MiB of distinct blocks at the start of the volume, copied in by nbdcopy's
     // large requests (each spans both shards).
@@ -99,9 +116,18 @@ fn a_sharded_pool_serves_restarts_and_recovers() {
             s.to_string()
         }
     }));
+    // So is the configuration's way of sharing the capacity.
+    std::fs::write(
+        conf.path(),
+        format!("[engine]\nshards = 2\nshared_capacity = {}\n", !shared),
+    )
+    .expect("write config");
     d.set_args(args);
     d.spawn();
     assert!(!d.log().contains("dirty recovery"), "{}", d.log());
+    // Found as formatted, whatever the configuration says now.
+    let says_shared = d.last_log().contains("space manager: shards share");
+    assert_eq!(says_shared, shared, "{}", d.last_log());
     check(&d, &want, "after a clean restart");
 
     // Acknowledged writes survive a kill of the daemon (each shard's hand-off).
@@ -182,8 +208,92 @@ fn offline_check(d: &Daemon, size: u64) {
     );
 }
 
+/// Three capacity files at 2+1 and a cache file, as flags.
+fn array_flags(dir: &std::path::Path, config: &std::path::Path) -> Vec<String> {
+    let mut args: Vec<String> = vec![
+        "--config".into(),
+        config.display().to_string(),
+        "--cache".into(),
+        dir.join("cache.img").display().to_string(),
+    ];
+    for i in 0..3 {
+        args.push("--capacity".into());
+        args.push(dir.join(format!("cap{i}.img")).display().to_string());
+    }
+    args.extend(
+        [
+            "--capacity-redundancy",
+            "2+1",
+            "--cache-size",
+            "96MiB",
+            "--capacity-size",
+            "512MiB",
+            "--chunk-size",
+            "4MiB",
+            "--zone-size",
+            "4MiB",
+            "--default-volume-size",
+            "128MiB",
+        ]
+        .map(String::from),
+    );
+    args
+}
+
+/// Two shards over a capacity array share it (an array is one device, not cut in
+/// windows): data written across both shards reads back after a restart and after
+/// a kill -9.
+#[test]
+fn shards_share_a_capacity_array() {
+    require("qemu-io", "qemu-utils");
+    let conf = tempfile::NamedTempFile::new().expect("config file");
+    std::fs::write(conf.path(), "[engine]\nshards = 2\n").expect("write config");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut d = Daemon::start_with(array_flags(dir.path(), conf.path()));
+    assert!(
+        d.log().contains("space manager: shards share"),
+        "{}",
+        d.log()
+    );
+    let io = |d: &Daemon, cmds: &[&str]| {
+        let mut c = Command::new("qemu-io");
+        c.args(["-f", "raw"]);
+        for x in cmds {
+            c.args(["-c", x]);
+        }
+        let out = stdout(c.arg(d.uri("default")));
+        assert!(
+            !out.contains("failed") && !out.contains("Pattern verification"),
+            "{out}"
+        );
+    };
+    io(
+        &d,
+        &["write -P 0x21 0 8M", "write -P 0x42 60k 200k", "flush"],
+    );
+    let verify = |d: &Daemon| {
+        io(
+            d,
+            &[
+                "read -P 0x21 0 60k",
+                "read -P 0x42 60k 200k",
+                "read -P 0x21 260k 7932k",
+            ],
+        )
+    };
+    verify(&d);
+    d.stop();
+    d.spawn();
+    verify(&d);
+    io(&d, &["write -P 0x21 60k 200k"]);
+    d.kill9();
+    d.spawn();
+    io(&d, &["read -P 0x21 0 8M"]);
+    d.stop();
+}
+
 /// A count outside 1..=64 is refused by name; a configuration that cannot be cut
-/// into shards (an array) is refused at format with the reason.
+/// into shards (a cache mirror) is refused at format with the reason.
 #[test]
 fn bad_shard_settings_are_refused() {
     let conf = tempfile::NamedTempFile::new().expect("config file");
@@ -191,35 +301,15 @@ fn bad_shard_settings_are_refused() {
     let err = serve_refused(&["--config", &conf.path().display().to_string()]);
     assert!(err.contains("engine.shards"), "{err}");
 
-    // Two shards over a capacity array: refused with the reason, nothing left behind.
+    // Two shards over a cache mirror: refused with the reason.
     std::fs::write(conf.path(), "[engine]\nshards = 2\n").expect("write config");
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut args: Vec<String> = vec![
-        "--config".into(),
-        conf.path().display().to_string(),
+    let mut args = array_flags(dir.path(), conf.path());
+    args.extend([
         "--cache".into(),
-        dir.path().join("cache.img").display().to_string(),
-    ];
-    for i in 0..3 {
-        args.push("--capacity".into());
-        args.push(dir.path().join(format!("cap{i}.img")).display().to_string());
-    }
-    args.extend(
-        [
-            "--capacity-redundancy",
-            "2+1",
-            "--cache-size",
-            "48MiB",
-            "--capacity-size",
-            "256MiB",
-            "--chunk-size",
-            "4MiB",
-            "--zone-size",
-            "4MiB",
-        ]
-        .map(String::from),
-    );
+        dir.path().join("cache-b.img").display().to_string(),
+    ]);
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
     let err = serve_refused(&refs);
-    assert!(err.contains("not sharded yet"), "{err}");
+    assert!(err.contains("not a mirror"), "{err}");
 }

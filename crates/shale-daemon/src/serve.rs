@@ -92,6 +92,11 @@ pub enum DaemonError {
     },
     #[error("starting the engine thread: {0}")]
     Spawn(std::io::Error),
+    #[error("starting the {what} thread: {error}")]
+    Thread {
+        what: &'static str,
+        error: std::io::Error,
+    },
     #[error("the engine failed and the daemon stopped serving: {reason}")]
     EngineFailed { reason: String },
 }
@@ -1112,9 +1117,9 @@ fn format_steps(
     let mut cold_zones = 0;
     let devices = steps.step("capacity: zone emulation, discard", || {
         if shards > 1 {
-            let devices = shard_devices(spec, shards, None)?;
-            let detail = shard_zones_detail(spec, &devices)?;
-            return Ok((devices, detail));
+            let (pairs, detail, owned) = format_shard_devices(spec, shards, pool)?;
+            engine_config.zones_owned = owned;
+            return Ok((pairs, detail));
         }
         let (capacity, _, _) = capacity_device(spec, true, pool)?;
         let (capacity, cold, _) = with_cold_tier(spec, capacity, Some(pool))?;
@@ -1197,21 +1202,31 @@ fn recorded_superblock(path: &Path) -> Option<shale_format::Superblock> {
     .max_by_key(|sb| sb.generation)
 }
 
-/// Where the shards of a pool on one cache and one capacity device are.
+/// Where the shards of a pool on one cache device are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ShardWindows {
     pub shards: usize,
     /// The length of each shard's cache window (shard `i`'s at `i` times it).
     pub cache: u64,
-    /// The length of each shard's capacity window, as `cache`; `None` on a zoned
-    /// drive, where each shard has a run of the drive's zones
-    /// (`shale_device::open_zoned_drive_shard`).
-    pub capacity: Option<u64>,
+    /// How the shards divide the capacity.
+    pub capacity: CapacityCut,
 }
 
-/// A pool of several shards on one cache and one capacity device: how many, and
-/// their windows, as shard 0 recorded them; `None` for a pool of one shard (or
-/// nothing recorded).
+/// How the shards of a pool divide its capacity device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CapacityCut {
+    /// One device, all its zones seen by every shard (`shale_device::SharedZones`),
+    /// each zone held by one shard; the space manager moves free zones between them.
+    Shared,
+    /// Fixed windows of a file of this many bytes each (shard `i`'s at `i` times
+    /// it), each with zone emulation of its own.
+    Windows(u64),
+    /// Fixed runs of a zoned drive's zones (`shale_device::open_zoned_drive_shard`).
+    DriveRuns,
+}
+
+/// A pool of several shards on one cache device: how many, and where each is, as
+/// shard 0 recorded them; `None` for a pool of one shard (or nothing recorded).
 pub fn recorded_shard_windows(
     cache: &Path,
     capacity: &Path,
@@ -1243,119 +1258,159 @@ fn is_zoned_drive(path: &Path) -> Result<bool, DaemonError> {
 
 /// How a device pair is cut into shards' windows.
 enum Cut<'a> {
-    /// At format: zones of this emulation.
-    Format(&'a ZoneEmuConfig),
+    /// At format: zones of this emulation; `shared`: one capacity device for all.
+    Format(&'a ZoneEmuConfig, bool),
     /// At open: as shard 0's superblock (and zone emulation) recorded.
     Recorded(&'a shale_format::Superblock),
 }
 
-/// How long each shard's window of the cache and of the capacity is (shard `i`'s
-/// starts at `i` times it). At format: the cache cut into `n` equal windows aligned
-/// to 1 MiB, the capacity into `n` windows of as many whole zones (and their
-/// emulation's metadata) as fit. At open: what shard 0 recorded (its superblock's
-/// cache size, its emulation's extent), so a changed `--zone-size` or a grown file
-/// does not move the windows. A zoned drive has no capacity windows (`None`): the
-/// shards divide its zones.
+/// How long each shard's window of the cache is (shard `i`'s starts at `i` times
+/// it), and how the shards divide the capacity. At format: the cache cut into `n`
+/// equal windows aligned to 1 MiB; the capacity shared, or cut into `n` windows of
+/// as many whole zones (and their emulation's metadata) as fit. At open: what shard
+/// 0 recorded (its superblock's cache size; the capacity as `recorded_capacity_cut`
+/// finds it), so a changed `--zone-size` or a grown file does not move the windows.
+/// A zoned drive's zones are divided in runs.
 fn shard_strides(
     cache: &Path,
     capacity: &Path,
     n: usize,
     cut: Cut<'_>,
-) -> Result<(u64, Option<u64>), DaemonError> {
+) -> Result<(u64, CapacityCut), DaemonError> {
     let setup = |path: &Path, reason: String| DaemonError::Setup {
         path: path.to_path_buf(),
         reason,
     };
     let cache_len = open_file("cache device", cache)?.size_bytes();
+    let n64 = n as u64;
+    let cache_stride = match cut {
+        Cut::Format(..) => cache_len / n64 / (1 << 20) * (1 << 20),
+        Cut::Recorded(sb) => sb.cache_size_blocks * 4096,
+    };
+    if cache_stride == 0 || cache_stride.saturating_mul(n64) > cache_len {
+        return Err(setup(
+            cache,
+            format!(
+                "{n} shards: {n} cache windows of {cache_stride} bytes do not fit the cache \
+                 of {cache_len} bytes (too small, or shrunk since format?)"
+            ),
+        ));
+    }
     if is_zoned_drive(capacity)? {
-        let stride = match cut {
-            Cut::Format(_) => cache_len / n as u64 / (1 << 20) * (1 << 20),
-            Cut::Recorded(sb) => sb.cache_size_blocks * 4096,
-        };
-        if stride == 0 || stride.saturating_mul(n as u64) > cache_len {
-            return Err(setup(
-                cache,
-                format!("{n} shards: the cache of {cache_len} bytes does not fit {n} windows"),
-            ));
-        }
-        return Ok((stride, None));
+        return Ok((cache_stride, CapacityCut::DriveRuns));
     }
     let mut cap_dev = open_file("capacity device", capacity)?;
     let cap_len = cap_dev.size_bytes();
-    let n64 = n as u64;
-    let (cache_stride, cap_stride) = match cut {
-        Cut::Format(zc) => {
+    let cap_stride = match cut {
+        Cut::Format(_, true) => return Ok((cache_stride, CapacityCut::Shared)),
+        Cut::Format(zc, false) => {
             let per = cap_len / n64;
             let mut zones = u32::try_from(per / zc.zone_size).unwrap_or(u32::MAX);
             while zones > 0 && zc.device_bytes_for(zones).is_none_or(|b| b > per) {
                 zones -= 1;
             }
-            let cap_stride = if zones == 0 {
+            if zones == 0 {
                 0
             } else {
                 zc.device_bytes_for(zones).unwrap_or(0)
-            };
-            (cache_len / n64 / (1 << 20) * (1 << 20), cap_stride)
+            }
         }
-        Cut::Recorded(sb) => {
-            let extent =
-                ZoneEmu::recorded_extent(&mut cap_dev).map_err(|error| DaemonError::Device {
-                    what: "zone emulation on",
-                    path: capacity.to_path_buf(),
-                    error,
-                })?;
-            let extent = extent.ok_or_else(|| {
-                setup(
-                    capacity,
-                    "no zone emulation metadata at its start to find the shards by".into(),
-                )
-            })?;
-            (sb.cache_size_blocks * 4096, extent)
-        }
+        Cut::Recorded(_) => match recorded_capacity_cut(&mut cap_dev, capacity, n)? {
+            CapacityCut::Windows(w) => w,
+            other => return Ok((cache_stride, other)),
+        },
     };
-    if cache_stride == 0 || cap_stride == 0 {
+    if cap_stride == 0 {
         return Err(setup(
-            cache,
-            format!("{n} shards: the devices are too small to cut into {n} windows"),
+            capacity,
+            format!("{n} shards: the capacity is too small to cut into {n} windows"),
         ));
     }
-    if cache_stride.saturating_mul(n64) > cache_len || cap_stride.saturating_mul(n64) > cap_len {
+    if cap_stride.saturating_mul(n64) > cap_len {
         return Err(setup(
-            cache,
+            capacity,
             format!(
-                "{n} shards of {cache_stride} cache and {cap_stride} capacity bytes do not fit \
-                 devices of {cache_len} and {cap_len} bytes (shrunk since format?)"
+                "{n} shards of {cap_stride} capacity bytes do not fit a device of {cap_len} \
+                 bytes (shrunk since format?)"
             ),
         ));
     }
-    Ok((cache_stride, Some(cap_stride)))
+    Ok((cache_stride, CapacityCut::Windows(cap_stride)))
 }
 
-/// The devices of `n` shards: the cache file and the capacity file each cut into `n`
-/// windows (`shard_strides`), each opened on its own (its own io_uring), the
-/// capacity windows with zone emulation of their own; on a zoned drive, each shard
-/// a run of its zones on a handle of its own. Mirrors, arrays and simulated drives
-/// are one device the shards would have to share and are refused for now. `recorded` is shard 0's superblock at open, `None` at format.
+/// How a formatted pool of `n` shards divides the capacity file `dev`: the zone
+/// emulation at its start spans `extent` bytes. Shards in windows have the next
+/// window's emulation right after it; a shared device's emulation spans more than
+/// one `n`th of the file and nothing follows it (its end is never written). An
+/// array member has one emulation over the whole file too.
+fn recorded_capacity_cut(
+    dev: &mut FileDevice,
+    path: &Path,
+    n: usize,
+) -> Result<CapacityCut, DaemonError> {
+    let len = dev.size_bytes();
+    let device_error = |error| DaemonError::Device {
+        what: "zone emulation on",
+        path: path.to_path_buf(),
+        error,
+    };
+    let extent = ZoneEmu::recorded_extent(dev)
+        .map_err(device_error)?
+        .ok_or_else(|| DaemonError::Setup {
+            path: path.to_path_buf(),
+            reason: "no zone emulation metadata at its start to find the shards by".into(),
+        })?;
+    if extent.saturating_mul(n as u64) > len {
+        return Ok(CapacityCut::Shared);
+    }
+    let next = open_file("capacity device", path)?;
+    let mut next = Window::new(next, extent, len - extent).map_err(device_error)?;
+    Ok(
+        match ZoneEmu::recorded_extent(&mut next).map_err(device_error)? {
+            Some(_) => CapacityCut::Windows(extent),
+            None => CapacityCut::Shared,
+        },
+    )
+}
+
+/// The devices of `n` shards: the cache file cut into `n` windows (`shard_strides`),
+/// each opened on its own (its own io_uring), and the capacity: one device the shards
+/// share (any capacity `capacity_device` opens: a file, a simulated drive, an
+/// array), or windows of a file each with zone emulation of its own, or runs of a
+/// zoned drive's zones each on a handle of its own. `recorded` is shard 0's
+/// superblock at open, `None` at format. Also returns the simulated drive's counters
+/// and the capacity array's handle, for a shared device.
 fn shard_devices(
     spec: &DeviceSpec,
     n: usize,
     recorded: Option<&shale_format::Superblock>,
-) -> Result<Vec<(CacheDevice, CapacityDevice)>, DaemonError> {
-    let (cache, capacity) = match (spec.cache.as_slice(), spec.capacity.as_slice()) {
-        ([c], [z]) if spec.redundancy.is_none() && spec.drive.is_none() => (c, z),
+    pool: [u8; 16],
+) -> Result<ShardDevices, DaemonError> {
+    let cache = match spec.cache.as_slice() {
+        [c] => c,
         _ => {
             return Err(set_error(
                 &spec.cache,
-                format!(
-                    "{n} shards take one cache and one capacity device (file or block \
-                     device); mirrors, arrays and simulated drives are not sharded yet"
-                ),
+                format!("{n} shards take one cache device (file or block device), not a mirror"),
             ))
         }
     };
+    let shared_spec = spec.redundancy.is_some() || spec.capacity.len() != 1 || spec.drive.is_some();
     let zc = spec.zone_config();
-    let cut = recorded.map_or(Cut::Format(&zc), Cut::Recorded);
-    let (cache_window, cap_window) = shard_strides(cache, capacity, n, cut)?;
+    let cut = recorded.map_or(
+        Cut::Format(&zc, spec.engine.shared_capacity || shared_spec),
+        Cut::Recorded,
+    );
+    let (cache_window, cap_cut) = shard_strides(cache, &spec.capacity[0], n, cut)?;
+    if shared_spec && cap_cut != CapacityCut::Shared {
+        return Err(set_error(
+            &spec.capacity,
+            format!(
+                "{n} shards divide a zoned drive's zones in runs: arrays and simulated \
+                 drives are shared by shards only on files"
+            ),
+        ));
+    }
     let window = |what: &'static str, path: &PathBuf, i: usize, len: u64| {
         let dev = open_file(what, path)?;
         Window::new(dev, i as u64 * len, len).map_err(|error| DaemonError::Device {
@@ -1364,40 +1419,100 @@ fn shard_devices(
             error,
         })
     };
-    let mut out: Vec<(CacheDevice, CapacityDevice)> = Vec::with_capacity(n);
-    let how = if recorded.is_none() {
-        shale_device::DriveOpen::Format
-    } else {
-        shale_device::DriveOpen::Open
-    };
+    let mut caches: Vec<CacheDevice> = Vec::with_capacity(n);
     for i in 0..n {
-        let c = window("cache device", cache, i, cache_window)?;
-        let Some(cap_window) = cap_window else {
-            // A zoned drive: each shard its run of the zones, on a handle of its own.
-            let z = shale_device::open_zoned_drive_shard(capacity, how, i, n).map_err(|error| {
-                DaemonError::Device {
-                    what: "zoned block device",
-                    path: capacity.clone(),
-                    error,
-                }
+        caches.push(Box::new(window("cache device", cache, i, cache_window)?));
+    }
+    let format = recorded.is_none();
+    let mut out = ShardDevices {
+        pairs: Vec::with_capacity(n),
+        drive: None,
+        capacity_handle: None,
+        shared: cap_cut == CapacityCut::Shared,
+    };
+    let capacity = &spec.capacity[0];
+    match cap_cut {
+        CapacityCut::Shared => {
+            let (dev, drive, handle) = capacity_device(spec, format, pool)?;
+            let views = shale_device::SharedZones::split(dev, n).map_err(|reason| {
+                set_error(&spec.capacity, format!("{n} shards sharing it: {reason}"))
             })?;
-            let g = z.geometry();
-            tracing::info!(
-                shard = i,
-                zones = g.zone_count,
-                max_open = g.max_open_zones,
-                max_active = g.max_active_zones,
-                "capacity: the shard's zones of the zoned drive"
-            );
-            out.push((Box::new(c), z));
-            continue;
-        };
-        let inner: Box<dyn BlockDevice + Send> =
-            Box::new(window("capacity device", capacity, i, cap_window)?);
-        let emu = zone_emulation(spec, inner, recorded.is_none(), capacity)?;
-        out.push((Box::new(c), Box::new(emu)));
+            tracing::info!(shards = n, "capacity: one device the shards share");
+            out.pairs = caches
+                .into_iter()
+                .zip(views)
+                .map(|(c, v)| (c, Box::new(v) as CapacityDevice))
+                .collect();
+            out.drive = drive;
+            out.capacity_handle = handle;
+        }
+        CapacityCut::DriveRuns => {
+            let how = if format {
+                shale_device::DriveOpen::Format
+            } else {
+                shale_device::DriveOpen::Open
+            };
+            for (i, c) in caches.into_iter().enumerate() {
+                // Each shard its run of the zones, on a handle of its own.
+                let z =
+                    shale_device::open_zoned_drive_shard(capacity, how, i, n).map_err(|error| {
+                        DaemonError::Device {
+                            what: "zoned block device",
+                            path: capacity.clone(),
+                            error,
+                        }
+                    })?;
+                let g = z.geometry();
+                tracing::info!(
+                    shard = i,
+                    zones = g.zone_count,
+                    max_open = g.max_open_zones,
+                    max_active = g.max_active_zones,
+                    "capacity: the shard's zones of the zoned drive"
+                );
+                out.pairs.push((c, z));
+            }
+        }
+        CapacityCut::Windows(w) => {
+            for (i, c) in caches.into_iter().enumerate() {
+                let inner: Box<dyn BlockDevice + Send> =
+                    Box::new(window("capacity device", capacity, i, w)?);
+                let emu = zone_emulation(spec, inner, format, capacity)?;
+                out.pairs.push((c, Box::new(emu)));
+            }
+        }
     }
     Ok(out)
+}
+
+/// The devices of `shards` shards at format, what the format did to the capacity,
+/// and the zones each shard starts with on a shared device.
+#[allow(clippy::type_complexity, reason = "a private helper's three results")]
+fn format_shard_devices(
+    spec: &DeviceSpec,
+    shards: usize,
+    pool: [u8; 16],
+) -> Result<(Vec<(CacheDevice, CapacityDevice)>, String, Option<u32>), DaemonError> {
+    let devices = shard_devices(spec, shards, None, pool)?;
+    let detail = shard_zones_detail(spec, &devices)?;
+    // Shard i starts with the run of zones from its view's zone 0.
+    let owned = devices.shared.then(|| {
+        let zones = devices
+            .pairs
+            .first()
+            .map_or(0, |p| p.1.geometry().zone_count);
+        zones / shards as u32
+    });
+    Ok((devices.pairs, detail, owned))
+}
+
+/// What `shard_devices` opened.
+struct ShardDevices {
+    pairs: Vec<(CacheDevice, CapacityDevice)>,
+    drive: Option<DriveStats>,
+    capacity_handle: Option<CapacityHandle>,
+    /// The shards share one capacity device (zones move between them).
+    shared: bool,
 }
 
 /// Opens formatted devices and starts the engine thread; also returns a one-line
@@ -1426,8 +1541,9 @@ pub fn open(
         );
     }
     let (pairs, drive, devices) = if shards > 1 {
-        let pairs = shard_devices(spec, shards, recorded.as_ref())?;
-        (pairs, None, Devices::new(spec.clone(), None, None))
+        let d = shard_devices(spec, shards, recorded.as_ref(), [0; 16])?;
+        let devices = Devices::new(spec.clone(), None, d.capacity_handle);
+        (d.pairs, d.drive, devices)
     } else {
         let (cache, cache_handle) = cache_device(spec, false, [0; 16])?;
         let (capacity, drive, capacity_handle) = capacity_device(spec, false, [0; 16])?;
@@ -1484,18 +1600,25 @@ pub fn open(
 }
 
 /// What the format of a pool of shards did to the capacity: the pool's zones, and
-/// each shard's.
-fn shard_zones_detail(
-    spec: &DeviceSpec,
-    devices: &[(CacheDevice, CapacityDevice)],
-) -> Result<String, DaemonError> {
-    let zones: Vec<u32> = devices.iter().map(|d| d.1.geometry().zone_count).collect();
-    let total: u32 = zones.iter().sum();
-    let each: Vec<String> = zones.iter().map(u32::to_string).collect();
-    let (n, each) = (devices.len(), each.join(" + "));
-    let Some(g) = devices.first().map(|d| d.1.geometry()) else {
+/// each shard's (or that they share them).
+fn shard_zones_detail(spec: &DeviceSpec, devices: &ShardDevices) -> Result<String, DaemonError> {
+    let pairs = &devices.pairs;
+    let Some(g) = pairs.first().map(|d| d.1.geometry()) else {
         return Ok(String::new());
     };
+    let n = pairs.len();
+    if devices.shared {
+        return Ok(format!(
+            "{} zones of {} MiB, {} discarded, shared by {n} shards",
+            g.zone_count,
+            g.zone_size >> 20,
+            gib(u64::from(g.zone_count) * g.zone_size),
+        ));
+    }
+    let zones: Vec<u32> = pairs.iter().map(|d| d.1.geometry().zone_count).collect();
+    let total: u32 = zones.iter().sum();
+    let each: Vec<String> = zones.iter().map(u32::to_string).collect();
+    let each = each.join(" + ");
     Ok(if is_zoned_drive(&spec.capacity[0])? {
         format!(
             "{total} zones of {} MiB ({} MiB writable) on a zoned drive, {n} shards of {each}",
@@ -1580,6 +1703,8 @@ pub struct Daemon {
     ublk: Vec<shale_ublk::UblkHandle>,
     admin: Option<AdminServer>,
     metrics: Option<crate::metrics::MetricsServer>,
+    /// The space manager of shards sharing one capacity device.
+    space: Option<shale_shards::SpaceManager>,
     /// What the open did, for `STATUS=` ([`crate::notify`]).
     open_status: String,
     /// Last, so it is released after everything else (fields drop in order).
@@ -1604,20 +1729,7 @@ impl Daemon {
                     capacity = ?spec.capacity,
                     "first start: creating and formatting sparse device files"
                 );
-                let size = match &config.devices.default_volume_size {
-                    Some(s) => Some(s.bytes("devices.default_volume_size")?),
-                    None => None,
-                };
-                let plans = config_volume_plans(config)?;
-                let plans = if plans.is_empty() {
-                    vec![VolumePlan {
-                        size_bytes: size,
-                        ..VolumePlan::named(DEFAULT_VOLUME)
-                    }]
-                } else {
-                    plans
-                };
-                let vols = format(&spec, false, &plans, &mut LogOnly)?;
+                let vols = format(&spec, false, &first_start_plans(config)?, &mut LogOnly)?;
                 for v in vols {
                     tracing::info!(volume = %v.name, size_bytes = v.size_bytes, "volume created");
                 }
@@ -1638,8 +1750,10 @@ impl Daemon {
         let (engine, open_status, drive, devices) = open(&spec, progress)?;
         let devices = Arc::new(devices);
         let engine = Arc::new(engine);
+        let space = start_space_manager(&engine)?;
         let backend = Arc::new(EngineBackend::new(Arc::clone(&engine), PAYLOAD_BYTES_MAX)?);
         let mut daemon = Daemon {
+            space,
             backend: Arc::clone(&backend),
             nbd: None,
             vhost: Vec::new(),
@@ -1728,6 +1842,9 @@ impl Daemon {
         }
         self.admin.take();
         self.metrics.take();
+        if let Some(space) = self.space.take() {
+            space.stop();
+        }
         let engine = Arc::clone(self.backend.engine());
         drop(self.backend);
         // Completions may still hold the engine handle briefly; wait for the last one.
@@ -1744,6 +1861,51 @@ impl Daemon {
         engine.shutdown()?;
         Ok(())
     }
+}
+
+/// The volumes a first start makes: the configuration's, or one default volume.
+fn first_start_plans(config: &Config) -> Result<Vec<VolumePlan>, DaemonError> {
+    let size = match &config.devices.default_volume_size {
+        Some(s) => Some(s.bytes("devices.default_volume_size")?),
+        None => None,
+    };
+    let plans = config_volume_plans(config)?;
+    Ok(if plans.is_empty() {
+        vec![VolumePlan {
+            size_bytes: size,
+            ..VolumePlan::named(DEFAULT_VOLUME)
+        }]
+    } else {
+        plans
+    })
+}
+
+/// How often the space manager looks for a shard short of free zones.
+const SPACE_INTERVAL: Duration = Duration::from_millis(200);
+
+/// The space manager's thread, for shards that share one capacity device: it moves
+/// free zones, a sixteenth of a shard's share at a time, to the shard with the
+/// fewest.
+fn start_space_manager(
+    engine: &Arc<Engine>,
+) -> Result<Option<shale_shards::SpaceManager>, DaemonError> {
+    let Some(l) = engine.lending() else {
+        return Ok(None);
+    };
+    let batch = (l.zone_count() / l.shards() / 16).max(1);
+    tracing::info!(
+        shards = l.shards(),
+        zones = l.zone_count(),
+        batch,
+        interval_ms = SPACE_INTERVAL.as_millis() as u64,
+        "space manager: shards share the capacity device's zones"
+    );
+    engine
+        .spawn_space_manager(SPACE_INTERVAL, batch)
+        .map_err(|e| DaemonError::Thread {
+            what: "space manager",
+            error: e,
+        })
 }
 
 /// One vhost-user-blk server for each `vhost.user_blk` entry.

@@ -121,6 +121,10 @@ pub struct Counts {
     /// shard whose device the cut fell on.
     pub requests_split: u64,
     pub volume_changes_across_shards: u64,
+    /// On shards sharing one capacity device: free zones the space manager moved,
+    /// and its steps that failed (an engine failed, or the power was cut).
+    pub zones_moved: u64,
+    pub moves_failed: u64,
     pub cuts_by_shard: BTreeMap<usize, u64>,
 }
 
@@ -178,6 +182,8 @@ impl Counts {
         self.scrub_bytes += o.scrub_bytes;
         self.requests_split += o.requests_split;
         self.volume_changes_across_shards += o.volume_changes_across_shards;
+        self.zones_moved += o.zones_moved;
+        self.moves_failed += o.moves_failed;
         for (k, v) in &o.cuts_by_shard {
             *self.cuts_by_shard.entry(*k).or_default() += v;
         }
@@ -261,8 +267,12 @@ impl fmt::Display for Counts {
         if !self.cuts_by_shard.is_empty() || self.requests_split > 0 {
             writeln!(
                 f,
-                "shards: requests split {}  volume changes across shards {}  cuts by shard {:?}",
-                self.requests_split, self.volume_changes_across_shards, self.cuts_by_shard
+                "shards: requests split {}  volume changes across shards {}  cuts by shard {:?}  zones moved {} (steps failed {})",
+                self.requests_split,
+                self.volume_changes_across_shards,
+                self.cuts_by_shard,
+                self.zones_moved,
+                self.moves_failed
             )?;
         }
         let modes: Vec<String> = self
@@ -315,6 +325,8 @@ pub struct Violation {
     pub only: Option<String>,
     /// Engine shards of the run (`SimConfig::shards`).
     pub shards: u32,
+    /// The shards share one capacity device (`SimConfig::shared_capacity`).
+    pub shared: bool,
     /// Crash point (cycle) of the run, 0-based.
     pub cycle: u64,
     /// Format count within the run (a new lineage starts after a refused open).
@@ -330,7 +342,7 @@ impl fmt::Display for Violation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "VIOLATION {:?} (seed {}, mode {}, cycle {}, lineage {}, generation {}, step {}): {}\n  replay: cargo run -p shale-sim --release --bin crashsim -- --seed {} --cycles {} --generations {} --mode {}{}{}",
+            "VIOLATION {:?} (seed {}, mode {}, cycle {}, lineage {}, generation {}, step {}): {}\n  replay: cargo run -p shale-sim --release --bin crashsim -- --seed {} --cycles {} --generations {} --mode {}{}{}{}",
             self.kind,
             self.seed,
             self.mode,
@@ -351,7 +363,8 @@ impl fmt::Display for Violation {
                 format!(" --shards {}", self.shards)
             } else {
                 String::new()
-            }
+            },
+            if self.shared { " --shared" } else { "" }
         )
     }
 }

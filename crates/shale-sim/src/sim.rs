@@ -30,8 +30,8 @@ use std::time::Instant;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use shale_device::{
-    CrashMode, ErrorRule, FaultController, FaultDevice, Latency, ZoneEmu, ZoneEmuConfig,
-    ZonedDevice,
+    CrashMode, ErrorRule, FaultController, FaultDevice, Latency, SharedZones, ZoneEmu,
+    ZoneEmuConfig, ZonedDevice,
 };
 use shale_engine::{
     Config, Engine, EngineError, Handoff, ManualClock, MemHandoff, OpenError, Reply, Request,
@@ -54,8 +54,9 @@ const STEP_NS: u64 = 20_000;
 /// Device calls one engine loop iteration may make; more means it spins.
 const DEVICE_CALLS_PER_POLL_MAX: u64 = 2_000_000;
 
-/// The capacity device: zone emulation over a fault device on the rail.
-pub type Cap = ZoneEmu<Powered>;
+/// A shard's capacity device: zone emulation over a fault device on the rail, or a
+/// view of one all the shards share (`SimConfig::shared_capacity`).
+pub type Cap = Box<dyn ZonedDevice + Send>;
 /// One engine under test.
 pub type Eng = Engine<Powered, Cap, ManualClock>;
 /// The engines under test: a pool of shards stepped on the simulator's thread (a
@@ -138,6 +139,10 @@ pub struct SimConfig {
     /// geometry of its own, all on the one power rail; volumes are dealt over them
     /// in granules of 1, 2 or 16 blocks (drawn per lineage).
     pub shards: u32,
+    /// With several shards: one capacity device of `shards` times the geometry's
+    /// zones, shared by the shards (`SharedZones` views), free zones moved between
+    /// them by the space manager's step at random moments of the workload.
+    pub shared_capacity: bool,
     /// Direct writes (`Config::direct_write_min_bytes`: two blocks and more go
     /// straight to zones) in about a third of the runs.
     pub direct_writes: bool,
@@ -227,6 +232,7 @@ impl SimConfig {
             phantom_flushes: false,
             log: false,
             shards: 1,
+            shared_capacity: false,
             direct_writes: true,
         }
     }
@@ -381,8 +387,34 @@ pub fn caused_by_injection(e: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
+/// `n` views of one capacity device the shards share, boxed.
+fn shared_views(emu: ZoneEmu<Powered>, n: usize) -> Result<std::vec::IntoIter<Cap>, String> {
+    let views = SharedZones::split(emu, n).map_err(|e| format!("shared capacity: {e}"))?;
+    let boxed: Vec<Cap> = views.into_iter().map(|v| Box::new(v) as Cap).collect();
+    Ok(boxed.into_iter())
+}
+
+/// One shard's cache and capacity devices.
+type ShardDevices = (Powered, Cap);
+
+/// The space manager's step counted: zones it moved, or that it failed.
+fn count_space_step(counts: &mut Counts, moved: &Result<usize, EngineError>) {
+    match moved {
+        Ok(n) => counts.zones_moved += *n as u64,
+        Err(_) => counts.moves_failed += 1,
+    }
+}
+
+/// The devices of every shard after a crash: caches in shard order, and one
+/// capacity device per shard or one they share.
+#[derive(Default)]
+struct Crashed {
+    caches: Vec<FaultDevice>,
+    capacities: Vec<FaultDevice>,
+}
+
 /// Prints a zone emulation's zones as they are at open (for diagnosing a replay).
-fn log_zones(cap: &Cap) {
+fn log_zones(cap: &dyn ZonedDevice) {
     let mut zones = Vec::new();
     let _ = cap.report_zones(0, cap.geometry().zone_count, &mut zones);
     let line: Vec<String> = zones
@@ -544,6 +576,7 @@ impl Sim {
             generations: self.cfg.generations,
             only: self.cfg.only.clone(),
             shards: self.cfg.shards.max(1),
+            shared: self.shared(),
             cycle: self.cycle,
             lineage: self.lineage,
             generation: self.generation,
@@ -658,7 +691,8 @@ impl Sim {
         // the draws above: GC moves every block it relocates into it, and blocks read
         // twice come back (promotions race overwrites, GC and crashes). The tiers'
         // reserves need a lower GC threshold to leave the small pools a user capacity.
-        if config.checkpoint_pages_per_poll == 16 && cache_lbs == cap_lbs {
+        // (A shared device lends zones, which a tiered pool refuses.)
+        if config.checkpoint_pages_per_poll == 16 && cache_lbs == cap_lbs && !self.shared() {
             config.cold_zones = self.geo.zones / 3;
             config.gc_free_zones_min = config.gc_free_zones_min.min(4);
             config.promote_reads = 2;
@@ -674,20 +708,13 @@ impl Sim {
         }
         self.cache_ctl.clear();
         self.cap_ctl.clear();
-        let mut devices = Vec::with_capacity(shards);
-        let mut capacity = None;
-        for i in 0..shards {
-            let (cache, cap) = self.shard_devices(i, cache_lbs, cap_lbs)?;
-            let layout = CapacityLayout {
-                data_offset: cap.data_offset(),
-                zone_size: cap.geometry().zone_size,
-                zone_capacity: cap.geometry().zone_capacity,
-            };
-            if capacity.is_some_and(|c| c != layout) {
-                return Err(self.harness("the shards' zone layouts differ".into()));
-            }
-            capacity = Some(layout);
-            devices.push((cache, cap));
+        let (devices, capacity) = self.format_devices(shards, cache_lbs, cap_lbs)?;
+        config.zones_owned = None;
+        if self.shared() {
+            // A shard lends only spare (down to half of it): a large one, so that the
+            // space manager has zones to move in these small pools.
+            config.zones_owned = Some(self.geo.zones);
+            config.spare_factor = config.spare_factor.max(0.4);
         }
         let clock = self.clock.clone();
         let mut pool = Pool::format(devices, || clock.clone(), &config, self.granule)
@@ -805,34 +832,128 @@ impl Sim {
         Ok(())
     }
 
-    /// Shard `i`'s fault devices (their controllers kept), on the rail, the capacity
-    /// one formatted for zone emulation.
-    fn shard_devices(
+    /// The engine spun inside one poll (stopped by cutting the power).
+    fn stuck(&self, s: &Stats) -> Violation {
+        self.violation(
+            ViolationKind::Stuck,
+            format!(
+                "the engine spun inside one poll ({DEVICE_CALLS_PER_POLL_MAX} device calls without returning; stopped by cutting the power){}{}; stats: free chunks {}, free zones {}, staged {}, durability points {}",
+                self.injection
+                    .as_ref()
+                    .map(|m| format!(" with {m} injected"))
+                    .unwrap_or_default(),
+                self.last_injected
+                    .as_ref()
+                    .map(|m| format!(", after the request error \"{m}\""))
+                    .unwrap_or_default(),
+                s.free_chunks,
+                s.free_zones,
+                s.staged_blocks,
+                s.durability_points
+            ),
+        )
+    }
+
+    /// Whether the space manager's step runs now, and with what batch: at random
+    /// moments on a shared device (a draw only there: other runs replay as before).
+    fn draw_space_step(&mut self, powered: bool) -> Option<u32> {
+        if !self.shared() || !powered || !self.rng.gen_ratio(1, 24) {
+            return None;
+        }
+        Some(self.rng.gen_range(1..=3))
+    }
+
+    /// Whether the shards share one capacity device.
+    fn shared(&self) -> bool {
+        self.cfg.shared_capacity && self.cfg.shards > 1
+    }
+
+    /// Every shard's fault devices (their controllers kept), on the rail, the
+    /// capacity formatted for zone emulation: one per shard, or one of `shards` times
+    /// the zones that they share. Also the capacity's layout.
+    fn format_devices(
         &mut self,
-        i: usize,
+        shards: usize,
         cache_lbs: u32,
         cap_lbs: u32,
-    ) -> Result<(Powered, Cap), Violation> {
-        let cache = FaultDevice::new(self.geo.cache_blocks * BS, cache_lbs, self.rng.gen())
-            .map_err(|e| self.harness(format!("cache device: {e}")))?;
-        let cap_bytes = self.geo.capacity_bytes();
-        let cap = FaultDevice::new(cap_bytes, cap_lbs, self.rng.gen())
-            .map_err(|e| self.harness(format!("capacity device: {e}")))?;
-        for d in [&cache, &cap] {
-            let max = self.rng.gen_range(0..=self.cfg.latency_polls_max);
-            d.controller().set_latency(Latency::Polls { min: 0, max });
+    ) -> Result<(Vec<ShardDevices>, Option<CapacityLayout>), Violation> {
+        let mut caches = Vec::with_capacity(shards);
+        let ways = if self.shared() { shards as u32 } else { 1 };
+        for i in 0..shards {
+            // The draws in the order of runs before shared devices (replays hold).
+            let cache = FaultDevice::new(self.geo.cache_blocks * BS, cache_lbs, self.rng.gen())
+                .map_err(|e| self.harness(format!("cache device: {e}")))?;
+            let cap = if i == 0 || !self.shared() {
+                let bytes = (u64::from(self.geo.zones * ways) + 2) * self.geo.zone_blocks * BS;
+                let cap = FaultDevice::new(bytes, cap_lbs, self.rng.gen())
+                    .map_err(|e| self.harness(format!("capacity device: {e}")))?;
+                Some(cap)
+            } else {
+                None
+            };
+            for d in std::iter::once(&cache).chain(cap.as_ref()) {
+                let max = self.rng.gen_range(0..=self.cfg.latency_polls_max);
+                d.controller().set_latency(Latency::Polls { min: 0, max });
+            }
+            self.cache_ctl.push(cache.controller());
+            let cap = match cap {
+                Some(cap) => {
+                    self.cap_ctl.push(cap.controller());
+                    Some(self.zone_emulation(cap, i, ways)?)
+                }
+                None => None,
+            };
+            let cache = Powered::numbered(cache, Side::Cache, i, self.rail.clone());
+            caches.push((cache, cap));
         }
-        self.cache_ctl.push(cache.controller());
-        self.cap_ctl.push(cap.controller());
+        let mut layout = None;
+        let mut devices = Vec::with_capacity(shards);
+        let mut views = Vec::new().into_iter();
+        for (cache, cap) in caches {
+            let cap: Cap = match cap {
+                Some(emu) => {
+                    let l = CapacityLayout {
+                        data_offset: emu.data_offset(),
+                        zone_size: emu.geometry().zone_size,
+                        zone_capacity: emu.geometry().zone_capacity,
+                    };
+                    if layout.is_some_and(|c| c != l) {
+                        return Err(self.harness("the shards' zone layouts differ".into()));
+                    }
+                    layout = Some(l);
+                    if self.shared() {
+                        views = shared_views(emu, shards).map_err(|e| self.harness(e))?;
+                        views
+                            .next()
+                            .ok_or_else(|| self.harness("no views of the shared device".into()))?
+                    } else {
+                        Box::new(emu)
+                    }
+                }
+                None => views
+                    .next()
+                    .ok_or_else(|| self.harness("too few views of the shared device".into()))?,
+            };
+            devices.push((cache, cap));
+        }
+        Ok((devices, layout))
+    }
+
+    /// Zone emulation formatted on shard `i`'s capacity fault device (`ways` shards'
+    /// zones on a shared one).
+    fn zone_emulation(
+        &mut self,
+        cap: FaultDevice,
+        i: usize,
+        ways: u32,
+    ) -> Result<ZoneEmu<Powered>, Violation> {
         let mut zc = ZoneEmuConfig::new(self.geo.zone_blocks * BS);
-        zc.zone_count_max = self.geo.zones;
-        zc.max_open_zones = 8;
-        zc.max_active_zones = 8;
+        zc.zone_count_max = self.geo.zones * ways;
+        zc.max_open_zones = 8 * ways;
+        zc.max_active_zones = 8 * ways;
         let rail = self.rail.clone();
-        let cap = ZoneEmu::format(Powered::numbered(cap, Side::Capacity, i, rail), &zc)
-            .map_err(|e| self.harness(format!("zone emulation format: {e}")))?;
-        let cache = Powered::numbered(cache, Side::Cache, i, self.rail.clone());
-        Ok((cache, cap))
+        ZoneEmu::format(Powered::numbered(cap, Side::Capacity, i, rail), &zc)
+            .map_err(|e| self.harness(format!("zone emulation format: {e}")))
     }
 
     /// Drops the engine (no shutdown) and adds up its counters.
@@ -885,7 +1006,10 @@ impl Sim {
         let ctl = if on_cache {
             self.cache_ctl.get(shard).cloned()
         } else {
-            self.cap_ctl.get(shard).cloned()
+            // A shared capacity device is every shard's.
+            self.cap_ctl
+                .get(shard.min(self.cap_ctl.len().saturating_sub(1)))
+                .cloned()
         };
         let Some(ctl) = ctl else { return };
         let size = if on_cache {
@@ -898,6 +1022,7 @@ impl Sim {
             (true, 1) => "cache".to_string(),
             (false, 1) => "capacity".to_string(),
             (true, _) => format!("shard {shard} cache"),
+            (false, _) if self.shared() => "shared capacity".to_string(),
             (false, _) => format!("shard {shard} capacity"),
         };
         let what = match kind {
@@ -1212,19 +1337,27 @@ impl Sim {
     }
 
     /// Crashes every shard's fault devices, each its own way; returns the restarted
-    /// ones, in shard order.
-    fn crash_devices(
-        &mut self,
-        fired: Option<&Fired>,
-    ) -> Result<Vec<(FaultDevice, FaultDevice)>, Violation> {
-        if self.cache_ctl.is_empty() || self.cache_ctl.len() != self.cap_ctl.len() {
+    /// ones, in shard order (a shared capacity device after shard 0's cache).
+    fn crash_devices(&mut self, fired: Option<&Fired>) -> Result<Crashed, Violation> {
+        let caps = if self.shared() {
+            1
+        } else {
+            self.cache_ctl.len()
+        };
+        if self.cache_ctl.is_empty() || self.cap_ctl.len() != caps {
             return Err(self.harness("no devices to crash".into()));
         }
-        let mut out = Vec::with_capacity(self.cache_ctl.len());
+        let mut out = Crashed {
+            caches: Vec::with_capacity(self.cache_ctl.len()),
+            capacities: Vec::with_capacity(caps),
+        };
         for shard in 0..self.cache_ctl.len() {
-            let cache = self.crash_device(fired, Side::Cache, shard)?;
-            let cap = self.crash_device(fired, Side::Capacity, shard)?;
-            out.push((cache, cap));
+            out.caches
+                .push(self.crash_device(fired, Side::Cache, shard)?);
+            if shard < caps {
+                out.capacities
+                    .push(self.crash_device(fired, Side::Capacity, shard)?);
+            }
         }
         Ok(out)
     }
@@ -1301,7 +1434,7 @@ impl Sim {
     #[allow(clippy::too_many_lines, reason = "predates the limit; to be split")]
     fn recover(
         &mut self,
-        devices: Vec<(FaultDevice, FaultDevice)>,
+        devices: Crashed,
         crash_open: Option<Trigger>,
         clean: bool,
     ) -> Result<(), Violation> {
@@ -1325,16 +1458,18 @@ impl Sim {
                 self.rail.arm(t);
             }
             let rail = &self.rail;
-            let powered: Vec<(Powered, Powered)> = std::mem::take(&mut devices)
+            let Crashed { caches, capacities } = std::mem::take(&mut devices);
+            let caches: Vec<Powered> = caches
                 .into_iter()
                 .enumerate()
-                .map(|(i, (c, z))| {
-                    (
-                        Powered::numbered(c, Side::Cache, i, rail.clone()),
-                        Powered::numbered(z, Side::Capacity, i, rail.clone()),
-                    )
-                })
+                .map(|(i, c)| Powered::numbered(c, Side::Cache, i, rail.clone()))
                 .collect();
+            let capacities: Vec<Powered> = capacities
+                .into_iter()
+                .enumerate()
+                .map(|(i, z)| Powered::numbered(z, Side::Capacity, i, rail.clone()))
+                .collect();
+            let shards = caches.len();
             self.rail.set_log_updates(self.cfg.log);
             let clock = self.clock.clone();
             let config = self.engine_config.clone();
@@ -1346,14 +1481,26 @@ impl Sim {
                 .map(|h| kill.then(|| Box::new(h.clone()) as Box<dyn Handoff>))
                 .collect();
             let opened = catch_unwind(AssertUnwindSafe(move || -> Result<Pool, OpenFail> {
-                let mut opened = Vec::with_capacity(powered.len());
-                for (cache, inner) in powered {
+                let mut caps: Vec<Cap> = Vec::with_capacity(shards);
+                for inner in capacities {
                     let cap = ZoneEmu::open(inner).map_err(OpenFail::Zone)?;
                     if log {
                         log_zones(&cap);
                     }
-                    opened.push((cache, cap));
+                    caps.push(Box::new(cap));
                 }
+                if caps.len() == 1 && shards > 1 {
+                    let shared = caps.pop().map(|c| SharedZones::split(c, shards));
+                    let views = shared
+                        .transpose()
+                        .map_err(|reason| OpenFail::Shards(ShardsError::Space { reason }))?;
+                    caps = views
+                        .into_iter()
+                        .flatten()
+                        .map(|v| Box::new(v) as Cap)
+                        .collect();
+                }
+                let opened = caches.into_iter().zip(caps).collect();
                 Pool::open_with(opened, || clock.clone(), &config, handoffs)
                     .map(|(pool, _)| pool)
                     .map_err(OpenFail::from_shards)
@@ -1643,37 +1790,26 @@ impl Sim {
         if feed && !self.stopping() {
             self.feed();
         }
+        let rebalance = self.draw_space_step(self.rail.is_on());
         let Some(e) = self.engine.as_mut() else {
             return Err(self.harness("no engine to poll".into()));
         };
         let powered = self.rail.is_on();
         self.rail.mark();
         let r = catch_unwind(AssertUnwindSafe(|| {
+            let moved = rebalance.map(|batch| e.rebalance(batch));
             let progress = e.poll();
             if !progress && powered {
                 e.wait_io();
             }
+            moved
         }));
+        if let Ok(Some(moved)) = &r {
+            count_space_step(&mut self.counts, moved);
+        }
         if self.rail.spun() {
             let s = e.stats();
-            return Err(self.violation(
-                ViolationKind::Stuck,
-                format!(
-                    "the engine spun inside one poll ({DEVICE_CALLS_PER_POLL_MAX} device calls without returning; stopped by cutting the power){}{}; stats: free chunks {}, free zones {}, staged {}, durability points {}",
-                    self.injection
-                        .as_ref()
-                        .map(|m| format!(" with {m} injected"))
-                        .unwrap_or_default(),
-                    self.last_injected
-                        .as_ref()
-                        .map(|m| format!(", after the request error \"{m}\""))
-                        .unwrap_or_default(),
-                    s.free_chunks,
-                    s.free_zones,
-                    s.staged_blocks,
-                    s.durability_points
-                ),
-            ));
+            return Err(self.stuck(&s));
         }
         if let Err(p) = r {
             return Err(self.violation(

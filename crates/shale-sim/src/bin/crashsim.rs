@@ -57,6 +57,10 @@ struct Args {
     /// Engine shards (1-64), each with devices of the run's geometry of its own.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
     shards: u32,
+    /// With several shards: one capacity device they share, free zones moved between
+    /// them by the space manager at random moments.
+    #[arg(long)]
+    shared: bool,
     /// No direct writes (large writes straight to zones; by default in about a third
     /// of the runs).
     #[arg(long)]
@@ -92,6 +96,7 @@ fn run_mode(args: &Args, mode: Mode) -> (Counts, Vec<RunReport>, f64) {
     cfg.only = args.only.clone();
     cfg.log = args.log;
     cfg.shards = args.shards;
+    cfg.shared_capacity = args.shared;
     cfg.direct_writes = !args.no_direct_writes;
     if let Some(w) = args.warmup_steps {
         cfg.warmup_steps_max = w;
