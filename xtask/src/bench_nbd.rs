@@ -6,7 +6,10 @@
 //! runs `--shards N` (what the shards buy through the whole daemon), or with
 //! `--baseline shale-no-direct` a second Shale without direct writes while the first
 //! runs `--direct-write-min SIZE` and `--direct-write-policy P` (`[engine]
-//! direct_write_min`, `direct_write_policy`; the daemon's defaults otherwise). Prints
+//! direct_write_min`, `direct_write_policy`; the daemon's defaults otherwise), or with
+//! `--baseline shale-windows` a second Shale whose `--shards N` each have a fixed
+//! window of the capacity file while the first's share it (`[engine]
+//! shared_capacity`: what sharing and the space manager cost or buy). Prints
 //! each job's median IOPS and bandwidth over the repetitions, and Shale's ratio to
 //! the baseline.
 //!
@@ -108,11 +111,12 @@ impl Options {
                         "shale-no-handoff",
                         "shale-one-shard",
                         "shale-no-direct",
+                        "shale-windows",
                     ]
                     .contains(&o.baseline.as_str())
                     {
                         return Err(format!(
-                            "--baseline {}: qemu-nbd, shale-no-handoff, shale-one-shard or shale-no-direct",
+                            "--baseline {}: qemu-nbd, shale-no-handoff, shale-one-shard, shale-no-direct or shale-windows",
                             o.baseline
                         ));
                     }
@@ -347,9 +351,9 @@ fn parse_size(s: &str) -> Result<u64, String> {
         .map_err(|e| format!("size {s:?}: {e}"))
 }
 
-pub fn run(o: &Options) -> Result<(), String> {
-    let volume_bytes = parse_size(&o.size)?;
-    std::fs::create_dir_all(&o.dir).map_err(|e| format!("{}: {e}", o.dir.display()))?;
+/// The config files of the Shale under test, of one without direct writes, and of one
+/// whose shards have fixed windows of the capacity.
+fn write_configs(o: &Options) -> Result<(String, String, String), String> {
     // The engine's shards come from a config file (`[engine] shards`).
     let conf = o.dir.join("shards.toml");
     let mut text = format!("[engine]\nshards = {}\n", o.shards);
@@ -373,6 +377,18 @@ pub fn run(o: &Options) -> Result<(), String> {
     )
     .map_err(|e| format!("{}: {e}", plain.display()))?;
     let plain = plain.display().to_string();
+    let windows = o.dir.join("windows.toml");
+    let text = std::fs::read_to_string(&conf).map_err(|e| format!("{conf}: {e}"))?;
+    std::fs::write(&windows, text + "shared_capacity = false\n")
+        .map_err(|e| format!("{}: {e}", windows.display()))?;
+    let windows = windows.display().to_string();
+    Ok((conf, plain, windows))
+}
+
+pub fn run(o: &Options) -> Result<(), String> {
+    let volume_bytes = parse_size(&o.size)?;
+    std::fs::create_dir_all(&o.dir).map_err(|e| format!("{}: {e}", o.dir.display()))?;
+    let (conf, plain, windows) = write_configs(o)?;
     let shale = start_shale(o, volume_bytes, "shale", "shale-data", &["--config", &conf])?;
     let qemu = match o.baseline.as_str() {
         "shale-no-handoff" => start_shale(
@@ -388,6 +404,13 @@ pub fn run(o: &Options) -> Result<(), String> {
             "shale-no-direct",
             "shale-data-no-direct",
             &["--config", &plain],
+        )?,
+        "shale-windows" => start_shale(
+            o,
+            volume_bytes,
+            "shale-windows",
+            "shale-data-windows",
+            &["--config", &windows],
         )?,
         "shale-one-shard" => start_shale(
             o,

@@ -164,18 +164,28 @@ fn open_capacity(
 /// held by one shard.
 fn check_shards(
     cache: &Path,
-    capacity: &Path,
+    capacities: &[PathBuf],
     w: ShardWindows,
     opts: &CheckOptions,
     extra: &mut Findings,
 ) -> Result<CheckReport> {
     let mut all = CheckReport::default();
+    let capacity = capacities.first().map_or(Path::new(""), PathBuf::as_path);
     let mut shared = match w.capacity {
         CapacityCut::Shared => {
-            let z = FileDevice::open(capacity)
-                .with_context(|| format!("opening the capacity device {}", capacity.display()))?;
-            let Some(z) = open_emulation(z, "", extra)? else {
-                return Ok(all);
+            let z: Box<dyn ZonedDevice + Send> = if capacities.len() > 1 {
+                let Some(z) = open_capacity(capacities, extra)? else {
+                    return Ok(all);
+                };
+                z
+            } else {
+                let z = FileDevice::open(capacity).with_context(|| {
+                    format!("opening the capacity device {}", capacity.display())
+                })?;
+                let Some(z) = open_emulation(z, "", extra)? else {
+                    return Ok(all);
+                };
+                Box::new(z)
             };
             let views = shale_device::SharedZones::split(z, w.shards)
                 .map_err(anyhow::Error::msg)
@@ -349,10 +359,16 @@ pub fn main(args: CheckArgs) -> Result<()> {
     };
     let shards = match (args.cache.as_slice(), args.capacity.as_slice()) {
         ([c], [z]) => shale_daemon::serve::recorded_shard_windows(c, z)?,
+        // Shards over a capacity array share it.
+        ([c], _) => shale_daemon::serve::recorded_shards(c).map(|(shards, cache)| ShardWindows {
+            shards,
+            cache,
+            capacity: CapacityCut::Shared,
+        }),
         _ => None,
     };
     let report = match shards {
-        Some(w) => check_shards(&args.cache[0], &args.capacity[0], w, &opts, &mut extra)?,
+        Some(w) => check_shards(&args.cache[0], &args.capacity, w, &opts, &mut extra)?,
         None => {
             let cache = open_cache(&args.cache, &mut extra)?;
             match open_capacity(&args.capacity, &mut extra)? {
@@ -469,4 +485,35 @@ pub fn main(args: CheckArgs) -> Result<()> {
         bail!("{errors} errors, {warnings} warnings");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two shards on 10 zones, each view rotated by 5: shard 0 calls zones 5..10
+    /// foreign, shard 1 (whose zone z is the device's z + 5) calls its 5..10 foreign,
+    /// the device's 0..5.
+    #[test]
+    fn every_zone_held_once_is_clean_and_a_double_or_a_gap_is_not() {
+        let findings = |f0: &[u32], f1: &[u32]| {
+            let mut holders = Vec::new();
+            count_holders(&mut holders, 10, 0, 2, f0);
+            count_holders(&mut holders, 10, 1, 2, f1);
+            let mut extra = Vec::new();
+            holder_findings(&holders, &mut extra);
+            extra
+        };
+        let theirs = [5, 6, 7, 8, 9];
+        assert!(findings(&theirs, &theirs).is_empty());
+        // Shard 1's zone 7 (device zone 2, shard 0's) not foreign there: two holders.
+        let double = findings(&theirs, &[5, 6, 8, 9]);
+        assert_eq!(double.len(), 1, "{double:?}");
+        assert_eq!(double[0].0, Severity::Error);
+        assert!(double[0].1.contains("zone 2 by 2"), "{double:?}");
+        // Device zone 3 foreign to both: held by none, a warning.
+        let gap = findings(&[3, 5, 6, 7, 8, 9], &theirs);
+        assert_eq!(gap.len(), 1, "{gap:?}");
+        assert_eq!(gap[0].0, Severity::Warning);
+    }
 }

@@ -102,6 +102,9 @@ fn serves_restarts_and_recovers(shared: bool) {
         st["bytes"]["user_written"].as_u64().unwrap_or(0) >= size as u64,
         "{st}"
     );
+    // What the space manager moved is counted (given once, taken once per move).
+    let (given, taken) = (&st["space"]["zones_given"], &st["space"]["zones_taken"]);
+    assert!(given.is_u64() && taken.as_u64() >= given.as_u64(), "{st}");
 
     volumes_across_shards(&d);
 
@@ -290,6 +293,24 @@ fn shards_share_a_capacity_array() {
     d.spawn();
     io(&d, &["read -P 0x21 0 8M"]);
     d.stop();
+    // The offline checker finds both shards over the array, every zone held once.
+    let mut check = shale();
+    check.args(["check", "--data", "--json", "--cache"]);
+    check.arg(dir.path().join("cache.img"));
+    for i in 0..3 {
+        check
+            .arg("--capacity")
+            .arg(dir.path().join(format!("cap{i}.img")));
+    }
+    let out = output(&mut check);
+    let report: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("check --json output");
+    assert_eq!(report["ok"], true, "{report}");
+    assert!(
+        report["counts"]["mapped_blocks"].as_u64().unwrap_or(0) >= 2048,
+        "{report}"
+    );
+    assert!(!report.to_string().contains("held by"), "{report}");
 }
 
 /// A count outside 1..=64 is refused by name; a configuration that cannot be cut

@@ -262,6 +262,8 @@ pub fn stats_json(s: &Stats) -> Value {
             "free_cold_zones": s.free_cold_zones,
             "zone_resets": s.zone_resets,
             "chunk_frees": s.chunk_frees,
+            "zones_given": s.zones_given,
+            "zones_taken": s.zones_taken,
         },
         "work": {
             "compaction_victims": s.compaction_victims,
@@ -512,6 +514,11 @@ pub fn metrics(b: &EngineBackend, drive: Option<&DriveStats>) -> Vec<Metric> {
             "shale_zone_resets_total",
             "Capacity zone resets.",
             s.zone_resets,
+        ),
+        c(
+            "shale_zones_given_total",
+            "Free capacity zones shards gave to the space manager (moved to another shard).",
+            s.zones_given,
         ),
         c(
             "shale_chunk_frees_total",

@@ -1243,6 +1243,14 @@ pub fn recorded_shard_windows(
     }))
 }
 
+/// How many shards a pool over `cache` has, and each one's cache window, as shard 0
+/// recorded them; `None` for a pool of one shard (or nothing recorded). With a
+/// capacity array, the shards share it.
+pub fn recorded_shards(cache: &Path) -> Option<(usize, u64)> {
+    let sb = recorded_superblock(cache).filter(|sb| sb.shard.count > 1)?;
+    Some((usize::from(sb.shard.count), sb.cache_size_blocks * 4096))
+}
+
 /// Whether `path` is a zoned block device (a drive whose zones the shards divide,
 /// rather than a file cut into windows).
 fn is_zoned_drive(path: &Path) -> Result<bool, DaemonError> {
