@@ -9,7 +9,7 @@
 //! direct_write_min`, `direct_write_policy`; the daemon's defaults otherwise), or with
 //! `--baseline shale-windows` a second Shale whose `--shards N` each have a fixed
 //! window of the capacity file while the first's share it (`[engine]
-//! shared_capacity`: what sharing and the space manager cost or buy). Prints
+//! shared_capacity = true`: what sharing and the space manager cost or buy). Prints
 //! each job's median IOPS and bandwidth over the repetitions, and Shale's ratio to
 //! the baseline.
 //!
@@ -379,9 +379,14 @@ fn write_configs(o: &Options) -> Result<(String, String, String), String> {
     let plain = plain.display().to_string();
     let windows = o.dir.join("windows.toml");
     let text = std::fs::read_to_string(&conf).map_err(|e| format!("{conf}: {e}"))?;
-    std::fs::write(&windows, text + "shared_capacity = false\n")
+    std::fs::write(&windows, text.clone() + "shared_capacity = false\n")
         .map_err(|e| format!("{}: {e}", windows.display()))?;
     let windows = windows.display().to_string();
+    // Against windows, the Shale under test shares its capacity.
+    if o.baseline == "shale-windows" {
+        std::fs::write(&conf, text + "shared_capacity = true\n")
+            .map_err(|e| format!("{conf}: {e}"))?;
+    }
     Ok((conf, plain, windows))
 }
 

@@ -179,11 +179,12 @@ pub struct EngineKnobs {
     /// cache and capacity devices and a slice of every volume. Given at format (the
     /// count is recorded; an open takes the recorded one).
     pub shards: u32,
-    /// With several shards on a capacity file or array: whether the shards share the
-    /// whole device, each holding some of its zones and a space manager moving free
-    /// zones to the shard that runs short (`true`), or each has a fixed window of it
-    /// (`false`). Given at format (an open finds which from the devices). A zoned
-    /// drive's zones are divided in fixed runs.
+    /// With several shards on a capacity file: whether the shards share the whole
+    /// device, each holding some of its zones and a space manager moving free zones
+    /// to the shard that runs short (`true`), or each has a fixed window of it
+    /// (`false`, the default: each shard its own I/O ring, no lock on the data path).
+    /// Given at format (an open finds which from the devices). Arrays and simulated
+    /// drives are always shared; a zoned drive's zones are divided in fixed runs.
     pub shared_capacity: bool,
     /// User bytes written between periodic checkpoints (a shorter interval bounds
     /// the journal replayed after a crash); `auto` is 1/16 of the user capacity.
@@ -222,7 +223,7 @@ impl Default for EngineKnobs {
             gc_free_zones_min: e.gc_free_zones_min,
             streams: e.streams_max,
             shards: 1,
-            shared_capacity: true,
+            shared_capacity: false,
             checkpoint_interval: Size("auto".into()),
             handoff_dir: "/dev/shm".into(),
             direct_write_min: Size(DIRECT_WRITE_MIN_DEFAULT.into()),

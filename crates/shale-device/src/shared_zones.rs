@@ -7,7 +7,9 @@
 //!
 //! The views share the device behind a mutex, held for one submission, one poll or
 //! one synchronous call. A view that must wait for its completions first polls
-//! without blocking a few times (yielding between), then waits at the device for the
+//! without blocking a while (yielding between; through the daemon, one bench run
+//! each, 4 KiB random writes reached 0.92× of shards in windows with 8 tries and
+//! 1.02× with 256, reads 0.87× and 0.86×), then waits at the device for the
 //! next completion, whoever's it is, with the lock held: the device then holds a
 //! request of this view, so the wait ends, and other views' submissions wait at most
 //! one device completion. Zone I/O comes in zone-group batches, so the lock is taken
@@ -23,7 +25,7 @@ use crate::{
 };
 
 /// Non-blocking polls a waiting view makes before it blocks at the device.
-const SPINS: u32 = 8;
+const SPINS: u32 = 256;
 
 #[derive(Debug)]
 struct Shared<Z> {
