@@ -2148,6 +2148,53 @@ mod tests {
     use super::*;
     use shale_engine::VolumeLimits;
 
+    /// A capacity file cut into windows is found as windows, one emulation over the
+    /// whole file as shared, also once the file has grown far past it; a file with no
+    /// emulation is refused with the reason.
+    #[test]
+    fn an_open_finds_how_the_shards_divide_the_capacity() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("cap.img");
+        let zc = ZoneEmuConfig::new(1 << 20);
+        let emulate = |at: u64, len: u64| {
+            let f = FileDevice::open(&path).expect("open");
+            let w = Window::new(f, at, len).expect("window");
+            ZoneEmu::format(w, &zc).expect("format");
+        };
+        let cut = || {
+            let mut f = FileDevice::open(&path).expect("open");
+            recorded_capacity_cut(&mut f, &path, 2).expect("recorded")
+        };
+        let len = 64u64 << 20;
+        std::fs::File::create(&path)
+            .and_then(|f| f.set_len(len))
+            .expect("file");
+        let per = zc.device_bytes_for(20).expect("20 zones fit");
+        emulate(0, per);
+        emulate(per, per);
+        assert_eq!(cut(), CapacityCut::Windows(per));
+        // One emulation over the whole file.
+        std::fs::File::create(&path)
+            .and_then(|f| f.set_len(len))
+            .expect("file");
+        emulate(0, len);
+        assert_eq!(cut(), CapacityCut::Shared);
+        // Grown to 8 times: its emulation spans less than half, nothing follows it.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .and_then(|f| f.set_len(8 * len))
+            .expect("grow");
+        assert_eq!(cut(), CapacityCut::Shared);
+        // No emulation at all: refused with the reason.
+        std::fs::File::create(&path)
+            .and_then(|f| f.set_len(len))
+            .expect("file");
+        let mut f = FileDevice::open(&path).expect("open");
+        let err = recorded_capacity_cut(&mut f, &path, 2).expect_err("nothing recorded");
+        assert!(err.to_string().contains("no zone emulation"), "{err}");
+    }
+
     #[test]
     fn volume_plans_take_a_size_and_limits() {
         let p = VolumePlan::parse("db:4GiB,iops-max=500,mibps-max=20,cache-share=30%,gc=greedy")
