@@ -354,8 +354,12 @@ fn parse_size(s: &str) -> Result<u64, String> {
 /// The config files of the Shale under test, of one without direct writes, and of one
 /// whose shards have fixed windows of the capacity.
 fn write_configs(o: &Options) -> Result<(String, String, String), String> {
+    let write = |name: &str, text: String| {
+        let path = o.dir.join(name);
+        std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok::<String, String>(path.display().to_string())
+    };
     // The engine's shards come from a config file (`[engine] shards`).
-    let conf = o.dir.join("shards.toml");
     let mut text = format!("[engine]\nshards = {}\n", o.shards);
     for (key, value) in [
         ("direct_write_min", &o.direct_write_min),
@@ -365,28 +369,19 @@ fn write_configs(o: &Options) -> Result<(String, String, String), String> {
             text += &format!("{key} = \"{v}\"\n");
         }
     }
-    std::fs::write(&conf, text).map_err(|e| format!("{}: {e}", conf.display()))?;
-    let conf = conf.display().to_string();
-    let plain = o.dir.join("no-direct.toml");
-    std::fs::write(
-        &plain,
+    let windows = write("windows.toml", text.clone() + "shared_capacity = false\n")?;
+    // Against windows, the Shale under test shares its capacity.
+    if o.baseline == "shale-windows" {
+        text += "shared_capacity = true\n";
+    }
+    let conf = write("shards.toml", text)?;
+    let plain = write(
+        "no-direct.toml",
         format!(
             "[engine]\nshards = {}\ndirect_write_min = \"off\"\n",
             o.shards
         ),
-    )
-    .map_err(|e| format!("{}: {e}", plain.display()))?;
-    let plain = plain.display().to_string();
-    let windows = o.dir.join("windows.toml");
-    let text = std::fs::read_to_string(&conf).map_err(|e| format!("{conf}: {e}"))?;
-    std::fs::write(&windows, text.clone() + "shared_capacity = false\n")
-        .map_err(|e| format!("{}: {e}", windows.display()))?;
-    let windows = windows.display().to_string();
-    // Against windows, the Shale under test shares its capacity.
-    if o.baseline == "shale-windows" {
-        std::fs::write(&conf, text + "shared_capacity = true\n")
-            .map_err(|e| format!("{conf}: {e}"))?;
-    }
+    )?;
     Ok((conf, plain, windows))
 }
 

@@ -357,14 +357,8 @@ pub fn main(args: CheckArgs) -> Result<()> {
         findings_per_kind_max: args.findings_max,
         ..CheckOptions::default()
     };
-    let shards = match (args.cache.as_slice(), args.capacity.as_slice()) {
-        ([c], [z]) => shale_daemon::serve::recorded_shard_windows(c, z)?,
-        // Shards over a capacity array share it.
-        ([c], _) => shale_daemon::serve::recorded_shards(c).map(|(shards, cache)| ShardWindows {
-            shards,
-            cache,
-            capacity: CapacityCut::Shared,
-        }),
+    let shards = match (args.cache.as_slice(), args.capacity.is_empty()) {
+        ([c], false) => shale_daemon::serve::recorded_shard_windows(c, &args.capacity)?,
         _ => None,
     };
     let report = match shards {

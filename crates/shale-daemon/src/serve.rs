@@ -1227,28 +1227,24 @@ pub enum CapacityCut {
 
 /// A pool of several shards on one cache device: how many, and where each is, as
 /// shard 0 recorded them; `None` for a pool of one shard (or nothing recorded).
+/// Shards over a capacity array (several `capacity` paths) share it.
 pub fn recorded_shard_windows(
     cache: &Path,
-    capacity: &Path,
+    capacity: &[PathBuf],
 ) -> Result<Option<ShardWindows>, DaemonError> {
     let Some(sb) = recorded_superblock(cache).filter(|sb| sb.shard.count > 1) else {
         return Ok(None);
     };
     let n = usize::from(sb.shard.count);
-    let (c, z) = shard_strides(cache, capacity, n, Cut::Recorded(&sb))?;
+    let (c, z) = match capacity {
+        [one] => shard_strides(cache, one, n, Cut::Recorded(&sb))?,
+        _ => (sb.cache_size_blocks * 4096, CapacityCut::Shared),
+    };
     Ok(Some(ShardWindows {
         shards: n,
         cache: c,
         capacity: z,
     }))
-}
-
-/// How many shards a pool over `cache` has, and each one's cache window, as shard 0
-/// recorded them; `None` for a pool of one shard (or nothing recorded). With a
-/// capacity array, the shards share it.
-pub fn recorded_shards(cache: &Path) -> Option<(usize, u64)> {
-    let sb = recorded_superblock(cache).filter(|sb| sb.shard.count > 1)?;
-    Some((usize::from(sb.shard.count), sb.cache_size_blocks * 4096))
 }
 
 /// Whether `path` is a zoned block device (a drive whose zones the shards divide,

@@ -637,12 +637,7 @@ fn check_zone_pointers<C: BlockDevice, Z: ZonedDevice>(
     raw_zones: &[ZoneInfo],
     rep: &mut CheckReport,
 ) {
-    rep.foreign_zones = (1..e.core.geo.zone_count)
-        .filter(|&z| {
-            let r = e.core.geo.zone_region(shale_format::ZoneId(z));
-            e.core.regions.get(r).state == RegionState::Foreign
-        })
-        .collect();
+    rep.foreign_zones = crate::space::lend::foreign_list(&e.core);
     let held = e.core.geo.zone_count.saturating_sub(1) as usize - rep.foreign_zones.len();
     rep.counts.zones = held as u64;
     for zi in raw_zones.iter().skip(1) {
