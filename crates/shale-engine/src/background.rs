@@ -14,9 +14,10 @@ use crate::Config;
 /// The smallest batch of PendingFree regions released while space is not short.
 const PENDING_FREE_BATCH: usize = 4;
 
-/// Free chunks below which compaction runs.
-pub(crate) fn compaction_threshold(geo: &Geometry, config: &Config) -> usize {
-    ((geo.chunk_count as usize * config.compaction_free_chunks_pct as usize).div_ceil(100)).max(1)
+/// Free chunks below which compaction runs, of `owned` chunks held (all the cache's
+/// but another shard's).
+pub(crate) fn compaction_threshold(owned: u32, config: &Config) -> usize {
+    ((owned as usize * config.compaction_free_chunks_pct as usize).div_ceil(100)).max(1)
 }
 
 /// Free zones below which GC runs: at least the GC reserve + 1.
@@ -71,13 +72,14 @@ pub(crate) fn release_due(
     zones_blocked: bool,
 ) -> bool {
     let (pending_chunks, pending_zones) = pending_counts(geo, regions);
+    let owned = regions.owned_chunks(geo);
     let chunks_short = pending_chunks > 0
         && (user_blocked
-            || regions.free_chunks.len() < compaction_threshold(geo, config).div_ceil(4).max(2));
+            || regions.free_chunks.len() < compaction_threshold(owned, config).div_ceil(4).max(2));
     let cold_short = geo.tiered() && regions.free_cold_zones.len() <= cold_reserve + 1;
     let zones_short = pending_zones > 0
         && (zones_blocked || regions.free_zones.len() <= gc_reserve + 1 || cold_short);
-    let batch_full = pending_chunks >= (geo.chunk_count as usize / 8).max(PENDING_FREE_BATCH)
+    let batch_full = pending_chunks >= (owned as usize / 8).max(PENDING_FREE_BATCH)
         || pending_zones >= (geo.zone_count as usize / 64).clamp(PENDING_FREE_BATCH, 64);
     chunks_short || zones_short || batch_full
 }

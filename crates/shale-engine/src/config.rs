@@ -74,6 +74,10 @@ pub struct Config {
     /// its user capacity is what those zones hold, and only they are reset. `None`:
     /// every zone.
     pub zones_owned: Option<u32>,
+    /// At format, on a cache the shards of a pool share (each through its own view):
+    /// this shard owns chunks `0..n` of its view and the others are Foreign here
+    /// (`space/lend.rs`). `None`: every chunk.
+    pub chunks_owned: Option<u32>,
 
     // ---- runtime ----
     /// Compaction runs while free chunks are below this percentage of all chunks.
@@ -180,6 +184,7 @@ impl Default for Config {
             shard: ShardTag::ONE,
             cold_zones: 0,
             zones_owned: None,
+            chunks_owned: None,
             pool_uuid: None,
             compaction_free_chunks_pct: 20,
             gc_free_zones_min: 5,

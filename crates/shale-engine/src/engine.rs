@@ -738,7 +738,8 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             gc_steps = gc_steps.max(cold_steps);
         }
         let free_chunks = self.core.regions.free_chunks.len() + pending_chunks;
-        let threshold = compaction_threshold(&self.core.geo, &self.core.config);
+        let owned = self.core.regions.owned_chunks(&self.core.geo);
+        let threshold = compaction_threshold(owned, &self.core.config);
         let mut steps = steps_for(
             &self.core.config,
             free_chunks,
@@ -1059,14 +1060,12 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
                 let r = self.self_check();
                 done.send(r.map(|_| Reply::Done).map_err(EngineError::from));
             }
-            Request::GiveZones { count } => done.send(self.give_zones(count).map(Reply::Zones)),
-            Request::ForeignZones => done.send(Ok(Reply::Zones(crate::space::lend::foreign_list(
-                &self.core,
-            )))),
-            Request::TakeZones { zones } => {
-                let r = crate::space::lend::take(&mut self.core, &zones);
-                done.send(r.map(|()| Reply::Done));
-            }
+            Request::GiveZones { .. }
+            | Request::ForeignZones
+            | Request::TakeZones { .. }
+            | Request::GiveChunks { .. }
+            | Request::ForeignChunks
+            | Request::TakeChunks { .. } => self.lending_request(req, done),
         }
         Ok(None)
     }
@@ -1157,6 +1156,31 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     /// Free zones given to the space manager: this engine keeps one more than its GC
     /// threshold (so giving never starts GC), and a checkpoint records them as another
     /// shard's before the answer (`space/lend.rs`).
+    /// The space manager's requests (`space/lend.rs`).
+    fn lending_request(&mut self, req: Request, done: Answer) {
+        match req {
+            Request::GiveZones { count } => done.send(self.give_zones(count).map(Reply::Zones)),
+            Request::ForeignZones => done.send(Ok(Reply::Zones(crate::space::lend::foreign_list(
+                &self.core,
+            )))),
+            Request::TakeZones { zones } => {
+                let r = crate::space::lend::take(&mut self.core, &zones);
+                done.send(r.map(|()| Reply::Done));
+            }
+            Request::GiveChunks { count } => done.send(self.give_chunks(count).map(Reply::Chunks)),
+            Request::ForeignChunks => done.send(Ok(Reply::Chunks(
+                crate::space::lend::foreign_chunk_list(&self.core),
+            ))),
+            Request::TakeChunks { chunks } => {
+                let r = crate::space::lend::take_chunks(&mut self.core, &chunks);
+                done.send(r.map(|()| Reply::Done));
+            }
+            other => done.send(Err(EngineError::Failed {
+                reason: format!("{other:?} is not the space manager's"),
+            })),
+        }
+    }
+
     fn give_zones(&mut self, count: u32) -> Result<Vec<u32>, EngineError> {
         let keep =
             crate::background::gc_threshold(&self.core.config, self.gc.gc_reserve(&self.core)) + 1;
@@ -1165,6 +1189,18 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
             self.checkpoint(false).inspect_err(|e| {
                 self.fail(EngineError::Failed {
                     reason: format!("recording zones given away: {e}"),
+                })
+            })?;
+        }
+        Ok(given)
+    }
+
+    fn give_chunks(&mut self, count: u32) -> Result<Vec<u32>, EngineError> {
+        let given = crate::space::lend::give_chunks(&mut self.core, count)?;
+        if !given.is_empty() {
+            self.checkpoint(false).inspect_err(|e| {
+                self.fail(EngineError::Failed {
+                    reason: format!("recording chunks given away: {e}"),
                 })
             })?;
         }

@@ -133,6 +133,12 @@ pub struct Stats {
     /// Zones given to the space manager, and taken from it.
     pub zones_given: u64,
     pub zones_taken: u64,
+    /// Chunks of the cache that are another shard's here (a pool whose shards
+    /// share the cache); not in `chunk_count`.
+    pub foreign_chunks: u64,
+    /// Chunks given to the space manager, and taken from it.
+    pub chunks_given: u64,
+    pub chunks_taken: u64,
     pub streams: u64,
     /// Blocks read out of victims and waiting in DRAM for a full group.
     pub staged_blocks: u64,
@@ -296,6 +302,9 @@ impl Stats {
             foreign_zones,
             zones_given,
             zones_taken,
+            foreign_chunks,
+            chunks_given,
+            chunks_taken,
             streams,
             staged_blocks,
             io_buffer_allocs,
@@ -375,6 +384,9 @@ impl Stats {
         self.foreign_zones += foreign_zones;
         self.zones_given += zones_given;
         self.zones_taken += zones_taken;
+        self.foreign_chunks += foreign_chunks;
+        self.chunks_given += chunks_given;
+        self.chunks_taken += chunks_taken;
         self.streams += streams;
         self.staged_blocks += staged_blocks;
         self.io_buffer_allocs += io_buffer_allocs;
@@ -476,6 +488,8 @@ pub(crate) fn snapshot(
         .as_ref()
         .map_or(core.stats.census_pages, |c| c.pages);
     s.free_chunks = core.regions.free_chunks.len() as u64;
+    s.foreign_chunks = u64::from(core.regions.foreign_chunks);
+    s.chunk_count = u64::from(core.regions.owned_chunks(&core.geo));
     s.free_zones = core.regions.free_zones.len() as u64;
     s.free_cold_zones = core.regions.free_cold_zones.len() as u64;
     s.foreign_zones = crate::space::lend::foreign_zones(&core.regions) as u64;

@@ -197,6 +197,8 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
         let geo = Geometry::of(&sb);
         let mut regions = Regions::new(&geo);
         crate::space::lend::foreign_from(&geo, &mut regions, owned);
+        let chunks = config.chunks_owned.unwrap_or(geo.chunk_count);
+        crate::space::lend::foreign_chunks_from(&geo, &mut regions, chunks);
         let table_pages = sb.l2p.pages_for(sb.user_capacity_blocks);
         let frames = config.l2p_budget_pages(sb.user_capacity_blocks, table_pages)?;
         let l2p = L2p::new(
@@ -657,23 +659,7 @@ fn format_plan(
     };
     let p =
         plan(info.size_bytes / BS, &cap, &input).map_err(|r| too_small("cache or capacity", r))?;
-    // The largest request must fit in the cache with a chunk to spare for compaction.
-    let chunk_data = u64::from(
-        Groups {
-            blocks: config.chunk_blocks,
-        }
-        .data_capacity(),
-    );
-    let request_blocks = config.request_bytes_max.div_ceil(BS) + 1;
-    if u64::from(p.layout.chunk_count - 1) * chunk_data < 2 * request_blocks {
-        return Err(too_small(
-            "cache",
-            format!(
-                "{} chunks cannot hold two requests of {} bytes",
-                p.layout.chunk_count, config.request_bytes_max
-            ),
-        ));
-    }
+    cache_holds_requests(config, p.layout.chunk_count)?;
     let sb = Superblock {
         uuid: config
             .pool_uuid
@@ -693,6 +679,37 @@ fn format_plan(
     sb.validate()
         .map_err(|(f, r)| geometry(format!("{f}: {r}")))?;
     Ok((sb, streams))
+}
+
+/// The largest request must fit in the chunks this shard owns, with a chunk to
+/// spare for compaction (chunks other shards own hold none of its writes).
+fn cache_holds_requests(config: &Config, chunk_count: u32) -> Result<(), FormatDeviceError> {
+    let chunk_data = u64::from(
+        Groups {
+            blocks: config.chunk_blocks,
+        }
+        .data_capacity(),
+    );
+    let request_blocks = config.request_bytes_max.div_ceil(BS) + 1;
+    let chunks = match config.chunks_owned {
+        Some(n) if n > chunk_count => {
+            return Err(FormatDeviceError::Geometry {
+                reason: format!("{n} of {chunk_count} chunks owned"),
+            })
+        }
+        Some(n) => n,
+        None => chunk_count,
+    };
+    if u64::from(chunks.saturating_sub(1)) * chunk_data < 2 * request_blocks {
+        return Err(FormatDeviceError::TooSmall {
+            device: "cache",
+            reason: format!(
+                "{chunks} chunks cannot hold two requests of {} bytes",
+                config.request_bytes_max
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// Fast zones a one-tier pool keeps free and out of its user capacity: GC's

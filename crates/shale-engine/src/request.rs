@@ -105,6 +105,19 @@ pub enum Request {
     /// The zones that are another shard's here ([`Reply::Zones`]): what the space
     /// manager reconciles at a pool's open.
     ForeignZones,
+    /// Gives up to `count` free chunks of a cache the shards share to the space
+    /// manager, keeping what this engine's writes and compaction need: answered
+    /// with [`Reply::Chunks`] once a checkpoint records them as another shard's.
+    GiveChunks {
+        count: u32,
+    },
+    /// Takes `chunks` (each another shard's here) from the space manager: each has
+    /// its md blocks zeroed and becomes free here. All or none are checked first.
+    TakeChunks {
+        chunks: Vec<u32>,
+    },
+    /// The chunks that are another shard's here ([`Reply::Chunks`]).
+    ForeignChunks,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -173,6 +186,9 @@ pub enum Reply {
     Stats(Box<Stats>),
     /// The zones given (`Request::GiveZones`): indices on the capacity device.
     Zones(Vec<u32>),
+    /// The chunks given (`Request::GiveChunks`) or another shard's
+    /// (`Request::ForeignChunks`): chunk indices of the cache.
+    Chunks(Vec<u32>),
 }
 
 /// Largest range one `Request::Allocation` may ask about: 256 L2P pages, so at most

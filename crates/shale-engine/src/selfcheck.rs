@@ -279,7 +279,7 @@ fn check_region_state(
         }
         RegionState::Foreign => {
             let idle = reg.relocations == 0 && reg.inflight_writes == 0 && !reg.draining;
-            if core.geo.is_chunk(r) || in_free + in_pending != 0 || reg.valid != 0 || !idle {
+            if in_free + in_pending != 0 || reg.valid != 0 || !idle {
                 return bad_region(
                     r,
                     format!(
@@ -366,6 +366,14 @@ fn check_lists(
     if open_user > unsettled_chunks.max(usize::from(writer.open.is_some())) + 1 {
         return Err(SelfCheckError::FreeList {
             reason: format!("{open_user} chunks open"),
+        });
+    }
+    let foreign = (0..core.geo.chunk_count)
+        .filter(|&c| rs.get(RegionId(c)).state == RegionState::Foreign)
+        .count();
+    if foreign != rs.foreign_chunks as usize {
+        return Err(SelfCheckError::FreeList {
+            reason: format!("{foreign} chunks Foreign, {} counted", rs.foreign_chunks),
         });
     }
     Ok(())

@@ -107,11 +107,14 @@ impl<'a> Volumes<'a> {
                     reason: "slices are the router's to make, not a client's".into(),
                 })
             }
-            Request::GiveZones { .. } | Request::TakeZones { .. } | Request::ForeignZones => {
-                Err(EngineError::ZoneLending {
-                    reason: "zones move between a pool's shards, not to a client".into(),
-                })
-            }
+            Request::GiveZones { .. }
+            | Request::TakeZones { .. }
+            | Request::ForeignZones
+            | Request::GiveChunks { .. }
+            | Request::TakeChunks { .. }
+            | Request::ForeignChunks => Err(EngineError::ZoneLending {
+                reason: "zones and chunks move between a pool's shards, not to a client".into(),
+            }),
             other => unreachable!("{other:?} is routed before admin"),
         }
     }

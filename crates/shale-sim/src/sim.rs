@@ -2484,5 +2484,8 @@ fn request_kind(r: &Request) -> &'static str {
         Request::GiveZones { .. } => "give zones",
         Request::TakeZones { .. } => "take zones",
         Request::ForeignZones => "foreign zones",
+        Request::GiveChunks { .. } => "give chunks",
+        Request::TakeChunks { .. } => "take chunks",
+        Request::ForeignChunks => "foreign chunks",
     }
 }

@@ -1,6 +1,7 @@
-//! Zones lent between the shards of a pool that share one capacity device: what one
-//! shard gives to the space manager and takes from it (`Request::GiveZones`,
-//! `Request::TakeZones`; docs/engine.md "Zones lent between shards").
+//! Zones and chunks lent between the shards of a pool that share one capacity or
+//! cache device: what one shard gives to the space manager and takes from it
+//! (`Request::GiveZones`, `Request::TakeZones`, `Request::GiveChunks`,
+//! `Request::TakeChunks`; docs/engine.md "Zones lent between shards").
 //!
 //! A zone is this shard's unless its region state is `Foreign`. A given zone was free
 //! here (empty on the device: a zone is reset before it is free) and becomes Foreign;
@@ -10,9 +11,17 @@
 //! claimed it durably) and becomes Free here; nothing is recorded: a crash before
 //! the zone is opened (a `RegionOpened` record, made durable with the zone's first
 //! claims) leaves it Foreign in every shard, and the pool's open hands it out again.
+//!
+//! Chunks move the same way. A chunk has no device state to reset, and its md
+//! blocks may hold another shard's lives, whose SIDs (counted per shard) could equal
+//! or pass the one this shard opens it with: recovery would then take those md
+//! blocks for this life's, or skip this life as reused. So a taken chunk's md
+//! blocks are overwritten with zeros before it is free here; the next durability
+//! point (which any claim in the chunk waits for) makes them durable, and a crash
+//! before that leaves the chunk Foreign everywhere, to be taken, and zeroed, again.
 
 use shale_device::{BlockDevice, ZoneAction, ZoneState, ZonedDevice};
-use shale_format::RegionState;
+use shale_format::{RegionId, RegionState};
 
 use crate::core::Core;
 use crate::{Clock, EngineError};
@@ -186,4 +195,134 @@ pub(crate) fn foreign_zones(regions: &crate::space::Regions) -> usize {
         .iter()
         .filter(|r| r.state == RegionState::Foreign)
         .count()
+        - regions.foreign_chunks as usize
+}
+
+/// Takes up to `count` free chunks off the free list and marks them Foreign. A
+/// shard keeps at least half the chunks it held at format, enough for two of the
+/// largest requests and a chunk for compaction, and more free chunks than its
+/// compaction threshold (giving never starts compaction). Returns the chunks'
+/// indices, the oldest free first. The caller checkpoints before it answers.
+pub(crate) fn give_chunks(
+    core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+    count: u32,
+) -> Result<Vec<u32>, EngineError> {
+    let geo = core.geo;
+    let owned = core.regions.owned_chunks(&geo);
+    let shards = u32::from(core.sb.shard.count.max(1));
+    let data = u64::from(
+        crate::layout::Groups {
+            blocks: geo.chunk_blocks,
+        }
+        .data_capacity(),
+    );
+    let request = core.config.request_bytes_max.div_ceil(crate::layout::BS) + 1;
+    let floor = (geo.chunk_count / shards)
+        .div_ceil(2)
+        .max((2 * request).div_ceil(data) as u32 + 1);
+    let free = core.regions.free_chunks.len() as u32;
+    let mut n = count.min(owned.saturating_sub(floor));
+    while n > 0 {
+        let keep = crate::background::compaction_threshold(owned - n, &core.config) as u32 + 1;
+        if free >= n + keep {
+            break;
+        }
+        n -= 1;
+    }
+    let mut given = Vec::with_capacity(n as usize);
+    for _ in 0..n {
+        let Some(r) = core.regions.free_chunks.pop_front() else {
+            break;
+        };
+        let reg = core.regions.get_mut(r);
+        debug_assert_eq!(reg.state, RegionState::Free);
+        reg.state = RegionState::Foreign;
+        core.regions.foreign_chunks += 1;
+        given.push(r.0);
+    }
+    if !given.is_empty() {
+        chunks_held_changed(core);
+    }
+    core.stats.chunks_given += given.len() as u64;
+    Ok(given)
+}
+
+/// Makes each of `chunks` free here: each must be Foreign here. Its md blocks are
+/// overwritten with zeros first (see the module docs). All are checked before any
+/// is taken; a failed write takes none of those not yet taken.
+pub(crate) fn take_chunks(
+    core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+    chunks: &[u32],
+) -> Result<(), EngineError> {
+    let geo = core.geo;
+    for (i, &c) in chunks.iter().enumerate() {
+        let state = (c < geo.chunk_count).then(|| core.regions.get(RegionId(c)).state);
+        if state != Some(RegionState::Foreign) || chunks[..i].contains(&c) {
+            return Err(refused(format!(
+                "chunk {c} is not another shard's here ({}{})",
+                state.map_or_else(
+                    || format!("not one of {} chunks", geo.chunk_count),
+                    |s| format!("{s:?}")
+                ),
+                if chunks[..i].contains(&c) {
+                    ", named twice"
+                } else {
+                    ""
+                }
+            )));
+        }
+    }
+    let groups = crate::layout::Groups {
+        blocks: geo.chunk_blocks,
+    };
+    let zeros = vec![0u8; 2 * shale_format::BLOCK_SIZE];
+    for &c in chunks {
+        let r = RegionId(c);
+        for g in 0..groups.count() {
+            // md A and md B are side by side at the end of every group.
+            let at = geo.chunk_offset(r, groups.md_slot(g));
+            core.cache
+                .write_at(at, &zeros)
+                .map_err(EngineError::cache("taken chunk md clear", at))?;
+        }
+        core.regions.get_mut(r).state = RegionState::Free;
+        core.regions.foreign_chunks -= 1;
+        core.regions.push_free(&geo, r);
+        core.stats.chunks_taken += 1;
+    }
+    chunks_held_changed(core);
+    Ok(())
+}
+
+/// Cache shares are a percentage of the chunks held.
+fn chunks_held_changed(core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>) {
+    let geo = core.geo;
+    let foreign = core.regions.foreign_chunks;
+    core.regions.shares.set_chunks_held(&geo, foreign);
+    core.apply_volume_policies();
+}
+
+/// The chunks that are another shard's here, in order.
+pub(crate) fn foreign_chunk_list(
+    core: &Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
+) -> Vec<u32> {
+    (0..core.geo.chunk_count)
+        .filter(|&c| core.regions.get(RegionId(c)).state == RegionState::Foreign)
+        .collect()
+}
+
+/// At format on a shared cache: chunks `owned..` are other shards'.
+pub(crate) fn foreign_chunks_from(
+    geo: &crate::layout::Geometry,
+    regions: &mut crate::space::Regions,
+    owned: u32,
+) {
+    for c in owned..geo.chunk_count {
+        regions.get_mut(RegionId(c)).state = RegionState::Foreign;
+    }
+    regions.foreign_chunks = geo.chunk_count - owned.min(geo.chunk_count);
+    regions
+        .free_chunks
+        .retain(|&r| regions.regions[r.0 as usize].state == RegionState::Free);
+    regions.shares.set_chunks_held(geo, regions.foreign_chunks);
 }

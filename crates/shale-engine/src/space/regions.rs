@@ -60,6 +60,9 @@ pub(crate) struct Regions {
     pub counts_unknown: bool,
     /// Each volume's valid blocks in the cache, moved with the bits of chunk blocks.
     pub shares: CacheShares,
+    /// Chunks of a cache the shards of a pool share that are another shard's here
+    /// (region state Foreign: `space/lend.rs`).
+    pub foreign_chunks: u32,
 }
 
 impl Regions {
@@ -82,6 +85,7 @@ impl Regions {
             census_pending: false,
             census_bits: Vec::new(),
             counts_unknown: false,
+            foreign_chunks: 0,
             shares: CacheShares::new(
                 geo.chunk_count,
                 u64::from(geo.chunk_count)
@@ -147,8 +151,17 @@ impl Regions {
             if e.state == RegionState::Free {
                 r.push_free(geo, id);
             }
+            if e.state == RegionState::Foreign && geo.is_chunk(id) {
+                r.foreign_chunks += 1;
+            }
         }
+        r.shares.set_chunks_held(geo, r.foreign_chunks);
         r
+    }
+
+    /// The chunks this engine holds (all but another shard's).
+    pub fn owned_chunks(&self, geo: &Geometry) -> u32 {
+        geo.chunk_count - self.foreign_chunks
     }
 
     pub fn get(&self, r: RegionId) -> &Region {

@@ -43,6 +43,16 @@ impl CacheShares {
         self.cache_data_blocks
     }
 
+    /// Shares are a percentage of the chunks held: all but `foreign` (another
+    /// shard's, in a cache the shards of a pool share).
+    pub fn set_chunks_held(&mut self, geo: &crate::layout::Geometry, foreign: u32) {
+        let data = crate::layout::Groups {
+            blocks: geo.chunk_blocks,
+        }
+        .data_capacity();
+        self.cache_data_blocks = u64::from(geo.chunk_count - foreign) * u64::from(data);
+    }
+
     fn vol(&mut self, v: VolumeId) -> &mut VolumeCache {
         let i = v.0 as usize;
         if i >= self.vols.len() {

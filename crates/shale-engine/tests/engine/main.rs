@@ -14,6 +14,7 @@ mod faults;
 mod golden;
 mod handoff;
 mod lending;
+mod lending_chunks;
 mod limits;
 mod model;
 mod recovery;
