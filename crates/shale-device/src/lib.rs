@@ -32,6 +32,7 @@ mod file;
 pub mod fuzzing;
 mod mem;
 mod null;
+mod shared_cache;
 mod shared_zones;
 mod sparse;
 mod stats;
@@ -57,6 +58,7 @@ pub use fault::{
 pub use file::{DirectIo, EngineChoice, EngineKind, FileDevice, FileOptions, FILE_MAX_IO_BYTES};
 pub use mem::{MemDevice, MEM_MAX_IO_BYTES, MEM_QUEUE_DEPTH};
 pub use null::NullDevice;
+pub use shared_cache::{CacheSplit, SharedCache};
 pub use shared_zones::SharedZones;
 pub use sparse::{SparseImage, SPARSE_PAGE_BYTES};
 pub use stats::{DeviceStats, StatsDevice, StatsHandle};

@@ -78,6 +78,10 @@ pub struct Config {
     /// this shard owns chunks `0..n` of its view and the others are Foreign here
     /// (`space/lend.rs`). `None`: every chunk.
     pub chunks_owned: Option<u32>,
+    /// At format: the cache's chunks begin no earlier than this byte (a cache the
+    /// shards share: each shard's metadata window ends there). `None`: right after
+    /// the metadata.
+    pub cache_data_start_min: Option<u64>,
 
     // ---- runtime ----
     /// Compaction runs while free chunks are below this percentage of all chunks.
@@ -185,6 +189,7 @@ impl Default for Config {
             cold_zones: 0,
             zones_owned: None,
             chunks_owned: None,
+            cache_data_start_min: None,
             pool_uuid: None,
             compaction_free_chunks_pct: 20,
             gc_free_zones_min: 5,

@@ -280,6 +280,9 @@ pub(crate) struct PlanInput {
     pub reserve_zones: u32,
     /// The L2P entry width; `None` takes the narrowest that addresses the pool.
     pub l2p: Option<L2pFormat>,
+    /// Chunks begin no earlier than this block (a cache the shards share: each
+    /// shard's metadata window ends where its chunks begin).
+    pub data_start_min: u64,
 }
 
 /// Lays out the cache device. Without a chosen L2P format, narrow entries are tried
@@ -373,8 +376,9 @@ fn plan_with(
     l.journal_start = l.checkpoint_b_start + u64::from(l.checkpoint_blocks);
     l.l2p_area_start = l.journal_start + u64::from(journal_blocks);
     // Align the data region to a group so chunk I/O stays aligned on big-IU devices.
-    l.data_start =
-        (l.l2p_area_start + 2 * u64::from(pool_pages)).next_multiple_of(u64::from(GROUP_BLOCKS));
+    l.data_start = (l.l2p_area_start + 2 * u64::from(pool_pages))
+        .max(input.data_start_min)
+        .next_multiple_of(u64::from(GROUP_BLOCKS));
     let avail = cache_blocks.saturating_sub(l.data_start);
     let chunks = avail / u64::from(chunk_blocks);
     if chunks < 3 {

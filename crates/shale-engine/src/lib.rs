@@ -77,6 +77,7 @@ pub use error::{
 pub use gc::policy::GcPolicyKind;
 pub use handoff::{Handoff, MemHandoff};
 pub use metrics::{Stats, VolumeStats};
+pub use open::format_layout;
 pub use placement::PlacementKind;
 pub use recovery::{NoProgress, OpenEvent, OpenProgress, OpenReport, ReplayCounts, StepReport};
 pub use request::{

@@ -588,6 +588,18 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> Engine<C, Z, K> {
     }
 }
 
+/// The cache layout a format would write on a cache of `cache` and a capacity of
+/// `capacity` with `config`: where a caller dividing one cache device between shards
+/// learns how much metadata each needs (`shale_device::SharedCache`).
+pub fn format_layout(
+    cache: &shale_device::DeviceInfo,
+    capacity: &shale_device::ZoneGeometry,
+    config: &Config,
+) -> Result<shale_format::CacheLayout, FormatDeviceError> {
+    config.validate()?;
+    Ok(format_plan(cache, capacity, config)?.0.layout)
+}
+
 /// The superblock a format writes, and the placement streams, for these devices
 /// and this configuration; refused when the devices are too small or unusable.
 fn format_plan(
@@ -656,6 +668,7 @@ fn format_plan(
         spare_factor: config.spare_factor,
         reserve_zones: reserve + others,
         l2p,
+        data_start_min: config.cache_data_start_min.unwrap_or(0) / BS,
     };
     let p =
         plan(info.size_bytes / BS, &cap, &input).map_err(|r| too_small("cache or capacity", r))?;

@@ -7,9 +7,12 @@
 //!   deterministic runs (the benchmark runner, simulations).
 //! - `route`, `volumes`: routing requests and volume changes, shared by both.
 //! - `join`: answering a request split over shards once.
-//! - `space`: the space manager of shards sharing one capacity device (zones
-//!   given and taken by message, orphans handed out at open).
+//! - `space`: the space manager of shards sharing one capacity device or cache
+//!   (zones and chunks given and taken by message, orphans handed out at open).
+//! - `cache`: one cache device divided between shards (metadata windows, shared
+//!   chunks).
 
+pub mod cache;
 mod join;
 mod local;
 pub mod map;

@@ -25,6 +25,7 @@ pub struct LocalShards<C: BlockDevice, Z: ZonedDevice, K: Clock> {
     splits: SplitParts,
     /// How the shards number the capacity device they share (`space.rs`).
     lending: Option<crate::Lending>,
+    chunk_lending: Option<crate::Lending>,
 }
 
 impl<C: BlockDevice, Z: ZonedDevice, K: Clock> std::fmt::Debug for LocalShards<C, Z, K> {
@@ -105,11 +106,19 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> LocalShards<C, Z, K> {
     fn start_lending(&mut self) -> Result<(), ShardsError> {
         // Read off shard 0 directly: a pool that shares nothing is not polled here.
         let n = self.engines.len();
-        self.lending = crate::space::detect(n, &self.engines[0].stats());
-        if let Some(l) = &self.lending {
-            let engines = &mut self.engines;
-            let call = &mut |s: usize, r| call_engine(&mut engines[s], r);
-            crate::space::reconcile(l, call).map_err(|reason| ShardsError::Space { reason })?;
+        let shard0 = self.engines[0].stats();
+        self.lending = crate::space::detect(n, &shard0);
+        self.chunk_lending = crate::space::detect_chunks(n, &shard0);
+        let engines = &mut self.engines;
+        let call = &mut |s: usize, r| call_engine(&mut engines[s], r);
+        for (l, kind) in [
+            (&self.lending, crate::space::Kind::Zones),
+            (&self.chunk_lending, crate::space::Kind::Chunks),
+        ] {
+            if let Some(l) = l {
+                crate::space::reconcile(l, kind, call)
+                    .map_err(|reason| ShardsError::Space { reason })?;
+            }
         }
         Ok(())
     }
@@ -122,11 +131,18 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> LocalShards<C, Z, K> {
 
     /// The space manager's step (as `Shards::rebalance`).
     pub fn rebalance(&mut self, batch: u32) -> Result<usize, EngineError> {
-        let Some(l) = self.lending else {
-            return Ok(0);
-        };
         let engines = &mut self.engines;
-        crate::space::rebalance(&l, batch, &mut |s, r| call_engine(&mut engines[s], r))
+        crate::space::rebalance_all(
+            self.lending.as_ref(),
+            self.chunk_lending.as_ref(),
+            batch,
+            &mut |s, r| call_engine(&mut engines[s], r),
+        )
+    }
+
+    /// How the shards number the chunks of the cache they share.
+    pub fn chunk_lending(&self) -> Option<crate::Lending> {
+        self.chunk_lending
     }
 
     /// Opens (recovering where needed) the shards in turn and makes their volumes
@@ -175,6 +191,7 @@ impl<C: BlockDevice, Z: ZonedDevice, K: Clock> LocalShards<C, Z, K> {
             capacities,
             splits: SplitParts::default(),
             lending: None,
+            chunk_lending: None,
         }
     }
 

@@ -95,6 +95,8 @@ pub struct Shards<C, Z> {
     /// How the shards number the capacity device they share (`space.rs`); `None`
     /// when each has its own.
     lending: Option<crate::Lending>,
+    /// How the shards number the chunks of a cache they share.
+    chunk_lending: Option<crate::Lending>,
 }
 
 impl<C, Z> std::fmt::Debug for Shards<C, Z> {
@@ -212,6 +214,39 @@ where
         let views = shale_device::SharedZones::split(capacity, n)
             .map_err(|reason| ShardsError::Space { reason })?;
         let devices = caches.into_iter().zip(views).collect();
+        Self::open(devices, clock, config, queue_depth)
+    }
+}
+
+impl<C, Z> Shards<shale_device::SharedCache<C>, shale_device::SharedZones<Z>>
+where
+    C: BlockDevice + Send + 'static,
+    Z: ZonedDevice + Send + 'static,
+{
+    /// Formats `shards` shards over one cache and one capacity device, sharing both
+    /// (`cache::pooled_devices`): the space manager lends zones and chunks.
+    pub fn format_pooled<K: Clock + Send + 'static>(
+        cache: C,
+        capacity: Z,
+        shards: usize,
+        clock: impl Fn() -> K + Sync,
+        config: &Config,
+        granule: u64,
+        queue_depth: usize,
+    ) -> Result<Self, ShardsError> {
+        let (devices, config) = crate::cache::pooled_devices(cache, capacity, config, shards)?;
+        Self::format(devices, clock, &config, granule, queue_depth)
+    }
+
+    /// Opens a pool formatted by [`Shards::format_pooled`].
+    pub fn open_pooled<K: Clock + Send + 'static>(
+        cache: C,
+        capacity: Z,
+        clock: impl Fn() -> K + Sync,
+        config: &Config,
+        queue_depth: usize,
+    ) -> Result<(Self, Vec<OpenReport>), ShardsError> {
+        let devices = crate::cache::pooled_devices_recorded(cache, capacity)?;
         Self::open(devices, clock, config, queue_depth)
     }
 }
@@ -361,6 +396,7 @@ where
             admin: Mutex::new(()),
             splits: SplitParts::default(),
             lending: None,
+            chunk_lending: None,
         };
         pool.start_lending()?;
         Ok(pool)
@@ -378,10 +414,20 @@ where
             Err(e) => return Err(space(e.to_string())),
         };
         self.lending = crate::space::detect(threads.len(), &shard0);
-        if let Some(l) = &self.lending {
-            let handed = crate::space::reconcile(l, call).map_err(space)?;
-            if handed > 0 {
-                tracing::info!(zones = handed, "zones no shard held handed out");
+        self.chunk_lending = crate::space::detect_chunks(threads.len(), &shard0);
+        for (l, kind) in [
+            (&self.lending, crate::space::Kind::Zones),
+            (&self.chunk_lending, crate::space::Kind::Chunks),
+        ] {
+            if let Some(l) = l {
+                let handed = crate::space::reconcile(l, kind, call).map_err(space)?;
+                if handed > 0 {
+                    tracing::info!(
+                        count = handed,
+                        what = kind.name(),
+                        "space no shard held handed out"
+                    );
+                }
             }
         }
         Ok(())
@@ -393,6 +439,12 @@ where
         self.lending
     }
 
+    /// How the shards number the chunks of the cache they share; `None` when each
+    /// has its own.
+    pub fn chunk_lending(&self) -> Option<crate::Lending> {
+        self.chunk_lending
+    }
+
     /// Runs the space manager's step (`rebalance(batch)`) every `interval` on a
     /// thread of its own until [`SpaceManager::stop`]; `None` on a pool without a
     /// shared device. The thread holds the pool only while a step runs.
@@ -401,7 +453,7 @@ where
         interval: std::time::Duration,
         batch: u32,
     ) -> std::io::Result<Option<SpaceManager>> {
-        if self.lending.is_none() {
+        if self.lending.is_none() && self.chunk_lending.is_none() {
             return Ok(None);
         }
         let pool = std::sync::Arc::downgrade(self);
@@ -440,11 +492,13 @@ where
     /// (`space.rs`). Returns the zones moved (none on a pool without a shared
     /// device).
     pub fn rebalance(&self, batch: u32) -> Result<usize, EngineError> {
-        let Some(l) = &self.lending else {
-            return Ok(0);
-        };
         let _g = self.admin.lock().unwrap_or_else(PoisonError::into_inner);
-        crate::space::rebalance(l, batch, &mut |s, r| self.threads[s].call(r))
+        crate::space::rebalance_all(
+            self.lending.as_ref(),
+            self.chunk_lending.as_ref(),
+            batch,
+            &mut |s, r| self.threads[s].call(r),
+        )
     }
 
     /// The deal of volume bytes to the shards.

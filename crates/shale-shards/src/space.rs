@@ -1,7 +1,10 @@
 //! The space manager of a pool whose shards share one capacity device
 //! (`shale_device::SharedZones`): it moves free zones between shards by message
 //! (`Request::GiveZones` to one, `Request::TakeZones` to another, each through the
-//! shard's own queue), and at every open hands out the zones no shard holds.
+//! shard's own queue), and at every open hands out the zones no shard holds. On a
+//! cache the shards share (`shale_device::SharedCache`) it moves free chunks the same
+//! way (`Request::GiveChunks`, `Request::TakeChunks`); what follows of zones holds
+//! of chunks too.
 //!
 //! Each shard sees the device rotated (its zone 0, its label, is the device's zone
 //! `index * per`), so a zone has one number per shard; the manager translates. Every
@@ -13,7 +16,8 @@
 
 use shale_engine::{EngineError, Reply, Request};
 
-/// How the shards of a pool number one shared device's zones.
+/// How the shards of a pool number one shared device's zones (or a shared cache's
+/// chunks: `zone_count` is then the chunks').
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Lending {
     shards: u32,
@@ -23,7 +27,7 @@ pub struct Lending {
 }
 
 impl Lending {
-    fn new(shards: usize, zone_count: u32) -> Lending {
+    pub(crate) fn new(shards: usize, zone_count: u32) -> Lending {
         let shards = shards as u32;
         Lending {
             shards,
@@ -57,12 +61,56 @@ impl Lending {
 /// A request to shard `s`, answered.
 pub(crate) type Call<'a> = dyn FnMut(usize, Request) -> Result<Reply, EngineError> + 'a;
 
-fn zones(r: Reply) -> Result<Vec<u32>, EngineError> {
-    match r {
-        Reply::Zones(z) => Ok(z),
-        other => Err(EngineError::Failed {
-            reason: format!("the space manager got {other:?} for a zone list"),
-        }),
+/// What moves: zones of a shared capacity device or chunks of a shared cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Zones,
+    Chunks,
+}
+
+impl Kind {
+    fn give(self, count: u32) -> Request {
+        match self {
+            Kind::Zones => Request::GiveZones { count },
+            Kind::Chunks => Request::GiveChunks { count },
+        }
+    }
+
+    fn take(self, list: Vec<u32>) -> Request {
+        match self {
+            Kind::Zones => Request::TakeZones { zones: list },
+            Kind::Chunks => Request::TakeChunks { chunks: list },
+        }
+    }
+
+    fn foreign(self) -> Request {
+        match self {
+            Kind::Zones => Request::ForeignZones,
+            Kind::Chunks => Request::ForeignChunks,
+        }
+    }
+
+    fn free(self, st: &shale_engine::Stats) -> u64 {
+        match self {
+            Kind::Zones => st.free_zones,
+            Kind::Chunks => st.free_chunks,
+        }
+    }
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Kind::Zones => "zone",
+            Kind::Chunks => "chunk",
+        }
+    }
+
+    fn list(self, r: Reply) -> Result<Vec<u32>, EngineError> {
+        match (self, r) {
+            (Kind::Zones, Reply::Zones(z)) | (Kind::Chunks, Reply::Chunks(z)) => Ok(z),
+            (_, other) => Err(EngineError::Failed {
+                reason: format!("the space manager got {other:?} for a {} list", self.name()),
+            }),
+        }
     }
 }
 
@@ -85,15 +133,26 @@ pub(crate) fn detect(n: usize, shard0: &shale_engine::Stats) -> Option<Lending> 
     Some(Lending::new(n, zone_count as u32))
 }
 
+/// Whether the `n` shards share one cache device, and how they number its chunks.
+pub(crate) fn detect_chunks(n: usize, shard0: &shale_engine::Stats) -> Option<Lending> {
+    if n < 2 || shard0.foreign_chunks == 0 {
+        return None;
+    }
+    Some(Lending::new(
+        n,
+        (shard0.chunk_count + shard0.foreign_chunks) as u32,
+    ))
+}
+
 /// Checks that no zone has two holders and hands every zone without one to the
 /// shards in turn, the fewest free zones first. Returns the zones handed out.
-pub(crate) fn reconcile(l: &Lending, call: &mut Call<'_>) -> Result<u32, String> {
+pub(crate) fn reconcile(l: &Lending, kind: Kind, call: &mut Call<'_>) -> Result<u32, String> {
     let n = l.shards as usize;
     let mut holders = vec![0u32; l.zone_count as usize];
     let mut free = Vec::with_capacity(n);
     for s in 0..n {
-        let foreign = call(s, Request::ForeignZones)
-            .and_then(zones)
+        let foreign = call(s, kind.foreign())
+            .and_then(|r| kind.list(r))
             .map_err(|e| format!("shard {s}: {e}"))?;
         let mut theirs = vec![false; l.zone_count as usize];
         for z in foreign {
@@ -104,11 +163,12 @@ pub(crate) fn reconcile(l: &Lending, call: &mut Call<'_>) -> Result<u32, String>
                 *h += 1;
             }
         }
-        free.push(stats(call, s).map_err(|e| e.to_string())?.free_zones);
+        free.push(kind.free(&stats(call, s).map_err(|e| e.to_string())?));
     }
     if let Some(d) = holders.iter().position(|&h| h > 1) {
         return Err(format!(
-            "zone {d} of the shared capacity device is held by {} shards",
+            "{} {d} of the shared device is held by {} shards",
+            kind.name(),
             holders[d]
         ));
     }
@@ -118,8 +178,8 @@ pub(crate) fn reconcile(l: &Lending, call: &mut Call<'_>) -> Result<u32, String>
     for &d in &orphans {
         let s = (0..n).min_by_key(|&s| free[s]).unwrap_or(0);
         let z = l.shard_zone(s, d);
-        call(s, Request::TakeZones { zones: vec![z] })
-            .map_err(|e| format!("shard {s} taking zone {d}: {e}"))?;
+        call(s, kind.take(vec![z]))
+            .map_err(|e| format!("shard {s} taking {} {d}: {e}", kind.name()))?;
         free[s] += 1;
     }
     Ok(orphans.len() as u32)
@@ -131,13 +191,14 @@ pub(crate) fn reconcile(l: &Lending, call: &mut Call<'_>) -> Result<u32, String>
 /// orphans until the next open hands them out.
 pub(crate) fn rebalance(
     l: &Lending,
+    kind: Kind,
     batch: u32,
     call: &mut Call<'_>,
 ) -> Result<usize, EngineError> {
     let n = l.shards as usize;
     let mut free = Vec::with_capacity(n);
     for s in 0..n {
-        free.push(stats(call, s)?.free_zones);
+        free.push(kind.free(&stats(call, s)?));
     }
     let (Some(rich), Some(poor)) = (
         (0..n).max_by_key(|&s| free[s]),
@@ -148,7 +209,7 @@ pub(crate) fn rebalance(
     if free[rich] < free[poor] + 2 * u64::from(batch) {
         return Ok(0);
     }
-    let given = zones(call(rich, Request::GiveZones { count: batch })?)?;
+    let given = kind.list(call(rich, kind.give(batch))?)?;
     if given.is_empty() {
         return Ok(0);
     }
@@ -158,18 +219,33 @@ pub(crate) fn rebalance(
             .map(|&z| l.shard_zone(s, l.device_zone(rich, z)))
             .collect::<Vec<_>>()
     };
-    match call(poor, Request::TakeZones { zones: to(poor) }) {
+    match call(poor, kind.take(to(poor))) {
         Ok(_) => Ok(given.len()),
         Err(e) => {
-            call(
-                rich,
-                Request::TakeZones {
-                    zones: given.clone(),
-                },
-            )?;
+            call(rich, kind.take(given.clone()))?;
             Err(e)
         }
     }
+}
+
+/// One step for the zones and one for the chunks of whatever the shards share:
+/// `batch` zones, and as many chunks up to a quarter of a shard's share. Returns
+/// the zones and chunks moved.
+pub(crate) fn rebalance_all(
+    zones: Option<&Lending>,
+    chunks: Option<&Lending>,
+    batch: u32,
+    call: &mut Call<'_>,
+) -> Result<usize, EngineError> {
+    let mut moved = 0;
+    if let Some(l) = zones {
+        moved += rebalance(l, Kind::Zones, batch, call)?;
+    }
+    if let Some(l) = chunks {
+        let batch = batch.min(l.per / 4).max(1);
+        moved += rebalance(l, Kind::Chunks, batch, call)?;
+    }
+    Ok(moved)
 }
 
 #[cfg(test)]
