@@ -121,9 +121,12 @@ pub struct Counts {
     /// shard whose device the cut fell on.
     pub requests_split: u64,
     pub volume_changes_across_shards: u64,
-    /// On shards sharing one capacity device: free zones the space manager moved,
-    /// and its steps that failed (an engine failed, or the power was cut).
+    /// On shards sharing one capacity device: free zones (and chunks, on a shared
+    /// cache) the space manager moved, and its steps that failed (an engine failed,
+    /// or the power was cut).
     pub zones_moved: u64,
+    /// Of those, chunks given away (counted by the engines that gave them).
+    pub chunks_given: u64,
     pub moves_failed: u64,
     pub cuts_by_shard: BTreeMap<usize, u64>,
 }
@@ -183,6 +186,7 @@ impl Counts {
         self.requests_split += o.requests_split;
         self.volume_changes_across_shards += o.volume_changes_across_shards;
         self.zones_moved += o.zones_moved;
+        self.chunks_given += o.chunks_given;
         self.moves_failed += o.moves_failed;
         for (k, v) in &o.cuts_by_shard {
             *self.cuts_by_shard.entry(*k).or_default() += v;
@@ -267,11 +271,12 @@ impl fmt::Display for Counts {
         if !self.cuts_by_shard.is_empty() || self.requests_split > 0 {
             writeln!(
                 f,
-                "shards: requests split {}  volume changes across shards {}  cuts by shard {:?}  zones moved {} (steps failed {})",
+                "shards: requests split {}  volume changes across shards {}  cuts by shard {:?}  zones and chunks moved {} (chunks given {}, steps failed {})",
                 self.requests_split,
                 self.volume_changes_across_shards,
                 self.cuts_by_shard,
                 self.zones_moved,
+                self.chunks_given,
                 self.moves_failed
             )?;
         }
@@ -327,6 +332,8 @@ pub struct Violation {
     pub shards: u32,
     /// The shards share one capacity device (`SimConfig::shared_capacity`).
     pub shared: bool,
+    /// ... and one cache device (`SimConfig::shared_cache`).
+    pub shared_cache: bool,
     /// Crash point (cycle) of the run, 0-based.
     pub cycle: u64,
     /// Format count within the run (a new lineage starts after a refused open).
@@ -364,7 +371,13 @@ impl fmt::Display for Violation {
             } else {
                 String::new()
             },
-            if self.shared { " --shared" } else { "" }
+            if self.shared_cache {
+                " --shared-cache"
+            } else if self.shared {
+                " --shared"
+            } else {
+                ""
+            }
         )
     }
 }

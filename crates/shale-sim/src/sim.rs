@@ -30,8 +30,8 @@ use std::time::Instant;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use shale_device::{
-    CrashMode, ErrorRule, FaultController, FaultDevice, Latency, SharedZones, ZoneEmu,
-    ZoneEmuConfig, ZonedDevice,
+    BlockDevice, CacheSplit, CrashMode, ErrorRule, FaultController, FaultDevice, Latency,
+    SharedCache, SharedZones, ZoneEmu, ZoneEmuConfig, ZonedDevice,
 };
 use shale_engine::{
     Config, Engine, EngineError, Handoff, ManualClock, MemHandoff, OpenError, Reply, Request,
@@ -43,7 +43,8 @@ use shale_shards::{LocalShards, ShardsError};
 use crate::model::{block_hash, BlockRange, FlushCut, Model, OpId, VolModel};
 use crate::plan::{self, Moment, Plan};
 use crate::power::{
-    CapacityLayout, DevOp, DevOpKind, Fired, Layouts, PowerRail, Powered, Side, Trigger,
+    CapacityLayout, DevOp, DevOpKind, Fired, Layouts, PowerRail, Powered, SharedCacheLayout, Side,
+    Trigger,
 };
 use crate::report::{Counts, RunReport, Trace, Violation, ViolationKind};
 use crate::workload::{Limits, Mix, Op, Workload};
@@ -57,11 +58,14 @@ const DEVICE_CALLS_PER_POLL_MAX: u64 = 2_000_000;
 /// A shard's capacity device: zone emulation over a fault device on the rail, or a
 /// view of one all the shards share (`SimConfig::shared_capacity`).
 pub type Cap = Box<dyn ZonedDevice + Send>;
+/// A shard's cache device: a fault device on the rail, or a view of one all the
+/// shards share (`SimConfig::shared_cache`).
+pub type Cache = Box<dyn BlockDevice + Send>;
 /// One engine under test.
-pub type Eng = Engine<Powered, Cap, ManualClock>;
+pub type Eng = Engine<Cache, Cap, ManualClock>;
 /// The engines under test: a pool of shards stepped on the simulator's thread (a
 /// pool of one is its engine, every request passed through).
-pub type Pool = LocalShards<Powered, Cap, ManualClock>;
+pub type Pool = LocalShards<Cache, Cap, ManualClock>;
 
 /// What happens at a crash point.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -143,6 +147,10 @@ pub struct SimConfig {
     /// zones, shared by the shards (`SharedZones` views), free zones moved between
     /// them by the space manager's step at random moments of the workload.
     pub shared_capacity: bool,
+    /// With several shards: one cache device too, each shard's metadata in a window
+    /// of its own and the chunks shared (`SharedCache` views), free chunks moved
+    /// between shards with the zones (implies `shared_capacity`).
+    pub shared_cache: bool,
     /// Direct writes (`Config::direct_write_min_bytes`: two blocks and more go
     /// straight to zones) in about a third of the runs.
     pub direct_writes: bool,
@@ -233,6 +241,7 @@ impl SimConfig {
             log: false,
             shards: 1,
             shared_capacity: false,
+            shared_cache: false,
             direct_writes: true,
         }
     }
@@ -395,7 +404,13 @@ fn shared_views(emu: ZoneEmu<Powered>, n: usize) -> Result<std::vec::IntoIter<Ca
 }
 
 /// One shard's cache and capacity devices.
-type ShardDevices = (Powered, Cap);
+type ShardDevices = (Cache, Cap);
+
+/// Views of one cache device the shards share, boxed.
+fn shared_cache_views(cache: Powered, split: CacheSplit) -> Result<Vec<Cache>, String> {
+    let views = SharedCache::split(cache, split).map_err(|e| format!("shared cache: {e}"))?;
+    Ok(views.into_iter().map(|v| Box::new(v) as Cache).collect())
+}
 
 /// The space manager's step counted: zones it moved, or that it failed.
 fn count_space_step(counts: &mut Counts, moved: &Result<usize, EngineError>) {
@@ -451,6 +466,8 @@ struct Sim {
     /// Each shard's cache and capacity fault devices, in shard order.
     cache_ctl: Vec<FaultController>,
     cap_ctl: Vec<FaultController>,
+    /// How one cache the shards share is divided (`SimConfig::shared_cache`).
+    cache_split: Option<CacheSplit>,
     engine: Option<Pool>,
     engine_config: Config,
     /// The lineage's granule (bytes) on a pool of several shards.
@@ -538,6 +555,7 @@ impl Sim {
             },
             cache_ctl: Vec::new(),
             cap_ctl: Vec::new(),
+            cache_split: None,
             engine: None,
             granule: shale_shards::GRANULE_BYTES_DEFAULT,
             submit_panic: None,
@@ -577,6 +595,7 @@ impl Sim {
             only: self.cfg.only.clone(),
             shards: self.cfg.shards.max(1),
             shared: self.shared(),
+            shared_cache: self.shared_cache(),
             cycle: self.cycle,
             lineage: self.lineage,
             generation: self.generation,
@@ -708,14 +727,17 @@ impl Sim {
         }
         self.cache_ctl.clear();
         self.cap_ctl.clear();
-        let (devices, capacity) = self.format_devices(shards, cache_lbs, cap_lbs)?;
         config.zones_owned = None;
+        config.chunks_owned = None;
+        config.cache_data_start_min = None;
+        self.cache_split = None;
         if self.shared() {
             // A shard lends only spare (down to half of it): a large one, so that the
             // space manager has zones to move in these small pools.
             config.zones_owned = Some(self.geo.zones);
             config.spare_factor = config.spare_factor.max(0.4);
         }
+        let (devices, capacity) = self.format_devices(shards, (cache_lbs, cap_lbs), &mut config)?;
         let clock = self.clock.clone();
         let mut pool = Pool::format(devices, || clock.clone(), &config, self.granule)
             .map_err(|e| self.harness(format!("engine format: {e}")))?;
@@ -736,6 +758,10 @@ impl Sim {
         self.rail.set_layouts(Layouts {
             cache: layouts.first().copied().flatten(),
             capacity,
+            cache_shared: self.cache_split.map(|s| SharedCacheLayout {
+                shards: u64::from(s.shards),
+                meta_blocks: s.meta_bytes / BS,
+            }),
         });
         // A volume on several shards is a whole number of blocks of at least a granule
         // per shard, and takes up to a granule more than its share in some of them.
@@ -865,24 +891,44 @@ impl Sim {
 
     /// Whether the shards share one capacity device.
     fn shared(&self) -> bool {
-        self.cfg.shared_capacity && self.cfg.shards > 1
+        (self.cfg.shared_capacity || self.cfg.shared_cache) && self.cfg.shards > 1
+    }
+
+    /// Whether the shards share one cache device (and the capacity device).
+    fn shared_cache(&self) -> bool {
+        self.cfg.shared_cache && self.cfg.shards > 1
     }
 
     /// Every shard's fault devices (their controllers kept), on the rail, the
     /// capacity formatted for zone emulation: one per shard, or one of `shards` times
-    /// the zones that they share. Also the capacity's layout.
+    /// the zones that they share (and one cache, divided as `config` asks, which
+    /// then says how: `Config::chunks_owned`, `cache_data_start_min`). Also the
+    /// capacity's layout.
     fn format_devices(
         &mut self,
         shards: usize,
-        cache_lbs: u32,
-        cap_lbs: u32,
+        (cache_lbs, cap_lbs): (u32, u32),
+        config: &mut Config,
     ) -> Result<(Vec<ShardDevices>, Option<CapacityLayout>), Violation> {
         let mut caches = Vec::with_capacity(shards);
         let ways = if self.shared() { shards as u32 } else { 1 };
+        let one_cache = self.shared_cache();
         for i in 0..shards {
             // The draws in the order of runs before shared devices (replays hold).
-            let cache = FaultDevice::new(self.geo.cache_blocks * BS, cache_lbs, self.rng.gen())
-                .map_err(|e| self.harness(format!("cache device: {e}")))?;
+            let cache = if i == 0 || !one_cache {
+                // One cache for all: each shard's chunks, and a window of up to 1 MiB
+                // more than its metadata.
+                let blocks = if one_cache {
+                    shards as u64 * (self.geo.cache_blocks + 256)
+                } else {
+                    self.geo.cache_blocks
+                };
+                let cache = FaultDevice::new(blocks * BS, cache_lbs, self.rng.gen())
+                    .map_err(|e| self.harness(format!("cache device: {e}")))?;
+                Some(cache)
+            } else {
+                None
+            };
             let cap = if i == 0 || !self.shared() {
                 let bytes = (u64::from(self.geo.zones * ways) + 2) * self.geo.zone_blocks * BS;
                 let cap = FaultDevice::new(bytes, cap_lbs, self.rng.gen())
@@ -891,11 +937,10 @@ impl Sim {
             } else {
                 None
             };
-            for d in std::iter::once(&cache).chain(cap.as_ref()) {
+            for d in cache.iter().chain(cap.as_ref()) {
                 let max = self.rng.gen_range(0..=self.cfg.latency_polls_max);
                 d.controller().set_latency(Latency::Polls { min: 0, max });
             }
-            self.cache_ctl.push(cache.controller());
             let cap = match cap {
                 Some(cap) => {
                     self.cap_ctl.push(cap.controller());
@@ -903,7 +948,10 @@ impl Sim {
                 }
                 None => None,
             };
-            let cache = Powered::numbered(cache, Side::Cache, i, self.rail.clone());
+            let cache = cache.map(|cache| {
+                self.cache_ctl.push(cache.controller());
+                Powered::numbered(cache, Side::Cache, i, self.rail.clone())
+            });
             caches.push((cache, cap));
         }
         let mut layout = None;
@@ -936,7 +984,32 @@ impl Sim {
             };
             devices.push((cache, cap));
         }
-        Ok((devices, layout))
+        let mut out = Vec::with_capacity(shards);
+        let mut cache_views = Vec::new().into_iter();
+        for (cache, cap) in devices {
+            let cache: Cache = match cache {
+                Some(c) if one_cache => {
+                    let split =
+                        shale_shards::cache::cache_split(c.info(), cap.geometry(), config, shards)
+                            .map_err(|e| self.harness(format!("shared cache: {e}")))?;
+                    config.chunks_owned = Some(split.per());
+                    config.cache_data_start_min = Some(split.meta_bytes);
+                    self.cache_split = Some(split);
+                    cache_views = shared_cache_views(c, split)
+                        .map_err(|e| self.harness(e))?
+                        .into_iter();
+                    cache_views
+                        .next()
+                        .ok_or_else(|| self.harness("no views of the shared cache".into()))?
+                }
+                Some(c) => Box::new(c),
+                None => cache_views
+                    .next()
+                    .ok_or_else(|| self.harness("too few views of the shared cache".into()))?,
+            };
+            out.push((cache, cap));
+        }
+        Ok((out, layout))
     }
 
     /// Zone emulation formatted on shard `i`'s capacity fault device (`ways` shards'
@@ -973,6 +1046,7 @@ impl Sim {
         c.durability_points += s.durability_points;
         c.zone_resets += s.zone_resets;
         c.chunk_frees += s.chunk_frees;
+        c.chunks_given += s.chunks_given;
         c.relocated_blocks += s.relocated_blocks;
         c.cold_read_blocks += s.cold_read_blocks;
         c.promotions_staged += s.promotions_staged;
@@ -1469,7 +1543,7 @@ impl Sim {
                 .enumerate()
                 .map(|(i, z)| Powered::numbered(z, Side::Capacity, i, rail.clone()))
                 .collect();
-            let shards = caches.len();
+            let shards = self.cfg.shards.max(1) as usize;
             self.rail.set_log_updates(self.cfg.log);
             let clock = self.clock.clone();
             let config = self.engine_config.clone();
@@ -1500,6 +1574,21 @@ impl Sim {
                         .map(|v| Box::new(v) as Cap)
                         .collect();
                 }
+                let caches: Vec<Cache> = if caches.len() == 1 && shards > 1 {
+                    // One cache for all, divided as shard 0's superblock says.
+                    let mut cache = caches.into_iter().next().expect("one cache");
+                    let split = shale_shards::cache::recorded_cache_split(&mut cache)
+                        .map_err(OpenFail::Shards)?
+                        .ok_or_else(|| {
+                            OpenFail::Shards(ShardsError::Space {
+                                reason: "shard 0's superblock does not divide the cache".into(),
+                            })
+                        })?;
+                    shared_cache_views(cache, split)
+                        .map_err(|reason| OpenFail::Shards(ShardsError::Space { reason }))?
+                } else {
+                    caches.into_iter().map(|c| Box::new(c) as Cache).collect()
+                };
                 let opened = caches.into_iter().zip(caps).collect();
                 Pool::open_with(opened, || clock.clone(), &config, handoffs)
                     .map(|(pool, _)| pool)

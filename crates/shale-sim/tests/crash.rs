@@ -429,6 +429,34 @@ fn shards_sharing_a_capacity_device_crash_and_recover() {
     assert_eq!(a.counts, b.counts, "seed {seed}: counts differ");
 }
 
+/// Shards sharing one cache and one capacity device, every mode: each shard's
+/// metadata in its window, the chunks and zones moved between shards at random
+/// moments, power cuts inside the moves, and after every recovery every block checks.
+#[test]
+fn shards_sharing_a_cache_crash_and_recover() {
+    for mode in [Mode::Crash, Mode::Live, Mode::Errors, Mode::Kill] {
+        let mut cfg = SimConfig::fast(mode);
+        cfg.generations = 25;
+        cfg.shards = 2;
+        cfg.shared_cache = true;
+        let runs = scaled(150).div_ceil(25).max(2);
+        let seed = base_seed(6_700);
+        let t = Instant::now();
+        let (total, violations, _) = run_seeds(&cfg, seed, runs);
+        let what = format!("{mode}, 2 shards sharing a cache");
+        assert_clean(&what, seed, &total, &violations, t.elapsed().as_secs_f64());
+        assert!(total.chunks_given > 0, "{what}: no chunk moved: {total}");
+    }
+    let mut cfg = SimConfig::fast(Mode::Crash);
+    cfg.generations = 10;
+    cfg.shards = 3;
+    cfg.shared_cache = true;
+    let seed = base_seed(19);
+    let (a, b) = (run(seed, &cfg), run(seed, &cfg));
+    assert_eq!(a.trace, b.trace, "seed {seed}: traces differ");
+    assert_eq!(a.counts, b.counts, "seed {seed}: counts differ");
+}
+
 /// A sharded run replays exactly from its seed, like any other.
 #[test]
 fn a_sharded_seed_replays_exactly() {

@@ -92,6 +92,17 @@ pub enum Place {
 pub struct Layouts {
     pub cache: Option<CacheLayout>,
     pub capacity: Option<CapacityLayout>,
+    /// A cache the shards share (`shale_device::SharedCache`): `cache` is each
+    /// shard's layout in its view, and this says where the views lie on the device.
+    pub cache_shared: Option<SharedCacheLayout>,
+}
+
+/// How a cache the shards share is divided (blocks): each shard's metadata window
+/// (`shards` of `meta_blocks`), then the chunks, one area for all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SharedCacheLayout {
+    pub shards: u64,
+    pub meta_blocks: u64,
 }
 
 /// The zone emulation's placement of zones on its inner device (bytes).
@@ -111,7 +122,10 @@ impl Layouts {
         match op.side {
             Side::Cache => self
                 .cache
-                .map_or(Place::CacheOther, |l| cache_place(&l, op)),
+                .map_or(Place::CacheOther, |l| match self.cache_shared {
+                    Some(s) => shared_cache_place(&l, &s, op),
+                    None => cache_place(&l, op),
+                }),
             Side::Capacity => self
                 .capacity
                 .map_or(Place::CapacityOther, |l| capacity_place(&l, op)),
@@ -149,6 +163,29 @@ fn cache_place(l: &CacheLayout, op: &DevOp) -> Place {
     } else {
         Place::CacheOther
     }
+}
+
+/// As `cache_place`, for an operation on a cache the shards share: a metadata
+/// window is classified by its shard's layout, and the chunk area as the chunks of
+/// one layout whose data begins where the area does.
+fn shared_cache_place(l: &CacheLayout, s: &SharedCacheLayout, op: &DevOp) -> Place {
+    let first = op.offset / BS;
+    let area = s.shards * s.meta_blocks;
+    if s.meta_blocks == 0 {
+        return Place::CacheOther;
+    }
+    if first < area {
+        let rebased = DevOp {
+            offset: op.offset - (first / s.meta_blocks) * s.meta_blocks * BS,
+            ..*op
+        };
+        return cache_place(l, &rebased);
+    }
+    let chunks = CacheLayout {
+        data_start: area,
+        ..*l
+    };
+    cache_place(&chunks, op)
 }
 
 fn capacity_place(l: &CapacityLayout, op: &DevOp) -> Place {
@@ -720,6 +757,7 @@ mod tests {
                 zone_size: 128 * BS,
                 zone_capacity: 128 * BS,
             }),
+            cache_shared: None,
         };
         let w = |side, block: u64, blocks: u64| DevOp {
             side,
@@ -763,11 +801,54 @@ mod tests {
     }
 
     #[test]
+    fn places_on_a_shared_cache_follow_each_shards_window_and_the_shared_chunks() {
+        // Three windows of 32 blocks (each shard's layout ends its metadata at 28),
+        // then the chunks from block 96.
+        let l = Layouts {
+            cache: Some(CacheLayout {
+                data_start: 32,
+                ..layout()
+            }),
+            capacity: None,
+            cache_shared: Some(SharedCacheLayout {
+                shards: 3,
+                meta_blocks: 32,
+            }),
+        };
+        let w = |block: u64, blocks: u64| DevOp {
+            side: Side::Cache,
+            device: 0,
+            kind: DevOpKind::Write,
+            offset: block * BS,
+            len: blocks * BS,
+        };
+        for window in 0..3 {
+            let base = window * 32;
+            assert_eq!(l.place(&w(base + 1, 1)), Place::Superblock);
+            assert_eq!(l.place(&w(base + 9, 3)), Place::Checkpoint);
+            assert_eq!(l.place(&w(base + 19, 1)), Place::Journal);
+            assert_eq!(l.place(&w(base + 27, 1)), Place::L2p);
+        }
+        assert_eq!(l.place(&w(96, 126)), Place::ChunkData);
+        assert_eq!(
+            l.place(&w(96 + 126, 2)),
+            Place::ChunkMd {
+                closes_chunk: false
+            }
+        );
+        assert_eq!(
+            l.place(&w(96 + 256 + 254, 1)),
+            Place::ChunkMd { closes_chunk: true }
+        );
+    }
+
+    #[test]
     fn a_trigger_cuts_the_power_at_its_nth_operation() {
         let rail = PowerRail::new();
         rail.set_layouts(Layouts {
             cache: Some(layout()),
             capacity: None,
+            cache_shared: None,
         });
         let mut d = dev(&rail);
         let ctl = d.controller();

@@ -61,6 +61,10 @@ struct Args {
     /// them by the space manager at random moments.
     #[arg(long)]
     shared: bool,
+    /// With several shards: one cache device too (each shard's metadata in a window
+    /// of its own, the chunks shared and lent with the zones); implies --shared.
+    #[arg(long)]
+    shared_cache: bool,
     /// No direct writes (large writes straight to zones; by default in about a third
     /// of the runs).
     #[arg(long)]
@@ -97,6 +101,7 @@ fn run_mode(args: &Args, mode: Mode) -> (Counts, Vec<RunReport>, f64) {
     cfg.log = args.log;
     cfg.shards = args.shards;
     cfg.shared_capacity = args.shared;
+    cfg.shared_cache = args.shared_cache;
     cfg.direct_writes = !args.no_direct_writes;
     if let Some(w) = args.warmup_steps {
         cfg.warmup_steps_max = w;
