@@ -9,7 +9,8 @@
 //! direct_write_min`, `direct_write_policy`; the daemon's defaults otherwise), or with
 //! `--baseline shale-windows` a second Shale whose `--shards N` each have a fixed
 //! window of the capacity file while the first's share it (`[engine]
-//! shared_capacity = true`: what sharing and the space manager cost or buy). Prints
+//! shared_capacity = true`, or with `--shared-cache` `shared_cache = true`: the
+//! cache's chunks shared too; what sharing and the space manager cost or buy). Prints
 //! each job's median IOPS and bandwidth over the repetitions, and Shale's ratio to
 //! the baseline.
 //!
@@ -73,6 +74,8 @@ pub struct Options {
     pub direct_write_min: Option<String>,
     /// `[engine] direct_write_policy` of the Shale under test.
     pub direct_write_policy: Option<String>,
+    /// `[engine] shared_cache` of the Shale under test.
+    pub shared_cache: bool,
 }
 
 impl Options {
@@ -88,6 +91,7 @@ impl Options {
             shards: 1,
             direct_write_min: None,
             direct_write_policy: None,
+            shared_cache: false,
         };
         let mut it = args.iter();
         while let Some(a) = it.next() {
@@ -104,6 +108,7 @@ impl Options {
                 "--shards" => o.shards = val()?.parse().map_err(|e| format!("--shards: {e}"))?,
                 "--direct-write-min" => o.direct_write_min = Some(val()?),
                 "--direct-write-policy" => o.direct_write_policy = Some(val()?),
+                "--shared-cache" => o.shared_cache = true,
                 "--baseline" => {
                     o.baseline = val()?;
                     if ![
@@ -373,6 +378,9 @@ fn write_configs(o: &Options) -> Result<(String, String, String), String> {
     // Against windows, the Shale under test shares its capacity.
     if o.baseline == "shale-windows" {
         text += "shared_capacity = true\n";
+    }
+    if o.shared_cache {
+        text += "shared_cache = true\n";
     }
     let conf = write("shards.toml", text)?;
     let plain = write(

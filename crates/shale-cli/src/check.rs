@@ -194,12 +194,31 @@ fn check_shards(
         }
         _ => None,
     };
+    let mut shared_cache = match w.cache_split {
+        Some(split) => {
+            let c = FileDevice::open(cache)
+                .with_context(|| format!("opening the cache device {}", cache.display()))?;
+            let views = shale_device::SharedCache::split(c, split)
+                .map_err(anyhow::Error::msg)
+                .context("the shards' views of the shared cache")?;
+            Some(views.into_iter())
+        }
+        None => None,
+    };
     let mut holders = Vec::new();
+    let mut chunk_holders = Vec::new();
     for i in 0..w.shards {
-        let c = FileDevice::open(cache)
-            .with_context(|| format!("opening the cache device {}", cache.display()))?;
-        let c = shale_device::Window::new(c, i as u64 * w.cache, w.cache)
-            .with_context(|| format!("shard {i}'s cache window"))?;
+        let c: Box<dyn BlockDevice + Send> = match shared_cache.as_mut().and_then(Iterator::next) {
+            Some(view) => Box::new(view),
+            None => {
+                let c = FileDevice::open(cache)
+                    .with_context(|| format!("opening the cache device {}", cache.display()))?;
+                Box::new(
+                    shale_device::Window::new(c, i as u64 * w.cache, w.cache)
+                        .with_context(|| format!("shard {i}'s cache window"))?,
+                )
+            }
+        };
         let r = match (w.capacity, shared.as_mut().and_then(Iterator::next)) {
             (_, Some(view)) => {
                 let zones = view.geometry().zone_count;
@@ -229,9 +248,21 @@ fn check_shards(
                 check(c, z, opts)
             }
         };
+        if let Some(split) = w.cache_split {
+            count_holders(
+                &mut chunk_holders,
+                split.chunks,
+                i,
+                w.shards,
+                &r.foreign_chunks,
+            );
+        }
         add_shard(&mut all, i, r);
     }
-    holder_findings(&holders, extra);
+    holder_findings(&holders, "zones of the shared capacity device", extra);
+    if w.cache_split.is_some() {
+        holder_findings(&chunk_holders, "chunks of the shared cache", extra);
+    }
     Ok(all)
 }
 
@@ -281,16 +312,17 @@ fn count_holders(holders: &mut Vec<u32>, zones: u32, i: usize, n: usize, foreign
     }
 }
 
-/// Zones of a shared capacity device held by two shards (an error: both may write
-/// them) or by none (given away, not yet taken: the next open hands them out).
-fn holder_findings(holders: &[u32], extra: &mut Findings) {
+/// Zones of a shared capacity device (or chunks of a shared cache: `what` names
+/// them) held by two shards (an error: both may write them) or by none (given away,
+/// not yet taken: the next open hands them out).
+fn holder_findings(holders: &[u32], what: &str, extra: &mut Findings) {
     let twice: Vec<usize> = (0..holders.len()).filter(|&z| holders[z] > 1).collect();
     let none = holders.iter().filter(|&&h| h == 0).count();
     if let Some(z) = twice.first() {
         extra.push((
             Severity::Error,
             format!(
-                "{} zones of the shared capacity device are held by several shards (zone {z} by {})",
+                "{} {what} are held by several shards (number {z} by {})",
                 twice.len(),
                 holders[*z]
             ),
@@ -300,7 +332,7 @@ fn holder_findings(holders: &[u32], extra: &mut Findings) {
         extra.push((
             Severity::Warning,
             format!(
-                "{none} zones of the shared capacity device are held by no shard \
+                "{none} {what} are held by no shard \
                  (moving between shards when it stopped): the next open hands them out"
             ),
         ));
@@ -495,7 +527,7 @@ mod tests {
             count_holders(&mut holders, 10, 0, 2, f0);
             count_holders(&mut holders, 10, 1, 2, f1);
             let mut extra = Vec::new();
-            holder_findings(&holders, &mut extra);
+            holder_findings(&holders, "zones", &mut extra);
             extra
         };
         let theirs = [5, 6, 7, 8, 9];
@@ -504,7 +536,7 @@ mod tests {
         let double = findings(&theirs, &[5, 6, 8, 9]);
         assert_eq!(double.len(), 1, "{double:?}");
         assert_eq!(double[0].0, Severity::Error);
-        assert!(double[0].1.contains("zone 2 by 2"), "{double:?}");
+        assert!(double[0].1.contains("number 2 by 2"), "{double:?}");
         // Device zone 3 foreign to both: held by none, a warning.
         let gap = findings(&[3, 5, 6, 7, 8, 9], &theirs);
         assert_eq!(gap.len(), 1, "{gap:?}");

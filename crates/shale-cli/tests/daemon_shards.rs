@@ -9,13 +9,38 @@ use std::process::Command;
 
 use daemon_common::*;
 
-fn sharded(shards: u32, shared: bool) -> (Daemon, tempfile::NamedTempFile) {
+/// How the shards divide the devices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sharing {
+    /// Each shard a window of the cache and of the capacity file.
+    Windows,
+    /// Each a window of the cache; the capacity's zones shared.
+    Capacity,
+    /// The cache's chunks shared too (each shard's metadata in a window).
+    Cache,
+}
+
+impl Sharing {
+    fn config(self, shards: u32) -> String {
+        format!(
+            "[engine]\nshards = {shards}\nshared_capacity = {}\nshared_cache = {}\n",
+            self == Sharing::Capacity,
+            self == Sharing::Cache
+        )
+    }
+
+    /// Another way, for a restart that must open the pool as formatted.
+    fn other(self) -> Sharing {
+        match self {
+            Sharing::Windows => Sharing::Capacity,
+            Sharing::Capacity | Sharing::Cache => Sharing::Windows,
+        }
+    }
+}
+
+fn sharded(shards: u32, sharing: Sharing) -> (Daemon, tempfile::NamedTempFile) {
     let conf = tempfile::NamedTempFile::new().expect("config file");
-    std::fs::write(
-        conf.path(),
-        format!("[engine]\nshards = {shards}\nshared_capacity = {shared}\n"),
-    )
-    .expect("write config");
+    std::fs::write(conf.path(), sharing.config(shards)).expect("write config");
     let mut args = vec!["--config".to_string(), conf.path().display().to_string()];
     args.extend(SMALL_DEVICES.iter().map(|s| s.to_string()));
     (Daemon::start_with(args), conf)
@@ -37,25 +62,38 @@ fn volume_sizes(d: &Daemon) -> Vec<(String, u64)> {
         .collect()
 }
 
-/// Shards sharing the capacity file (the default): its zones move between them.
+/// Shards sharing the capacity file: its zones move between them.
 #[test]
 fn a_sharded_pool_serves_restarts_and_recovers() {
-    serves_restarts_and_recovers(true);
+    serves_restarts_and_recovers(Sharing::Capacity);
 }
 
-/// Shards each in a fixed window of the capacity file.
+/// Shards each in a fixed window of the capacity file (the default).
 #[test]
 fn a_pool_of_shards_in_windows_serves_restarts_and_recovers() {
-    serves_restarts_and_recovers(false);
+    serves_restarts_and_recovers(Sharing::Windows);
 }
 
-fn serves_restarts_and_recovers(shared: bool) {
+/// Shards sharing the cache file's chunks and the capacity file's zones.
+#[test]
+fn a_pool_of_shards_sharing_the_cache_serves_restarts_and_recovers() {
+    serves_restarts_and_recovers(Sharing::Cache);
+}
+
+/// What the daemon's log says of the sharing, as `sharing` would have it.
+fn says(log: &str, sharing: Sharing) {
+    let zones = log.contains("space manager: shards share the capacity");
+    let chunks = log.contains("space manager: shards share the cache");
+    assert_eq!(zones, sharing != Sharing::Windows, "{log}");
+    assert_eq!(chunks, sharing == Sharing::Cache, "{log}");
+}
+
+fn serves_restarts_and_recovers(sharing: Sharing) {
     require("nbdcopy", "libnbd-bin");
     require("qemu-io", "qemu-utils");
-    let (mut d, conf) = sharded(2, shared);
+    let (mut d, conf) = sharded(2, sharing);
     assert!(d.log().contains("shards=2"), "{}", d.log());
-    let says_shared = d.log().contains("space manager: shards share");
-    assert_eq!(says_shared, shared, "{}", d.log());
+    says(&d.log(), sharing);
     let uri = d.uri("default");
     // 24 MiB of distinct blocks at the start of the volume, copied in by nbdcopy's
     // large requests (each spans both shards).
@@ -119,18 +157,13 @@ fn serves_restarts_and_recovers(shared: bool) {
             s.to_string()
         }
     }));
-    // So is the configuration's way of sharing the capacity.
-    std::fs::write(
-        conf.path(),
-        format!("[engine]\nshards = 2\nshared_capacity = {}\n", !shared),
-    )
-    .expect("write config");
+    // So is the configuration's way of sharing the devices.
+    std::fs::write(conf.path(), sharing.other().config(2)).expect("write config");
     d.set_args(args);
     d.spawn();
     assert!(!d.log().contains("dirty recovery"), "{}", d.log());
     // Found as formatted, whatever the configuration says now.
-    let says_shared = d.last_log().contains("space manager: shards share");
-    assert_eq!(says_shared, shared, "{}", d.last_log());
+    says(&d.last_log(), sharing);
     check(&d, &want, "after a clean restart");
 
     // Acknowledged writes survive a kill of the daemon (each shard's hand-off).
@@ -148,10 +181,28 @@ fn serves_restarts_and_recovers(shared: bool) {
     check(&d, &want, "after kill -9");
     d.stop();
 
-    offline_check(&d, size as u64);
+    offline_check(&d, size as u64, sharing);
     d.spawn();
     assert!(d.last_log().contains("shard{index=1}"), "{}", d.last_log());
     d.stop();
+}
+
+/// Waits (up to 10 s) until the daemon has seen the last client of `name` go: a
+/// client that exited may still count until its connection's thread notices.
+fn wait_no_clients(d: &Daemon, name: &str) {
+    for _ in 0..200 {
+        let v: serde_json::Value =
+            serde_json::from_str(&d.admin(&["volume", "list", "--json"])).expect("list json");
+        let clients = v
+            .as_array()
+            .and_then(|a| a.iter().find(|v| v["name"] == name))
+            .map_or(0, |v| v["clients"].as_u64().unwrap_or(0));
+        if clients == 0 {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    panic!("volume {name} still has clients after 10 s");
 }
 
 /// `volume create`, `resize` and `delete` on a pool of shards.
@@ -177,6 +228,7 @@ fn volumes_across_shards(d: &Daemon) {
         !out.contains("failed") && !out.contains("Pattern verification"),
         "{out}"
     );
+    wait_no_clients(d, "b");
     d.admin(&["volume", "resize", "b", "8MiB"]);
     assert!(
         volume_sizes(d).contains(&("b".to_string(), 8 << 20)),
@@ -189,7 +241,7 @@ fn volumes_across_shards(d: &Daemon) {
 
 /// `shale check` on the stopped daemon's devices: both shards found and checked,
 /// data included; `size` bytes were written.
-fn offline_check(d: &Daemon, size: u64) {
+fn offline_check(d: &Daemon, size: u64, sharing: Sharing) {
     // The offline checker finds both shards and checks each, data included.
     let out = output(
         shale()
@@ -209,6 +261,10 @@ fn offline_check(d: &Daemon, size: u64) {
         report["counts"]["mapped_blocks"].as_u64().unwrap_or(0) >= size / 4096,
         "{report}"
     );
+    // Every zone, and every chunk of a shared cache, held by one shard (found by
+    // reading each shard's view: the cache as shard 0's superblock divides it).
+    let text = report.to_string();
+    assert!(!text.contains("held by"), "{sharing:?}: {report}");
 }
 
 /// Three capacity files at 2+1 and a cache file, as flags.

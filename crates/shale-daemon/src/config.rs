@@ -186,6 +186,12 @@ pub struct EngineKnobs {
     /// Given at format (an open finds which from the devices). Arrays and simulated
     /// drives are always shared; a zoned drive's zones are divided in fixed runs.
     pub shared_capacity: bool,
+    /// With several shards: whether they share the cache too, each shard's metadata
+    /// in a window of its own and the chunks in one area, free chunks moved to the
+    /// shard that writes most (`true`; the capacity is then shared as well), or each
+    /// has a fixed window of the cache (`false`, the default). Given at format (an
+    /// open finds which from the cache).
+    pub shared_cache: bool,
     /// User bytes written between periodic checkpoints (a shorter interval bounds
     /// the journal replayed after a crash); `auto` is 1/16 of the user capacity.
     pub checkpoint_interval: Size,
@@ -224,6 +230,7 @@ impl Default for EngineKnobs {
             streams: e.streams_max,
             shards: 1,
             shared_capacity: false,
+            shared_cache: false,
             checkpoint_interval: Size("auto".into()),
             handoff_dir: "/dev/shm".into(),
             direct_write_min: Size(DIRECT_WRITE_MIN_DEFAULT.into()),

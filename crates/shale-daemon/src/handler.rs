@@ -264,6 +264,8 @@ pub fn stats_json(s: &Stats) -> Value {
             "chunk_frees": s.chunk_frees,
             "zones_given": s.zones_given,
             "zones_taken": s.zones_taken,
+            "chunks_given": s.chunks_given,
+            "chunks_taken": s.chunks_taken,
         },
         "work": {
             "compaction_victims": s.compaction_victims,
@@ -519,6 +521,11 @@ pub fn metrics(b: &EngineBackend, drive: Option<&DriveStats>) -> Vec<Metric> {
             "shale_zones_given_total",
             "Free capacity zones shards gave to the space manager (moved to another shard).",
             s.zones_given,
+        ),
+        c(
+            "shale_chunks_given_total",
+            "Free cache chunks shards gave to the space manager (moved to another shard).",
+            s.chunks_given,
         ),
         c(
             "shale_chunk_frees_total",

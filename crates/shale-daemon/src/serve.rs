@@ -1117,9 +1117,7 @@ fn format_steps(
     let mut cold_zones = 0;
     let devices = steps.step("capacity: zone emulation, discard", || {
         if shards > 1 {
-            let (pairs, detail, owned) = format_shard_devices(spec, shards, pool)?;
-            engine_config.zones_owned = owned;
-            return Ok((pairs, detail));
+            return format_shard_devices(spec, shards, pool, &mut engine_config);
         }
         let (capacity, _, _) = capacity_device(spec, true, pool)?;
         let (capacity, cold, _) = with_cold_tier(spec, capacity, Some(pool))?;
@@ -1210,6 +1208,8 @@ pub struct ShardWindows {
     pub cache: u64,
     /// How the shards divide the capacity.
     pub capacity: CapacityCut,
+    /// The shards share the cache, divided so (`cache` is then 0).
+    pub cache_split: Option<shale_device::CacheSplit>,
 }
 
 /// How the shards of a pool divide its capacity device.
@@ -1236,6 +1236,14 @@ pub fn recorded_shard_windows(
         return Ok(None);
     };
     let n = usize::from(sb.shard.count);
+    if let Some(Some(split)) = recorded_cache_split_of(cache)? {
+        return Ok(Some(ShardWindows {
+            shards: n,
+            cache: 0,
+            capacity: CapacityCut::Shared,
+            cache_split: Some(split),
+        }));
+    }
     let (c, z) = match capacity {
         [one] => shard_strides(cache, one, n, Cut::Recorded(&sb))?,
         _ => (sb.cache_size_blocks * 4096, CapacityCut::Shared),
@@ -1244,6 +1252,7 @@ pub fn recorded_shard_windows(
         shards: n,
         cache: c,
         capacity: z,
+        cache_split: None,
     }))
 }
 
@@ -1389,6 +1398,7 @@ fn shard_devices(
     n: usize,
     recorded: Option<&shale_format::Superblock>,
     pool: [u8; 16],
+    config: &shale_engine::Config,
 ) -> Result<ShardDevices, DaemonError> {
     let cache = match spec.cache.as_slice() {
         [c] => c,
@@ -1399,13 +1409,27 @@ fn shard_devices(
             ))
         }
     };
-    let shared_spec = spec.redundancy.is_some() || spec.capacity.len() != 1 || spec.drive.is_some();
+    // One cache for all shards: at format as configured, at open as shard 0's
+    // superblock divides it.
+    let one_cache = match recorded {
+        Some(_) => recorded_cache_split_of(cache)?,
+        None if spec.engine.shared_cache => Some(None),
+        None => None,
+    };
+    let shared_spec = spec.redundancy.is_some()
+        || spec.capacity.len() != 1
+        || spec.drive.is_some()
+        || one_cache.is_some();
     let zc = spec.zone_config();
     let cut = recorded.map_or(
         Cut::Format(&zc, spec.engine.shared_capacity || shared_spec),
         Cut::Recorded,
     );
-    let (cache_window, cap_cut) = shard_strides(cache, &spec.capacity[0], n, cut)?;
+    let (cache_window, cap_cut) = match one_cache {
+        // The capacity is shared too; the cache is divided below.
+        Some(_) => (0, CapacityCut::Shared),
+        None => shard_strides(cache, &spec.capacity[0], n, cut)?,
+    };
     if shared_spec && cap_cut != CapacityCut::Shared {
         return Err(set_error(
             &spec.capacity,
@@ -1424,8 +1448,10 @@ fn shard_devices(
         })
     };
     let mut caches: Vec<CacheDevice> = Vec::with_capacity(n);
-    for i in 0..n {
-        caches.push(Box::new(window("cache device", cache, i, cache_window)?));
+    if one_cache.is_none() {
+        for i in 0..n {
+            caches.push(Box::new(window("cache device", cache, i, cache_window)?));
+        }
     }
     let format = recorded.is_none();
     let mut out = ShardDevices {
@@ -1433,6 +1459,7 @@ fn shard_devices(
         drive: None,
         capacity_handle: None,
         shared: cap_cut == CapacityCut::Shared,
+        cache_split: None,
     };
     let capacity = &spec.capacity[0];
     match cap_cut {
@@ -1442,6 +1469,13 @@ fn shard_devices(
                 set_error(&spec.capacity, format!("{n} shards sharing it: {reason}"))
             })?;
             tracing::info!(shards = n, "capacity: one device the shards share");
+            if let Some(recorded_split) = one_cache {
+                let view = views.first().map(|v| v.geometry().clone());
+                let (c, split) =
+                    shared_cache_views(cache, n, recorded_split, view.as_ref(), config)?;
+                caches = c;
+                out.cache_split = Some(split);
+            }
             out.pairs = caches
                 .into_iter()
                 .zip(views)
@@ -1450,33 +1484,7 @@ fn shard_devices(
             out.drive = drive;
             out.capacity_handle = handle;
         }
-        CapacityCut::DriveRuns => {
-            let how = if format {
-                shale_device::DriveOpen::Format
-            } else {
-                shale_device::DriveOpen::Open
-            };
-            for (i, c) in caches.into_iter().enumerate() {
-                // Each shard its run of the zones, on a handle of its own.
-                let z =
-                    shale_device::open_zoned_drive_shard(capacity, how, i, n).map_err(|error| {
-                        DaemonError::Device {
-                            what: "zoned block device",
-                            path: capacity.clone(),
-                            error,
-                        }
-                    })?;
-                let g = z.geometry();
-                tracing::info!(
-                    shard = i,
-                    zones = g.zone_count,
-                    max_open = g.max_open_zones,
-                    max_active = g.max_active_zones,
-                    "capacity: the shard's zones of the zoned drive"
-                );
-                out.pairs.push((c, z));
-            }
-        }
+        CapacityCut::DriveRuns => out.pairs = drive_run_pairs(capacity, caches, format)?,
         CapacityCut::Windows(w) => {
             for (i, c) in caches.into_iter().enumerate() {
                 let inner: Box<dyn BlockDevice + Send> =
@@ -1489,25 +1497,125 @@ fn shard_devices(
     Ok(out)
 }
 
-/// The devices of `shards` shards at format, what the format did to the capacity,
-/// and the zones each shard starts with on a shared device.
-#[allow(clippy::type_complexity, reason = "a private helper's three results")]
+/// Each shard's cache with its run of a zoned drive's zones, on a handle of its own.
+fn drive_run_pairs(
+    capacity: &Path,
+    caches: Vec<CacheDevice>,
+    format: bool,
+) -> Result<Vec<(CacheDevice, CapacityDevice)>, DaemonError> {
+    let how = if format {
+        shale_device::DriveOpen::Format
+    } else {
+        shale_device::DriveOpen::Open
+    };
+    let n = caches.len();
+    let mut pairs = Vec::with_capacity(n);
+    for (i, c) in caches.into_iter().enumerate() {
+        let z = shale_device::open_zoned_drive_shard(capacity, how, i, n).map_err(|error| {
+            DaemonError::Device {
+                what: "zoned block device",
+                path: capacity.to_path_buf(),
+                error,
+            }
+        })?;
+        let g = z.geometry();
+        tracing::info!(
+            shard = i,
+            zones = g.zone_count,
+            max_open = g.max_open_zones,
+            max_active = g.max_active_zones,
+            "capacity: the shard's zones of the zoned drive"
+        );
+        pairs.push((c, z));
+    }
+    Ok(pairs)
+}
+
+/// The cache `path` divided between shards as shard 0's superblock says (`recorded`),
+/// or at format (`None`) as `shale_shards::cache::cache_split` divides it for shards
+/// formatted with `config` over capacity views of `capacity`: one view per shard.
+fn shared_cache_views(
+    path: &Path,
+    n: usize,
+    recorded: Option<shale_device::CacheSplit>,
+    capacity: Option<&shale_device::ZoneGeometry>,
+    config: &shale_engine::Config,
+) -> Result<(Vec<CacheDevice>, shale_device::CacheSplit), DaemonError> {
+    let dev = open_file("cache device", path)?;
+    let split = match (recorded, capacity) {
+        (Some(s), _) => s,
+        (None, Some(g)) => {
+            let cfg = shale_engine::Config {
+                zones_owned: Some(g.zone_count / n as u32),
+                ..config.clone()
+            };
+            shale_shards::cache::cache_split(dev.info(), g, &cfg, n).map_err(|e| {
+                set_error(&[path.to_path_buf()], format!("{n} shards sharing it: {e}"))
+            })?
+        }
+        (None, None) => {
+            return Err(set_error(
+                &[path.to_path_buf()],
+                "no capacity to share".into(),
+            ))
+        }
+    };
+    let views = shale_device::SharedCache::split(dev, split).map_err(|reason| {
+        set_error(
+            &[path.to_path_buf()],
+            format!("{n} shards sharing it: {reason}"),
+        )
+    })?;
+    tracing::info!(
+        shards = n,
+        window_bytes = split.meta_bytes,
+        chunks = split.chunks,
+        "cache: one device the shards share"
+    );
+    Ok((
+        views
+            .into_iter()
+            .map(|v| Box::new(v) as CacheDevice)
+            .collect(),
+        split,
+    ))
+}
+
+/// How shard 0's superblock divides the cache between shards that share it:
+/// `Some(Some(split))`, or `None` when each shard has a window of its own.
+fn recorded_cache_split_of(
+    path: &Path,
+) -> Result<Option<Option<shale_device::CacheSplit>>, DaemonError> {
+    let mut dev = open_file("cache device", path)?;
+    let split = shale_shards::cache::recorded_cache_split(&mut dev)
+        .map_err(|e| set_error(&[path.to_path_buf()], e.to_string()))?;
+    Ok(split.map(Some))
+}
+
+/// The devices of `shards` shards at format and what the format did to the
+/// capacity; sets in `config` the zones (and chunks, and where they begin) each
+/// shard starts with on a shared device.
 fn format_shard_devices(
     spec: &DeviceSpec,
     shards: usize,
     pool: [u8; 16],
-) -> Result<(Vec<(CacheDevice, CapacityDevice)>, String, Option<u32>), DaemonError> {
-    let devices = shard_devices(spec, shards, None, pool)?;
+    config: &mut shale_engine::Config,
+) -> Result<(Vec<(CacheDevice, CapacityDevice)>, String), DaemonError> {
+    let devices = shard_devices(spec, shards, None, pool, config)?;
     let detail = shard_zones_detail(spec, &devices)?;
     // Shard i starts with the run of zones from its view's zone 0.
-    let owned = devices.shared.then(|| {
+    config.zones_owned = devices.shared.then(|| {
         let zones = devices
             .pairs
             .first()
             .map_or(0, |p| p.1.geometry().zone_count);
         zones / shards as u32
     });
-    Ok((devices.pairs, detail, owned))
+    if let Some(split) = devices.cache_split {
+        config.chunks_owned = Some(split.per());
+        config.cache_data_start_min = Some(split.meta_bytes);
+    }
+    Ok((devices.pairs, detail))
 }
 
 /// What `shard_devices` opened.
@@ -1517,6 +1625,8 @@ struct ShardDevices {
     capacity_handle: Option<CapacityHandle>,
     /// The shards share one capacity device (zones move between them).
     shared: bool,
+    /// The shards share one cache too, divided so (chunks move between them).
+    cache_split: Option<shale_device::CacheSplit>,
 }
 
 /// Opens formatted devices and starts the engine thread; also returns a one-line
@@ -1545,7 +1655,7 @@ pub fn open(
         );
     }
     let (pairs, drive, devices) = if shards > 1 {
-        let d = shard_devices(spec, shards, recorded.as_ref(), [0; 16])?;
+        let d = shard_devices(spec, shards, recorded.as_ref(), [0; 16], &engine_config)?;
         let devices = Devices::new(spec.clone(), None, d.capacity_handle);
         (d.pairs, d.drive, devices)
     } else {
@@ -1889,13 +1999,21 @@ const SPACE_INTERVAL: Duration = Duration::from_millis(200);
 
 /// The space manager's thread, for shards that share one capacity device: it moves
 /// free zones, a sixteenth of a shard's share at a time, to the shard with the
-/// fewest.
+/// fewest (and free chunks of a cache they share, up to a quarter of a shard's
+/// share at a time).
 fn start_space_manager(
     engine: &Arc<Engine>,
 ) -> Result<Option<shale_shards::SpaceManager>, DaemonError> {
     let Some(l) = engine.lending() else {
         return Ok(None);
     };
+    if let Some(c) = engine.chunk_lending() {
+        tracing::info!(
+            shards = c.shards(),
+            chunks = c.zone_count(),
+            "space manager: shards share the cache's chunks"
+        );
+    }
     let batch = (l.zone_count() / l.shards() / 16).max(1);
     tracing::info!(
         shards = l.shards(),

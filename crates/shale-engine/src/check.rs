@@ -78,6 +78,8 @@ pub struct CheckReport {
     /// Zones another shard holds (region state Foreign), on a capacity device
     /// shards share: who holds each zone is checked across the shards.
     pub foreign_zones: Vec<u32>,
+    /// Chunks another shard holds, on a cache shards share.
+    pub foreign_chunks: Vec<u32>,
 }
 
 impl CheckReport {
@@ -638,6 +640,7 @@ fn check_zone_pointers<C: BlockDevice, Z: ZonedDevice>(
     rep: &mut CheckReport,
 ) {
     rep.foreign_zones = crate::space::lend::foreign_list(&e.core);
+    rep.foreign_chunks = crate::space::lend::foreign_chunk_list(&e.core);
     let held = e.core.geo.zone_count.saturating_sub(1) as usize - rep.foreign_zones.len();
     rep.counts.zones = held as u64;
     for zi in raw_zones.iter().skip(1) {
