@@ -969,6 +969,17 @@ pub(crate) fn close_replayed(
             }
         }
     }
+    // A chunk another shard's at the checkpoint, taken and opened since, is this
+    // shard's now.
+    let geo = core.geo;
+    let foreign = (0..geo.chunk_count)
+        .filter(|&c| core.regions.get(RegionId(c)).state == RegionState::Foreign)
+        .count() as u32;
+    if foreign != core.regions.foreign_chunks {
+        core.regions.foreign_chunks = foreign;
+        core.regions.shares.set_chunks_held(&geo, foreign);
+        core.apply_volume_policies();
+    }
     core.regions
         .free_chunks
         .retain(|r| !rp.plans.contains_key(&r.0));

@@ -272,6 +272,49 @@ fn a_taken_chunk_is_recorded_once_a_checkpoint_or_its_data_says_so() {
     verify(&mut e, v, &model, "after the kill");
 }
 
+/// Taken, written and killed before a checkpoint records the take: recovery finds
+/// the chunk's life in the journal, and the chunk is this shard's (its counts too).
+#[test]
+fn a_taken_chunk_written_before_a_kill_is_this_shards_after_recovery() {
+    let cfg = shale_engine::Config {
+        checkpoint_interval_bytes: Some(1 << 40),
+        ..config()
+    };
+    let (c, z) = devices(128 + CHUNKS * CHUNK_BLOCKS, 28);
+    let mut e = Engine::format(c, z, ManualClock::new(), cfg).unwrap();
+    let blocks = e.user_capacity_bytes() / 4096 / 2;
+    let v = create(&mut e, "v", blocks * 4096);
+    let mut model = vec![0u64; blocks as usize];
+    let given = give(&mut e, 1000);
+    assert!(given.len() > 1);
+    take(&mut e, &given).unwrap();
+    // Writes until every free chunk has been opened once (the taken ones last),
+    // with no checkpoint between: the journal alone records them.
+    let mut rng = Rng(17);
+    let checkpoints = e.stats().checkpoints;
+    let mut i = 0;
+    while e.stats().checkpoints == checkpoints && i < 20 * CHUNK_BLOCKS {
+        put(&mut e, v, &mut model, rng.below(blocks), i + 1);
+        i += 1;
+    }
+    // Killed without a flush (which could turn into a checkpoint): what the
+    // background durability points claimed is recovered, and the open's self-check
+    // counts the chunks.
+    assert_eq!(
+        e.stats().checkpoints,
+        checkpoints,
+        "a checkpoint recorded the take"
+    );
+    let (c, z) = e.abandon();
+    let mut e = open(c, z);
+    let foreign = e.stats().foreign_chunks;
+    assert!(
+        foreign < given.len() as u64,
+        "no taken chunk was used: {foreign}"
+    );
+    e.self_check().unwrap();
+}
+
 #[test]
 fn a_shard_formatted_with_some_chunks_uses_only_those() {
     let (c, z) = devices(128 + CHUNKS * CHUNK_BLOCKS, 28);
