@@ -1560,7 +1560,13 @@ fn shared_cache_views(
             ))
         }
     };
-    let views = shale_device::SharedCache::split(dev, split).map_err(|reason| {
+    // Each shard its own handle of the file (its own I/O ring): a cache has no
+    // state to share, so nothing is locked.
+    let mut handles = vec![dev];
+    for _ in 1..n {
+        handles.push(open_file("cache device", path)?);
+    }
+    let views = shale_device::SharedCache::own_handles(handles, split).map_err(|reason| {
         set_error(
             &[path.to_path_buf()],
             format!("{n} shards sharing it: {reason}"),

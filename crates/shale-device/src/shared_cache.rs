@@ -17,7 +17,11 @@
 //! window), so the split is found again from shard 0's superblock alone.
 //!
 //! The views share the device behind a mutex, held for one submission, one poll or
-//! one synchronous call, as `SharedZones` does for a capacity device.
+//! one synchronous call, as `SharedZones` does for a capacity device
+//! ([`SharedCache::split`]). A cache has no state of its own to share (no zones), so
+//! where the device can be opened once per view (a file), each view may have a
+//! handle of its own instead ([`SharedCache::own_handles`]): no lock at all, each
+//! shard its own I/O ring, as in windows.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -93,10 +97,19 @@ struct Shared<D> {
     done: Vec<VecDeque<IoCompletion>>,
 }
 
+/// How a view reaches the device.
+#[derive(Debug)]
+enum Backend<D> {
+    /// One device for all views, behind a mutex; completions routed by view.
+    Shared(Arc<Mutex<Shared<D>>>),
+    /// A handle of the view's own.
+    Own(D),
+}
+
 /// One shard's view of a shared cache device (see the module docs).
 #[derive(Debug)]
 pub struct SharedCache<D: BlockDevice> {
-    shared: Arc<Mutex<Shared<D>>>,
+    backend: Backend<D>,
     view: usize,
     split: CacheSplit,
     info: DeviceInfo,
@@ -119,7 +132,7 @@ impl<D: BlockDevice> SharedCache<D> {
         }));
         Ok((0..n)
             .map(|view| SharedCache {
-                shared: Arc::clone(&shared),
+                backend: Backend::Shared(Arc::clone(&shared)),
                 view,
                 split,
                 info: DeviceInfo {
@@ -133,21 +146,64 @@ impl<D: BlockDevice> SharedCache<D> {
             .collect())
     }
 
+    /// One view on each of `handles`, each a handle of its own on the same device
+    /// (view `i` on `handles[i]`): nothing is shared between them.
+    pub fn own_handles(handles: Vec<D>, split: CacheSplit) -> Result<Vec<SharedCache<D>>, String> {
+        if handles.len() != split.shards as usize {
+            return Err(format!(
+                "{} handles for {} shards",
+                handles.len(),
+                split.shards
+            ));
+        }
+        handles
+            .into_iter()
+            .enumerate()
+            .map(|(view, d)| {
+                let i = d.info().clone();
+                split.check(i.size_bytes, u64::from(i.logical_block_size))?;
+                Ok(SharedCache {
+                    backend: Backend::Own(d),
+                    view,
+                    split,
+                    info: DeviceInfo {
+                        name: format!("{}[shard {view}]", i.name),
+                        size_bytes: split.view_bytes,
+                        ..i
+                    },
+                    early: VecDeque::new(),
+                    in_flight: 0,
+                })
+            })
+            .collect()
+    }
+
     /// How the device is divided.
     pub fn layout(&self) -> CacheSplit {
         self.split
     }
 
-    /// The device back, once every other view is dropped (this view back if not).
+    /// The device back: this view's own handle, or the shared device once every
+    /// other view is dropped (this view back if not).
     pub fn into_inner(self) -> Result<D, Box<SharedCache<D>>> {
-        match Arc::try_unwrap(self.shared) {
-            Ok(m) => Ok(m.into_inner().unwrap_or_else(PoisonError::into_inner).inner),
-            Err(shared) => Err(Box::new(SharedCache { shared, ..self })),
+        match self.backend {
+            Backend::Own(d) => Ok(d),
+            Backend::Shared(s) => match Arc::try_unwrap(s) {
+                Ok(m) => Ok(m.into_inner().unwrap_or_else(PoisonError::into_inner).inner),
+                Err(shared) => Err(Box::new(SharedCache {
+                    backend: Backend::Shared(shared),
+                    ..self
+                })),
+            },
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Shared<D>> {
-        self.shared.lock().unwrap_or_else(PoisonError::into_inner)
+    /// Runs `f` on the device: this view's own, or the shared one under its lock.
+    fn with<T>(&mut self, f: impl FnOnce(&mut D) -> T) -> T {
+        match &mut self.backend {
+            Backend::Own(d) => f(d),
+            Backend::Shared(s) => f(&mut s.lock().unwrap_or_else(PoisonError::into_inner).inner),
+        }
     }
 
     /// The device offset of `offset..offset + len`, which must lie in this view's
@@ -182,9 +238,13 @@ impl<D: BlockDevice> SharedCache<D> {
     /// Moves this view's routed completions into `out`, after one poll of the device
     /// for at least `wait` completions (0: without blocking).
     fn collect(&mut self, out: &mut Vec<IoCompletion>, wait: usize) -> Result<usize, DeviceError> {
+        let shared = match &self.backend {
+            Backend::Shared(s) => Arc::clone(s),
+            Backend::Own(_) => return Ok(0),
+        };
         let mut polled = Vec::new();
         let mine: Vec<IoCompletion> = {
-            let mut s = self.lock();
+            let mut s = shared.lock().unwrap_or_else(PoisonError::into_inner);
             let wait = if s.done[self.view].is_empty() {
                 wait
             } else {
@@ -238,11 +298,16 @@ impl<D: BlockDevice> BlockDevice for SharedCache<D> {
             IoOp::Flush => IoOp::Flush,
         };
         let view = self.view;
-        let mut s = self.lock();
-        let inner_tag = s.tags.insert((view, tag));
-        s.inner.submit(IoRequest { tag: inner_tag, op });
-        drop(s);
-        self.in_flight += 1;
+        match &mut self.backend {
+            Backend::Own(d) => d.submit(IoRequest { tag, op }),
+            Backend::Shared(shared) => {
+                let mut s = shared.lock().unwrap_or_else(PoisonError::into_inner);
+                let inner_tag = s.tags.insert((view, tag));
+                s.inner.submit(IoRequest { tag: inner_tag, op });
+                drop(s);
+                self.in_flight += 1;
+            }
+        }
     }
 
     fn poll(
@@ -252,6 +317,9 @@ impl<D: BlockDevice> BlockDevice for SharedCache<D> {
     ) -> Result<usize, DeviceError> {
         let early = self.early.len();
         out.extend(self.early.drain(..));
+        if let Backend::Own(d) = &mut self.backend {
+            return Ok(early + d.poll(out, min_complete.saturating_sub(early))?);
+        }
         let want = min_complete.saturating_sub(early).min(self.in_flight);
         let mut n = self.collect(out, 0)?;
         let mut tries = 0;
@@ -267,30 +335,34 @@ impl<D: BlockDevice> BlockDevice for SharedCache<D> {
     }
 
     fn in_flight(&self) -> usize {
-        self.in_flight + self.early.len()
+        let own = match &self.backend {
+            Backend::Own(d) => d.in_flight(),
+            Backend::Shared(_) => self.in_flight,
+        };
+        own + self.early.len()
     }
 
     fn read_at(&mut self, offset: u64, buf: &mut [u8]) -> Result<(), DeviceError> {
         let at = self.offset(IoOpKind::Read, offset, buf.len() as u64)?;
-        self.lock().inner.read_at(at, buf)
+        self.with(|d| d.read_at(at, buf))
     }
 
     fn write_at(&mut self, offset: u64, buf: &[u8]) -> Result<(), DeviceError> {
         let at = self.offset(IoOpKind::Write, offset, buf.len() as u64)?;
-        self.lock().inner.write_at(at, buf)
+        self.with(|d| d.write_at(at, buf))
     }
 
     fn flush(&mut self) -> Result<(), DeviceError> {
-        self.lock().inner.flush()
+        self.with(|d| d.flush())
     }
 
     fn discard(&mut self, offset: u64, len: u64) -> Result<(), DeviceError> {
         let at = self.offset(IoOpKind::Discard, offset, len)?;
-        self.lock().inner.discard(at, len)
+        self.with(|d| d.discard(at, len))
     }
 
     fn maintain(&mut self) -> u64 {
-        self.lock().inner.maintain()
+        self.with(|d| d.maintain())
     }
 
     fn read_rebuilt(
@@ -300,7 +372,7 @@ impl<D: BlockDevice> BlockDevice for SharedCache<D> {
         attempt: u32,
     ) -> Result<(), DeviceError> {
         let at = self.offset(IoOpKind::Read, offset, buf.len() as u64)?;
-        self.lock().inner.read_rebuilt(at, buf, attempt)
+        self.with(|d| d.read_rebuilt(at, buf, attempt))
     }
 }
 
@@ -363,6 +435,49 @@ mod tests {
                 assert_eq!(split().view_chunk(view, split().device_chunk(view, c)), c);
             }
         }
+    }
+
+    #[test]
+    fn views_with_their_own_handles_address_the_device_alike() {
+        // A file opened once per view: each view's writes land where a shared
+        // view's would, and nothing is locked.
+        let dir = tempfile::tempdir().expect("test setup");
+        let path = dir.path().join("cache");
+        let size = 3 * 4 * K + 7 * 2 * K;
+        std::fs::write(&path, vec![0u8; size as usize]).expect("test setup");
+        let open = || crate::FileDevice::open(&path).expect("test setup");
+        let mut own =
+            SharedCache::own_handles(vec![open(), open(), open()], split()).expect("test setup");
+        assert!(SharedCache::own_handles(vec![open()], split()).is_err());
+        own[1].write_at(4 * K, &[9u8; 8192]).expect("test setup");
+        own[2].write_at(0, &[3u8; 4096]).expect("test setup");
+        own[1].flush().expect("test setup");
+        let mut b = [0u8; 8192];
+        own[0]
+            .read_at(4 * K + 2 * 2 * K, &mut b)
+            .expect("test setup");
+        assert_eq!(b, [9u8; 8192]);
+        let raw = std::fs::read(&path).expect("test setup");
+        assert_eq!(
+            &raw[(2 * 4 * K) as usize..(2 * 4 * K + K) as usize],
+            &[3u8; 4096][..]
+        );
+        // Asynchronous requests complete on the view that made them.
+        own[2].submit(IoRequest {
+            tag: 5,
+            op: IoOp::Read {
+                offset: 4 * K + 5 * 2 * K,
+                buf: IoBuf::zeroed(8192),
+            },
+        });
+        let mut out = Vec::new();
+        assert_eq!(own[2].poll(&mut out, 1).expect("test setup"), 1);
+        assert_eq!(out[0].tag, 5);
+        assert_eq!(
+            &out[0].buf.as_ref().expect("test setup")[..],
+            &[9u8; 8192][..]
+        );
+        assert!(own.pop().expect("test setup").into_inner().is_ok());
     }
 
     #[test]
