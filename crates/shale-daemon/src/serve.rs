@@ -1464,11 +1464,7 @@ fn shard_devices(
     let capacity = &spec.capacity[0];
     match cap_cut {
         CapacityCut::Shared => {
-            let (dev, drive, handle) = capacity_device(spec, format, pool)?;
-            let views = shale_device::SharedZones::split(dev, n).map_err(|reason| {
-                set_error(&spec.capacity, format!("{n} shards sharing it: {reason}"))
-            })?;
-            tracing::info!(shards = n, "capacity: one device the shards share");
+            let (views, drive, handle) = shared_capacity_views(spec, n, format, pool)?;
             if let Some(recorded_split) = one_cache {
                 let view = views.first().map(|v| v.geometry().clone());
                 let (c, split) =
@@ -1495,6 +1491,72 @@ fn shard_devices(
         }
     }
     Ok(out)
+}
+
+/// The views of `n` shards sharing the capacity device, the simulated drive's
+/// counters and the array's handle, if any.
+#[allow(clippy::type_complexity, reason = "a private helper's three results")]
+fn shared_capacity_views(
+    spec: &DeviceSpec,
+    n: usize,
+    format: bool,
+    pool: [u8; 16],
+) -> Result<
+    (
+        Vec<shale_device::SharedZones<CapacityDevice>>,
+        Option<DriveStats>,
+        Option<CapacityHandle>,
+    ),
+    DaemonError,
+> {
+    let (dev, drive, handle) = capacity_device(spec, format, pool)?;
+    // (Not an array, even of one member named alone: its zones are striped.)
+    let plain = if handle.is_none() && drive.is_none() {
+        plain_readers(spec, n)?
+    } else {
+        None
+    };
+    let views = match plain {
+        // A zone emulation over a plain file: each shard reads on a handle of its
+        // own, without the lock its writes take.
+        Some((readers, offset)) => {
+            shale_device::SharedZones::split_with_readers(dev, readers, offset)
+        }
+        None => shale_device::SharedZones::split(dev, n),
+    }
+    .map_err(|reason| set_error(&spec.capacity, format!("{n} shards sharing it: {reason}")))?;
+    tracing::info!(shards = n, "capacity: one device the shards share");
+    Ok((views, drive, handle))
+}
+
+/// Read handles of a shared capacity file, one per shard.
+type Readers = Vec<Box<dyn BlockDevice + Send>>;
+
+/// For shards sharing a zone emulation over one plain capacity file (no array, no
+/// simulated drive): a read handle per shard on the file, and where the emulation's
+/// zone 0 begins on it. `None` otherwise.
+fn plain_readers(spec: &DeviceSpec, n: usize) -> Result<Option<(Readers, u64)>, DaemonError> {
+    let [path] = spec.capacity.as_slice() else {
+        return Ok(None);
+    };
+    if spec.redundancy.is_some() || spec.drive.is_some() || is_zoned_drive(path)? {
+        return Ok(None);
+    }
+    let mut first = open_file("capacity device", path)?;
+    let offset =
+        ZoneEmu::recorded_data_offset(&mut first).map_err(|error| DaemonError::Device {
+            what: "zone emulation on",
+            path: path.clone(),
+            error,
+        })?;
+    let Some(offset) = offset else {
+        return Ok(None);
+    };
+    let mut readers: Readers = vec![Box::new(first)];
+    for _ in 1..n {
+        readers.push(Box::new(open_file("capacity device", path)?));
+    }
+    Ok(Some((readers, offset)))
 }
 
 /// Each shard's cache with its run of a zoned drive's zones, on a handle of its own.

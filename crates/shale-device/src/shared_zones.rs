@@ -16,13 +16,49 @@
 //! a few times per 512 KiB, not per block.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::tags::Tags;
 use crate::{
-    DeviceError, IoOpKind, ZoneAction, ZoneCompletion, ZoneError, ZoneGeometry, ZoneInfo,
-    ZoneRequest, ZonedDevice,
+    BlockDevice, DeviceError, IoOp, IoOpKind, IoRequest, ZoneAction, ZoneCompletion, ZoneError,
+    ZoneGeometry, ZoneInfo, ZoneOp, ZoneRequest, ZoneState, ZonedDevice,
 };
+
+/// A zone's readable bytes in `Readers::marks` when it is offline.
+const OFFLINE: u64 = u64::MAX;
+
+/// Reads of a view served by a handle of its own on the device below a zone
+/// emulation (`SharedZones::split_with_readers`): no lock. A read needs no zone state
+/// but the write pointer, which every view keeps in `marks` after each change it
+/// makes under the lock (a zone's writes are its holder's alone, and a zone moves
+/// between shards only empty).
+struct Reader {
+    dev: Box<dyn BlockDevice + Send>,
+    /// Where zone 0 begins on `dev`.
+    data_offset: u64,
+    /// Each device zone's bytes readable from its start (its write pointer), or
+    /// `OFFLINE`; shared by the views.
+    marks: Arc<Vec<AtomicU64>>,
+    in_flight: usize,
+}
+
+impl std::fmt::Debug for Reader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reader")
+            .field("data_offset", &self.data_offset)
+            .field("in_flight", &self.in_flight)
+            .finish_non_exhaustive()
+    }
+}
+
+fn mark_of(info: &ZoneInfo) -> u64 {
+    if info.state == ZoneState::Offline {
+        OFFLINE
+    } else {
+        info.write_pointer - info.start
+    }
+}
 
 /// Non-blocking polls a waiting view makes before it blocks at the device.
 const SPINS: u32 = 256;
@@ -48,6 +84,8 @@ pub struct SharedZones<Z: ZonedDevice> {
     early: VecDeque<ZoneCompletion>,
     /// This view's requests at the device.
     in_flight: usize,
+    /// Reads on a handle of the view's own, if it has one.
+    reader: Option<Reader>,
 }
 
 impl<Z: ZonedDevice> SharedZones<Z> {
@@ -85,8 +123,105 @@ impl<Z: ZonedDevice> SharedZones<Z> {
                 geo: geo.clone(),
                 early: VecDeque::new(),
                 in_flight: 0,
+                reader: None,
             })
             .collect())
+    }
+
+    /// As [`SharedZones::split`], each view also reading zones straight from a
+    /// handle of its own on the device below the zone emulation (`readers[i]` for
+    /// view `i`, each opened on the same device; zone 0 at `data_offset` on it, as
+    /// `ZoneEmu::data_offset` says): reads take no lock. Only for a zone emulation
+    /// over a plain device, whose reads are reads of that device.
+    pub fn split_with_readers(
+        inner: Z,
+        readers: Vec<Box<dyn BlockDevice + Send>>,
+        data_offset: u64,
+    ) -> Result<Vec<SharedZones<Z>>, String> {
+        let n = readers.len();
+        let mut infos = Vec::new();
+        inner
+            .report_zones(0, inner.geometry().zone_count, &mut infos)
+            .map_err(|e| format!("zone report: {e}"))?;
+        let marks: Arc<Vec<AtomicU64>> =
+            Arc::new(infos.iter().map(|i| AtomicU64::new(mark_of(i))).collect());
+        let mut views = Self::split(inner, n)?;
+        for (v, dev) in views.iter_mut().zip(readers) {
+            v.reader = Some(Reader {
+                dev,
+                data_offset,
+                marks: Arc::clone(&marks),
+                in_flight: 0,
+            });
+        }
+        Ok(views)
+    }
+
+    /// After a change to device zone `zone` made under the lock: its readable bytes
+    /// for the views' readers.
+    fn remark(&self, s: &Shared<Z>, zone: u32) {
+        if let Some(r) = &self.reader {
+            if let (Ok(info), Some(m)) = (s.inner.zone_info(zone), r.marks.get(zone as usize)) {
+                m.store(mark_of(&info), Ordering::Release);
+            }
+        }
+    }
+
+    /// The device offset of a read of `offset..offset + len` by this view's reader,
+    /// checked against the zone's write pointer as the device would.
+    fn reader_offset(&self, offset: u64, len: u64) -> Result<u64, ZoneError> {
+        let at = self.offset(IoOpKind::Read, offset, len)?;
+        self.geo.check_io_size(IoOpKind::Read, offset, len)?;
+        let zs = self.geo.zone_size;
+        let zone = (at / zs) as u32;
+        let Some(r) = &self.reader else {
+            return Ok(at);
+        };
+        let mark = r
+            .marks
+            .get(zone as usize)
+            .map_or(0, |m| m.load(Ordering::Acquire));
+        let local = self.view_zone(zone);
+        if mark == OFFLINE {
+            return Err(ZoneError::Offline { zone: local });
+        }
+        if at % zs + len > mark {
+            return Err(ZoneError::ReadPastWritePointer {
+                zone: local,
+                offset,
+                len,
+                write_pointer: u64::from(local) * zs + mark,
+            });
+        }
+        Ok(r.data_offset + at)
+    }
+
+    /// Moves the reader's completions into `out`, waiting for at least `wait`.
+    fn collect_reads(
+        &mut self,
+        out: &mut Vec<ZoneCompletion>,
+        wait: usize,
+    ) -> Result<usize, DeviceError> {
+        let Some(r) = &mut self.reader else {
+            return Ok(0);
+        };
+        if r.in_flight == 0 {
+            return Ok(0);
+        }
+        let mut done = Vec::new();
+        r.dev.poll(&mut done, wait.min(r.in_flight))?;
+        let n = done.len();
+        r.in_flight -= n;
+        out.extend(done.into_iter().map(|c| ZoneCompletion {
+            tag: c.tag,
+            buf: c.buf,
+            result: c.result.map(|()| None).map_err(ZoneError::from),
+        }));
+        Ok(n)
+    }
+
+    fn reads_in_flight(&self) -> usize {
+        self.reader.as_ref().map_or(0, |r| r.in_flight)
     }
 
     /// The device zone this view's zone `zone` is.
@@ -220,6 +355,23 @@ impl<Z: ZonedDevice> ZonedDevice for SharedZones<Z> {
 
     fn submit(&mut self, req: ZoneRequest) {
         let tag = req.tag;
+        let req = match req.op {
+            ZoneOp::Read { offset, buf } if self.reader.is_some() => {
+                let at = match self.reader_offset(offset, buf.len() as u64) {
+                    Ok(at) => at,
+                    Err(e) => return self.refuse(tag, Some(buf), e),
+                };
+                if let Some(r) = &mut self.reader {
+                    r.dev.submit(IoRequest {
+                        tag,
+                        op: IoOp::Read { offset: at, buf },
+                    });
+                    r.in_flight += 1;
+                }
+                return;
+            }
+            op => ZoneRequest { tag, op },
+        };
         let op = match crate::zone_range::translate(
             req.op,
             |op, offset, len| self.offset(op, offset, len),
@@ -229,9 +381,13 @@ impl<Z: ZonedDevice> ZonedDevice for SharedZones<Z> {
             Err((buf, e)) => return self.refuse(tag, buf, e),
         };
         let view = self.view;
+        let zone = zone_of_op(&op, self.geo.zone_size);
         let mut s = self.lock();
         let inner_tag = s.tags.insert((view, tag));
         s.inner.submit(ZoneRequest { tag: inner_tag, op });
+        if let Some(z) = zone {
+            self.remark(&s, z);
+        }
         drop(s);
         self.in_flight += 1;
     }
@@ -243,45 +399,69 @@ impl<Z: ZonedDevice> ZonedDevice for SharedZones<Z> {
     ) -> Result<usize, DeviceError> {
         let early = self.early.len();
         out.extend(self.early.drain(..));
-        let want = min_complete.saturating_sub(early).min(self.in_flight);
-        let mut n = self.collect(out, 0)?;
+        let want = min_complete
+            .saturating_sub(early)
+            .min(self.in_flight + self.reads_in_flight());
+        let mut n = self.collect_reads(out, 0)? + self.collect(out, 0)?;
         let mut tries = 0;
         while n < want {
+            // Only reads outstanding: wait at the view's own handle.
+            if self.in_flight == 0 {
+                n += self.collect_reads(out, 1)?;
+                continue;
+            }
             // A fast device answers within a few yields; a slow one is waited on.
             tries += 1;
-            let wait = if tries > SPINS { 1 } else { 0 };
+            let wait = if tries > SPINS && self.reads_in_flight() == 0 {
+                1
+            } else {
+                0
+            };
             if wait == 0 {
                 std::thread::yield_now();
             }
-            n += self.collect(out, wait)?;
+            n += self.collect_reads(out, 0)? + self.collect(out, wait)?;
         }
         Ok(early + n)
     }
 
     fn in_flight(&self) -> usize {
-        self.in_flight + self.early.len()
+        self.in_flight + self.reads_in_flight() + self.early.len()
     }
 
     fn read_at(&mut self, offset: u64, buf: &mut [u8]) -> Result<(), ZoneError> {
+        if self.reader.is_some() {
+            let at = self.reader_offset(offset, buf.len() as u64)?;
+            if let Some(r) = &mut self.reader {
+                return Ok(r.dev.read_at(at, buf)?);
+            }
+        }
         let at = self.offset(IoOpKind::Read, offset, buf.len() as u64)?;
         self.lock().inner.read_at(at, buf)
     }
 
     fn write_at(&mut self, offset: u64, buf: &[u8]) -> Result<u64, ZoneError> {
         let at = self.offset(IoOpKind::Write, offset, buf.len() as u64)?;
-        let landed = self.lock().inner.write_at(at, buf)?;
-        Ok(self.local_offset(landed))
+        let s = &mut *self.lock();
+        let landed = s.inner.write_at(at, buf);
+        self.remark(s, (at / self.geo.zone_size) as u32);
+        Ok(self.local_offset(landed?))
     }
 
     fn append(&mut self, zone: u32, buf: &[u8]) -> Result<u64, ZoneError> {
         let z = self.zone(zone)?;
-        let landed = self.lock().inner.append(z, buf)?;
-        Ok(self.local_offset(landed))
+        let s = &mut *self.lock();
+        let landed = s.inner.append(z, buf);
+        self.remark(s, z);
+        Ok(self.local_offset(landed?))
     }
 
     fn manage(&mut self, zone: u32, action: ZoneAction) -> Result<(), ZoneError> {
         let z = self.zone(zone)?;
-        self.lock().inner.manage(z, action)
+        let s = &mut *self.lock();
+        let r = s.inner.manage(z, action);
+        self.remark(s, z);
+        r
     }
 
     fn flush(&mut self) -> Result<(), ZoneError> {
@@ -295,6 +475,16 @@ impl<Z: ZonedDevice> ZonedDevice for SharedZones<Z> {
     fn read_rebuilt(&mut self, offset: u64, buf: &mut [u8], attempt: u32) -> Result<(), ZoneError> {
         let at = self.offset(IoOpKind::Read, offset, buf.len() as u64)?;
         self.lock().inner.read_rebuilt(at, buf, attempt)
+    }
+}
+
+/// The device zone a translated request changes (writes, appends, zone actions);
+/// `None` for a read.
+fn zone_of_op(op: &ZoneOp, zone_size: u64) -> Option<u32> {
+    match op {
+        ZoneOp::Read { .. } | ZoneOp::Flush => None,
+        ZoneOp::Write { offset, .. } => Some((offset / zone_size) as u32),
+        ZoneOp::Append { zone, .. } => Some(*zone),
     }
 }
 
@@ -363,6 +553,57 @@ mod tests {
         assert_eq!(v[0].poll(&mut out, 1).expect("test setup"), 1);
         assert_eq!(out[0].tag, 100);
         assert_eq!(out[0].result.as_ref().expect("test setup"), &Some(65536));
+    }
+
+    #[test]
+    fn views_read_on_their_own_handles_below_the_write_pointer_only() {
+        let dir = tempfile::tempdir().expect("test setup");
+        let path = dir.path().join("cap");
+        std::fs::write(&path, vec![0u8; 10 * 65536]).expect("test setup");
+        let open = || crate::FileDevice::open(&path).expect("test setup");
+        let mut c = ZoneEmuConfig::new(65536);
+        c.zone_count_max = 8;
+        c.max_open_zones = 8;
+        c.max_active_zones = 8;
+        let emu = ZoneEmu::format(open(), &c).expect("test setup");
+        let off = emu.data_offset();
+        let readers: Vec<Box<dyn crate::BlockDevice + Send>> =
+            vec![Box::new(open()), Box::new(open())];
+        let mut v = SharedZones::split_with_readers(emu, readers, off).expect("test setup");
+        // View 1 writes its zone 1 (the device's zone 5) and reads it back, on its own
+        // handle, asynchronously and synchronously.
+        v[1].append(1, &[7u8; 8192]).expect("test setup");
+        let mut b = [0u8; 8192];
+        v[1].read_at(65536, &mut b).expect("test setup");
+        assert_eq!(b, [7u8; 8192]);
+        v[1].submit(ZoneRequest {
+            tag: 3,
+            op: ZoneOp::Read {
+                offset: 65536 + 4096,
+                buf: IoBuf::zeroed(4096),
+            },
+        });
+        assert_eq!(v[1].in_flight(), 1);
+        let mut out = Vec::new();
+        assert_eq!(v[1].poll(&mut out, 1).expect("test setup"), 1);
+        assert_eq!((out[0].tag, out[0].result.as_ref().ok()), (3, Some(&None)));
+        assert_eq!(
+            &out[0].buf.as_ref().expect("test setup")[..],
+            &[7u8; 4096][..]
+        );
+        // Past the write pointer: refused, as the device refuses it.
+        let r = v[1].read_at(65536 + 8192, &mut b[..4096]);
+        assert!(
+            matches!(r, Err(ZoneError::ReadPastWritePointer { zone: 1, .. })),
+            "{r:?}"
+        );
+        // View 0 sees the device's zone 5 as its zone 5, written by the other view.
+        v[0].read_at(5 * 65536, &mut b).expect("test setup");
+        assert_eq!(b, [7u8; 8192]);
+        // Reset by its holder: nothing is readable there any more, for any view.
+        v[1].manage(1, ZoneAction::Reset).expect("test setup");
+        assert!(v[0].read_at(5 * 65536, &mut b[..4096]).is_err());
+        assert!(v[1].read_at(65536, &mut b[..4096]).is_err());
     }
 
     #[test]

@@ -420,6 +420,23 @@ impl<D: BlockDevice> ZoneEmu<D> {
         Ok(None)
     }
 
+    /// Where zone 0 starts on `inner`, as the zone emulation formatted there recorded
+    /// it (read from a valid geometry copy without opening it); `None` when neither
+    /// copy decodes.
+    pub fn recorded_data_offset(inner: &mut D) -> Result<Option<u64>, DeviceError> {
+        let mut block = vec![0u8; META_BLOCK_BYTES as usize];
+        for i in 0..2 {
+            if inner.info().size_bytes < (i + 1) * META_BLOCK_BYTES {
+                break;
+            }
+            inner.read_at(i * META_BLOCK_BYTES, &mut block)?;
+            if let Ok(g) = decode_geometry(&block) {
+                return Ok(Some(g.data_offset));
+            }
+        }
+        Ok(None)
+    }
+
     /// Checks the zone emulation metadata at the start of `inner` without opening
     /// it or writing anything: both geometry copies, both zone table slots and their
     /// unused bytes. Returns every problem found; the device opens unless one of them
