@@ -406,24 +406,21 @@ impl<D: BlockDevice> ZoneEmu<D> {
     /// neither copy decodes. Devices cut into several emulations (the shards of a
     /// pool) find where the next one starts from the first.
     pub fn recorded_extent(inner: &mut D) -> Result<Option<u64>, DeviceError> {
-        let mut block = vec![0u8; META_BLOCK_BYTES as usize];
-        for i in 0..2 {
-            if inner.info().size_bytes < (i + 1) * META_BLOCK_BYTES {
-                break;
-            }
-            inner.read_at(i * META_BLOCK_BYTES, &mut block)?;
-            if let Ok(g) = decode_geometry(&block) {
-                let zones = g.zone_size.checked_mul(u64::from(g.zone_count));
-                return Ok(zones.and_then(|z| g.data_offset.checked_add(z)));
-            }
-        }
-        Ok(None)
+        Ok(Self::recorded_geometry(inner)?.and_then(|g| {
+            let zones = g.zone_size.checked_mul(u64::from(g.zone_count));
+            zones.and_then(|z| g.data_offset.checked_add(z))
+        }))
     }
 
     /// Where zone 0 starts on `inner`, as the zone emulation formatted there recorded
     /// it (read from a valid geometry copy without opening it); `None` when neither
     /// copy decodes.
     pub fn recorded_data_offset(inner: &mut D) -> Result<Option<u64>, DeviceError> {
+        Ok(Self::recorded_geometry(inner)?.map(|g| g.data_offset))
+    }
+
+    /// The first geometry copy at the start of `inner` that decodes.
+    fn recorded_geometry(inner: &mut D) -> Result<Option<MetaGeometry>, DeviceError> {
         let mut block = vec![0u8; META_BLOCK_BYTES as usize];
         for i in 0..2 {
             if inner.info().size_bytes < (i + 1) * META_BLOCK_BYTES {
@@ -431,7 +428,7 @@ impl<D: BlockDevice> ZoneEmu<D> {
             }
             inner.read_at(i * META_BLOCK_BYTES, &mut block)?;
             if let Ok(g) = decode_geometry(&block) {
-                return Ok(Some(g.data_offset));
+                return Ok(Some(g));
             }
         }
         Ok(None)

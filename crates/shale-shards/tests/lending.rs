@@ -10,7 +10,7 @@ use shale_testkit::pattern;
 
 mod common;
 
-use common::{zone_config, BS, ZONE_BLOCKS};
+use common::{check_blocks, create, zone_config, BS, ZONE_BLOCKS};
 
 type Cap = SharedZones<ZoneEmu<MemDevice>>;
 type Pool = Shards<MemDevice, Cap>;
@@ -101,46 +101,6 @@ fn write_block(p: &Pool, v: VolumeUid, block: u64, seed: u64) {
 
 fn verify(p: &Pool, v: VolumeUid, model: &[u64]) {
     check_blocks(v, model, "", |r| p.call(r));
-}
-
-fn create(
-    size: u64,
-    mut call: impl FnMut(Request) -> Result<Reply, shale_engine::EngineError>,
-) -> VolumeUid {
-    let r = Request::CreateVolume {
-        name: "v".into(),
-        size_bytes: size,
-    };
-    match call(r).unwrap() {
-        Reply::Volume(i) => i.uid,
-        r => panic!("{r:?}"),
-    }
-}
-
-/// Every block of `v` reads as the model says (`0`: never written).
-fn check_blocks(
-    v: VolumeUid,
-    model: &[u64],
-    ctx: &str,
-    mut call: impl FnMut(Request) -> Result<Reply, shale_engine::EngineError>,
-) {
-    for (b, &id) in model.iter().enumerate() {
-        let r = Request::Read {
-            volume: v,
-            offset: b as u64 * BS,
-            len: BS,
-        };
-        let got = match call(r).unwrap() {
-            Reply::Read(d) => d,
-            r => panic!("{r:?}"),
-        };
-        let want = if id == 0 {
-            vec![0; BS as usize]
-        } else {
-            pattern(id, BS as usize)
-        };
-        assert!(got == want, "{ctx}block {b}");
-    }
 }
 
 /// A volume of half the pool, and every block of shard 0's in it overwritten again

@@ -5,13 +5,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use shale_device::{BlockDevice, MemDevice, SharedCache, SharedZones, ZoneEmu};
-use shale_engine::{Config, ManualClock, Reply, Request, VolumeUid};
+use shale_engine::{Config, ManualClock, Reply, Request};
 use shale_shards::{LocalShards, Shards};
 use shale_testkit::pattern;
 
 mod common;
 
-use common::{zone_config, BS, ZONE_BLOCKS};
+use common::{check_blocks, create, zone_config, BS, ZONE_BLOCKS};
 
 type Cache = SharedCache<MemDevice>;
 type Cap = SharedZones<ZoneEmu<MemDevice>>;
@@ -60,45 +60,6 @@ fn device_of(pairs: Vec<(Cache, Cap)>) -> (MemDevice, ZoneEmu<MemDevice>) {
 fn local_open(cache: MemDevice, cap: ZoneEmu<MemDevice>) -> Local {
     let devices = shale_shards::cache::pooled_devices_recorded(cache, cap).unwrap();
     Local::open(devices, ManualClock::new, &config()).unwrap().0
-}
-
-fn create(
-    size: u64,
-    mut call: impl FnMut(Request) -> Result<Reply, shale_engine::EngineError>,
-) -> VolumeUid {
-    let r = Request::CreateVolume {
-        name: "v".into(),
-        size_bytes: size,
-    };
-    match call(r).unwrap() {
-        Reply::Volume(i) => i.uid,
-        r => panic!("{r:?}"),
-    }
-}
-
-fn check_blocks(
-    v: VolumeUid,
-    model: &[u64],
-    ctx: &str,
-    mut call: impl FnMut(Request) -> Result<Reply, shale_engine::EngineError>,
-) {
-    for (b, &id) in model.iter().enumerate() {
-        let r = Request::Read {
-            volume: v,
-            offset: b as u64 * BS,
-            len: BS,
-        };
-        let got = match call(r).unwrap() {
-            Reply::Read(d) => d,
-            r => panic!("{r:?}"),
-        };
-        let want = if id == 0 {
-            vec![0; BS as usize]
-        } else {
-            pattern(id, BS as usize)
-        };
-        assert!(got == want, "{ctx}block {b}");
-    }
 }
 
 /// Every chunk and every zone is held by exactly one shard.

@@ -3,7 +3,7 @@
 #![allow(dead_code, clippy::unwrap_used)]
 
 use shale_device::{MemDevice, ZoneEmu, ZoneEmuConfig};
-use shale_engine::Config;
+use shale_engine::{Config, Reply, Request, VolumeUid};
 
 pub const BS: u64 = 4096;
 /// Zones of one 128-block group each.
@@ -33,5 +33,47 @@ pub fn tiny_config() -> Config {
     Config {
         streams_max: 1,
         ..shale_testkit::tiny_config()
+    }
+}
+
+/// Creates volume "v" of `size` bytes through `call`; returns its uid.
+pub fn create(
+    size: u64,
+    mut call: impl FnMut(Request) -> Result<Reply, shale_engine::EngineError>,
+) -> VolumeUid {
+    let r = Request::CreateVolume {
+        name: "v".into(),
+        size_bytes: size,
+    };
+    match call(r).unwrap() {
+        Reply::Volume(i) => i.uid,
+        r => panic!("{r:?}"),
+    }
+}
+
+/// Every block of `v` reads as the model says (`0`: never written; otherwise the
+/// pattern of that id).
+pub fn check_blocks(
+    v: VolumeUid,
+    model: &[u64],
+    ctx: &str,
+    mut call: impl FnMut(Request) -> Result<Reply, shale_engine::EngineError>,
+) {
+    for (b, &id) in model.iter().enumerate() {
+        let r = Request::Read {
+            volume: v,
+            offset: b as u64 * BS,
+            len: BS,
+        };
+        let got = match call(r).unwrap() {
+            Reply::Read(d) => d,
+            r => panic!("{r:?}"),
+        };
+        let want = if id == 0 {
+            vec![0; BS as usize]
+        } else {
+            shale_testkit::pattern(id, BS as usize)
+        };
+        assert!(got == want, "{ctx}block {b}");
     }
 }
