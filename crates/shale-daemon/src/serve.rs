@@ -1426,6 +1426,15 @@ fn shard_devices(
         Cut::Recorded,
     );
     let (cache_window, cap_cut) = match one_cache {
+        Some(_) if is_zoned_drive(&spec.capacity[0])? => {
+            return Err(set_error(
+                &spec.capacity,
+                format!(
+                    "{n} shards divide a zoned drive's zones in runs: they share a cache \
+                     only over capacity files"
+                ),
+            ))
+        }
         // The capacity is shared too; the cache is divided below.
         Some(_) => (0, CapacityCut::Shared),
         None => shard_strides(cache, &spec.capacity[0], n, cut)?,
