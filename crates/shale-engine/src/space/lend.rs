@@ -96,7 +96,10 @@ pub(crate) fn take(
         }
         regions.push(r);
     }
-    for r in regions {
+    // Every reset first, then the states: a failed reset takes none of the zones,
+    // so the manager may give them all back to the shard that gave them (a zone in
+    // transit is empty and nobody's, so resetting it is harmless).
+    for &r in &regions {
         let z = core.geo.zone_of(r).0;
         let info = core
             .capacity
@@ -107,6 +110,8 @@ pub(crate) fn take(
                 .manage(z, ZoneAction::Reset)
                 .map_err(EngineError::capacity("zone reset", info.start))?;
         }
+    }
+    for r in regions {
         let geo = core.geo;
         core.regions.get_mut(r).state = RegionState::Free;
         core.regions.push_free(&geo, r);
@@ -248,8 +253,9 @@ pub(crate) fn give_chunks(
 }
 
 /// Makes each of `chunks` free here: each must be Foreign here. Its md blocks are
-/// overwritten with zeros first (see the module docs). All are checked before any
-/// is taken; a failed write takes none of those not yet taken.
+/// overwritten with zeros first (see the module docs). All are checked, and all
+/// zeroed, before any is taken: a failed write takes none, so the manager may give
+/// them all back to the shard that gave them (a chunk in transit is nobody's).
 pub(crate) fn take_chunks(
     core: &mut Core<impl BlockDevice, impl ZonedDevice, impl Clock>,
     chunks: &[u32],
@@ -277,14 +283,16 @@ pub(crate) fn take_chunks(
     };
     let zeros = vec![0u8; 2 * shale_format::BLOCK_SIZE];
     for &c in chunks {
-        let r = RegionId(c);
         for g in 0..groups.count() {
             // md A and md B are side by side at the end of every group.
-            let at = geo.chunk_offset(r, groups.md_slot(g));
+            let at = geo.chunk_offset(RegionId(c), groups.md_slot(g));
             core.cache
                 .write_at(at, &zeros)
                 .map_err(EngineError::cache("taken chunk md clear", at))?;
         }
+    }
+    for &c in chunks {
+        let r = RegionId(c);
         core.regions.get_mut(r).state = RegionState::Free;
         core.regions.foreign_chunks -= 1;
         core.regions.push_free(&geo, r);
