@@ -1236,7 +1236,7 @@ pub fn recorded_shard_windows(
         return Ok(None);
     };
     let n = usize::from(sb.shard.count);
-    if let Some(Some(split)) = recorded_cache_split_of(cache)? {
+    if let Some(split) = recorded_cache_split_of(cache)? {
         return Ok(Some(ShardWindows {
             shards: n,
             cache: 0,
@@ -1412,8 +1412,8 @@ fn shard_devices(
     // One cache for all shards: at format as configured, at open as shard 0's
     // superblock divides it.
     let one_cache = match recorded {
-        Some(_) => recorded_cache_split_of(cache)?,
-        None if spec.engine.shared_cache => Some(None),
+        Some(_) => recorded_cache_split_of(cache)?.map(OneCache::Recorded),
+        None if spec.engine.shared_cache => Some(OneCache::Format),
         None => None,
     };
     let shared_spec = spec.redundancy.is_some()
@@ -1474,10 +1474,9 @@ fn shard_devices(
     match cap_cut {
         CapacityCut::Shared => {
             let (views, drive, handle) = shared_capacity_views(spec, n, format, pool)?;
-            if let Some(recorded_split) = one_cache {
-                let view = views.first().map(|v| v.geometry().clone());
-                let (c, split) =
-                    shared_cache_views(cache, n, recorded_split, view.as_ref(), config)?;
+            if let (Some(how), Some(view)) = (one_cache, views.first()) {
+                let g = view.geometry().clone();
+                let (c, split) = shared_cache_views(cache, n, how, &g, config)?;
                 caches = c;
                 out.cache_split = Some(split);
             }
@@ -1602,20 +1601,20 @@ fn drive_run_pairs(
     Ok(pairs)
 }
 
-/// The cache `path` divided between shards as shard 0's superblock says (`recorded`),
-/// or at format (`None`) as `shale_shards::cache::cache_split` divides it for shards
-/// formatted with `config` over capacity views of `capacity`: one view per shard.
+/// The cache `path` divided between `n` shards as shard 0's superblock says, or at
+/// format as `shale_shards::cache::cache_split` divides it for shards formatted with
+/// `config` over capacity views of geometry `g`: one view per shard.
 fn shared_cache_views(
     path: &Path,
     n: usize,
-    recorded: Option<shale_device::CacheSplit>,
-    capacity: Option<&shale_device::ZoneGeometry>,
+    how: OneCache,
+    g: &shale_device::ZoneGeometry,
     config: &shale_engine::Config,
 ) -> Result<(Vec<CacheDevice>, shale_device::CacheSplit), DaemonError> {
     let dev = open_file("cache device", path)?;
-    let split = match (recorded, capacity) {
-        (Some(s), _) => s,
-        (None, Some(g)) => {
+    let split = match how {
+        OneCache::Recorded(s) => s,
+        OneCache::Format => {
             let cfg = shale_engine::Config {
                 zones_owned: Some(g.zone_count / n as u32),
                 ..config.clone()
@@ -1623,12 +1622,6 @@ fn shared_cache_views(
             shale_shards::cache::cache_split(dev.info(), g, &cfg, n).map_err(|e| {
                 set_error(&[path.to_path_buf()], format!("{n} shards sharing it: {e}"))
             })?
-        }
-        (None, None) => {
-            return Err(set_error(
-                &[path.to_path_buf()],
-                "no capacity to share".into(),
-            ))
         }
     };
     // Each shard its own handle of the file (its own I/O ring): a cache has no
@@ -1658,15 +1651,19 @@ fn shared_cache_views(
     ))
 }
 
-/// How shard 0's superblock divides the cache between shards that share it:
-/// `Some(Some(split))`, or `None` when each shard has a window of its own.
-fn recorded_cache_split_of(
-    path: &Path,
-) -> Result<Option<Option<shale_device::CacheSplit>>, DaemonError> {
+/// How shard 0's superblock divides the cache between shards that share it; `None`
+/// when each shard has a window of its own.
+fn recorded_cache_split_of(path: &Path) -> Result<Option<shale_device::CacheSplit>, DaemonError> {
     let mut dev = open_file("cache device", path)?;
-    let split = shale_shards::cache::recorded_cache_split(&mut dev)
-        .map_err(|e| set_error(&[path.to_path_buf()], e.to_string()))?;
-    Ok(split.map(Some))
+    shale_shards::cache::recorded_cache_split(&mut dev)
+        .map_err(|e| set_error(&[path.to_path_buf()], e.to_string()))
+}
+
+/// Shards sharing one cache: divided at this format, or as shard 0 recorded.
+#[derive(Debug, Clone, Copy)]
+enum OneCache {
+    Format,
+    Recorded(shale_device::CacheSplit),
 }
 
 /// The devices of `shards` shards at format and what the format did to the
